@@ -1,0 +1,36 @@
+# Two commands do all the set-up on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+HOST ?= 127.0.0.1
+PORT ?= 1234
+
+.PHONY: install serve test lint pull clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first and pinned exactly: a looser spec would pull a multi-GB CUDA build.
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+pull: $(STAMP)
+	$(VENV)/bin/inferd pull smollm2
+
+serve: pull
+	$(VENV)/bin/inferd serve --host $(HOST) --port $(PORT)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check inferd tests benchmarks
+	$(VENV)/bin/ruff format --check inferd tests benchmarks
+	$(VENV)/bin/mypy
+
+test: pull lint
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV)

@@ -1,0 +1,187 @@
+"""The ``inferd`` command: serve, run, pull, models."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Sequence
+
+from inferd import __version__
+from inferd.config import EngineConfig
+from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
+
+log = logging.getLogger("inferd")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return int(args.func(args))
+    except (StoreError, ValueError) as exc:
+        print(f"inferd: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="inferd",
+        description="A local LLM inference engine with OpenAI-compatible HTTP.",
+    )
+    p.add_argument("--version", action="version", version=f"inferd {__version__}")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI API)")
+    _model_args(serve)
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=1234)
+    serve.set_defaults(func=_serve)
+
+    run = sub.add_parser("run", help="chat with a model in the terminal")
+    _model_args(run)
+    run.add_argument("-p", "--prompt", help="answer this one prompt and exit")
+    run.add_argument("--max-tokens", type=int, default=512)
+    run.add_argument("--temperature", type=float, default=0.7)
+    run.set_defaults(func=_run)
+
+    pull = sub.add_parser("pull", help="download a model into the store and verify it")
+    pull.add_argument("name", choices=sorted(CATALOG))
+    pull.add_argument("--force", action="store_true", help="download again even if present")
+    pull.set_defaults(func=_pull)
+
+    models = sub.add_parser("models", help="list the models in the store")
+    models.set_defaults(func=_models)
+    for sp in (serve, run, pull, models):
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    return p
+
+
+def _model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
+                   help=f"a .gguf path or a store name (default: {DEFAULT_MODEL})")
+    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "f32"],
+                   help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)")
+    p.add_argument("--max-seqs", type=int, default=16, help="most requests running at once")
+    p.add_argument("--max-seq-len", type=int, default=None,
+                   help="context length limit (default: the model's, at most 8192)")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512,
+                   help="token budget of one engine step (prefill chunk size)")
+    p.add_argument("--kv-cache-tokens", type=int, default=None,
+                   help="KV cache size in tokens (default: from --kv-cache-mb)")
+    p.add_argument("--kv-cache-mb", type=int, default=512, help="KV cache size in MiB")
+    p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
+
+
+def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        dtype=args.dtype,
+        max_num_seqs=args.max_seqs,
+        max_model_len=args.max_seq_len,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_cache_tokens=args.kv_cache_tokens,
+        kv_cache_mb=args.kv_cache_mb,
+        seed=args.seed,
+    )
+
+
+def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from inferd.engine.builder import load_model, resolve_source
+
+    return load_model(resolve_source(args.model), _engine_config(args))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import torch
+    import uvicorn
+
+    from inferd.server.app import build_app
+
+    cfg = _engine_config(args)
+    served = _load(args)
+    url = f"http://{args.host}:{args.port}/v1"
+    c = served.config
+    lines = [
+        f"model      {served.id}  ({served.source.path})",
+        f"digest     sha256:{served.source.digest}",
+        f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
+        f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
+        f"compute    cpu  dtype {str(served.dtype).removeprefix('torch.')}  "
+        f"threads {torch.get_num_threads()}",
+        f"limits     max seqs {cfg.max_num_seqs}, context {served.engine.max_model_len}, "
+        f"batch tokens {cfg.max_num_batched_tokens}, KV cache {served.kv_cache_tokens} tokens",
+        f"listening  {url}",
+    ]
+    print("\n".join(f"inferd  {line}" for line in lines), flush=True)
+    if args.host not in ("127.0.0.1", "localhost", "::1"):
+        log.warning("binding %s: the API is reachable from other machines", args.host)
+    app = build_app([served])
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
+                    timeout_graceful_shutdown=5)
+    finally:
+        served.shutdown()
+    return 0
+
+
+def _run(args: argparse.Namespace) -> int:
+    from inferd.engine.sampling import SamplingParams
+
+    served = _load(args)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature)
+    history: list[dict[str, str]] = []
+
+    async def answer(prompt: str) -> str:
+        history.append({"role": "user", "content": prompt})
+        ids = served.chat_prompt(history)
+        parts = []
+        async for out in served.engine.generate(ids, params):
+            print(out.text, end="", flush=True)
+            parts.append(out.text)
+        print(flush=True)
+        reply = "".join(parts)
+        history.append({"role": "assistant", "content": reply})
+        return reply
+
+    try:
+        if args.prompt is not None:
+            asyncio.run(answer(args.prompt))
+            return 0
+        print(f"chatting with {served.id}; an empty line or Ctrl-D ends", file=sys.stderr)
+        while True:
+            try:
+                line = input(">>> ").strip()
+            except EOFError:
+                return 0
+            if not line:
+                return 0
+            asyncio.run(answer(line))
+    finally:
+        served.shutdown()
+
+
+def _pull(args: argparse.Namespace) -> int:
+    manifest = ModelStore().pull(args.name, force=args.force)
+    print(f"{manifest.name}: {manifest.package}=={manifest.version} sha256:{manifest.digest}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    store = ModelStore()
+    rows = store.list()
+    if not rows:
+        print(f"no models in {store.home}; try `inferd pull {DEFAULT_MODEL}`")
+        return 0
+    for m in rows:
+        size = sum((store.snapshot_dir(m.name) / rel).stat().st_size for rel in m.files)
+        print(f"{m.name:<10} {m.package}=={m.version:<8} {size / 2**20:8.1f} MiB  "
+              f"sha256:{m.digest[:16]}…")
+    return 0

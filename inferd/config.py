@@ -1,0 +1,27 @@
+"""Engine settings as one frozen dataclass, shared by the CLI, the server and embedders."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    dtype: str = "auto"  # auto | bf16 | f32
+    max_num_seqs: int = 16
+    max_model_len: int | None = None  # None: the model's context, capped at 8192
+    max_num_batched_tokens: int = 512
+    max_waiting: int = 256
+    block_size: int = 16
+    kv_cache_tokens: int | None = None  # None: from kv_cache_mb
+    kv_cache_mb: int = 512
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError("max_model_len must be at least 2")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
+            raise ValueError("kv_cache_tokens must hold at least one block")

@@ -1,0 +1,194 @@
+"""AsyncEngine: runs EngineCore.step() in its own thread and streams outputs into asyncio.
+
+Each request gets an asyncio.Queue. The engine thread never touches the event loop's objects
+directly: it hands outputs over with ``call_soon_threadsafe``. Adds and aborts travel the other
+way through a locked inbox, applied between steps. Leaving ``generate`` early (client gone,
+task cancelled) aborts the request, which frees its KV blocks at the next step boundary.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from inferd.engine.core import EngineCore
+from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.outputs import EngineStats, RequestOutput
+from inferd.engine.request import Request
+from inferd.engine.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+
+class AdmissionError(ValueError):
+    """A request the engine can never serve (too long for the context or the KV pool)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class EngineBusyError(RuntimeError):
+    """The waiting queue is full; callers should retry later."""
+
+
+class EngineStoppedError(RuntimeError):
+    """The engine is shut down."""
+
+
+@dataclass(frozen=True, slots=True)
+class TextCodec:
+    """What the engine needs of a tokenizer to build requests."""
+
+    token_bytes: Callable[[int], bytes]
+    special_ids: frozenset[int]
+    eos_token_ids: frozenset[int]
+
+
+@dataclass(slots=True)
+class _Inbox:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    wake: threading.Event = field(default_factory=threading.Event)
+    adds: list[Request] = field(default_factory=list)
+    aborts: list[str] = field(default_factory=list)
+
+
+class AsyncEngine:
+    def __init__(self, core: EngineCore, codec: TextCodec, max_waiting: int = 256) -> None:
+        self.core = core
+        self.codec = codec
+        self.max_waiting = max_waiting
+        self._inbox = _Inbox()
+        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
+        self._ids = itertools.count()
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
+        self._thread.start()
+
+    @property
+    def max_model_len(self) -> int:
+        return self.core.max_model_len
+
+    def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """Raise before streaming starts if this request can never run or must wait."""
+        if self._stopped.is_set():
+            raise EngineStoppedError("the engine is shut down")
+        if num_prompt_tokens == 0:
+            raise AdmissionError("the prompt is empty after tokenization", "messages")
+        limit = self.core.max_model_len
+        if num_prompt_tokens + params.max_tokens > limit:
+            raise AdmissionError(
+                f"this model's maximum context length is {limit} tokens, but the request asks for "
+                f"{num_prompt_tokens} prompt tokens + {params.max_tokens} max_tokens = "
+                f"{num_prompt_tokens + params.max_tokens}; shorten the prompt or lower max_tokens",
+                "max_tokens",
+            )
+        capacity = self.core.scheduler.kv.capacity_tokens
+        if num_prompt_tokens + params.max_tokens > capacity:
+            raise AdmissionError(
+                f"the request needs {num_prompt_tokens + params.max_tokens} tokens of KV cache but "
+                f"the whole pool holds {capacity}; lower max_tokens or raise --kv-cache-tokens",
+                "max_tokens",
+            )
+        if len(self._queues) >= self.max_waiting + self.core.scheduler.config.max_num_seqs:
+            raise EngineBusyError("too many requests are waiting; retry shortly")
+
+    async def generate(
+        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+    ) -> AsyncIterator[RequestOutput]:
+        self.check_admission(len(prompt_token_ids), params)
+        rid = request_id or f"req-{next(self._ids)}"
+        if rid in self._queues:
+            raise AdmissionError(f"request id {rid!r} is already in flight")
+        request = Request(
+            request_id=rid,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            eos_token_ids=self.codec.eos_token_ids,
+            detokenizer=IncrementalDetokenizer(
+                self.codec.token_bytes, self.codec.special_ids, params.stop
+            ),
+        )
+        queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._queues[rid] = (asyncio.get_running_loop(), queue)
+        finished = False
+        try:
+            with self._inbox.lock:
+                self._inbox.adds.append(request)
+            self._inbox.wake.set()
+            while not finished:
+                output = await queue.get()
+                finished = output.finished
+                yield output
+        finally:
+            self._queues.pop(rid, None)
+            if not finished:
+                self.abort(rid)
+
+    def abort(self, request_id: str) -> None:
+        with self._inbox.lock:
+            self._inbox.aborts.append(request_id)
+        self._inbox.wake.set()
+
+    def stats(self) -> EngineStats:
+        sched = self.core.scheduler
+        return EngineStats(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_blocks_used=sched.kv.pool.num_used,
+            kv_blocks_total=sched.kv.pool.num_blocks - 1,
+            preemptions=sched.num_preemptions,
+            prompt_tokens=self.core.prompt_tokens,
+            generated_tokens=self.core.generated_tokens,
+            steps=self.core.steps,
+            last_step_seconds=self.core.last_step_seconds,
+        )
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        self._stopped.set()
+        self._inbox.wake.set()
+        self._thread.join(timeout)
+
+    # -- engine thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stopped.is_set():
+            outputs = self._drain_inbox()
+            if not self.core.has_work:
+                self._deliver(outputs)
+                self._inbox.wake.wait(timeout=0.5)
+                self._inbox.wake.clear()
+                continue
+            try:
+                outputs += self.core.step()
+            except Exception as exc:  # a broken step must not strand the waiting callers
+                log.exception("engine step failed")
+                outputs += self.core.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+            self._deliver(outputs)
+        self._deliver(self.core.fail_all("the engine shut down"))
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        with self._inbox.lock:
+            adds, self._inbox.adds = self._inbox.adds, []
+            aborts, self._inbox.aborts = self._inbox.aborts, []
+        outputs: list[RequestOutput] = []
+        for request in adds:
+            self.core.add(request)
+        for rid in aborts:
+            out = self.core.abort(rid)
+            if out is not None:
+                outputs.append(out)
+        return outputs
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for output in outputs:
+            target = self._queues.get(output.request_id)
+            if target is not None:
+                loop, queue = target
+                try:
+                    loop.call_soon_threadsafe(queue.put_nowait, output)
+                except RuntimeError:  # the caller's loop is closed: nobody is listening
+                    pass

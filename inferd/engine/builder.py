@@ -1,0 +1,136 @@
+"""Turn a model source (a .gguf path or a store name) into a running, servable model."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferd.config import EngineConfig
+from inferd.engine.async_engine import AsyncEngine, TextCodec
+from inferd.engine.core import EngineCore
+from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.runner import ModelRunner
+from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.loaders.chat_template import ChatTemplate
+from inferd.loaders.gguf import GGUFFile
+from inferd.loaders.tokenizer import TokenizerBundle, tokenizer_from_gguf
+from inferd.models.config import ModelConfig
+from inferd.models.loader import load_gguf_model, resolve_dtype
+from inferd.store import CATALOG, ModelStore, StoreError, sha256_file
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    name: str  # the id the API serves it under
+    path: Path
+    digest: str
+
+
+def resolve_source(source: str, store: ModelStore | None = None) -> ModelSource:
+    """A path to a .gguf file, or a store name (pulled first when missing)."""
+    path = Path(source).expanduser()
+    if path.is_file():
+        return ModelSource(name=path.stem, path=path.resolve(), digest=sha256_file(path))
+    store = store or ModelStore()
+    if source in CATALOG:
+        entry = store.entry_path(source)
+        if entry is None:
+            log.info("model %s is not in the store yet; pulling it", source)
+            store.pull(source)
+            entry = store.entry_path(source)
+        manifest = store.manifest(source)
+        assert entry is not None and manifest is not None
+        return ModelSource(name=source, path=entry, digest=manifest.digest)
+    raise StoreError(
+        f"model {source!r} is neither a file nor a store name; pass a path to a .gguf file "
+        f"or one of: {', '.join(sorted(CATALOG))} (see `inferd pull`)"
+    )
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """A loaded model and everything the server needs to answer for it."""
+
+    source: ModelSource
+    config: ModelConfig
+    dtype: torch.dtype
+    tokenizer: TokenizerBundle
+    chat_template: ChatTemplate
+    engine: AsyncEngine
+    engine_config: EngineConfig
+    kv_cache_tokens: int
+    created: int
+
+    @property
+    def id(self) -> str:
+        return self.source.name
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special=True)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def load_model(
+    source: ModelSource, cfg: EngineConfig, *, progress: bool = True
+) -> ServedModel:
+    started = time.perf_counter()
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
+    gguf = GGUFFile(source.path)
+    dtype = resolve_dtype(cfg.dtype)
+    model, mcfg = load_gguf_model(gguf, dtype, progress=progress)
+    tokenizer = tokenizer_from_gguf(gguf.metadata)
+    template = ChatTemplate(
+        source=gguf.get("tokenizer.chat_template") or "",
+        bos_token=tokenizer.bos_token or "",
+        eos_token=tokenizer.eos_token or "",
+    ) if gguf.get("tokenizer.chat_template") else _fallback_template(tokenizer)
+    max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
+    kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
+    num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
+    runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
+    scheduler = Scheduler(
+        SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
+        KVCacheManager(num_blocks, cfg.block_size),
+    )
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    eos |= {tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()} - {None}
+    codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
+    engine = AsyncEngine(EngineCore(runner, scheduler, max_len), codec, cfg.max_waiting)
+    log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
+    return ServedModel(
+        source=source, config=mcfg, dtype=dtype, tokenizer=tokenizer, chat_template=template,
+        engine=engine, engine_config=cfg, kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
+        created=int(time.time()),
+    )
+
+
+def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -> int:
+    if cfg.kv_cache_tokens is not None:
+        tokens = cfg.kv_cache_tokens
+    else:
+        per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
+        tokens = cfg.kv_cache_mb * 2**20 // per_token
+    return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
+
+
+def _fallback_template(tokenizer: TokenizerBundle) -> ChatTemplate:
+    from inferd.loaders.chat_template import CHATML_TEMPLATE
+
+    return ChatTemplate(
+        source=CHATML_TEMPLATE,
+        bos_token=tokenizer.bos_token or "",
+        eos_token=tokenizer.eos_token or "",
+    )

@@ -1,0 +1,112 @@
+"""Attention over a paged KV cache.
+
+The cache of one layer is a pool of fixed-size blocks::
+
+    k_cache: [num_blocks, block_size, num_kv_heads, head_dim]
+
+A request owns a list of block ids (its block table). Token ``p`` of a request lives in block
+``table[p // block_size]`` at offset ``p % block_size``. New keys and values are written at
+their slots first, then each query reads its request's blocks back through the table, so prefill
+chunks and decodes share one code path for storage.
+
+Decode tokens (one query each) are attended in one batched call; each prefill chunk gets its own
+call with a causal mask offset by the tokens already cached.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillChunk:
+    token_start: int  # first row of this chunk in the flat batch
+    num_tokens: int
+    start_pos: int  # tokens of this request already in the cache before the chunk
+    block_table: torch.Tensor  # [num_blocks_needed] long
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionMetadata:
+    """Everything attention needs about one batch, passed explicitly into ``forward``."""
+
+    slot_blocks: torch.Tensor  # [num_tokens] block id where each new token's K/V goes
+    slot_offsets: torch.Tensor  # [num_tokens] offset inside that block
+    decode_rows: torch.Tensor | None  # [num_decodes] rows of the flat batch that are decodes
+    decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] (padded with 0)
+    decode_positions: torch.Tensor | None  # [num_decodes] position of each decode token
+    prefills: tuple[PrefillChunk, ...]
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    meta: AttentionMetadata,
+) -> None:
+    k_cache[meta.slot_blocks, meta.slot_offsets] = k
+    v_cache[meta.slot_blocks, meta.slot_offsets] = v
+
+
+def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+    """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim]."""
+    batch, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = cache.index_select(0, block_tables.reshape(-1))
+    blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, head_dim)
+    return blocks.transpose(1, 2)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:
+    """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]."""
+    write_kv(k_cache, v_cache, k, v, meta)
+    out = torch.empty_like(q)
+    if meta.decode_rows is not None:
+        assert meta.decode_block_tables is not None and meta.decode_positions is not None
+        out[meta.decode_rows] = _decode(
+            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables,
+            meta.decode_positions, scale,
+        )
+    for chunk in meta.prefills:
+        rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
+        out[rows] = _prefill(q[rows], k_cache, v_cache, chunk, scale)
+    return out
+
+
+def _decode(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    block_tables: torch.Tensor, positions: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    keys = gather_blocks(k_cache, block_tables)  # [D, kv_heads, L, head_dim]
+    values = gather_blocks(v_cache, block_tables)
+    key_pos = torch.arange(keys.shape[2])
+    mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [D, 1, 1, L]
+    out = F.scaled_dot_product_attention(
+        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
+    )  # [D, heads, 1, head_dim]
+    return out.squeeze(2)
+
+
+def _prefill(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+    chunk: PrefillChunk, scale: float,
+) -> torch.Tensor:
+    total = chunk.start_pos + chunk.num_tokens
+    keys = gather_blocks(k_cache, chunk.block_table[None])[:, :, :total]
+    values = gather_blocks(v_cache, chunk.block_table[None])[:, :, :total]
+    q_pos = torch.arange(chunk.start_pos, total)
+    mask = torch.arange(total)[None, :] <= q_pos[:, None]  # [n, total]
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, scale=scale,
+        enable_gqa=True,
+    )  # [1, heads, n, head_dim]
+    return out[0].transpose(0, 1)

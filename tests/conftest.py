@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from inferd.config import EngineConfig
+from inferd.store import DEFAULT_MODEL, ModelStore
+
+if TYPE_CHECKING:
+    from inferd.engine.builder import ServedModel
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf() -> Path:
+    """The real default model (SmolLM2-135M-Instruct Q4_1), pulled into the store if missing."""
+    store = ModelStore()
+    path = store.entry_path(DEFAULT_MODEL)
+    if path is None:
+        store.pull(DEFAULT_MODEL)
+        path = store.entry_path(DEFAULT_MODEL)
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2(smollm2_gguf: Path) -> Any:
+    """transformers' own reading of the same GGUF, in float32: the oracle for parity tests."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_tokenizer(smollm2_gguf: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name)
+
+
+@pytest.fixture(scope="session")
+def served_f32(smollm2_gguf: Path) -> Iterator[ServedModel]:
+    """Our full stack on the default model in float32, shared by engine tests."""
+    from inferd.engine.builder import load_model, resolve_source
+
+    served = load_model(
+        resolve_source(str(smollm2_gguf)),
+        EngineConfig(dtype="f32", max_num_seqs=8, kv_cache_tokens=8192),
+        progress=False,
+    )
+    yield served
+    served.shutdown()

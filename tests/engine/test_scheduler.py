@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.request import RequestStatus
+from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from tests.engine.helpers import make_request
+
+
+def _scheduler(blocks: int = 64, block_size: int = 4, seqs: int = 4, budget: int = 16) -> Scheduler:
+    return Scheduler(SchedulerConfig(seqs, budget), KVCacheManager(blocks, block_size))
+
+
+def _run_step(s: Scheduler, token: int = 7) -> list[str]:
+    """Schedule, pretend the model ran, append one token to completed chunks; finished ids."""
+    out = s.schedule()
+    s.advance(out)
+    done = []
+    for chunk in out.chunks:
+        if chunk.completes:
+            req = chunk.request
+            req.output_token_ids.append(token)
+            if len(req.output_token_ids) >= req.params.max_tokens:
+                s.finish(req, RequestStatus.FINISHED_LENGTH)
+                done.append(req.request_id)
+    return done
+
+
+def test_long_prompt_is_chunked_and_decodes_keep_running() -> None:
+    s = _scheduler(budget=8)
+    short = make_request("short", 3, max_tokens=20)
+    s.add(short)
+    _run_step(s)  # short prefilled, first token sampled
+    s.add(make_request("long", 30))
+    out = s.schedule()
+    sizes = {c.request.request_id: c.num_tokens for c in out.chunks}
+    assert sizes == {"short": 1, "long": 7}  # the decode goes first, the prompt takes the rest
+    assert out.num_batched_tokens == 8
+
+
+def test_block_ids_and_ref_counts_are_exact() -> None:
+    s = _scheduler(blocks=10, block_size=4)
+    a, b = make_request("a", 5), make_request("b", 3)
+    s.add(a)
+    s.add(b)
+    s.schedule()
+    assert a.block_ids == [1, 2] and b.block_ids == [3]
+    assert all(s.kv.pool.ref_count(i) == 1 for i in (1, 2, 3))
+    assert s.kv.pool.num_used == 3
+    s.finish(a, RequestStatus.FINISHED_ABORTED)
+    assert s.kv.pool.ref_count(1) == 0 and s.kv.pool.num_used == 1
+
+
+def test_max_seqs_caps_running_requests() -> None:
+    s = _scheduler(seqs=2)
+    for i in range(4):
+        s.add(make_request(f"r{i}", 2))
+    out = s.schedule()
+    assert [c.request.request_id for c in out.chunks] == ["r0", "r1"]
+    assert len(s.waiting) == 2
+
+
+def test_pool_exhaustion_preempts_the_newest_request() -> None:
+    s = _scheduler(blocks=5, block_size=4, budget=64)  # 4 usable blocks = 16 tokens
+    old, new = make_request("old", 7, max_tokens=30), make_request("new", 7, max_tokens=30)
+    s.add(old)
+    s.add(new)
+    _run_step(s)  # each holds 2 blocks; the pool is full
+    assert s.kv.pool.num_free == 0
+    _run_step(s)  # 8 tokens each still fit in 2 blocks
+    out = s.schedule()  # "old" needs a third block: "new" is preempted for it
+    assert out.preempted == ("new",)
+    assert [c.request.request_id for c in out.chunks] == ["old"]
+    assert new.status is RequestStatus.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
+    assert s.waiting[0] is new and s.num_preemptions == 1
+
+
+def test_preempted_request_recomputes_its_generated_tokens() -> None:
+    s = _scheduler(blocks=5, block_size=4, budget=64)
+    old, new = make_request("old", 7, max_tokens=30), make_request("new", 7, max_tokens=30)
+    s.add(old)
+    s.add(new)
+    for _ in range(3):
+        _run_step(s)
+    s.finish(old, RequestStatus.FINISHED_ABORTED)
+    out = s.schedule()
+    (chunk,) = out.chunks
+    assert chunk.request is new and chunk.start == 0 and chunk.num_tokens == new.num_tokens
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
+    st.integers(4, 40),
+    st.integers(1, 6),
+)
+def test_random_arrivals_all_finish_and_blocks_return(
+    specs: list[tuple[int, int, int]], blocks: int, seqs: int
+) -> None:
+    """No starvation, no leak: every request that fits the pool eventually finishes."""
+    block_size, budget = 4, 16
+    s = _scheduler(blocks=blocks + 14, block_size=block_size, seqs=seqs, budget=budget)
+    capacity = s.kv.capacity_tokens
+    pending = [make_request(f"r{i}", p, m) for i, (p, m, _) in enumerate(specs) if p + m <= capacity]
+    delays = {f"r{i}": d for i, (_, _, d) in enumerate(specs)}
+    finished: set[str] = set()
+    rng = random.Random(0)
+    for step in range(2000):
+        for req in [r for r in pending if delays[r.request_id] <= step]:
+            s.add(req)
+            pending.remove(req)
+        finished.update(_run_step(s, rng.randrange(100)))
+        assert s.kv.pool.num_used == sum(len(r.block_ids) for r in s.running)
+        if not pending and not s.has_work:
+            break
+    assert not s.has_work and not pending
+    assert s.kv.pool.num_used == 0
+    assert len(finished) == sum(1 for p, m, _ in specs if p + m <= capacity)

@@ -1,0 +1,84 @@
+"""Our Llama against transformers reading the same GGUF: logits and greedy generations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from inferd.layers.attention import AttentionMetadata, PrefillChunk
+from inferd.loaders.gguf import GGUFFile
+from inferd.models.llama import LlamaForCausalLM
+from inferd.models.loader import load_gguf_model
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n",
+    "<|im_start|>user\nWhat is 2+2? Answer briefly.<|im_end|>\n<|im_start|>assistant\n",
+    "Émile a écrit 三个字 and an emoji 🙂 — then stopped.",
+]
+
+
+def full_forward(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) -> torch.Tensor:
+    """Logits for every position of one prompt, through the paged-attention path."""
+    cfg = model.config
+    n = len(ids)
+    num_blocks = -(-n // block_size)
+    shape = (num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
+    dtype = model.embed_tokens.weight.dtype
+    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    table = torch.arange(1, num_blocks + 1)
+    pos = torch.arange(n)
+    meta = AttentionMetadata(
+        slot_blocks=table[pos // block_size],
+        slot_offsets=pos % block_size,
+        decode_rows=None,
+        decode_block_tables=None,
+        decode_positions=None,
+        prefills=(PrefillChunk(0, n, 0, table),),
+    )
+    with torch.inference_mode():
+        return model.compute_logits(model(torch.tensor(ids), pos, meta, caches))
+
+
+@pytest.fixture(scope="module")
+def ours_f32(smollm2_gguf: Path) -> LlamaForCausalLM:
+    return load_gguf_model(GGUFFile(smollm2_gguf), torch.float32, progress=False)[0]
+
+
+@pytest.fixture(scope="module")
+def ours_bf16(smollm2_gguf: Path) -> LlamaForCausalLM:
+    return load_gguf_model(GGUFFile(smollm2_gguf), torch.bfloat16, progress=False)[0]
+
+
+def _reference(hf: Any, ids: list[int]) -> torch.Tensor:
+    with torch.inference_mode():
+        return hf(torch.tensor([ids])).logits[0].float()
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_f32_logits_match_transformers(
+    prompt: str, ours_f32: LlamaForCausalLM, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+) -> None:
+    ids = hf_smollm2_tokenizer(prompt)["input_ids"]
+    ours, ref = full_forward(ours_f32, ids), _reference(hf_smollm2, ids)
+    assert ours.shape == ref.shape
+    torch.testing.assert_close(ours, ref, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_bf16_top1_agrees_with_transformers(
+    prompt: str, ours_bf16: LlamaForCausalLM, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+) -> None:
+    ids = hf_smollm2_tokenizer(prompt)["input_ids"]
+    ours, ref = full_forward(ours_bf16, ids), _reference(hf_smollm2, ids)
+    assert ours[-1].argmax() == ref[-1].argmax()
+    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
+    assert agree >= 0.9, f"bf16 top-1 agreement {agree:.2f}"
+
+
+def test_block_size_does_not_change_logits(ours_f32: LlamaForCausalLM, hf_smollm2_tokenizer: Any) -> None:
+    ids = hf_smollm2_tokenizer(PROMPTS[1])["input_ids"]
+    torch.testing.assert_close(full_forward(ours_f32, ids, 4), full_forward(ours_f32, ids, 32))
