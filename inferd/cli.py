@@ -66,17 +66,37 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", default=DEFAULT_MODEL,
-                   help=f"a .gguf path or a store name (default: {DEFAULT_MODEL})")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bf16", "f32"],
-                   help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)")
+    p.add_argument(
+        "-m",
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"a .gguf path or a store name (default: {DEFAULT_MODEL})",
+    )
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bf16", "f32"],
+        help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)",
+    )
     p.add_argument("--max-seqs", type=int, default=16, help="most requests running at once")
-    p.add_argument("--max-seq-len", type=int, default=None,
-                   help="context length limit (default: the model's, at most 8192)")
-    p.add_argument("--max-num-batched-tokens", type=int, default=512,
-                   help="token budget of one engine step (prefill chunk size)")
-    p.add_argument("--kv-cache-tokens", type=int, default=None,
-                   help="KV cache size in tokens (default: from --kv-cache-mb)")
+    p.add_argument(
+        "--max-seq-len",
+        type=int,
+        default=None,
+        help="context length limit (default: the model's, at most 8192)",
+    )
+    p.add_argument(
+        "--max-num-batched-tokens",
+        type=int,
+        default=512,
+        help="token budget of one engine step (prefill chunk size)",
+    )
+    p.add_argument(
+        "--kv-cache-tokens",
+        type=int,
+        default=None,
+        help="KV cache size in tokens (default: from --kv-cache-mb)",
+    )
     p.add_argument("--kv-cache-mb", type=int, default=512, help="KV cache size in MiB")
     p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
 
@@ -125,8 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("binding %s: the API is reachable from other machines", args.host)
     app = build_app([served])
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level="warning",
-                    timeout_graceful_shutdown=5)
+        uvicorn.run(
+            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+        )
     finally:
         served.shutdown()
     return 0
@@ -182,6 +203,8 @@ def _models(args: argparse.Namespace) -> int:
         return 0
     for m in rows:
         size = sum((store.snapshot_dir(m.name) / rel).stat().st_size for rel in m.files)
-        print(f"{m.name:<10} {m.package}=={m.version:<8} {size / 2**20:8.1f} MiB  "
-              f"sha256:{m.digest[:16]}…")
+        print(
+            f"{m.name:<10} {m.package}=={m.version:<8} {size / 2**20:8.1f} MiB  "
+            f"sha256:{m.digest[:16]}…"
+        )
     return 0

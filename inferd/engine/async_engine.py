@@ -9,6 +9,7 @@ task cancelled) aborts the request, which frees its KV blocks at the next step b
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -188,7 +189,6 @@ class AsyncEngine:
             target = self._queues.get(output.request_id)
             if target is not None:
                 loop, queue = target
-                try:
+                # A closed loop means nobody is listening any more.
+                with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(queue.put_nowait, output)
-                except RuntimeError:  # the caller's loop is closed: nobody is listening
-                    pass

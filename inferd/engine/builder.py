@@ -82,9 +82,7 @@ class ServedModel:
         self.engine.shutdown()
 
 
-def load_model(
-    source: ModelSource, cfg: EngineConfig, *, progress: bool = True
-) -> ServedModel:
+def load_model(source: ModelSource, cfg: EngineConfig, *, progress: bool = True) -> ServedModel:
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -92,11 +90,9 @@ def load_model(
     dtype = resolve_dtype(cfg.dtype)
     model, mcfg = load_gguf_model(gguf, dtype, progress=progress)
     tokenizer = tokenizer_from_gguf(gguf.metadata)
-    template = ChatTemplate(
-        source=gguf.get("tokenizer.chat_template") or "",
-        bos_token=tokenizer.bos_token or "",
-        eos_token=tokenizer.eos_token or "",
-    ) if gguf.get("tokenizer.chat_template") else _fallback_template(tokenizer)
+    template = ChatTemplate.from_metadata(
+        gguf.metadata, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
+    )
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
     num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
@@ -105,14 +101,20 @@ def load_model(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
         KVCacheManager(num_blocks, cfg.block_size),
     )
-    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    eos |= {tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()} - {None}
+    stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
+    eos = {i for i in [tokenizer.eos_token_id, *stops] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
     engine = AsyncEngine(EngineCore(runner, scheduler, max_len), codec, cfg.max_waiting)
     log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
     return ServedModel(
-        source=source, config=mcfg, dtype=dtype, tokenizer=tokenizer, chat_template=template,
-        engine=engine, engine_config=cfg, kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
+        source=source,
+        config=mcfg,
+        dtype=dtype,
+        tokenizer=tokenizer,
+        chat_template=template,
+        engine=engine,
+        engine_config=cfg,
+        kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
         created=int(time.time()),
     )
 
@@ -124,13 +126,3 @@ def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -
         per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
         tokens = cfg.kv_cache_mb * 2**20 // per_token
     return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
-
-
-def _fallback_template(tokenizer: TokenizerBundle) -> ChatTemplate:
-    from inferd.loaders.chat_template import CHATML_TEMPLATE
-
-    return ChatTemplate(
-        source=CHATML_TEMPLATE,
-        bos_token=tokenizer.bos_token or "",
-        eos_token=tokenizer.eos_token or "",
-    )

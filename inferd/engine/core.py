@@ -70,9 +70,9 @@ class EngineCore:
         reason: str | None = None
         if step.stop_string is not None:
             reason, request.stop_reason = "stop", step.stop_string
-        elif not request.params.ignore_eos and token in request.eos_token_ids:
-            reason, request.stop_reason = "stop", token
-        elif token in request.params.stop_token_ids:
+        elif (
+            not request.params.ignore_eos and token in request.eos_token_ids
+        ) or token in request.params.stop_token_ids:
             reason, request.stop_reason = "stop", token
         elif (
             len(request.output_token_ids) >= request.params.max_tokens
@@ -83,7 +83,9 @@ class EngineCore:
             if step.stop_string is None:
                 text += request.detokenizer.flush()
             status = (
-                RequestStatus.FINISHED_STOPPED if reason == "stop" else RequestStatus.FINISHED_LENGTH
+                RequestStatus.FINISHED_STOPPED
+                if reason == "stop"
+                else RequestStatus.FINISHED_LENGTH
             )
             self.scheduler.finish(request, status)
             del self.requests[request.request_id]
@@ -91,7 +93,10 @@ class EngineCore:
 
 
 def _output(
-    request: Request, text: str, tokens: tuple[int, ...], reason: str | None,
+    request: Request,
+    text: str,
+    tokens: tuple[int, ...],
+    reason: str | None,
     error: str | None = None,
 ) -> RequestOutput:
     return RequestOutput(

@@ -16,7 +16,9 @@ NULL_BLOCK = 0
 class BlockPool:
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
-            raise ValueError("the KV cache needs at least 2 blocks (one is the reserved null block)")
+            raise ValueError(
+                "the KV cache needs at least 2 blocks (one is the reserved null block)"
+            )
         self.num_blocks = num_blocks
         self._free: deque[int] = deque(range(1, num_blocks))
         self._refs = [0] * num_blocks

@@ -28,7 +28,11 @@ class ModelInputs:
 
 class ModelRunner:
     def __init__(
-        self, model: LlamaForCausalLM, config: ModelConfig, num_blocks: int, block_size: int,
+        self,
+        model: LlamaForCausalLM,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
         dtype: torch.dtype,
     ) -> None:
         self.model = model

@@ -42,7 +42,10 @@ class AttentionMetadata:
 
 
 def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
     meta: AttentionMetadata,
 ) -> None:
     k_cache[meta.slot_blocks, meta.slot_offsets] = k
@@ -73,8 +76,12 @@ def paged_attention(
     if meta.decode_rows is not None:
         assert meta.decode_block_tables is not None and meta.decode_positions is not None
         out[meta.decode_rows] = _decode(
-            q[meta.decode_rows], k_cache, v_cache, meta.decode_block_tables,
-            meta.decode_positions, scale,
+            q[meta.decode_rows],
+            k_cache,
+            v_cache,
+            meta.decode_block_tables,
+            meta.decode_positions,
+            scale,
         )
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
@@ -83,8 +90,12 @@ def paged_attention(
 
 
 def _decode(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    block_tables: torch.Tensor, positions: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    positions: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     keys = gather_blocks(k_cache, block_tables)  # [D, kv_heads, L, head_dim]
     values = gather_blocks(v_cache, block_tables)
@@ -97,8 +108,11 @@ def _decode(
 
 
 def _prefill(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-    chunk: PrefillChunk, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    chunk: PrefillChunk,
+    scale: float,
 ) -> torch.Tensor:
     total = chunk.start_pos + chunk.num_tokens
     keys = gather_blocks(k_cache, chunk.block_table[None])[:, :, :total]
@@ -106,7 +120,11 @@ def _prefill(
     q_pos = torch.arange(chunk.start_pos, total)
     mask = torch.arange(total)[None, :] <= q_pos[:, None]  # [n, total]
     out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0), keys, values, attn_mask=mask, scale=scale,
+        q.transpose(0, 1).unsqueeze(0),
+        keys,
+        values,
+        attn_mask=mask,
+        scale=scale,
         enable_gqa=True,
     )  # [1, heads, n, head_dim]
     return out[0].transpose(0, 1)

@@ -96,7 +96,9 @@ def _byte_level_pre_tokenizer(pre: str | None) -> tuple[pre_tokenizers.PreTokeni
         if pre in names:
             return _regex_then_bytes(split), ignore_merges
     known = sorted(_GPT2_NAMES | _DIGITS_NAMES | _LLAMA3_NAMES | _QWEN2_NAMES)
-    raise TokenizerError(f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; known: {known}")
+    raise TokenizerError(
+        f"unsupported tokenizer.ggml.pre {pre!r} for a gpt2 tokenizer; known: {known}"
+    )
 
 
 def _regex_then_bytes(split: str) -> pre_tokenizers.PreTokenizer:
@@ -354,7 +356,9 @@ def _spm_merges(vocab: _Vocab, scores: list[float]) -> list[tuple[str, str]]:
             if piece[:k] in index and piece[k:] in index
         ]
         local.sort(key=lambda lr: (index[lr[0]], index[lr[1]]))
-        ranked.extend((-scores[token_id], -len(left), -len(right), left, right) for left, right in local)
+        ranked.extend(
+            (-scores[token_id], -len(left), -len(right), left, right) for left, right in local
+        )
     ranked.sort(key=lambda r: (r[0], r[1], r[2]))  # stable: file order breaks remaining ties
     return [(left, right) for *_, left, right in ranked]
 

@@ -32,8 +32,12 @@ class LlamaAttention(nn.Module):
         self.scale = cfg.head_dim**-0.5
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-        meta: AttentionMetadata, cache: KVCache,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        meta: AttentionMetadata,
+        cache: KVCache,
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -66,8 +70,12 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, positions: torch.Tensor, rotary: RotaryEmbedding,
-        meta: AttentionMetadata, cache: KVCache,
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        rotary: RotaryEmbedding,
+        meta: AttentionMetadata,
+        cache: KVCache,
     ) -> torch.Tensor:
         x = x + self.self_attn(self.input_norm(x), positions, rotary, meta, cache)
         return x + self.mlp(self.post_attention_norm(x))
@@ -86,7 +94,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size]."""

@@ -86,7 +86,10 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
         b, m = f"blk.{i}.", f"layers.{i}."
         qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
         plan[m + "input_norm.weight"] = ([b + "attn_norm.weight"], keep)
-        plan[m + "self_attn.qkv_proj.weight"] = (qkv, lambda t, n: rope_rows(t, n) if "attn_v" not in n else t)
+        plan[m + "self_attn.qkv_proj.weight"] = (
+            qkv,
+            lambda t, n: rope_rows(t, n) if "attn_v" not in n else t,
+        )
         plan[m + "self_attn.o_proj.weight"] = ([b + "attn_output.weight"], keep)
         plan[m + "post_attention_norm.weight"] = ([b + "ffn_norm.weight"], keep)
         plan[m + "mlp.gate_up_proj.weight"] = ([b + "ffn_gate.weight", b + "ffn_up.weight"], keep)

@@ -12,9 +12,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
+from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.engine.builder import ServedModel
 from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.errors import APIError, bad_request
@@ -31,14 +31,17 @@ async def create_chat_completion(request: Request) -> Response:
     try:
         prompt = await asyncio.to_thread(model.chat_prompt, messages)
     except ChatTemplateError as exc:
-        raise bad_request(f"the chat template could not render these messages: {exc}", "messages")
+        message = f"the chat template could not render these messages: {exc}"
+        raise bad_request(message, "messages") from None
     if body.max_tokens is None and body.max_completion_tokens is None:
         room = model.engine.max_model_len - len(prompt)
         params = _replace_max_tokens(params, max(1, room))
     _admit(model, len(prompt), params)
     request_id = request.state.request_id
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    outputs = model.engine.generate(prompt, params, request_id=f"{request_id}-{uuid.uuid4().hex[:8]}")
+    outputs = model.engine.generate(
+        prompt, params, request_id=f"{request_id}-{uuid.uuid4().hex[:8]}"
+    )
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(completion, outputs, include_usage, state.keepalive_seconds)
@@ -91,12 +94,14 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
             raise bad_request(f"{name} is not supported yet", name)
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
-    if body.max_tokens is not None and body.max_completion_tokens is not None:
-        if body.max_tokens != body.max_completion_tokens:
-            raise bad_request(
-                "max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens"
-            )
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    both = body.max_tokens is not None and body.max_completion_tokens is not None
+    if both and body.max_tokens != body.max_completion_tokens:
+        raise bad_request(
+            "max_tokens and max_completion_tokens disagree; send one", "max_completion_tokens"
+        )
+    max_tokens = (
+        body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    )
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     try:
         return SamplingParams(
@@ -110,7 +115,11 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
             ignore_eos=body.ignore_eos,
         )
     except SamplingParamError as exc:
-        param = "max_completion_tokens" if exc.param == "max_tokens" and body.max_tokens is None else exc.param
+        param = (
+            "max_completion_tokens"
+            if exc.param == "max_tokens" and body.max_tokens is None
+            else exc.param
+        )
         raise bad_request(str(exc), param) from None
 
 
@@ -210,7 +219,16 @@ async def _stream(
         last = out
         if out.finish_reason in ("error", "abort"):
             message = out.error or "the request was aborted"
-            yield sse.event({"error": {"message": message, "type": "server_error", "param": None, "code": out.finish_reason}})
+            yield sse.event(
+                {
+                    "error": {
+                        "message": message,
+                        "type": "server_error",
+                        "param": None,
+                        "code": out.finish_reason,
+                    }
+                }
+            )
             yield sse.DONE
             return
         if out.text:

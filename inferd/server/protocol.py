@@ -66,7 +66,9 @@ def parse_body(raw: bytes, model: type[M]) -> M:
     try:
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+        raise bad_request(
+            f"the request body is not valid JSON: {exc}", code="invalid_json"
+        ) from None
     if not isinstance(data, dict):
         raise bad_request("the request body must be a JSON object")
     try:

@@ -14,7 +14,11 @@ KEEPALIVE = b": keep-alive\n\n"
 
 
 def event(payload: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+    return (
+        b"data: "
+        + json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        + b"\n\n"
+    )
 
 
 def named_event(name: str, payload: dict[str, Any]) -> bytes:

@@ -7,9 +7,7 @@ from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
 
 
-def make_request(
-    rid: str, prompt_len: int, max_tokens: int = 8, **params: object
-) -> Request:
+def make_request(rid: str, prompt_len: int, max_tokens: int = 8, **params: object) -> Request:
     return Request(
         request_id=rid,
         prompt_token_ids=list(range(prompt_len)),

@@ -15,7 +15,9 @@ def _bytes_vocab(text: str, cut: list[int]) -> tuple[list[bytes], list[int]]:
     return pieces, list(range(len(pieces)))
 
 
-def _run(pieces: list[bytes], ids: list[int], stop: tuple[str, ...] = ()) -> tuple[str, str | None, list[str]]:
+def _run(
+    pieces: list[bytes], ids: list[int], stop: tuple[str, ...] = ()
+) -> tuple[str, str | None, list[str]]:
     detok = IncrementalDetokenizer(lambda i: pieces[i], stop=stop)
     deltas = []
     for i in ids:

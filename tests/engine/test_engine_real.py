@@ -16,7 +16,9 @@ from inferd.engine.sampling import SamplingParams
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
 
-async def _generate(served: ServedModel, prompt: list[int], params: SamplingParams) -> list[RequestOutput]:
+async def _generate(
+    served: ServedModel, prompt: list[int], params: SamplingParams
+) -> list[RequestOutput]:
     return [out async for out in served.engine.generate(prompt, params)]
 
 
@@ -37,10 +39,15 @@ async def _wait_idle(served: ServedModel) -> None:
 
 def test_greedy_32_tokens_equal_transformers(served_f32: ServedModel, hf_smollm2: Any) -> None:
     prompt = served_f32.chat_prompt(STORY)
-    outputs = asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=32, temperature=0)))
+    outputs = asyncio.run(
+        _generate(served_f32, prompt, SamplingParams(max_tokens=32, temperature=0))
+    )
     with torch.inference_mode():
         ref = hf_smollm2.generate(
-            torch.tensor([prompt]), max_new_tokens=32, do_sample=False, attention_mask=torch.ones(1, len(prompt), dtype=torch.long)
+            torch.tensor([prompt]),
+            max_new_tokens=32,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
         )[0, len(prompt) :].tolist()
     assert _tokens(outputs) == ref
     assert len(ref) == 32 and outputs[-1].finish_reason == "length"
@@ -68,7 +75,9 @@ def test_seed_reproduces_sampled_text(served_f32: ServedModel) -> None:
     prompt = served_f32.chat_prompt(STORY)
 
     def run(seed: int) -> str:
-        params = SamplingParams(max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01, seed=seed)
+        params = SamplingParams(
+            max_tokens=24, temperature=1.0, top_p=0.95, top_k=50, min_p=0.01, seed=seed
+        )
         return _text(asyncio.run(_generate(served_f32, prompt, params)))
 
     first = run(7)
@@ -78,10 +87,14 @@ def test_seed_reproduces_sampled_text(served_f32: ServedModel) -> None:
 
 def test_stop_string_ends_generation_and_is_not_emitted(served_f32: ServedModel) -> None:
     prompt = served_f32.chat_prompt(STORY)
-    greedy = _text(asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=40, temperature=0))))
+    greedy = _text(
+        asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=40, temperature=0)))
+    )
     words = greedy.split()
     stop = words[len(words) // 2]
-    outputs = asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,))))
+    outputs = asyncio.run(
+        _generate(served_f32, prompt, SamplingParams(max_tokens=40, temperature=0, stop=(stop,)))
+    )
     text = _text(outputs)
     assert stop not in text
     assert greedy.startswith(text) and greedy[len(text) :].startswith(stop)
@@ -90,7 +103,9 @@ def test_stop_string_ends_generation_and_is_not_emitted(served_f32: ServedModel)
 
 def test_end_of_turn_token_stops_a_short_answer(served_f32: ServedModel) -> None:
     prompt = served_f32.chat_prompt([{"role": "user", "content": "Say hi."}])
-    outputs = asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=200, temperature=0)))
+    outputs = asyncio.run(
+        _generate(served_f32, prompt, SamplingParams(max_tokens=200, temperature=0))
+    )
     assert outputs[-1].finish_reason == "stop"
     assert "<|im_end|>" not in _text(outputs)
     assert outputs[-1].stop_reason in served_f32.engine.codec.eos_token_ids

@@ -75,7 +75,9 @@ def test_pool_exhaustion_preempts_the_newest_request() -> None:
     out = s.schedule()  # "old" needs a third block: "new" is preempted for it
     assert out.preempted == ("new",)
     assert [c.request.request_id for c in out.chunks] == ["old"]
-    assert new.status is RequestStatus.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
+    assert (
+        new.status is RequestStatus.WAITING and new.block_ids == [] and new.num_computed_tokens == 0
+    )
     assert s.waiting[0] is new and s.num_preemptions == 1
 
 
@@ -94,7 +96,11 @@ def test_preempted_request_recomputes_its_generated_tokens() -> None:
 
 @settings(max_examples=60, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)), min_size=1, max_size=12),
+    st.lists(
+        st.tuples(st.integers(1, 40), st.integers(1, 12), st.integers(0, 3)),
+        min_size=1,
+        max_size=12,
+    ),
     st.integers(4, 40),
     st.integers(1, 6),
 )
@@ -105,7 +111,9 @@ def test_random_arrivals_all_finish_and_blocks_return(
     block_size, budget = 4, 16
     s = _scheduler(blocks=blocks + 14, block_size=block_size, seqs=seqs, budget=budget)
     capacity = s.kv.capacity_tokens
-    pending = [make_request(f"r{i}", p, m) for i, (p, m, _) in enumerate(specs) if p + m <= capacity]
+    pending = [
+        make_request(f"r{i}", p, m) for i, (p, m, _) in enumerate(specs) if p + m <= capacity
+    ]
     delays = {f"r{i}": d for i, (_, _, d) in enumerate(specs)}
     finished: set[str] = set()
     rng = random.Random(0)

@@ -28,7 +28,10 @@ def full_forward(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) 
     num_blocks = -(-n // block_size)
     shape = (num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
     dtype = model.embed_tokens.weight.dtype
-    caches = [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
+    caches = [
+        (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+        for _ in range(cfg.num_layers)
+    ]
     table = torch.arange(1, num_blocks + 1)
     pos = torch.arange(n)
     meta = AttentionMetadata(
@@ -79,6 +82,8 @@ def test_bf16_top1_agrees_with_transformers(
     assert agree >= 0.9, f"bf16 top-1 agreement {agree:.2f}"
 
 
-def test_block_size_does_not_change_logits(ours_f32: LlamaForCausalLM, hf_smollm2_tokenizer: Any) -> None:
+def test_block_size_does_not_change_logits(
+    ours_f32: LlamaForCausalLM, hf_smollm2_tokenizer: Any
+) -> None:
     ids = hf_smollm2_tokenizer(PROMPTS[1])["input_ids"]
     torch.testing.assert_close(full_forward(ours_f32, ids, 4), full_forward(ours_f32, ids, 32))

@@ -40,7 +40,9 @@ def free_port() -> int:
 
 
 @contextmanager
-def live_server(args: Sequence[str], log: Path, startup_timeout: float = 180) -> Iterator[LiveServer]:
+def live_server(
+    args: Sequence[str], log: Path, startup_timeout: float = 180
+) -> Iterator[LiveServer]:
     port = free_port()
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), *args]
     with open(log, "wb") as out:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -14,10 +15,24 @@ from tests.server.live import LiveServer
 QUESTION = [{"role": "user", "content": "Tell me about the moon in three sentences."}]
 
 
+_clients: dict[str, openai.OpenAI] = {}
+
+
 def _client(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    )
+    """One strict client per server, closed when the module ends."""
+    if server.api not in _clients:
+        _clients[server.api] = openai.OpenAI(
+            base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
+        )
+    return _clients[server.api]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    for client in _clients.values():
+        client.close()
+    _clients.clear()
 
 
 def _async_client(server: LiveServer) -> openai.AsyncOpenAI:
@@ -41,7 +56,9 @@ def test_models_lists_the_loaded_model(server: LiveServer) -> None:
 
 def test_non_streaming_and_streaming_give_the_same_text(server: LiveServer) -> None:
     client, model = _client(server), _model(server)
-    full = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=40)
+    full = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=40
+    )
     choice = full.choices[0]
     assert choice.message.role == "assistant" and choice.message.content
     assert choice.finish_reason in ("stop", "length")
@@ -51,7 +68,11 @@ def test_non_streaming_and_streaming_give_the_same_text(server: LiveServer) -> N
 
     chunks = list(
         client.chat.completions.create(
-            model=model, messages=QUESTION, temperature=0, max_tokens=40, stream=True,
+            model=model,
+            messages=QUESTION,
+            temperature=0,
+            max_tokens=40,
+            stream=True,
             stream_options={"include_usage": True},
         )
     )
@@ -76,10 +97,14 @@ def test_max_tokens_gives_length_and_exact_usage(server: LiveServer) -> None:
 
 def test_stop_string_is_not_in_the_output(server: LiveServer) -> None:
     client, model = _client(server), _model(server)
-    base = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=40)
+    base = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=40
+    )
     text = base.choices[0].message.content or ""
     stop = text.split()[3]
-    out = client.chat.completions.create(model=model, messages=QUESTION, temperature=0, max_tokens=40, stop=[stop])
+    out = client.chat.completions.create(
+        model=model, messages=QUESTION, temperature=0, max_tokens=40, stop=[stop]
+    )
     assert out.choices[0].finish_reason == "stop"
     assert stop not in (out.choices[0].message.content or "")
     assert text.startswith(out.choices[0].message.content or "")
@@ -89,27 +114,42 @@ def test_seed_reproduces_sampled_text(server: LiveServer) -> None:
     client, model = _client(server), _model(server)
 
     def run(seed: int) -> str | None:
-        return client.chat.completions.create(
-            model=model, messages=QUESTION, temperature=0.9, top_p=0.95, max_tokens=20, seed=seed
-        ).choices[0].message.content
+        return (
+            client.chat.completions.create(
+                model=model,
+                messages=QUESTION,
+                temperature=0.9,
+                top_p=0.95,
+                max_tokens=20,
+                seed=seed,
+            )
+            .choices[0]
+            .message.content
+        )
 
     assert run(11) == run(11)
 
 
 def test_eight_concurrent_streams_match_their_solo_text(server: LiveServer) -> None:
     model = _model(server)
-    prompts = [[{"role": "user", "content": f"Count to {k} in words, then stop."}] for k in range(3, 11)]
+    prompts = [
+        [{"role": "user", "content": f"Count to {k} in words, then stop."}] for k in range(3, 11)
+    ]
 
     async def one(client: openai.AsyncOpenAI, messages: list[dict[str, str]]) -> str:
         stream = await client.chat.completions.create(
-            model=model, messages=messages, temperature=0, max_tokens=24, stream=True  # type: ignore[arg-type]
+            model=model,
+            messages=messages,
+            temperature=0,
+            max_tokens=24,
+            stream=True,  # type: ignore[arg-type]
         )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
     async def main() -> tuple[list[str], list[str]]:
-        client = _async_client(server)
-        alone = [await one(client, p) for p in prompts]
-        together = await asyncio.gather(*(one(client, p) for p in prompts))
+        async with _async_client(server) as client:
+            alone = [await one(client, p) for p in prompts]
+            together = await asyncio.gather(*(one(client, p) for p in prompts))
         return alone, list(together)
 
     alone, together = asyncio.run(main())
@@ -118,8 +158,17 @@ def test_eight_concurrent_streams_match_their_solo_text(server: LiveServer) -> N
 
 
 def test_client_disconnect_frees_the_request(server: LiveServer) -> None:
-    body = {"messages": QUESTION, "max_tokens": 1000, "temperature": 0, "ignore_eos": True, "stream": True}
-    with httpx.Client(timeout=30) as http, http.stream("POST", server.api + "/chat/completions", json=body) as resp:
+    body = {
+        "messages": QUESTION,
+        "max_tokens": 1000,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    with (
+        httpx.Client(timeout=30) as http,
+        http.stream("POST", server.api + "/chat/completions", json=body) as resp,
+    ):
         assert resp.status_code == 200
         lines = resp.iter_lines()
         for _ in range(6):
@@ -148,27 +197,91 @@ ERRORS = [
     ("not an object", b"[1, 2]", 400, None, "JSON object"),
     ("missing messages", {"model": "default"}, 400, "messages", "required"),
     ("empty messages", {"messages": []}, 400, "messages", "at least one"),
-    ("unknown role", {"messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages.0.role", "unknown role"),
-    ("numeric content", {"messages": [{"role": "user", "content": 123}]}, 400, "messages.0.content", "string"),
-    ("image for a text model", {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}]}, 400, "messages.0.content.0", "image_url"),
+    (
+        "unknown role",
+        {"messages": [{"role": "wizard", "content": "hi"}]},
+        400,
+        "messages.0.role",
+        "unknown role",
+    ),
+    (
+        "numeric content",
+        {"messages": [{"role": "user", "content": 123}]},
+        400,
+        "messages.0.content",
+        "string",
+    ),
+    (
+        "image for a text model",
+        {
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+            ]
+        },
+        400,
+        "messages.0.content.0",
+        "image_url",
+    ),
     ("max_tokens zero", {"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
-    ("max_completion_tokens negative", {"messages": QUESTION, "max_completion_tokens": -3}, 400, "max_completion_tokens", "at least 1"),
-    ("temperature too high", {"messages": QUESTION, "temperature": 9}, 400, "temperature", "between 0 and 2"),
+    (
+        "max_completion_tokens negative",
+        {"messages": QUESTION, "max_completion_tokens": -3},
+        400,
+        "max_completion_tokens",
+        "at least 1",
+    ),
+    (
+        "temperature too high",
+        {"messages": QUESTION, "temperature": 9},
+        400,
+        "temperature",
+        "between 0 and 2",
+    ),
     ("top_p zero", {"messages": QUESTION, "top_p": 0}, 400, "top_p", "top_p"),
     ("top_k negative", {"messages": QUESTION, "top_k": -2}, 400, "top_k", "top_k"),
-    ("five stop strings", {"messages": QUESTION, "stop": ["a", "b", "c", "d", "e"]}, 400, "stop", "at most 4"),
+    (
+        "five stop strings",
+        {"messages": QUESTION, "stop": ["a", "b", "c", "d", "e"]},
+        400,
+        "stop",
+        "at most 4",
+    ),
     ("unknown model", {"model": "nope", "messages": QUESTION}, 404, "model", "does not exist"),
-    ("context overflow", {"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 100}, 400, "max_tokens", "2048"),
-    ("stream_options without stream", {"messages": QUESTION, "stream_options": {"include_usage": True}}, 400, "stream_options", "stream"),
-    ("temperature as text", {"messages": QUESTION, "temperature": "hot"}, 400, "temperature", "number"),
+    (
+        "context overflow",
+        {"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 100},
+        400,
+        "max_tokens",
+        "2048",
+    ),
+    (
+        "stream_options without stream",
+        {"messages": QUESTION, "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+        "stream",
+    ),
+    (
+        "temperature as text",
+        {"messages": QUESTION, "temperature": "hot"},
+        400,
+        "temperature",
+        "number",
+    ),
 ]
 
 
-@pytest.mark.parametrize(("name", "body", "status", "param", "needle"), ERRORS, ids=[e[0] for e in ERRORS])
+@pytest.mark.parametrize(
+    ("name", "body", "status", "param", "needle"), ERRORS, ids=[e[0] for e in ERRORS]
+)
 def test_bad_requests_get_a_clear_openai_error(
     server: LiveServer, name: str, body: object, status: int, param: str | None, needle: str
 ) -> None:
-    kwargs = {"content": body, "headers": {"content-type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    kwargs = (
+        {"content": body, "headers": {"content-type": "application/json"}}
+        if isinstance(body, bytes)
+        else {"json": body}
+    )
     r = httpx.post(server.api + "/chat/completions", timeout=30, **kwargs)  # type: ignore[arg-type]
     assert r.status_code == status, r.text
     err = r.json()["error"]
@@ -179,7 +292,10 @@ def test_bad_requests_get_a_clear_openai_error(
 
 
 def test_context_overflow_message_names_both_numbers(server: LiveServer) -> None:
-    r = httpx.post(server.api + "/chat/completions", json={"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 100})
+    r = httpx.post(
+        server.api + "/chat/completions",
+        json={"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 100},
+    )
     message = r.json()["error"]["message"]
     assert "2048" in message and "100 max_tokens" in message
 
