@@ -42,8 +42,10 @@ def _parser() -> argparse.ArgumentParser:
 
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI API)")
     _model_args(serve)
-    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
-    serve.add_argument("--port", type=int, default=1234)
+    serve.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)"
+    )
+    serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
     serve.set_defaults(func=_serve)
 
     run = sub.add_parser("run", help="chat with a model in the terminal")
