@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask, decode_mask
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
 
@@ -76,20 +76,22 @@ class ModelRunner:
             else:
                 n_blocks = -(-(chunk.start + chunk.num_tokens) // bs)
                 table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)
-                prefills.append(PrefillChunk(row, chunk.num_tokens, chunk.start, table))
+                mask = chunk_mask(chunk.start, chunk.num_tokens)
+                prefills.append(PrefillChunk(row, chunk.num_tokens, chunk.start, table, mask))
             if chunk.completes:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(chunk)
+        tables = _pad_tables(decode_tables) if decode_rows else None
+        mask = None
+        if tables is not None:
+            decode_pos = torch.tensor([positions[r] for r in decode_rows], dtype=torch.long)
+            mask = decode_mask(decode_pos, tables.shape[1] * bs)
         meta = AttentionMetadata(
             slot_blocks=torch.tensor(blocks, dtype=torch.long),
             slot_offsets=torch.tensor(offsets, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
-            decode_block_tables=_pad_tables(decode_tables) if decode_rows else None,
-            decode_positions=(
-                torch.tensor([positions[r] for r in decode_rows], dtype=torch.long)
-                if decode_rows
-                else None
-            ),
+            decode_block_tables=tables,
+            decode_mask=mask,
             prefills=tuple(prefills),
         )
         return ModelInputs(

@@ -27,6 +27,7 @@ class PrefillChunk:
     num_tokens: int
     start_pos: int  # tokens of this request already in the cache before the chunk
     block_table: torch.Tensor  # [num_blocks_needed] long
+    mask: torch.Tensor | None  # [num_tokens, start_pos + num_tokens] bool; None: plain causal
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +38,7 @@ class AttentionMetadata:
     slot_offsets: torch.Tensor  # [num_tokens] offset inside that block
     decode_rows: torch.Tensor | None  # [num_decodes] rows of the flat batch that are decodes
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] (padded with 0)
-    decode_positions: torch.Tensor | None  # [num_decodes] position of each decode token
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
     prefills: tuple[PrefillChunk, ...]
 
 
@@ -74,13 +75,13 @@ def paged_attention(
     write_kv(k_cache, v_cache, k, v, meta)
     out = torch.empty_like(q)
     if meta.decode_rows is not None:
-        assert meta.decode_block_tables is not None and meta.decode_positions is not None
+        assert meta.decode_block_tables is not None
         out[meta.decode_rows] = _decode(
             q[meta.decode_rows],
             k_cache,
             v_cache,
             meta.decode_block_tables,
-            meta.decode_positions,
+            meta.decode_mask,
             scale,
         )
     for chunk in meta.prefills:
@@ -94,13 +95,11 @@ def _decode(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
-    positions: torch.Tensor,
+    mask: torch.Tensor | None,
     scale: float,
 ) -> torch.Tensor:
     keys = gather_blocks(k_cache, block_tables)  # [D, kv_heads, L, head_dim]
     values = gather_blocks(v_cache, block_tables)
-    key_pos = torch.arange(keys.shape[2])
-    mask = (key_pos[None, :] <= positions[:, None])[:, None, None, :]  # [D, 1, 1, L]
     out = F.scaled_dot_product_attention(
         q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
     )  # [D, heads, 1, head_dim]
@@ -117,14 +116,29 @@ def _prefill(
     total = chunk.start_pos + chunk.num_tokens
     keys = gather_blocks(k_cache, chunk.block_table[None])[:, :, :total]
     values = gather_blocks(v_cache, chunk.block_table[None])[:, :, :total]
-    q_pos = torch.arange(chunk.start_pos, total)
-    mask = torch.arange(total)[None, :] <= q_pos[:, None]  # [n, total]
     out = F.scaled_dot_product_attention(
         q.transpose(0, 1).unsqueeze(0),
         keys,
         values,
-        attn_mask=mask,
+        attn_mask=chunk.mask,
+        is_causal=chunk.mask is None,
         scale=scale,
         enable_gqa=True,
     )  # [1, heads, n, head_dim]
     return out[0].transpose(0, 1)
+
+
+def decode_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor | None:
+    """Keys a decode token may see: those at or before its position. None when all may."""
+    if bool((positions == num_keys - 1).all()):
+        return None
+    key_pos = torch.arange(num_keys)
+    return (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+
+
+def chunk_mask(start_pos: int, num_tokens: int) -> torch.Tensor | None:
+    """Causal mask of a prefill chunk behind ``start_pos`` cached tokens (None: plain causal)."""
+    if start_pos == 0:
+        return None
+    q_pos = torch.arange(start_pos, start_pos + num_tokens)
+    return torch.arange(start_pos + num_tokens)[None, :] <= q_pos[:, None]

@@ -67,13 +67,21 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(
-        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        # q: [num_tokens, num_heads, head_dim]; k: [num_tokens, num_kv_heads, head_dim]
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotation for these positions, computed once per step and shared by all layers."""
+        cos = self.cos[positions].unsqueeze(1).to(dtype)  # [num_tokens, 1, head_dim]
+        sin = self.sin[positions].unsqueeze(1).to(dtype)
+        return Rotation(cos, sin)
+
+
+@dataclass(frozen=True, slots=True)
+class Rotation:
+    cos: torch.Tensor
+    sin: torch.Tensor
+
+    def apply(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [num_tokens, heads, head_dim]."""
+        return x * self.cos + _rotate_half(x) * self.sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -12,8 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferd.layers.attention import AttentionMetadata, paged_attention
+from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
-from inferd.layers.rotary import RotaryEmbedding
+from inferd.layers.rotary import RotaryEmbedding, Rotation
 from inferd.models.config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
@@ -27,24 +28,19 @@ class LlamaAttention(nn.Module):
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = nn.Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=False)
-        self.o_proj = nn.Linear(self.q_size, cfg.hidden_size, bias=False)
+        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size)
+        self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.scale = cfg.head_dim**-0.5
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
-        meta: AttentionMetadata,
-        cache: KVCache,
+        self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = rotation.apply(q), rotation.apply(k)
         out = paged_attention(q, k, v, cache[0], cache[1], meta, self.scale)
         return self.o_proj(out.reshape(-1, self.q_size))
 
@@ -53,8 +49,8 @@ class LlamaMLP(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.intermediate = cfg.intermediate_size
-        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
@@ -70,14 +66,9 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = LlamaMLP(cfg)
 
     def forward(
-        self,
-        x: torch.Tensor,
-        positions: torch.Tensor,
-        rotary: RotaryEmbedding,
-        meta: AttentionMetadata,
-        cache: KVCache,
+        self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_norm(x), positions, rotary, meta, cache)
+        x = x + self.self_attn(self.input_norm(x), rotation, meta, cache)
         return x + self.mlp(self.post_attention_norm(x))
 
 
@@ -89,7 +80,7 @@ class LlamaForCausalLM(nn.Module):
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = rotary
-        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
@@ -102,8 +93,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size]."""
         x = self.embed_tokens(input_ids)
+        rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, meta, cache)
+            x = layer(x, rotation, meta, cache)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

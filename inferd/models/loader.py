@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
+from gguf import GGMLQuantizationType
 from tqdm import tqdm
 
+from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.rotary import RotaryEmbedding, inverse_frequencies
 from inferd.loaders.gguf import GGUFFile
 from inferd.models.config import ModelConfig, config_from_gguf
@@ -41,9 +43,11 @@ def unpermute_rope(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def load_gguf_model(
-    gguf: GGUFFile, dtype: torch.dtype, *, progress: bool = True
+    gguf: GGUFFile, dtype: torch.dtype, *, progress: bool = True, packed_kernels: bool = True
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    names = {info.name for info in gguf.tensor_infos()}
+    """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16 only)."""
+    infos = {info.name: info for info in gguf.tensor_infos()}
+    names = set(infos)
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
     freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
     inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors)
@@ -54,18 +58,34 @@ def load_gguf_model(
     model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, inv_freq)
     plan = _weight_plan(cfg)
     bar = tqdm(total=len(plan), desc="load weights", unit="tensor", disable=not progress)
+    pack = packed_kernels and dtype == torch.bfloat16
+    if cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = plan["embed_tokens.weight"]
     with torch.no_grad(), bar:
         for target, (sources, transform) in plan.items():
             parts = [transform(gguf.load_tensor(s), s) for s in sources]
-            model.get_parameter(target).copy_(torch.cat(parts) if len(parts) > 1 else parts[0])
+            weight = torch.cat(parts) if len(parts) > 1 else parts[0]
+            if target == "lm_head.weight" and cfg.tie_word_embeddings:
+                model.lm_head.weight = model.embed_tokens.weight
+            else:
+                model.get_parameter(target).copy_(weight)
+            layer = model.get_submodule(target.removesuffix(".weight"))
+            if pack and isinstance(layer, Linear):
+                layer.pack(_packed_kind(infos[s].qtype for s in sources), source=weight)
             bar.update(1)
-    if cfg.tie_word_embeddings:
-        model.lm_head.weight = model.embed_tokens.weight
     model.eval().requires_grad_(False)
     return model, cfg
 
 
 Transform = Callable[[torch.Tensor, str], torch.Tensor]
+
+# Source blocks that are affine 4-bit groups of 32: int4 repacks them without further loss.
+_INT4_EXACT = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
+
+
+def _packed_kind(qtypes: Iterable[GGMLQuantizationType]) -> PackedKind:
+    """int4 only where the file already held 4-bit groups; int8 never loses more than that."""
+    return PackedKind.INT4 if set(qtypes) <= _INT4_EXACT else PackedKind.INT8
 
 
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:

@@ -39,8 +39,8 @@ def full_forward(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) 
         slot_offsets=pos % block_size,
         decode_rows=None,
         decode_block_tables=None,
-        decode_positions=None,
-        prefills=(PrefillChunk(0, n, 0, table),),
+        decode_mask=None,
+        prefills=(PrefillChunk(0, n, 0, table, None),),
     )
     with torch.inference_mode():
         return model.compute_logits(model(torch.tensor(ids), pos, meta, caches))

@@ -1,0 +1,98 @@
+"""Linear layers that switch kernels with the batch size.
+
+On a CPU a decode step of a few tokens is bound by reading the weights, so a weight-only int4 or
+int8 kernel (a half or a quarter of the bytes of bf16) wins; with more rows the matmul becomes
+compute-bound and the dense bf16 kernel wins again (measured in benchmarks/kernels.py). A
+``Linear`` therefore keeps its dense weight and may carry a packed low-bit copy that serves
+batches of at most ``small_batch`` rows.
+
+int4 packing is affine per group of 32 input columns: ``w = q * scale + min`` with ``q`` in
+0..15. That is exactly GGML's Q4_1 layout (and holds Q4_0 with ``min = -8 * scale``), so weights
+that came from such blocks are repacked without further loss.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INT4_GROUP = 32
+DEFAULT_SMALL_BATCH = 8
+
+
+class PackedKind(enum.Enum):
+    INT4 = "int4"
+    INT8 = "int8"
+
+
+class Linear(nn.Linear):
+    """``nn.Linear`` (no bias) with an optional low-bit kernel for small batches."""
+
+    def __init__(self, in_features: int, out_features: int) -> None:
+        super().__init__(in_features, out_features, bias=False)
+        self.packed_kind: PackedKind | None = None
+        self.small_batch = DEFAULT_SMALL_BATCH
+        self._packed: torch.Tensor | None = None
+        self._scales: torch.Tensor | None = None
+
+    def pack(
+        self,
+        kind: PackedKind,
+        source: torch.Tensor | None = None,
+        small_batch: int = DEFAULT_SMALL_BATCH,
+    ) -> None:
+        """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
+        w = (source if source is not None else self.weight.detach()).float()
+        if kind is PackedKind.INT4 and w.shape[1] % INT4_GROUP == 0:
+            self._packed, self._scales = pack_int4(w, self.weight.dtype)
+        else:
+            kind = PackedKind.INT8
+            self._packed, self._scales = pack_int8(w, self.weight.dtype)
+        self.packed_kind = kind
+        self.small_batch = small_batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._packed is None or x.shape[0] > self.small_batch:
+            return F.linear(x, self.weight)
+        assert self._scales is not None
+        if self.packed_kind is PackedKind.INT4:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self._packed, INT4_GROUP, self._scales
+            )
+        return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
+
+
+def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (packed uint8 [out, in/2], scales_and_zeros [groups, out, 2])."""
+    out_f, in_f = w.shape
+    groups = w.reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
+    lo, hi = groups.amin(-1), groups.amax(-1)
+    scale = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
+        q.reshape(out_f, in_f).to(torch.int32), 1
+    )
+    # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
+    scales_and_zeros = torch.stack([scale, lo + 8 * scale], dim=-1).transpose(0, 1)
+    return packed, scales_and_zeros.contiguous().to(dtype)
+
+
+def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (int8 [out, in], per-row scales [out]), symmetric."""
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return q, scale.to(dtype)
+
+
+def dequantize_packed(layer: Linear) -> torch.Tensor:
+    """The weight the packed kernel really multiplies by (for tests and diagnostics)."""
+    eye = torch.eye(layer.in_features, dtype=layer.weight.dtype)
+    saved = layer.small_batch
+    layer.small_batch = layer.in_features
+    try:
+        return layer(eye).T.float()
+    finally:
+        layer.small_batch = saved
