@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Sequence
 
 from inferd import __version__
 from inferd.config import EngineConfig
+from inferd.server.serve_args import add_serve_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
 
 log = logging.getLogger("inferd")
@@ -46,6 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)"
     )
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
+    add_serve_args(serve)
     serve.set_defaults(func=_serve)
 
     run = sub.add_parser("run", help="chat with a model in the terminal")
@@ -93,13 +96,17 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=512,
         help="token budget of one engine step (prefill chunk size)",
     )
-    p.add_argument(
-        "--kv-cache-tokens",
-        type=int,
-        default=None,
-        help="KV cache size in tokens (default: from --kv-cache-mb)",
-    )
-    p.add_argument("--kv-cache-mb", type=int, default=512, help="KV cache size in MiB")
+    p.add_argument("--max-waiting", type=int, default=256,
+                   help="queued requests beyond which new ones get 503 (default: 256)")
+    kv = p.add_mutually_exclusive_group()
+    kv.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens")
+    kv.add_argument("--kv-cache-mb", type=int, default=None,
+                    help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument("--prefix-caching", choices=["on", "off"], default="on",
+                   help="reuse the KV of shared prompt prefixes (default: on)")
+    p.add_argument("--packed-kernels", choices=["on", "off"], default="on",
+                   help="int4/int8 weight kernels for small batches in bf16 (default: on)")
     p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
 
 
@@ -109,8 +116,12 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_seqs,
         max_model_len=args.max_seq_len,
         max_num_batched_tokens=args.max_num_batched_tokens,
+        max_waiting=args.max_waiting,
         kv_cache_tokens=args.kv_cache_tokens,
         kv_cache_mb=args.kv_cache_mb,
+        block_size=args.block_size,
+        prefix_caching=args.prefix_caching == "on",
+        packed_kernels=args.packed_kernels == "on",
         seed=args.seed,
     )
 
@@ -126,8 +137,10 @@ def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
     from inferd.server.app import build_app
+    from inferd.server.serve_args import app_options, describe
 
     cfg = _engine_config(args)
+    options = app_options(args, os.environ)  # flag errors before the model loads
     served = _load(args)
     url = f"http://{args.host}:{args.port}/v1"
     c = served.config
@@ -140,15 +153,24 @@ def _serve(args: argparse.Namespace) -> int:
         f"threads {torch.get_num_threads()}",
         f"limits     max seqs {cfg.max_num_seqs}, context {served.engine.max_model_len}, "
         f"batch tokens {cfg.max_num_batched_tokens}, KV cache {served.kv_cache_tokens} tokens",
+        *describe(options),
         f"listening  {url}",
     ]
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
-    app = build_app([served])
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
+        log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
+    app = build_app([served], **options)
     try:
         uvicorn.run(
-            app, host=args.host, port=args.port, log_level="warning", timeout_graceful_shutdown=5
+            app,
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=5,
+            http="h11",  # h11's bound on the request head is --max-header-bytes
+            h11_max_incomplete_event_size=args.max_header_bytes,
         )
     finally:
         served.shutdown()

@@ -14,13 +14,19 @@ class EngineConfig:
     max_waiting: int = 256
     block_size: int = 16
     kv_cache_tokens: int | None = None  # None: from kv_cache_mb
-    kv_cache_mb: int = 512
+    kv_cache_mb: int | None = None  # None: a tenth of free RAM, at most 512 MiB
     seed: int | None = None
+    prefix_caching: bool = True
+    packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
 
     def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_mb"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.kv_cache_mb is not None and self.kv_cache_mb < 1:
+            raise ValueError("kv_cache_mb must be at least 1")
+        if self.kv_cache_mb is not None and self.kv_cache_tokens is not None:
+            raise ValueError("give kv_cache_tokens or kv_cache_mb, not both")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:

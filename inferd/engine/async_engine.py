@@ -99,8 +99,13 @@ class AsyncEngine:
             raise EngineBusyError("too many requests are waiting; retry shortly")
 
     async def generate(
-        self, prompt_token_ids: list[int], params: SamplingParams, request_id: str | None = None
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; ``cache_salt`` keeps its prefix-cache entries private."""
         self.check_admission(len(prompt_token_ids), params)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
@@ -110,6 +115,7 @@ class AsyncEngine:
             prompt_token_ids=list(prompt_token_ids),
             params=params,
             eos_token_ids=self.codec.eos_token_ids,
+            cache_salt=cache_salt,
             detokenizer=IncrementalDetokenizer(
                 self.codec.token_bytes, self.codec.special_ids, params.stop
             ),
@@ -147,6 +153,8 @@ class AsyncEngine:
             generated_tokens=self.core.generated_tokens,
             steps=self.core.steps,
             last_step_seconds=self.core.last_step_seconds,
+            prefix_cache_queries=sched.kv.stats.queries,
+            prefix_cache_hits=sched.kv.stats.hits,
         )
 
     def shutdown(self, timeout: float = 10.0) -> None:

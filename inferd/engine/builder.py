@@ -88,7 +88,7 @@ def load_model(source: ModelSource, cfg: EngineConfig, *, progress: bool = True)
         torch.manual_seed(cfg.seed)
     gguf = GGUFFile(source.path)
     dtype = resolve_dtype(cfg.dtype)
-    model, mcfg = load_gguf_model(gguf, dtype, progress=progress)
+    model, mcfg = load_gguf_model(gguf, dtype, progress=progress, packed_kernels=cfg.packed_kernels)
     tokenizer = tokenizer_from_gguf(gguf.metadata)
     template = ChatTemplate.from_metadata(
         gguf.metadata, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
@@ -99,7 +99,12 @@ def load_model(source: ModelSource, cfg: EngineConfig, *, progress: bool = True)
     runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
-        KVCacheManager(num_blocks, cfg.block_size),
+        KVCacheManager(
+            num_blocks,
+            cfg.block_size,
+            prefix_caching=cfg.prefix_caching,
+            model_key=source.digest,
+        ),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops] if i is not None}
@@ -124,5 +129,18 @@ def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -
         tokens = cfg.kv_cache_tokens
     else:
         per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
-        tokens = cfg.kv_cache_mb * 2**20 // per_token
+        budget_mb = cfg.kv_cache_mb or min(512, _available_mb() // 10)
+        tokens = budget_mb * 2**20 // per_token
     return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
+
+
+def _available_mb() -> int:
+    """Memory the OS can give without swapping (MemAvailable), or a modest guess elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 4096

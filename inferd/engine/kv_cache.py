@@ -1,16 +1,50 @@
-"""KV-cache block accounting: a pool of fixed-size blocks with reference counts.
+"""KV-cache block accounting: a pool of fixed-size blocks, reference counts, prefix caching.
 
 Pure Python: the tensors live in the model runner; this module only decides which block ids a
 request owns. Block 0 is reserved as the null block, used to pad block tables.
+
+Prefix caching: once a block is full its content is identified by a chained hash::
+
+    hash(block i) = H(hash(block i-1), token ids of block i)      hash(block -1) = H(extra keys)
+
+where the extra keys carry everything else that changes the keys and values (the model's
+identity, the request's cache salt). A new request reuses the longest chain of cached blocks
+that matches its prompt. Freed blocks keep their content and stay findable until the pool hands
+them out again, least recently freed first.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import hashlib
+from collections import OrderedDict
+from dataclasses import dataclass
 
 from inferd.engine.request import Request
 
 NULL_BLOCK = 0
+
+BlockHash = bytes
+
+
+def root_hash(*extra_keys: str) -> BlockHash:
+    """The parent of a request's first block: model identity and cache salt, nothing else."""
+    h = hashlib.blake2b(digest_size=16)
+    for key in extra_keys:
+        h.update(key.encode())
+        h.update(b"\x00")
+    return h.digest()
+
+
+def chain_hash(parent: BlockHash, tokens: list[int]) -> BlockHash:
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(b",".join(str(t).encode() for t in tokens))
+    return h.digest()
+
+
+@dataclass(slots=True)
+class PrefixCacheStats:
+    queries: int = 0  # prompt tokens looked up
+    hits: int = 0  # of those, tokens found in the cache
 
 
 class BlockPool:
@@ -20,8 +54,11 @@ class BlockPool:
                 "the KV cache needs at least 2 blocks (one is the reserved null block)"
             )
         self.num_blocks = num_blocks
-        self._free: deque[int] = deque(range(1, num_blocks))
+        # Free blocks in eviction order (least recently freed first); O(1) removal on a hit.
+        self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self._refs = [0] * num_blocks
+        self._hash_of: list[BlockHash | None] = [None] * num_blocks
+        self._block_of: dict[BlockHash, int] = {}
 
     @property
     def num_free(self) -> int:
@@ -31,6 +68,10 @@ class BlockPool:
     def num_used(self) -> int:
         return self.num_blocks - 1 - len(self._free)
 
+    @property
+    def num_cached(self) -> int:
+        return len(self._block_of)
+
     def ref_count(self, block_id: int) -> int:
         return self._refs[block_id]
 
@@ -38,26 +79,57 @@ class BlockPool:
         """n fresh blocks with ref count 1, or None (and nothing taken) when too few are free."""
         if n > len(self._free):
             return None
-        ids = [self._free.popleft() for _ in range(n)]
-        for i in ids:
-            self._refs[i] = 1
+        ids = []
+        for _ in range(n):
+            block, _ = self._free.popitem(last=False)
+            self._evict(block)
+            self._refs[block] = 1
+            ids.append(block)
         return ids
 
     def release(self, ids: list[int]) -> None:
-        for i in ids:
+        # Release the tail first so a request's later blocks are evicted before its prefix.
+        for i in reversed(ids):
             if self._refs[i] <= 0:
                 raise RuntimeError(f"block {i} released more often than it was taken")
             self._refs[i] -= 1
             if self._refs[i] == 0:
-                self._free.append(i)
+                self._free[i] = None
+
+    def lookup(self, block_hash: BlockHash) -> int | None:
+        return self._block_of.get(block_hash)
+
+    def take_cached(self, block_id: int) -> None:
+        """Share a cached block with one more request."""
+        if self._refs[block_id] == 0:
+            del self._free[block_id]
+        self._refs[block_id] += 1
+
+    def register(self, block_id: int, block_hash: BlockHash) -> None:
+        """Mark a full block as holding the content ``block_hash`` (first writer wins)."""
+        if block_hash in self._block_of or self._hash_of[block_id] is not None:
+            return
+        self._hash_of[block_id] = block_hash
+        self._block_of[block_hash] = block_id
+
+    def _evict(self, block_id: int) -> None:
+        old = self._hash_of[block_id]
+        if old is not None:
+            del self._block_of[old]
+            self._hash_of[block_id] = None
 
 
 class KVCacheManager:
-    """Grows and frees the block lists of requests."""
+    """Grows, shares and frees the block lists of requests."""
 
-    def __init__(self, num_blocks: int, block_size: int) -> None:
+    def __init__(
+        self, num_blocks: int, block_size: int, *, prefix_caching: bool = True, model_key: str = ""
+    ) -> None:
         self.block_size = block_size
         self.pool = BlockPool(num_blocks)
+        self.prefix_caching = prefix_caching
+        self.model_key = model_key
+        self.stats = PrefixCacheStats()
 
     @property
     def capacity_tokens(self) -> int:
@@ -65,6 +137,34 @@ class KVCacheManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def attach_cached_prefix(self, request: Request) -> int:
+        """Give a fresh request the cached blocks of its longest known prefix.
+
+        The last prompt token is always recomputed, since its logits are needed to sample.
+        Returns the number of tokens found.
+        """
+        if not self.prefix_caching or request.block_ids:
+            return 0
+        self.stats.queries += request.num_prompt_tokens
+        hashes = self._hashes(request, (request.num_tokens - 1) // self.block_size)
+        for block_hash in hashes:
+            block = self.pool.lookup(block_hash)
+            if block is None:
+                break
+            self.pool.take_cached(block)
+            request.block_ids.append(block)
+        request.num_computed_tokens = len(request.block_ids) * self.block_size
+        self.stats.hits += request.num_computed_tokens
+        return request.num_computed_tokens
+
+    def cache_full_blocks(self, request: Request) -> None:
+        """Register the blocks this request has completely computed."""
+        if not self.prefix_caching:
+            return
+        full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+        for index, block_hash in enumerate(self._hashes(request, full)):
+            self.pool.register(request.block_ids[index], block_hash)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Make room for the next ``num_new_tokens`` of ``request``; False if the pool is short."""
@@ -81,3 +181,14 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         self.pool.release(request.block_ids)
         request.block_ids = []
+
+    def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
+        """Chained hashes of the request's first ``num_blocks`` full blocks (memoized)."""
+        known = request.block_hashes
+        parent = known[-1] if known else root_hash(self.model_key, request.cache_salt or "")
+        bs = self.block_size
+        for index in range(len(known), num_blocks):
+            tokens = [request.token_at(p) for p in range(index * bs, (index + 1) * bs)]
+            parent = chain_hash(parent, tokens)
+            known.append(parent)
+        return known[:num_blocks]

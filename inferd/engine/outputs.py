@@ -6,6 +6,19 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """Log-probabilities of one generated token, from the model's raw logits.
+
+    ``logprob`` is the sampled token's log-softmax value before penalties, bias or temperature;
+    ``top`` holds the requested number of most likely (token id, logprob) pairs, best first.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RequestOutput:
     request_id: str
     text: str  # newly released text since the previous output
@@ -15,6 +28,7 @@ class RequestOutput:
     num_output_tokens: int
     stop_reason: str | int | None = None  # matched stop string or stop token id
     error: str | None = None
+    logprobs: tuple[TokenLogprob, ...] | None = None  # one per token_ids entry, when asked for
 
     @property
     def finished(self) -> bool:
@@ -32,3 +46,5 @@ class EngineStats:
     generated_tokens: int
     steps: int
     last_step_seconds: float
+    prefix_cache_queries: int = 0  # prompt tokens looked up
+    prefix_cache_hits: int = 0  # prompt tokens found cached

@@ -40,6 +40,8 @@ class Request:
     generator: torch.Generator | None = None
     num_preemptions: int = 0
     stop_reason: str | int | None = None  # the stop string or token id that ended it
+    cache_salt: str | None = None  # isolates this caller's prefix-cache entries from others'
+    block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -83,14 +83,19 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this loop
             n = min(request.num_tokens - request.num_computed_tokens, budget)
+            if n == 0:
+                continue  # waiting for its sampled token to be appended
             if not self._make_room(request, n, preempted):
                 continue
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             request = self.waiting[0]
+            self.kv.attach_cached_prefix(request)
             n = min(request.num_tokens - request.num_computed_tokens, budget)
             if not self.kv.allocate_slots(request, n):
+                self.kv.free(request)  # give back the shared prefix while it waits
+                request.num_computed_tokens = 0
                 break  # new work never evicts running work
             self.waiting.popleft()
             request.status = RequestStatus.RUNNING
@@ -121,3 +126,4 @@ class Scheduler:
         """Record that the scheduled chunks were computed."""
         for chunk in output.chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+            self.kv.cache_full_blocks(chunk.request)

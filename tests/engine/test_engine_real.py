@@ -135,3 +135,27 @@ def test_too_long_request_is_refused_before_it_runs(served_f32: ServedModel) -> 
     limit = served_f32.engine.max_model_len
     with pytest.raises(AdmissionError, match=str(limit)):
         served_f32.engine.check_admission(10, SamplingParams(max_tokens=limit))
+
+
+def test_prefix_cache_hit_gives_the_same_greedy_text(served_f32: ServedModel) -> None:
+    system = "You are a careful assistant. " * 12
+    messages = [
+        {"role": "system", "content": system},
+        {"role": "user", "content": "List three fruits."},
+    ]
+    prompt = served_f32.chat_prompt(messages)
+    params = SamplingParams(max_tokens=16, temperature=0)
+
+    async def run(salt: str) -> str:
+        outs = [o async for o in served_f32.engine.generate(prompt, params, cache_salt=salt)]
+        return _text(outs)
+
+    cold = asyncio.run(run("cold-tenant"))
+    before = served_f32.engine.stats().prefix_cache_hits
+    warm = asyncio.run(run("cold-tenant"))  # same salt: the prompt's full blocks are reused
+    hits = served_f32.engine.stats().prefix_cache_hits - before
+    assert hits >= len(prompt) - served_f32.engine_config.block_size
+    assert warm == cold
+    before = served_f32.engine.stats().prefix_cache_hits
+    asyncio.run(run("other-tenant"))
+    assert served_f32.engine.stats().prefix_cache_hits == before  # salts never share blocks

@@ -11,8 +11,11 @@ from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from tests.engine.helpers import make_request
 
 
-def _scheduler(blocks: int = 64, block_size: int = 4, seqs: int = 4, budget: int = 16) -> Scheduler:
-    return Scheduler(SchedulerConfig(seqs, budget), KVCacheManager(blocks, block_size))
+def _scheduler(
+    blocks: int = 64, block_size: int = 4, seqs: int = 4, budget: int = 16, prefix: bool = True
+) -> Scheduler:
+    kv = KVCacheManager(blocks, block_size, prefix_caching=prefix)
+    return Scheduler(SchedulerConfig(seqs, budget), kv)
 
 
 def _run_step(s: Scheduler, token: int = 7) -> list[str]:
@@ -82,7 +85,7 @@ def test_pool_exhaustion_preempts_the_newest_request() -> None:
 
 
 def test_preempted_request_recomputes_its_generated_tokens() -> None:
-    s = _scheduler(blocks=5, block_size=4, budget=64)
+    s = _scheduler(blocks=5, block_size=4, budget=64, prefix=False)
     old, new = make_request("old", 7, max_tokens=30), make_request("new", 7, max_tokens=30)
     s.add(old)
     s.add(new)
