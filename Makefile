@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 1234
 
-.PHONY: install serve test lint pull clean
+.PHONY: install serve test lint pull bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ lint: $(STAMP)
 
 test: pull lint
 	$(PY) -m pytest -q
+
+# Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).
+bench: pull
+	$(PY) -m pip install --quiet mistralrs==0.9.5 llama-cpp-python==0.3.36
+	$(VENV)/bin/inferd bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV)

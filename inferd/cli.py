@@ -65,7 +65,11 @@ def _parser() -> argparse.ArgumentParser:
 
     models = sub.add_parser("models", help="list the models in the store")
     models.set_defaults(func=_models)
-    for sp in (serve, run, pull, models):
+
+    bench = sub.add_parser("bench", help="measure inferd over HTTP against peers, same workloads")
+    _add_bench_args(bench)
+    bench.set_defaults(func=_bench)
+    for sp in (serve, run, pull, models, bench):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     return p
 
@@ -96,17 +100,33 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=512,
         help="token budget of one engine step (prefill chunk size)",
     )
-    p.add_argument("--max-waiting", type=int, default=256,
-                   help="queued requests beyond which new ones get 503 (default: 256)")
+    p.add_argument(
+        "--max-waiting",
+        type=int,
+        default=256,
+        help="queued requests beyond which new ones get 503 (default: 256)",
+    )
     kv = p.add_mutually_exclusive_group()
     kv.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens")
-    kv.add_argument("--kv-cache-mb", type=int, default=None,
-                    help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)")
+    kv.add_argument(
+        "--kv-cache-mb",
+        type=int,
+        default=None,
+        help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)",
+    )
     p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
-    p.add_argument("--prefix-caching", choices=["on", "off"], default="on",
-                   help="reuse the KV of shared prompt prefixes (default: on)")
-    p.add_argument("--packed-kernels", choices=["on", "off"], default="on",
-                   help="int4/int8 weight kernels for small batches in bf16 (default: on)")
+    p.add_argument(
+        "--prefix-caching",
+        choices=["on", "off"],
+        default="on",
+        help="reuse the KV of shared prompt prefixes (default: on)",
+    )
+    p.add_argument(
+        "--packed-kernels",
+        choices=["on", "off"],
+        default="on",
+        help="int4/int8 weight kernels for small batches in bf16 (default: on)",
+    )
     p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
 
 
@@ -211,6 +231,18 @@ def _run(args: argparse.Namespace) -> int:
             asyncio.run(answer(line))
     finally:
         served.shutdown()
+
+
+def _add_bench_args(p: argparse.ArgumentParser) -> None:
+    from inferd.bench.main import add_bench_args
+
+    add_bench_args(p)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from inferd.bench.main import main as bench_main
+
+    return bench_main(args)
 
 
 def _pull(args: argparse.Namespace) -> int:

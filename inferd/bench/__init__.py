@@ -1,0 +1,1 @@
+"""Benchmarks: inferd over HTTP and peers in-process, the same workloads side by side."""

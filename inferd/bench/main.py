@@ -1,0 +1,129 @@
+"""`inferd bench`: inferd over HTTP against peers in-process, one table of ratios."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import sys
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+
+from inferd.bench.http import run_http
+from inferd.bench.peers import PEERS, run_serial
+from inferd.bench.process import ServerProcess, start_server
+from inferd.bench.stats import Summary
+from inferd.bench.workloads import WORKLOADS
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-m", "--model", default="smollm2", help="model for inferd and the peers")
+    p.add_argument("--url", help="measure this OpenAI-compatible server instead of starting one")
+    p.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, from: {', '.join(WORKLOADS)}",
+    )
+    p.add_argument(
+        "--peers",
+        default="llama.cpp,mistral.rs,transformers",
+        help="comma-separated peers to run when installed ('' for none)",
+    )
+    p.add_argument("--threads", type=int, default=2, help="threads for the peers")
+    p.add_argument("--json", type=Path, help="also write every figure to this file")
+    p.add_argument(
+        "serve_args", nargs=argparse.REMAINDER, help="after --: extra `inferd serve` flags"
+    )
+
+
+def main(args: argparse.Namespace) -> int:
+    from inferd.engine.builder import resolve_source
+
+    gguf = resolve_source(args.model).path
+    chosen = [w for w in args.workloads.split(",") if w]
+    unknown = set(chosen) - set(WORKLOADS)
+    if unknown:
+        raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
+    extra = [a for a in args.serve_args if a != "--"]
+    results: list[Summary] = []
+    with _inferd(args.url, gguf, extra) as (url, server):
+        for key in chosen:
+            results.append(asyncio.run(run_http(url, "default", WORKLOADS[key])))
+        rss = server.peak_rss_mb() if server else None
+    if "shared" in chosen and args.url is None:
+        with _inferd(None, gguf, [*extra, "--prefix-caching", "off"]) as (url, _):
+            off = asyncio.run(
+                run_http(url, "default", WORKLOADS["shared"], "inferd (no prefix cache)")
+            )
+        results.append(off)
+    for name in [p for p in args.peers.split(",") if p]:
+        results += _run_peer(name, gguf, args.threads, chosen)
+    print(render(results, rss))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+@contextmanager
+def _inferd(
+    url: str | None, gguf: Path, extra: Sequence[str]
+) -> Iterator[tuple[str, ServerProcess | None]]:
+    if url is not None:
+        yield url.rstrip("/"), None
+        return
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        start_server(gguf, extra, Path(tmp) / "serve.log") as server,
+    ):
+        yield server.api, server
+
+
+def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Summary]:
+    factory = PEERS.get(name)
+    if factory is None:
+        print(f"skip {name}: unknown peer", file=sys.stderr)
+        return []
+    try:
+        stream = factory(gguf, threads)
+    except Exception as exc:  # a missing or broken peer must not sink the run
+        print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
+    return [
+        run_serial(stream, WORKLOADS[key], name)
+        for key in chosen
+        if key != "long" or name != "transformers"
+    ]
+
+
+def render(results: list[Summary], inferd_rss_mb: float | None) -> str:
+    lines = [
+        "| workload | engine | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | incomplete | vs inferd |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    ours = {r.name: r for r in results if r.engine == "inferd"}
+    for r in results:
+        base = ours.get(r.name)
+        ratio = (
+            ""
+            if base is None or r is base
+            else f"inferd {_ratio(base.tokens_per_second, r.tokens_per_second)}"
+        )
+        lines.append(
+            f"| {r.name} | {r.engine} | {r.tokens_per_second:.1f} | {_ms(r.ttft_p50)} | "
+            f"{_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | {r.incomplete} | {ratio} |"
+        )
+    if inferd_rss_mb is not None:
+        lines.append(f"\npeak RSS of `inferd serve`: {inferd_rss_mb:.0f} MiB")
+    return "\n".join(lines)
+
+
+def _ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else "n/a"
+
+
+def _ms(seconds: float) -> str:
+    return "n/a" if math.isnan(seconds) else f"{seconds * 1000:.0f} ms"
