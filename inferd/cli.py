@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from inferd import __version__
 from inferd.config import EngineConfig
 from inferd.server.serve_args import add_serve_args
+from inferd.serving.args import add_model_set_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
 
 log = logging.getLogger("inferd")
@@ -48,6 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         "--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)"
     )
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
+    add_model_set_args(serve)
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
 
@@ -79,7 +81,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "-m",
         "--model",
         default=DEFAULT_MODEL,
-        help=f"a .gguf path or a store name (default: {DEFAULT_MODEL})",
+        help=f"a .gguf file, a model directory or a store name (default: {DEFAULT_MODEL})",
     )
     p.add_argument(
         "--dtype",
@@ -147,41 +149,35 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from inferd.engine.builder import load_model, resolve_source
+    from inferd.engine.builder import ServedModel
+    from inferd.serving.loading import load_spec
+    from inferd.serving.spec import ModelSpec
 
-    return load_model(resolve_source(args.model), _engine_config(args))
+    model = load_spec(ModelSpec(model_id=args.model), _engine_config(args), progress=True)
+    if not isinstance(model, ServedModel):
+        model.shutdown()
+        raise ValueError(f"{model.id} is an embedding model; `inferd run` needs a chat model")
+    return model
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import torch
     import uvicorn
 
     from inferd.server.app import build_app
     from inferd.server.serve_args import app_options, describe
+    from inferd.serving.startup import registry_from_args
 
     cfg = _engine_config(args)
     options = app_options(args, os.environ)  # flag errors before the model loads
-    served = _load(args)
+    registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
-    c = served.config
-    lines = [
-        f"model      {served.id}  ({served.source.path})",
-        f"digest     sha256:{served.source.digest}",
-        f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
-        f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
-        f"compute    cpu  dtype {str(served.dtype).removeprefix('torch.')}  "
-        f"threads {torch.get_num_threads()}",
-        f"limits     max seqs {cfg.max_num_seqs}, context {served.engine.max_model_len}, "
-        f"batch tokens {cfg.max_num_batched_tokens}, KV cache {served.kv_cache_tokens} tokens",
-        *describe(options),
-        f"listening  {url}",
-    ]
+    lines = [*model_lines, *describe(options), f"listening  {url}"]
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
         log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
-    app = build_app([served], **options)
+    app = build_app(registry, **options)
     try:
         uvicorn.run(
             app,
@@ -193,7 +189,7 @@ def _serve(args: argparse.Namespace) -> int:
             h11_max_incomplete_event_size=args.max_header_bytes,
         )
     finally:
-        served.shutdown()
+        registry.shutdown()
     return 0
 
 

@@ -18,6 +18,7 @@ class EngineConfig:
     seed: int | None = None
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
+    isq: str | None = None  # in-situ quantization of every projection: q8 | q4 (inferd/quantize.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
@@ -31,3 +32,5 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.isq not in (None, "q8", "q4"):
+            raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")

@@ -56,3 +56,15 @@ def served_f32(smollm2_gguf: Path) -> Iterator[ServedModel]:
     )
     yield served
     served.shutdown()
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """The real embedding model (all-MiniLM-L6-v2 directory), pulled into the store if missing."""
+    store = ModelStore()
+    path = store.entry_path("minilm")
+    if path is None:
+        store.pull("minilm")
+        path = store.entry_path("minilm")
+    assert path is not None
+    return path

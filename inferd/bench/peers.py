@@ -42,17 +42,18 @@ def llama_cpp_peer(gguf: Path, threads: int) -> StreamFn:
 def mistralrs_peer(gguf: Path) -> StreamFn:
     from mistralrs import ChatCompletionRequest, Runner, Which
 
-    runner = Runner(
-        which=Which.GGUF(
-            tok_model_id=None, quantized_model_id=str(gguf.parent), quantized_filename=gguf.name
-        )
+    # Typed as Any: the binding's stubs only exist where the peer is installed.
+    which: Any = Which.GGUF(
+        tok_model_id=None, quantized_model_id=str(gguf.parent), quantized_filename=gguf.name
     )
+    runner = Runner(which=which)
 
     def stream(messages: list[dict[str, str]], max_tokens: int) -> Iterator[str]:
         request = ChatCompletionRequest(
             model="default", messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True
         )
-        for chunk in runner.send_chat_completion_request(request):
+        chunks: Any = runner.send_chat_completion_request(request)
+        for chunk in chunks:
             text = chunk.choices[0].delta.content
             if text:
                 yield text

@@ -98,14 +98,18 @@ class AsyncEngine:
         if len(self._queues) >= self.max_waiting + self.core.scheduler.config.max_num_seqs:
             raise EngineBusyError("too many requests are waiting; retry shortly")
 
-    async def generate(
+    def submit(
         self,
         prompt_token_ids: list[int],
         params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
-    ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; ``cache_salt`` keeps its prefix-cache entries private."""
+    ) -> RequestStream:
+        """Admit a request now (raising if it cannot be) and return the stream of its outputs.
+
+        Admission is immediate so that queue limits count every accepted request, even one
+        whose stream is not read yet. ``cache_salt`` keeps its prefix-cache entries private.
+        """
         self.check_admission(len(prompt_token_ids), params)
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
@@ -122,19 +126,34 @@ class AsyncEngine:
         )
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
-        finished = False
+        with self._inbox.lock:
+            self._inbox.adds.append(request)
+        self._inbox.wake.set()
+        return RequestStream(self, rid, queue)
+
+    async def generate(
+        self,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        request_id: str | None = None,
+        cache_salt: str | None = None,
+    ) -> AsyncIterator[RequestOutput]:
+        """Submit and stream; leaving the loop early aborts the request."""
+        stream = self.submit(prompt_token_ids, params, request_id, cache_salt)
         try:
-            with self._inbox.lock:
-                self._inbox.adds.append(request)
-            self._inbox.wake.set()
-            while not finished:
-                output = await queue.get()
-                finished = output.finished
+            async for output in stream:
                 yield output
         finally:
-            self._queues.pop(rid, None)
-            if not finished:
-                self.abort(rid)
+            stream.close()
+
+    def _release(self, request_id: str, finished: bool) -> None:
+        self._queues.pop(request_id, None)
+        if not finished:
+            self.abort(request_id)
+
+    def in_flight(self) -> list[str]:
+        """Ids of admitted requests whose outputs someone still listens to, queued included."""
+        return list(self._queues)
 
     def abort(self, request_id: str) -> None:
         with self._inbox.lock:
@@ -200,3 +219,38 @@ class AsyncEngine:
                 # A closed loop means nobody is listening any more.
                 with contextlib.suppress(RuntimeError):
                     loop.call_soon_threadsafe(queue.put_nowait, output)
+
+
+class RequestStream:
+    """The outputs of one admitted request. Closing it, or dropping it unread, aborts it."""
+
+    def __init__(self, engine: AsyncEngine, request_id: str, queue: asyncio.Queue[RequestOutput]):
+        self.request_id = request_id
+        self._engine: AsyncEngine | None = engine
+        self._queue = queue
+        self._finished = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._finished or self._engine is None:
+            raise StopAsyncIteration
+        try:
+            output = await self._queue.get()
+        except asyncio.CancelledError:  # whoever waited is gone: stop the work too
+            self.close()
+            raise
+        if output.finished:
+            self._finished = True
+            self.close()
+        return output
+
+    def close(self) -> None:
+        """Stop listening; an unfinished request is aborted and its KV blocks freed."""
+        if self._engine is not None:
+            self._engine._release(self.request_id, self._finished)
+            self._engine = None
+
+    def __del__(self) -> None:
+        self.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from inferd.engine.outputs import RequestOutput
+from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import Request, RequestStatus
 from inferd.engine.runner import ModelRunner
 from inferd.engine.sampler import sample
@@ -56,13 +56,18 @@ class EngineCore:
         started = time.perf_counter()
         logits, chunks = self.runner.execute(scheduled)
         self.scheduler.advance(scheduled)
-        tokens = sample(logits, [c.request for c in chunks])
-        outputs = [self._append(c.request, t) for c, t in zip(chunks, tokens, strict=True)]
+        sampled = sample(logits, [c.request for c in chunks])
+        outputs = [
+            self._append(c.request, t, lp)
+            for c, t, lp in zip(chunks, sampled.token_ids, sampled.logprobs, strict=True)
+        ]
         self.steps += 1
         self.last_step_seconds = time.perf_counter() - started
         return outputs
 
-    def _append(self, request: Request, token: int) -> RequestOutput:
+    def _append(
+        self, request: Request, token: int, logprob: TokenLogprob | None = None
+    ) -> RequestOutput:
         request.output_token_ids.append(token)
         self.generated_tokens += 1
         step = request.detokenizer.push(token)
@@ -89,7 +94,8 @@ class EngineCore:
             )
             self.scheduler.finish(request, status)
             del self.requests[request.request_id]
-        return _output(request, text, (token,), reason)
+        logprobs = (logprob,) if logprob is not None else None
+        return _output(request, text, (token,), reason, logprobs=logprobs)
 
 
 def _output(
@@ -98,6 +104,7 @@ def _output(
     tokens: tuple[int, ...],
     reason: str | None,
     error: str | None = None,
+    logprobs: tuple[TokenLogprob, ...] | None = None,
 ) -> RequestOutput:
     return RequestOutput(
         request_id=request.request_id,
@@ -108,4 +115,5 @@ def _output(
         num_output_tokens=len(request.output_token_ids),
         stop_reason=request.stop_reason,
         error=error,
+        logprobs=logprobs,
     )

@@ -1,30 +1,88 @@
-"""Sampler: logits of a batch of requests -> one token id each.
+"""Sampler: logits of a batch of requests -> one token id each, plus logprobs when asked.
 
-Greedy rows take the argmax. Sampled rows apply temperature, then top-k, top-p and min-p
-filtering, then draw with the request's own generator so a seed reproduces the same text.
+Plain greedy rows take the batched argmax and nothing else runs for them. Only rows that need
+more (sampling, penalties, logit bias, logprobs) get per-row work:
+
+1. logprobs are the log-softmax of the raw logits, before anything below (batched over the rows
+   that ask for them);
+2. logit bias is added, then the repetition penalty (over prompt and output tokens) and the
+   frequency and presence penalties (over output tokens) are applied;
+3. greedy rows take the argmax of the result; sampled rows apply temperature, then top-k, top-p
+   and min-p filtering, then draw with the request's own generator so a seed reproduces the
+   same text.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
+from inferd.engine.outputs import TokenLogprob
 from inferd.engine.request import Request
+from inferd.engine.sampling import SamplingParams
 
 
-def sample(logits: torch.Tensor, requests: Sequence[Request]) -> list[int]:
-    """logits: [num_requests, vocab] float32."""
-    tokens = logits.argmax(dim=-1).tolist()
+@dataclass(frozen=True, slots=True)
+class SamplerOutput:
+    token_ids: list[int]  # one per request, in order
+    logprobs: list[TokenLogprob | None]  # None where the request did not ask for logprobs
+
+
+def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
+    """logits: [num_requests, vocab]."""
+    tokens: list[int] = logits.argmax(dim=-1).tolist()
+    logprobs: list[TokenLogprob | None] = [None] * len(tokens)
     for row, request in enumerate(requests):
-        if not request.params.greedy:
-            tokens[row] = _sample_row(logits[row], request)
-    return tokens
+        p = request.params
+        if p.greedy and not p.transforms_logits:
+            continue  # the batched argmax already holds its token
+        row_logits = logits[row]
+        if p.transforms_logits:
+            row_logits = apply_logit_transforms(
+                row_logits, p, request.prompt_token_ids, request.output_token_ids
+            )
+        tokens[row] = int(row_logits.argmax()) if p.greedy else _sample_row(row_logits, request)
+    wanted = [row for row, r in enumerate(requests) if r.params.logprobs is not None]
+    if wanted:
+        _fill_logprobs(logits, requests, tokens, wanted, logprobs)
+    return SamplerOutput(tokens, logprobs)
+
+
+def apply_logit_transforms(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    prompt_token_ids: Sequence[int],
+    output_token_ids: Sequence[int],
+) -> torch.Tensor:
+    """One row's logits with logit bias and penalties applied, as a new float32 tensor."""
+    out = logits.to(torch.float32, copy=True)
+    vocab = out.shape[-1]
+    if params.logit_bias:
+        pairs = [(t, b) for t, b in params.logit_bias if t < vocab]
+        if pairs:
+            ids = torch.tensor([t for t, _ in pairs], dtype=torch.long, device=out.device)
+            bias = torch.tensor([b for _, b in pairs], dtype=torch.float32, device=out.device)
+            out.index_add_(0, ids, bias)
+    if params.repetition_penalty != 1.0 and (prompt_token_ids or output_token_ids):
+        seen = torch.tensor(
+            [*prompt_token_ids, *output_token_ids], dtype=torch.long, device=out.device
+        ).unique()
+        seen = seen[seen < vocab]
+        values = out[seen]
+        penalty = params.repetition_penalty
+        out[seen] = torch.where(values > 0, values / penalty, values * penalty)
+    if (params.frequency_penalty or params.presence_penalty) and output_token_ids:
+        ids = torch.tensor(output_token_ids, dtype=torch.long, device=out.device)
+        counts = torch.bincount(ids, minlength=vocab)[:vocab].to(torch.float32)
+        out -= params.frequency_penalty * counts + params.presence_penalty * (counts > 0).float()
+    return out
 
 
 def _sample_row(logits: torch.Tensor, request: Request) -> int:
     p = request.params
-    logits = logits / p.temperature
+    logits = logits.float() / p.temperature
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -33,6 +91,8 @@ def _sample_row(logits: torch.Tensor, request: Request) -> int:
         probs = _top_p(probs, p.top_p)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
+    if request.generator is not None and probs.device != request.generator.device:
+        probs = probs.to(request.generator.device)
     return int(torch.multinomial(probs, 1, generator=request.generator).item())
 
 
@@ -42,3 +102,27 @@ def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
     sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
+
+
+def _fill_logprobs(
+    logits: torch.Tensor,
+    requests: Sequence[Request],
+    tokens: list[int],
+    rows: list[int],
+    out: list[TokenLogprob | None],
+) -> None:
+    """Log-softmax of the raw logits of ``rows``: the chosen token's value and the top k."""
+    index = torch.tensor(rows, dtype=torch.long, device=logits.device)
+    logprobs = torch.log_softmax(logits.index_select(0, index).float(), dim=-1)
+    chosen = torch.tensor([tokens[r] for r in rows], dtype=torch.long, device=logits.device)
+    chosen_values = logprobs.gather(1, chosen[:, None]).squeeze(1).tolist()
+    k = max(requests[r].params.logprobs or 0 for r in rows)
+    top_values: list[list[float]] = [[] for _ in rows]
+    top_ids: list[list[int]] = [[] for _ in rows]
+    if k > 0:
+        values, ids = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        top_values, top_ids = values.tolist(), ids.tolist()
+    for j, row in enumerate(rows):
+        n = requests[row].params.logprobs or 0
+        top = tuple(zip(top_ids[j][:n], top_values[j][:n], strict=True))
+        out[row] = TokenLogprob(tokens[row], chosen_values[j], top)

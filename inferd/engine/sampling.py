@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 MAX_STOP_STRINGS = 4
+MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -18,6 +20,15 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # OpenAI penalties: logit -= frequency * count + presence * (count > 0), over output tokens.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # CTRL / HF repetition penalty over prompt and output tokens: positive logits are divided
+    # by it, negative ones multiplied. 1.0 disables it.
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
+    # None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely tokens.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
@@ -37,10 +48,44 @@ class SamplingParams:
         _check(all(self.stop), "stop", "stop strings must not be empty")
         if self.seed is not None:
             _check(0 <= self.seed < 2**63, "seed", "must be a non-negative 64-bit integer")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check(-2.0 <= value <= 2.0, name, f"must be between -2 and 2, got {value}")
+        _check(
+            0.0 < self.repetition_penalty <= 10.0,
+            "repetition_penalty",
+            f"must be in (0, 10], got {self.repetition_penalty}",
+        )
+        for token, bias in self.logit_bias:
+            _check(token >= 0, "logit_bias", f"token id {token} is negative")
+            _check(
+                math.isfinite(bias) and -100.0 <= bias <= 100.0,
+                "logit_bias",
+                f"the bias of token {token} must be between -100 and 100, got {bias}",
+            )
+        if self.logprobs is not None:
+            _check(
+                0 <= self.logprobs <= MAX_LOGPROBS,
+                "logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
+            )
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return (
+            self.presence_penalty != 0.0
+            or self.frequency_penalty != 0.0
+            or self.repetition_penalty != 1.0
+        )
+
+    @property
+    def transforms_logits(self) -> bool:
+        """Whether the sampler must change this request's logits before choosing a token."""
+        return self.has_penalties or bool(self.logit_bias)
 
 
 class SamplingParamError(ValueError):

@@ -15,7 +15,7 @@ call with a causal mask offset by the tokens already cached.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -70,8 +70,14 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    *,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]."""
+    """q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim].
+
+    ``softcap``: scores become ``softcap * tanh(s / softcap)`` before the softmax (Gemma 2).
+    Sliding-window layers pass metadata from ``sliding_window_metadata``.
+    """
     write_kv(k_cache, v_cache, k, v, meta)
     out = torch.empty_like(q)
     if meta.decode_rows is not None:
@@ -83,11 +89,42 @@ def paged_attention(
             meta.decode_block_tables,
             meta.decode_mask,
             scale,
+            softcap,
         )
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
-        out[rows] = _prefill(q[rows], k_cache, v_cache, chunk, scale)
+        out[rows] = _prefill(q[rows], k_cache, v_cache, chunk, scale, softcap)
     return out
+
+
+def _attend(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float,
+    softcap: float | None,
+) -> torch.Tensor:
+    """SDPA, or (with ``softcap``, which SDPA lacks) the same arithmetic written out.
+
+    q: [B, heads, n, d]; keys, values: [B, kv_heads, T, d]; mask broadcasts to [B, heads, n, T].
+    """
+    if softcap is None:
+        return F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+        )
+    groups = q.shape[1] // keys.shape[1]
+    keys = keys.repeat_interleave(groups, dim=1)
+    values = values.repeat_interleave(groups, dim=1)
+    scores = torch.matmul(q, keys.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    if is_causal:
+        n, t = scores.shape[-2:]
+        mask = torch.ones(n, t, dtype=torch.bool).tril(t - n)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.matmul(scores.softmax(-1).to(values.dtype), values)
 
 
 def _decode(
@@ -97,13 +134,12 @@ def _decode(
     block_tables: torch.Tensor,
     mask: torch.Tensor | None,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     keys = gather_blocks(k_cache, block_tables)  # [D, kv_heads, L, head_dim]
     values = gather_blocks(v_cache, block_tables)
-    out = F.scaled_dot_product_attention(
-        q.unsqueeze(2), keys, values, attn_mask=mask, scale=scale, enable_gqa=True
-    )  # [D, heads, 1, head_dim]
-    return out.squeeze(2)
+    out = _attend(q.unsqueeze(2), keys, values, mask, False, scale, softcap)
+    return out.squeeze(2)  # [D, heads, head_dim]
 
 
 def _prefill(
@@ -112,20 +148,14 @@ def _prefill(
     v_cache: torch.Tensor,
     chunk: PrefillChunk,
     scale: float,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     total = chunk.start_pos + chunk.num_tokens
     keys = gather_blocks(k_cache, chunk.block_table[None])[:, :, :total]
     values = gather_blocks(v_cache, chunk.block_table[None])[:, :, :total]
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1).unsqueeze(0),
-        keys,
-        values,
-        attn_mask=chunk.mask,
-        is_causal=chunk.mask is None,
-        scale=scale,
-        enable_gqa=True,
-    )  # [1, heads, n, head_dim]
-    return out[0].transpose(0, 1)
+    q = q.transpose(0, 1).unsqueeze(0)
+    out = _attend(q, keys, values, chunk.mask, chunk.mask is None, scale, softcap)
+    return out[0].transpose(0, 1)  # [n, heads, head_dim]
 
 
 def decode_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor | None:
@@ -142,3 +172,35 @@ def chunk_mask(start_pos: int, num_tokens: int) -> torch.Tensor | None:
         return None
     q_pos = torch.arange(start_pos, start_pos + num_tokens)
     return torch.arange(start_pos + num_tokens)[None, :] <= q_pos[:, None]
+
+
+def sliding_window_metadata(
+    meta: AttentionMetadata, positions: torch.Tensor, window: int, block_size: int
+) -> AttentionMetadata:
+    """``meta`` with masks that also hide keys more than ``window - 1`` positions back.
+
+    Built once per step and shared by every sliding-window layer; the KV cache keeps all keys.
+    ``positions``: [num_tokens] of the flat batch.
+    """
+    decode_mask = meta.decode_mask
+    if meta.decode_rows is not None:
+        assert meta.decode_block_tables is not None
+        num_keys = meta.decode_block_tables.shape[1] * block_size
+        key_pos = torch.arange(num_keys)[None, :]
+        p = positions[meta.decode_rows][:, None]
+        decode_mask = ((key_pos <= p) & (key_pos > p - window))[:, None, None, :]
+    prefills = tuple(
+        replace(c, mask=m) if (m := _window_chunk_mask(c, window)) is not None else c
+        for c in meta.prefills
+    )
+    return replace(meta, decode_mask=decode_mask, prefills=prefills)
+
+
+def _window_chunk_mask(chunk: PrefillChunk, window: int) -> torch.Tensor | None:
+    """Causal sliding-window mask of a prefill chunk; None when the window hides nothing."""
+    total = chunk.start_pos + chunk.num_tokens
+    if total <= window:
+        return None
+    q_pos = torch.arange(chunk.start_pos, total)[:, None]
+    key_pos = torch.arange(total)[None, :]
+    return (key_pos <= q_pos) & (key_pos > q_pos - window)

@@ -14,6 +14,7 @@ that came from such blocks are repacked without further loss.
 from __future__ import annotations
 
 import enum
+import sys
 
 import torch
 import torch.nn.functional as F
@@ -29,10 +30,14 @@ class PackedKind(enum.Enum):
 
 
 class Linear(nn.Linear):
-    """``nn.Linear`` (no bias) with an optional low-bit kernel for small batches."""
+    """``nn.Linear`` (no bias unless asked) with an optional low-bit kernel for small batches.
 
-    def __init__(self, in_features: int, out_features: int) -> None:
-        super().__init__(in_features, out_features, bias=False)
+    After ``use_packed_only`` (in-situ quantization) the packed kernel serves every batch and
+    the dense weight is gone (an empty tensor that only remembers the dtype).
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
+        super().__init__(in_features, out_features, bias=bias)
         self.packed_kind: PackedKind | None = None
         self.small_batch = DEFAULT_SMALL_BATCH
         self._packed: torch.Tensor | None = None
@@ -54,15 +59,32 @@ class Linear(nn.Linear):
         self.packed_kind = kind
         self.small_batch = small_batch
 
+    def use_packed_only(self, kind: PackedKind, packed: torch.Tensor, scales: torch.Tensor) -> None:
+        """Serve every batch from these kernel tensors (``pack_int4``/``pack_int8`` output) and
+        free the dense weight: weight-only quantization that saves memory."""
+        self._packed, self._scales, self.packed_kind = packed, scales, kind
+        self.small_batch = sys.maxsize
+        self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
+
+    @property
+    def dense(self) -> bool:
+        """Whether the dense weight is still held (False after ``use_packed_only``)."""
+        return self.weight.numel() > 0
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._packed is None or x.shape[0] > self.small_batch:
-            return F.linear(x, self.weight)
+            return F.linear(x, self.weight, self.bias)
         assert self._scales is not None
+        # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
+        xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
-            return torch.ops.aten._weight_int4pack_mm_for_cpu(
-                x, self._packed, INT4_GROUP, self._scales
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                xk, self._packed, INT4_GROUP, self._scales
             )
-        return torch.ops.aten._weight_int8pack_mm(x, self._packed, self._scales)
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(xk, self._packed, self._scales)
+        out = out.to(x.dtype)
+        return out if self.bias is None else out + self.bias
 
 
 def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

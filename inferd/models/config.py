@@ -11,6 +11,8 @@ from inferd.layers.rotary import RopeScaling
 # Architectures whose GGUF layout is the Llama one (same tensor names, same blocks).
 LLAMA_FAMILY = frozenset({"llama", "mistral"})
 
+ACTIVATIONS = ("silu", "gelu_tanh")
+
 
 class ModelConfigError(ValueError):
     """The model file describes something inferd cannot run; the message says what."""
@@ -31,6 +33,16 @@ class ModelConfig:
     rope_scaling: RopeScaling
     max_position: int
     tie_word_embeddings: bool
+    # Features beyond Llama; the defaults are Llama's.
+    attention_bias: bool = False  # Qwen2: biases on the q, k, v projections
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head of q and k before rotary
+    rotary_dim: int | None = None  # partial rotary (Phi-3 family); None: the whole head
+    sliding_window: int | None = None  # keys visible to a sliding-window layer (itself included)
+    sliding_layers: tuple[int, ...] = ()  # the layers that use it
+    attn_softcap: float | None = None  # Gemma 2: tanh soft-capping of attention scores
+    final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the logits
+    attention_scale: float | None = None  # None: head_dim ** -0.5
+    hidden_act: str = "silu"  # silu (SwiGLU) | gelu_tanh (GeGLU)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -38,6 +50,23 @@ class ModelConfig:
                 f"{self.num_heads} attention heads cannot be grouped over "
                 f"{self.num_kv_heads} key/value heads"
             )
+        if self.hidden_act not in ACTIVATIONS:
+            raise ModelConfigError(
+                f"activation {self.hidden_act!r} is not supported (supported: "
+                f"{', '.join(ACTIVATIONS)})"
+            )
+        if self.rotary_dim is not None and not 0 < self.rotary_dim <= self.head_dim:
+            raise ModelConfigError(f"rotary_dim {self.rotary_dim} outside 1..{self.head_dim}")
+        if self.sliding_layers and self.sliding_window is None:
+            raise ModelConfigError("sliding_layers without a sliding_window")
+
+    def window_of(self, layer: int) -> int | None:
+        """The sliding window of one layer, or None for full attention."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    @property
+    def rotary_size(self) -> int:
+        return self.rotary_dim or self.head_dim
 
     @property
     def kv_bytes_per_token(self) -> int:
@@ -90,3 +119,148 @@ def _rope_scaling(meta: Mapping[str, Any], arch: str) -> RopeScaling:
     if kind == "llama3":
         return RopeScaling(kind="llama3", factor=factor, original_max_position=original)
     raise ModelConfigError(f"rope scaling type {kind!r} is not supported")
+
+
+# --- Hugging Face config.json ------------------------------------------------------------------
+
+# config.json ``model_type`` -> our architecture name (the decoder and the weight layout).
+HF_MODEL_TYPES = {
+    "llama": "llama",
+    "mistral": "mistral",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "phi3": "phi3",
+}
+
+# The class transformers names in ``architectures`` for each of ours (written by convert).
+HF_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+}
+
+_HF_ACTIVATIONS = {
+    "silu": "silu",
+    "swish": "silu",
+    "gelu_pytorch_tanh": "gelu_tanh",
+    "gelu_tanh": "gelu_tanh",
+}
+
+
+def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelConfig:
+    """Our config from a transformers ``config.json`` (v4 and v5 spellings of RoPE settings).
+
+    ``has_lm_head``: whether the checkpoint holds ``lm_head.weight``; without it the output
+    projection is the embedding, whatever the config says.
+    """
+    model_type = str(hf.get("model_type", ""))
+    arch = HF_MODEL_TYPES.get(model_type)
+    if arch is None:
+        raise ModelConfigError(
+            f"config.json model_type {model_type!r} is not supported (supported: "
+            f"{', '.join(sorted(HF_MODEL_TYPES))})"
+        )
+
+    def key(name: str, default: Any = None) -> Any:
+        value = hf.get(name, default)
+        if value is None:
+            raise ModelConfigError(f"config.json lacks {name}")
+        return value
+
+    hidden = int(key("hidden_size"))
+    heads = int(key("num_attention_heads"))
+    layers = int(key("num_hidden_layers"))
+    head_dim = int(hf.get("head_dim") or hidden // heads)
+    rope = _hf_rope(hf)
+    act_name = str(hf.get("hidden_activation") or hf.get("hidden_act") or "silu")
+    act = _HF_ACTIVATIONS.get(act_name)
+    if act is None:
+        raise ModelConfigError(f"config.json activation {act_name!r} is not supported")
+    for flag in ("mlp_bias",) + (("attention_bias",) if arch != "qwen2" else ()):
+        if hf.get(flag):
+            raise ModelConfigError(f"config.json {flag}: true is not supported for {model_type}")
+    partial = float(rope.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0)))
+    rotary_dim = int(head_dim * partial) if partial != 1.0 else None
+    window, sliding = _hf_sliding(hf, arch, layers)
+    gemma = arch == "gemma2"
+    return ModelConfig(
+        architecture=arch,
+        vocab_size=int(key("vocab_size")),
+        hidden_size=hidden,
+        intermediate_size=int(key("intermediate_size")),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+        rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_scaling=_hf_rope_scaling(rope),
+        max_position=int(hf.get("max_position_embeddings", 2048)),
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)) or not has_lm_head,
+        attention_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        rotary_dim=rotary_dim,
+        sliding_window=window,
+        sliding_layers=sliding,
+        attn_softcap=_float_or_none(hf.get("attn_logit_softcapping")) if gemma else None,
+        final_softcap=_float_or_none(hf.get("final_logit_softcapping")) if gemma else None,
+        attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5 if gemma else None,
+        hidden_act=act,
+    )
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _hf_rope(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The RoPE settings: transformers v5 ``rope_parameters``, else v4 ``rope_scaling``."""
+    params = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    if not isinstance(params, Mapping):
+        raise ModelConfigError("config.json rope_parameters must be an object")
+    return dict(params)
+
+
+def _hf_rope_scaling(rope: Mapping[str, Any]) -> RopeScaling:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return RopeScaling()
+    factor = float(rope.get("factor", 1.0))
+    if kind == "linear":
+        return RopeScaling(kind="linear", factor=factor)
+    if kind == "llama3":
+        return RopeScaling(
+            kind="llama3",
+            factor=factor,
+            low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
+            original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
+        )
+    raise ModelConfigError(f"rope scaling type {kind!r} is not supported")
+
+
+def _hf_sliding(
+    hf: Mapping[str, Any], arch: str, num_layers: int
+) -> tuple[int | None, tuple[int, ...]]:
+    """The sliding window and the layers that use it, as transformers decides them."""
+    window = hf.get("sliding_window")
+    if arch == "qwen2" or arch == "qwen3":
+        window = window if hf.get("use_sliding_window") else None
+    if window is None:
+        return None, ()
+    types = hf.get("layer_types")
+    if types is not None:
+        if len(types) != num_layers:
+            raise ModelConfigError(f"config.json layer_types has {len(types)} entries")
+        layers = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    elif arch == "gemma2":
+        layers = tuple(range(0, num_layers, 2))
+    elif arch in ("qwen2", "qwen3"):
+        layers = tuple(range(int(hf.get("max_window_layers", num_layers)), num_layers))
+    else:  # Mistral, Phi-3: every layer
+        layers = tuple(range(num_layers))
+    return (int(window), layers) if layers else (None, ())

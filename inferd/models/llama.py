@@ -3,6 +3,10 @@
 Projections are fused (one QKV matmul, one gate+up matmul) to cut per-layer kernel launches.
 ``forward`` takes a flat batch of tokens from many requests; attention metadata says which
 rows belong to whom and where their KV lives.
+
+The same decoder runs the close relatives, switched by ``ModelConfig`` fields: Qwen2 (q/k/v
+biases), Qwen3 (per-head q/k RMSNorm), Mistral (sliding window), Phi-3 (partial rotary; its fused
+checkpoint tensors are a loader matter). Gemma 2 subclasses it (models/gemma.py).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferd.layers.attention import AttentionMetadata, paged_attention
+from inferd.layers.attention import AttentionMetadata, paged_attention, sliding_window_metadata
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding, Rotation
@@ -21,16 +25,23 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
+        self.rotary_dim = cfg.rotary_size
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, self.q_size + 2 * self.kv_size)
+        self.qkv_proj = Linear(
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
+        )
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
-        self.scale = cfg.head_dim**-0.5
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.scale = cfg.attention_scale or cfg.head_dim**-0.5
+        self.softcap = cfg.attn_softcap
+        self.sliding = cfg.window_of(layer) is not None
 
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
@@ -40,9 +51,17 @@ class LlamaAttention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotation.apply(q), rotation.apply(k)
-        out = paged_attention(q, k, v, cache[0], cache[1], meta, self.scale)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self._rotate(q, rotation), self._rotate(k, rotation)
+        out = paged_attention(q, k, v, cache[0], cache[1], meta, self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(-1, self.q_size))
+
+    def _rotate(self, x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
+        if self.rotary_dim == self.head_dim:
+            return rotation.apply(x)
+        d = self.rotary_dim  # partial rotary: the rest of each head passes through
+        return torch.cat((rotation.apply(x[..., :d]), x[..., d:]), dim=-1)
 
 
 class LlamaMLP(nn.Module):
@@ -51,17 +70,19 @@ class LlamaMLP(nn.Module):
         self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
+        self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg)
+        self.self_attn = LlamaAttention(cfg, layer)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -77,12 +98,21 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_layers))
+        self.norm = self.make_norm(cfg)
         self.rotary = rotary
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        return LlamaDecoderLayer(cfg, layer)
+
+    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+        return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
 
     def forward(
         self,
@@ -92,10 +122,16 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
     ) -> torch.Tensor:
         """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size]."""
-        x = self.embed_tokens(input_ids)
+        x = self.embed(input_ids)
         rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
+        window_meta = meta
+        if self.config.sliding_window is not None and self.config.sliding_layers:
+            block_size = kv_caches[0][0].shape[1]
+            window_meta = sliding_window_metadata(
+                meta, positions, self.config.sliding_window, block_size
+            )
         for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rotation, meta, cache)
+            x = layer(x, rotation, window_meta if layer.self_attn.sliding else meta, cache)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

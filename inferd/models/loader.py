@@ -7,13 +7,14 @@ from collections.abc import Callable, Iterable
 
 import torch
 from gguf import GGMLQuantizationType
-from tqdm import tqdm
 
-from inferd.layers.linear import Linear, PackedKind
-from inferd.layers.rotary import RotaryEmbedding, inverse_frequencies
+from inferd.layers.linear import PackedKind
+from inferd.layers.rotary import inverse_frequencies
 from inferd.loaders.gguf import GGUFFile
 from inferd.models.config import ModelConfig, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
+from inferd.models.weights import WeightSource, build_empty, fill
+from inferd.quantize import Isq
 
 log = logging.getLogger(__name__)
 
@@ -43,37 +44,45 @@ def unpermute_rope(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 def load_gguf_model(
-    gguf: GGUFFile, dtype: torch.dtype, *, progress: bool = True, packed_kernels: bool = True
+    gguf: GGUFFile,
+    dtype: torch.dtype,
+    *,
+    progress: bool = True,
+    packed_kernels: bool = True,
+    isq: Isq | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16 only)."""
+    """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16 only);
+    ``isq`` quantizes every projection instead (see inferd/quantize.py)."""
     infos = {info.name: info for info in gguf.tensor_infos()}
     names = set(infos)
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
     freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
-    inv_freq = inverse_frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, freq_factors)
-    with torch.device("meta"):  # allocate parameters once, when the real weights arrive
-        model = LlamaForCausalLM(cfg, RotaryEmbedding(cfg.head_dim, 1, inv_freq.to("meta")))
-    model = model.to_empty(device="cpu").to(dtype)
-    # to_empty leaves buffers uninitialized: the rotary tables are built for real here.
-    model.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position, inv_freq)
+    inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling, freq_factors)
+    model = build_empty(cfg, inv_freq, dtype)
     plan = _weight_plan(cfg)
-    bar = tqdm(total=len(plan), desc="load weights", unit="tensor", disable=not progress)
-    pack = packed_kernels and dtype == torch.bfloat16
     if cfg.tie_word_embeddings:
         plan["lm_head.weight"] = plan["embed_tokens.weight"]
-    with torch.no_grad(), bar:
-        for target, (sources, transform) in plan.items():
+
+    def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
+        def load() -> torch.Tensor:
             parts = [transform(gguf.load_tensor(s), s) for s in sources]
-            weight = torch.cat(parts) if len(parts) > 1 else parts[0]
-            if target == "lm_head.weight" and cfg.tie_word_embeddings:
-                model.lm_head.weight = model.embed_tokens.weight
-            else:
-                model.get_parameter(target).copy_(weight)
-            layer = model.get_submodule(target.removesuffix(".weight"))
-            if pack and isinstance(layer, Linear):
-                layer.pack(_packed_kind(infos[s].qtype for s in sources), source=weight)
-            bar.update(1)
-    model.eval().requires_grad_(False)
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+        return load
+
+    weights = (
+        WeightSource(target, read(srcs, transform), _packed_kind(infos[s].qtype for s in srcs))
+        for target, (srcs, transform) in plan.items()
+    )
+    fill(
+        model,
+        weights,
+        dtype,
+        total=len(plan),
+        packed_kernels=packed_kernels,
+        isq=isq,
+        progress=progress,
+    )
     return model, cfg
 
 

@@ -1,23 +1,43 @@
-"""POST /v1/chat/completions: parse -> engine -> JSON or SSE."""
+"""POST /v1/chat/completions: parse -> engine -> JSON or SSE.
+
+``n`` choices are ``n`` independent engine requests sharing the prompt; choice i > 0 samples
+with a seed derived from the request's, so every choice differs yet reproduces.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
 from inferd.engine.builder import ServedModel
-from inferd.engine.outputs import RequestOutput
-from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.engine.outputs import RequestOutput, TokenLogprob
+from inferd.engine.sampling import SamplingParams
 from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
-from inferd.server.errors import APIError, bad_request
+from inferd.server.errors import bad_request
+from inferd.server.generation import (
+    SSE_HEADERS,
+    Generation,
+    admit,
+    check_n,
+    clamp,
+    collect,
+    error_payload,
+    for_choice,
+    interleave,
+    sampling_params,
+    start,
+    token_piece,
+    visible_logprobs,
+)
+from inferd.server.media import check_media_parts, media_policy
+from inferd.server.metrics import request_timer
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
 
@@ -26,7 +46,10 @@ async def create_chat_completion(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), ChatCompletionRequest)
     model = state.resolve_model(body.model)
+    _reject_unsupported(body)
+    check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    n = check_n(body.n)
     params = _sampling_params(body, model)
     try:
         prompt = await asyncio.to_thread(model.chat_prompt, messages)
@@ -36,20 +59,62 @@ async def create_chat_completion(request: Request) -> Response:
     if body.max_tokens is None and body.max_completion_tokens is None:
         room = model.engine.max_model_len - len(prompt)
         params = _replace_max_tokens(params, max(1, room))
-    _admit(model, len(prompt), params)
-    request_id = request.state.request_id
+    admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    outputs = model.engine.generate(
-        prompt, params, request_id=f"{request_id}-{uuid.uuid4().hex[:8]}"
+    streams = start(
+        model, request.state.request_id, [(prompt, for_choice(params, i)) for i in range(n)]
     )
+    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(completion, outputs, include_usage, state.keepalive_seconds)
-        return StreamingResponse(stream, media_type="text/event-stream", headers=_SSE_HEADERS)
-    return await _collect(request, completion, outputs)
+        stream = _stream(
+            completion, model, streams, len(prompt), include_usage, state.keepalive_seconds
+        )
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    return await _collect(request, completion, model, streams, len(prompt))
 
 
-_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# Parameters OpenAI knows that this server does not support yet, with what to say about them.
+_UNSUPPORTED = {
+    "tools": "tool calling is not supported by this server",
+    "functions": "function calling is not supported by this server",
+    "audio": "audio output is not supported by this server",
+    "prediction": "predicted outputs are not supported by this server",
+    "web_search_options": "web search is not supported by this server",
+}
+
+
+def _reject_unsupported(body: ChatCompletionRequest) -> None:
+    for name, why in _UNSUPPORTED.items():
+        value = getattr(body, name)
+        if value is not None and value != []:
+            raise bad_request(f"{name}: {why}", name)
+    for name in ("tool_choice", "function_call"):
+        value = getattr(body, name)
+        if value is not None and value != "none":
+            raise bad_request(f"{name}: tool calling is not supported by this server", name)
+    if body.response_format is not None:
+        kind = body.response_format.get("type")
+        if kind in ("json_object", "json_schema"):
+            raise bad_request(
+                f"response_format: {kind} (structured output) is not supported yet; "
+                "send type 'text' or leave it out",
+                "response_format",
+            )
+        if kind != "text":
+            raise bad_request(
+                f"response_format: unknown type {kind!r}; expected text, json_object or "
+                "json_schema",
+                "response_format.type",
+            )
+    if body.modalities is not None and set(body.modalities) - {"text"}:
+        others = ", ".join(sorted(set(body.modalities) - {"text"}))
+        raise bad_request(
+            f"modalities: this server outputs text only and cannot produce {others}",
+            "modalities",
+        )
+    if body.stream_options is not None and not body.stream:
+        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
 
 def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
@@ -84,16 +149,6 @@ def _text_of_parts(index: int, parts: list[dict[str, Any]]) -> str:
 
 
 def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> SamplingParams:
-    if body.n not in (None, 1):
-        raise bad_request("n > 1 is not supported yet", "n")
-    if body.logprobs or body.top_logprobs:
-        raise bad_request("logprobs are not supported yet", "logprobs")
-    for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(body, name)
-        if value not in (None, 0, 0.0):
-            raise bad_request(f"{name} is not supported yet", name)
-    if body.stream_options is not None and not body.stream:
-        raise bad_request("stream_options is only allowed when stream is true", "stream_options")
     both = body.max_tokens is not None and body.max_completion_tokens is not None
     if both and body.max_tokens != body.max_completion_tokens:
         raise bad_request(
@@ -102,42 +157,25 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
     max_tokens = (
         body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     )
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens if max_tokens is not None else 1,
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            top_k=body.top_k or 0,
-            min_p=body.min_p or 0.0,
-            seed=body.seed if body.seed is not None else model.engine_config.seed,
-            stop=stop,
-            ignore_eos=body.ignore_eos,
-        )
-    except SamplingParamError as exc:
-        param = (
-            "max_completion_tokens"
-            if exc.param == "max_tokens" and body.max_tokens is None
-            else exc.param
-        )
-        raise bad_request(str(exc), param) from None
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    names = {"logprobs": "top_logprobs"}
+    if body.max_tokens is None:
+        names["max_tokens"] = "max_completion_tokens"
+    return sampling_params(
+        body,
+        model,
+        max_tokens=max_tokens if max_tokens is not None else 1,
+        logprobs=logprobs,
+        param_names=names,
+    )
 
 
 def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
     from dataclasses import replace
 
     return replace(params, max_tokens=max_tokens)
-
-
-def _admit(model: ServedModel, num_prompt_tokens: int, params: SamplingParams) -> None:
-    try:
-        model.engine.check_admission(num_prompt_tokens, params)
-    except AdmissionError as exc:
-        raise bad_request(str(exc), exc.param, code="context_length_exceeded") from None
-    except EngineBusyError as exc:
-        raise APIError(503, str(exc), headers={"Retry-After": "1"}) from None
-    except EngineStoppedError as exc:
-        raise APIError(503, str(exc)) from None
 
 
 class _Completion:
@@ -152,92 +190,99 @@ class _Completion:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def _usage(out: RequestOutput) -> dict[str, int]:
+def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
     return {
-        "prompt_tokens": out.num_prompt_tokens,
-        "completion_tokens": out.num_output_tokens,
-        "total_tokens": out.num_prompt_tokens + out.num_output_tokens,
+        "prompt_tokens": num_prompt_tokens,
+        "completion_tokens": num_output_tokens,
+        "total_tokens": num_prompt_tokens + num_output_tokens,
     }
 
 
-async def _collect(
-    request: Request, completion: _Completion, outputs: AsyncIterator[RequestOutput]
-) -> Response:
-    """Gather a whole completion, aborting it if the client goes away first."""
-
-    async def gather() -> tuple[str, RequestOutput]:
-        parts = []
-        last: RequestOutput | None = None
-        async for out in outputs:
-            parts.append(out.text)
-            last = out
-        assert last is not None
-        return "".join(parts), last
-
-    task = asyncio.ensure_future(gather())
-    while not task.done():
-        await asyncio.wait({task}, timeout=0.5)
-        if not task.done() and await request.is_disconnected():
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            return Response(status_code=499)
-    text, last = task.result()
-    if last.finish_reason in ("error", "abort"):
-        raise APIError(500 if last.finish_reason == "error" else 503, last.error or "aborted")
-    body = completion.envelope("chat.completion")
-    body["choices"] = [
-        {
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": last.finish_reason,
-            "logprobs": None,
+def _logprobs(model: ServedModel, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
+    def entry(token_id: int, logprob: float) -> dict[str, Any]:
+        return {
+            "token": token_piece(model, token_id),
+            "logprob": clamp(logprob),
+            "bytes": list(model.tokenizer.id_to_bytes(token_id)),
         }
+
+    content = [
+        entry(lp.token_id, lp.logprob) | {"top_logprobs": [entry(t, v) for t, v in lp.top]}
+        for lp in lps
     ]
-    body["usage"] = _usage(last)
+    return {"content": content, "refusal": None}
+
+
+async def _collect(
+    request: Request,
+    completion: _Completion,
+    model: ServedModel,
+    streams: list[AsyncIterator[RequestOutput]],
+    num_prompt_tokens: int,
+) -> Response:
+    """Gather every choice, aborting them all if the client goes away first."""
+    gens = await collect(request, streams)
+    if gens is None:
+        return Response(status_code=499)
+    want_logprobs = gens[0].final.logprobs is not None or any(g.logprobs for g in gens)
+    body = completion.envelope("chat.completion")
+    body["choices"] = [_choice(model, i, gen, want_logprobs) for i, gen in enumerate(gens)]
+    body["usage"] = _usage(num_prompt_tokens, sum(g.final.num_output_tokens for g in gens))
     return JSONResponse(body)
+
+
+def _choice(model: ServedModel, index: int, gen: Generation, want_logprobs: bool) -> dict[str, Any]:
+    return {
+        "index": index,
+        "message": {"role": "assistant", "content": gen.text},
+        "finish_reason": gen.final.finish_reason,
+        "logprobs": _logprobs(model, gen.logprobs) if want_logprobs else None,
+    }
 
 
 async def _stream(
     completion: _Completion,
-    outputs: AsyncIterator[RequestOutput],
+    model: ServedModel,
+    streams: list[AsyncIterator[RequestOutput]],
+    num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
 ) -> AsyncIterator[bytes]:
-    def chunk(delta: dict[str, Any], finish: str | None) -> bytes:
+    def chunk(index: int, delta: dict[str, Any], finish: str | None, lps: Any = None) -> bytes:
         body = completion.envelope("chat.completion.chunk")
-        body["choices"] = [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]
+        body["choices"] = [
+            {"index": index, "delta": delta, "finish_reason": finish, "logprobs": lps}
+        ]
         if include_usage:
             body["usage"] = None
         return sse.event(body)
 
-    yield chunk({"role": "assistant", "content": ""}, None)
-    last: RequestOutput | None = None
-    async for out in sse.with_heartbeat(outputs, keepalive):
-        if out is None:
-            yield sse.KEEPALIVE
-            continue
-        last = out
-        if out.finish_reason in ("error", "abort"):
-            message = out.error or "the request was aborted"
-            yield sse.event(
-                {
-                    "error": {
-                        "message": message,
-                        "type": "server_error",
-                        "param": None,
-                        "code": out.finish_reason,
-                    }
-                }
-            )
-            yield sse.DONE
-            return
-        if out.text:
-            yield chunk({"content": out.text}, None)
-        if out.finished:
-            yield chunk({}, out.finish_reason)
-    if last is not None and include_usage:
+    for index in range(len(streams)):
+        yield chunk(index, {"role": "assistant", "content": ""}, None)
+    output_tokens = [0] * len(streams)
+    try:
+        async for item in sse.with_heartbeat(interleave(streams), keepalive):
+            if item is None:
+                yield sse.KEEPALIVE
+                continue
+            index, out = item
+            if out.finish_reason in ("error", "abort"):
+                yield sse.event(error_payload(out))
+                yield sse.DONE
+                return
+            output_tokens[index] = out.num_output_tokens
+            lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
+            if out.text or (lps and lps["content"]):
+                yield chunk(index, {"content": out.text}, None, lps)
+            if out.finished:
+                yield chunk(index, {}, out.finish_reason)
+    except Exception as exc:
+        yield sse.event(error_payload(exc))
+        yield sse.DONE
+        return
+    if include_usage:
         body = completion.envelope("chat.completion.chunk")
         body["choices"] = []
-        body["usage"] = _usage(last)
+        body["usage"] = _usage(num_prompt_tokens, sum(output_tokens))
         yield sse.event(body)
     yield sse.DONE

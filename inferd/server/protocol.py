@@ -36,11 +36,11 @@ class ChatMessage(_Lenient):
         return role
 
 
-class ChatCompletionRequest(_Lenient):
+class SamplingFields(_Lenient):
+    """Fields chat and text completions share."""
+
     model: str | None = None
-    messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = None
-    max_completion_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -52,11 +52,37 @@ class ChatCompletionRequest(_Lenient):
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    logprobs: bool | None = None
-    top_logprobs: int | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
     ignore_eos: bool = False
     user: str | None = None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
     metadata: dict[str, Any] | None = None
+    # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+
+class CompletionRequest(SamplingFields):
+    # str | list[str] | list[int] | list[list[int]], checked by the route for clear messages
+    prompt: Any = None
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -5,30 +5,104 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from inferd.engine.builder import ServedModel
+from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
+from inferd.serving.loading import Servable
+from inferd.serving.registry import (
+    ConflictError,
+    ModelRegistry,
+    ModelSlot,
+    ModelStatus,
+    UnavailableError,
+    UnknownModelError,
+)
+
+# What each kind of model answers, and what a route wants, for the 400 a mismatch gets.
+_SERVES = {
+    "chat": "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages)",
+    "embedding": "/v1/embeddings",
+}
+_NEEDS = {
+    "chat": "this route needs a chat model",
+    "embedding": "/v1/embeddings needs an embedding model",
+}
 
 
 @dataclass(slots=True)
 class ServerState:
-    models: dict[str, ServedModel]
-    default_model: str | None = None
+    registry: ModelRegistry
     keepalive_seconds: float = 5.0
     started: float = field(default=0.0)
 
+    @property
+    def models(self) -> dict[str, ServedModel]:
+        """The loaded generative models by API id."""
+        return {
+            s.id: s.model
+            for s in self.registry.slots.values()
+            if s.status is ModelStatus.LOADED and isinstance(s.model, ServedModel)
+        }
+
+    @property
+    def default_model(self) -> str | None:
+        return self.registry.default_id
+
     def resolve_model(self, name: str | None) -> ServedModel:
-        if name in (None, "", "default"):
-            key = self.default_model or next(iter(self.models), None)
-            if key is None:
-                raise APIError(503, "no model is loaded")
-            return self.models[key]
-        assert name is not None
-        model = self.models.get(name)
-        if model is None:
-            known = ", ".join(sorted(self.models)) or "none"
-            raise APIError(
-                404,
-                f"the model {name!r} does not exist on this server; available: {known}",
-                param="model",
-                code="model_not_found",
-            )
+        """The loaded chat model a request names (None or "default": the default model)."""
+        model = self._resolve(name, "chat")
+        assert isinstance(model, ServedModel)
         return model
+
+    def resolve_embedding_model(self, name: str | None) -> EmbeddingModel:
+        model = self._resolve(name, "embedding")
+        assert isinstance(model, EmbeddingModel)
+        return model
+
+    def slot(self, name: str | None) -> ModelSlot:
+        if not self.registry.slots:
+            raise APIError(503, "no model is loaded")
+        try:
+            return self.registry.get(name)
+        except UnknownModelError as exc:
+            raise APIError(404, str(exc), param="model", code="model_not_found") from None
+
+    def _resolve(self, name: str | None, kind: str) -> Servable:
+        slot = self.slot(name)
+        if slot.kind != kind:
+            raise self.wrong_kind(slot, kind)
+        model = slot.model
+        if slot.status is not ModelStatus.LOADED or model is None:
+            raise unavailable(UnavailableError(f"the model {slot.id!r} is {slot.status}"))
+        return model
+
+    def wrong_kind(self, slot: ModelSlot, wanted: str) -> APIError:
+        others = [s.id for s in self.registry.slots.values() if s.kind == wanted]
+        where = ", ".join(others) if others else "none on this server"
+        return APIError(
+            400,
+            f"the model {slot.id!r} is {_article(slot.kind)} {slot.kind} model: it serves "
+            f"{_SERVES[slot.kind]} only; {_NEEDS[wanted]} ({wanted} models here: {where})",
+            param="model",
+            code="model_kind_mismatch",
+        )
+
+
+def _article(kind: str) -> str:
+    return "an" if kind[0] in "aeiou" else "a"
+
+
+def unavailable(exc: UnavailableError) -> APIError:
+    return APIError(
+        503, str(exc), param="model", code="model_unavailable", headers={"Retry-After": "5"}
+    )
+
+
+def lifecycle_error(exc: Exception) -> APIError:
+    """The HTTP error for a registry exception."""
+    if isinstance(exc, UnknownModelError):
+        return APIError(404, str(exc), param="model_id", code="model_not_found")
+    if isinstance(exc, ConflictError):
+        return APIError(409, str(exc), param="model_id", code="model_status_conflict")
+    if isinstance(exc, UnavailableError):
+        return unavailable(exc)
+    raise exc

@@ -215,12 +215,15 @@ ERRORS = [
         "image for a text model",
         {
             "messages": [
-                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}
+                {
+                    "role": "user",
+                    "content": [{"type": "image_url", "image_url": {"url": "data:image/png,x"}}],
+                }
             ]
         },
         400,
         "messages.0.content.0",
-        "image_url",
+        "does not accept image input",
     ),
     ("max_tokens zero", {"messages": QUESTION, "max_tokens": 0}, 400, "max_tokens", "at least 1"),
     (

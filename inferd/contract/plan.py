@@ -1,0 +1,343 @@
+"""Launch plans: a frozen, validated description of one serving process and its identity.
+
+A plan names the exact engine release, the exact model bundle, the bind address and every
+limit. It renders an argument vector (never shell text) for ``inferd serve`` or for
+``mistralrs serve``, and a canonical-JSON identity digest that changes when any field does.
+Everything a plan cannot express faithfully for its engine is refused at construction, so a
+plan that exists is one that can be launched as written.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import PurePosixPath
+from typing import Any
+
+from inferd.contract.canonical import digest_of, is_sha256
+
+
+class PlanError(ValueError):
+    """A launch plan that must not be launched; the message names the field."""
+
+
+class EngineKind(StrEnum):
+    INFERD = "inferd"
+    MISTRALRS = "mistralrs"
+
+
+class Device(StrEnum):
+    CPU = "cpu"
+    CUDA = "cuda"
+    METAL = "metal"
+
+
+class PagedAttention(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+class ModelFormat(StrEnum):
+    GGUF = "gguf"
+    PLAIN = "plain"
+
+
+class AccessLog(StrEnum):
+    DEFAULT = "default"
+    JSON = "json"
+
+
+class Surface(StrEnum):
+    """Capabilities beyond chat completion that add authority to the serving process."""
+
+    UI = "ui"
+    AGENT = "agent"
+    TOOLS = "tools"
+    WEB_SEARCH = "web_search"
+    CODE_EXECUTION = "code_execution"
+    SHELL = "shell"
+    MCP = "mcp"
+    SKILLS = "skills"
+    LORA_MUTATION = "lora_mutation"
+
+
+_VERSION = re.compile(r"^\d+\.\d+\.\d+(?:-[0-9A-Za-z]+(?:\.[0-9A-Za-z]+)*)?$")
+_COMMIT = re.compile(r"^[0-9a-f]{40}$")
+_PUBLIC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*(?:/[A-Za-z0-9][A-Za-z0-9._\-]*)?$")
+# Characters that mean something to a shell or that split words. A plan's values are passed
+# as separate argv entries and never through a shell, but a value that *looks* like shell
+# text is a configuration mistake worth refusing before it reaches a log or a wrapper script.
+_SHELL_SHAPED = re.compile(r"[\s$`;|&<>(){}\[\]*?!~'\"\\#^%]|[\x00-\x1f\x7f]")
+_DTYPES = frozenset({"auto", "bf16", "f32"})
+
+
+@dataclass(frozen=True)
+class EngineRelease:
+    kind: EngineKind
+    version: str  # exact, e.g. "0.8.2"; never "latest" or a range
+    artifact_sha256: str  # the executable, or the distribution's source tree
+    build: Device  # the backend the artifact was built for and observed to provide
+
+    def __post_init__(self) -> None:
+        if not _VERSION.fullmatch(self.version):
+            raise PlanError(f"engine.version must be one exact version, got {self.version!r}")
+        _require_digest("engine.artifact_sha256", self.artifact_sha256)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    public_id: str  # human context only: a hub id resolves to a moving revision
+    revision: str  # the upstream snapshot: a 40-hex commit or "sha256:<64 hex>"
+    bundle_sha256: str  # the reviewed local bundle (see bundle.py)
+    local_dir: str  # absolute, and named by bundle_sha256
+    format: ModelFormat
+    entry: str | None = None  # the file inside the bundle a GGUF loader opens
+
+    def __post_init__(self) -> None:
+        if not _PUBLIC_ID.fullmatch(self.public_id) or len(self.public_id) > 200:
+            raise PlanError(f"model.public_id {self.public_id!r} is not a hub-style id")
+        if not _is_revision(self.revision):
+            raise PlanError(
+                f"model.revision must be a 40-hex commit or sha256:<64 hex>, got {self.revision!r}"
+            )
+        _require_digest("model.bundle_sha256", self.bundle_sha256)
+        _check_local_dir(self.local_dir, self.bundle_sha256)
+        if self.entry is not None:
+            _check_entry(self.entry)
+
+    @property
+    def entry_path(self) -> str:
+        return self.local_dir if self.entry is None else f"{self.local_dir}/{self.entry}"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_seqs: int
+    max_seq_len: int
+    paged_attention: PagedAttention
+    prefix_cache_n: int
+    max_num_images: int
+    max_image_edge: int
+    device: Device
+    max_batch_size: int | None = None  # mistral.rs: sizing input for device mapping
+    max_num_batched_tokens: int | None = None  # inferd: token budget of one engine step
+    kv_cache_tokens: int | None = None  # inferd: KV pool size
+    dtype: str | None = None  # inferd: auto | bf16 | f32
+    seed: int | None = None  # inferd: default sampling seed
+
+    def __post_init__(self) -> None:
+        for name in ("max_seqs", "max_seq_len"):
+            _require_int(f"limits.{name}", getattr(self, name), minimum=1)
+        for name in ("prefix_cache_n", "max_num_images", "max_image_edge"):
+            _require_int(f"limits.{name}", getattr(self, name), minimum=0)
+        for name in ("max_batch_size", "max_num_batched_tokens", "kv_cache_tokens"):
+            value = getattr(self, name)
+            if value is not None:
+                _require_int(f"limits.{name}", value, minimum=1)
+        if self.seed is not None:
+            _require_int("limits.seed", self.seed, minimum=0)
+        if self.dtype is not None and self.dtype not in _DTYPES:
+            raise PlanError(f"limits.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if (self.max_num_images == 0) != (self.max_image_edge == 0):
+            raise PlanError("limits.max_num_images and max_image_edge are both zero or both set")
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    engine: EngineRelease
+    model: ModelSource
+    host: str
+    port: int
+    limits: Limits
+    access_log: AccessLog = AccessLog.DEFAULT
+    surfaces: frozenset[Surface] = field(default_factory=frozenset)
+    allow_non_loopback: bool = False
+
+    def __post_init__(self) -> None:
+        _check_host(self.host, self.allow_non_loopback)
+        _require_int("port", self.port, minimum=1)
+        if self.port > 65535:
+            raise PlanError(f"port {self.port} is out of range")
+        if self.surfaces:
+            names = ", ".join(sorted(self.surfaces))
+            raise PlanError(f"surfaces {names} add execution authority and are not allowed")
+        _RENDERERS[self.engine.kind].check(self)
+        for arg in self.launch_args():
+            _check_arg(arg)
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def model_route(self) -> str:
+        """The exact model id the server reports and every stream chunk must repeat."""
+        return _RENDERERS[self.engine.kind].route(self)
+
+    def launch_args(self) -> tuple[str, ...]:
+        """The argument vector after the executable, starting with ``serve``."""
+        return _RENDERERS[self.engine.kind].args(self)
+
+    def identity(self) -> dict[str, Any]:
+        record = asdict(self)
+        record["surfaces"] = sorted(self.surfaces)
+        # The rendered argv and route bind the rendering rules themselves into the identity.
+        record["argv"] = list(self.launch_args())
+        record["model_route"] = self.model_route
+        record["schema"] = "inferd.contract.launch/1"
+        return record
+
+    def identity_sha256(self) -> str:
+        return digest_of(self.identity())
+
+
+class _InferdRenderer:
+    """``inferd serve``: GGUF only, paged KV always on, text only, CPU only."""
+
+    @staticmethod
+    def check(plan: LaunchPlan) -> None:
+        m, lim = plan.model, plan.limits
+        _require(
+            m.format is ModelFormat.GGUF and m.entry is not None,
+            "inferd serves one GGUF file: model.format gguf with model.entry",
+        )
+        _require(m.entry is None or m.entry.endswith(".gguf"), "model.entry must be a .gguf file")
+        _require(
+            lim.paged_attention is PagedAttention.ON,
+            "inferd always pages its KV cache: limits.paged_attention must be on",
+        )
+        _require(lim.prefix_cache_n == 0, "inferd has no prefix cache: prefix_cache_n must be 0")
+        _require(lim.max_num_images == 0, "inferd serves text only: max_num_images must be 0")
+        _require(
+            lim.device is Device.CPU and plan.engine.build is Device.CPU,
+            "inferd computes on the CPU: device and engine.build must be cpu",
+        )
+        _require(
+            lim.max_batch_size is None, "inferd has no max_batch_size; use max_num_batched_tokens"
+        )
+        _require(plan.access_log is AccessLog.DEFAULT, "inferd has no access log format flag")
+        for name in ("dtype", "max_num_batched_tokens", "kv_cache_tokens"):
+            _require(getattr(lim, name) is not None, f"limits.{name} must be explicit for inferd")
+
+    @staticmethod
+    def route(plan: LaunchPlan) -> str:
+        # inferd serves a GGUF path under the file's stem.
+        assert plan.model.entry is not None
+        return PurePosixPath(plan.model.entry).stem
+
+    @staticmethod
+    def args(plan: LaunchPlan) -> tuple[str, ...]:
+        lim = plan.limits
+        argv = ["serve", "-m", plan.model.entry_path, "--host", plan.host, "--port", str(plan.port)]
+        argv += ["--dtype", str(lim.dtype), "--max-seqs", str(lim.max_seqs)]
+        argv += ["--max-seq-len", str(lim.max_seq_len)]
+        argv += ["--max-num-batched-tokens", str(lim.max_num_batched_tokens)]
+        argv += ["--kv-cache-tokens", str(lim.kv_cache_tokens)]
+        if lim.seed is not None:
+            argv += ["--seed", str(lim.seed)]
+        return tuple(argv)
+
+
+class _MistralRsRenderer:
+    """``mistralrs serve`` with the pinned flag set: plain bundles by directory."""
+
+    @staticmethod
+    def check(plan: LaunchPlan) -> None:
+        m, lim = plan.model, plan.limits
+        _require(
+            m.format is ModelFormat.PLAIN and m.entry is None,
+            "the pinned mistralrs flag set serves a plain bundle directory (no entry)",
+        )
+        _require(lim.max_batch_size is not None, "limits.max_batch_size must be explicit")
+        for name in ("max_num_batched_tokens", "kv_cache_tokens", "dtype", "seed"):
+            _require(
+                getattr(lim, name) is None, f"limits.{name} is not in the pinned mistralrs flag set"
+            )
+        # Only CPU can be forced by flag; any other device comes from the binary's build,
+        # so the plan must say which build it pinned rather than hope for auto-selection.
+        _require(
+            lim.device is plan.engine.build or lim.device is Device.CPU,
+            "limits.device must be cpu or match engine.build",
+        )
+
+    @staticmethod
+    def route(plan: LaunchPlan) -> str:
+        return plan.model.local_dir
+
+    @staticmethod
+    def args(plan: LaunchPlan) -> tuple[str, ...]:
+        lim = plan.limits
+        argv = ["serve", "--model-id", plan.model.local_dir, "--format", str(plan.model.format)]
+        argv += ["--host", plan.host, "--port", str(plan.port), "--no-ui"]
+        if plan.access_log is AccessLog.JSON:
+            argv += ["--access-log-format", "json"]
+        argv += ["--max-seqs", str(lim.max_seqs), "--max-seq-len", str(lim.max_seq_len)]
+        argv += ["--max-batch-size", str(lim.max_batch_size)]
+        argv += ["--paged-attn", str(lim.paged_attention)]
+        argv += ["--prefix-cache-n", str(lim.prefix_cache_n)]
+        argv += ["--max-num-images", str(lim.max_num_images)]
+        argv += ["--max-edge", str(lim.max_image_edge)]
+        if lim.device is Device.CPU:
+            argv.append("--cpu")
+        return tuple(argv)
+
+
+_RENDERERS: dict[EngineKind, type[_InferdRenderer] | type[_MistralRsRenderer]] = {
+    EngineKind.INFERD: _InferdRenderer,
+    EngineKind.MISTRALRS: _MistralRsRenderer,
+}
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise PlanError(message)
+
+
+def _require_digest(name: str, value: str) -> None:
+    if not is_sha256(value):
+        raise PlanError(f"{name} must be a lowercase 64-hex sha256, got {value!r}")
+
+
+def _require_int(name: str, value: object, *, minimum: int) -> None:
+    # bool is an int subclass; True as a port or a limit is always a mistake.
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise PlanError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _is_revision(value: str) -> bool:
+    return bool(_COMMIT.fullmatch(value)) or (
+        value.startswith("sha256:") and is_sha256(value.removeprefix("sha256:"))
+    )
+
+
+def _check_local_dir(value: str, digest: str) -> None:
+    path = PurePosixPath(value)
+    if not path.is_absolute() or path.as_posix() != value or ".." in path.parts:
+        raise PlanError(f"model.local_dir {value!r} must be an absolute, normalized path")
+    if path.name != digest:
+        raise PlanError(f"model.local_dir {value!r} must be named by its bundle digest")
+
+
+def _check_entry(value: str) -> None:
+    path = PurePosixPath(value)
+    if len(path.parts) != 1 or value in (".", "..") or path.as_posix() != value:
+        raise PlanError(f"model.entry {value!r} must be one file name inside the bundle")
+
+
+def _check_host(host: str, allow_non_loopback: bool) -> None:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        # A name can resolve anywhere, and differently tomorrow; bind to an address.
+        raise PlanError(f"host must be an IP address, got {host!r}") from None
+    if not address.is_loopback and not allow_non_loopback:
+        raise PlanError(f"host {host} is not loopback; set allow_non_loopback to bind it")
+
+
+def _check_arg(arg: str) -> None:
+    if not arg or _SHELL_SHAPED.search(arg):
+        raise PlanError(f"launch argument {arg!r} is empty, whitespace-split or shell-shaped")

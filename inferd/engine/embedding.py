@@ -1,0 +1,252 @@
+"""EmbeddingModel: a sentence-embedding model (a BERT encoder + pooling) ready to serve.
+
+Texts are tokenized with the model's ``tokenizer.json``; token-id inputs are taken as given.
+A batch is sorted by length and run in sub-batches padded to their longest member, so one
+long input does not make every short one pay for its padding. Forward passes run on the
+model's own worker thread, one at a time, never on the event loop.
+
+Pooling follows the sentence-transformers files beside the weights: ``modules.json`` names a
+Pooling module (its ``config.json`` says cls / mean / max / mean-sqrt-len / last-token) and
+whether a Normalize module follows. Without those files: mean pooling, then L2 normalization.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from inferd.engine.builder import ModelSource
+from inferd.models.bert import BertConfig, BertModel, load_bert
+
+log = logging.getLogger(__name__)
+
+POOLING_MODES = ("cls_token", "max_tokens", "mean_tokens", "mean_sqrt_len_tokens", "lasttoken")
+SUB_BATCH = 32  # sequences per forward pass
+
+
+class EmbeddingInputError(ValueError):
+    """An input this model cannot embed; ``param`` names the offending request field."""
+
+    def __init__(self, message: str, param: str = "input", code: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class Pooling:
+    modes: tuple[str, ...] = ("mean_tokens",)  # concatenated in this order
+    normalize: bool = True
+
+    @classmethod
+    def from_directory(cls, directory: Path) -> Pooling:
+        modules_file = directory / "modules.json"
+        if not modules_file.is_file():
+            return cls()
+        modules = json.loads(modules_file.read_text())
+        kinds = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules}
+        normalize = "Normalize" in kinds
+        pool = kinds.get("Pooling")
+        if pool is None:
+            return cls(normalize=normalize)
+        cfg = json.loads((directory / pool.get("path", "") / "config.json").read_text())
+        modes = tuple(m for m in POOLING_MODES if cfg.get(f"pooling_mode_{m}"))
+        unsupported = [
+            k.removeprefix("pooling_mode_")
+            for k, v in cfg.items()
+            if k.startswith("pooling_mode_")
+            and v
+            and k.removeprefix("pooling_mode_") not in POOLING_MODES
+        ]
+        if unsupported:
+            raise ValueError(f"pooling mode {', '.join(unsupported)} is not supported")
+        if not modes:
+            raise ValueError(f"{directory / pool.get('path', '')}: no pooling mode is enabled")
+        return cls(modes=modes, normalize=normalize)
+
+    def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """[B, T, H] hidden states and [B, T] mask -> [B, H * len(modes)]."""
+        m = mask.to(hidden.dtype).unsqueeze(-1)  # [B, T, 1]
+        lengths = m.sum(1).clamp(min=1)  # [B, 1]
+        parts = []
+        for mode in self.modes:
+            if mode == "cls_token":
+                parts.append(hidden[:, 0])
+            elif mode == "max_tokens":
+                parts.append(hidden.masked_fill(m == 0, float("-inf")).amax(1))
+            elif mode == "mean_tokens":
+                parts.append((hidden * m).sum(1) / lengths)
+            elif mode == "mean_sqrt_len_tokens":
+                parts.append((hidden * m).sum(1) / lengths.sqrt())
+            else:  # lasttoken: the last non-padding position
+                last = mask.sum(1).long() - 1
+                parts.append(hidden[torch.arange(hidden.shape[0]), last])
+        pooled = torch.cat(parts, dim=-1)
+        return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
+
+
+@dataclass(eq=False)
+class EmbeddingModel:
+    """A loaded embedding model. ``embed`` is synchronous; ``embed_async`` runs it on the
+    model's worker thread. Both take token-id sequences (see ``tokenize``)."""
+
+    kind: ClassVar[str] = "embedding"
+    modalities: ClassVar[dict[str, list[str]]] = {"input": ["text"], "output": ["embedding"]}
+
+    source: ModelSource
+    config: BertConfig
+    model: BertModel
+    tokenizer: Any  # tokenizers.Tokenizer, truncation and padding off
+    pooling: Pooling
+    dtype: torch.dtype
+    created: int = field(default_factory=lambda: int(time.time()))
+    max_input_tokens: int | None = None  # None: the model's position count
+    sub_batch: int = SUB_BATCH
+    _worker: ThreadPoolExecutor = field(init=False, repr=False)
+    _in_flight: int = field(default=0, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _closed: bool = field(default=False, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="inferd-embed")
+
+    @property
+    def id(self) -> str:
+        return self.source.name
+
+    @property
+    def max_model_len(self) -> int:
+        """The most tokens (special tokens included) one input may have."""
+        return self.max_input_tokens or self.config.max_position
+
+    @property
+    def dimensions(self) -> int:
+        return self.config.hidden_size * len(self.pooling.modes)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.vocab_size
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def tokenize(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids with the model's special tokens ([CLS] ... [SEP] for BERT)."""
+        return [e.ids for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=True)]
+
+    def check(self, inputs: Sequence[Sequence[int]]) -> None:
+        """EmbeddingInputError naming the first input that is empty, too long or out of vocab."""
+        limit = self.max_model_len
+        for i, ids in enumerate(inputs):
+            where = "input" if len(inputs) == 1 else f"input[{i}]"
+            if not ids:
+                raise EmbeddingInputError(f"{where} is empty; send at least one token")
+            if len(ids) > limit:
+                raise EmbeddingInputError(
+                    f"{where} has {len(ids)} tokens, but {self.id} takes at most {limit} "
+                    f"tokens per input (special tokens included); shorten or split it",
+                    code="context_length_exceeded",
+                )
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                raise EmbeddingInputError(
+                    f"{where} holds token id {bad}, outside this model's vocabulary "
+                    f"[0, {self.vocab_size})"
+                )
+
+    def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One vector per input, in input order."""
+        self.check(inputs)
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
+        out: list[list[float]] = [[] for _ in inputs]
+        with torch.inference_mode():
+            for start in range(0, len(order), self.sub_batch):
+                chunk = order[start : start + self.sub_batch]
+                vectors = self._forward([inputs[i] for i in chunk])
+                for i, vec in zip(chunk, vectors, strict=True):
+                    out[i] = vec
+        return out
+
+    async def embed_async(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"the embedding model {self.id} is shut down")
+            self._in_flight += 1
+        try:
+            loop = asyncio.get_running_loop()
+            return await loop.run_in_executor(self._worker, self.embed, inputs)
+        finally:
+            with self._lock:
+                self._in_flight -= 1
+
+    def _forward(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
+        longest = max(len(ids) for ids in batch)
+        pad = self.config.pad_token_id
+        ids = torch.full((len(batch), longest), pad, dtype=torch.long)
+        mask = torch.zeros((len(batch), longest), dtype=torch.long)
+        for row, seq in enumerate(batch):
+            ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[row, : len(seq)] = 1
+        hidden = self.model(ids, mask)  # [B, T, H]
+        pooled = self.pooling(hidden.float(), mask)
+        rows: list[list[float]] = pooled.tolist()
+        return rows
+
+    def shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._worker.shutdown(wait=True)
+
+
+def is_embedding_directory(path: Path) -> bool:
+    """Whether ``path`` looks like a sentence-embedding model directory we can load."""
+    cfg = path / "config.json"
+    if not path.is_dir() or not cfg.is_file():
+        return False
+    try:
+        data = json.loads(cfg.read_text())
+    except ValueError:
+        return False
+    archs = data.get("architectures") or []
+    return data.get("model_type") == "bert" or "BertModel" in archs
+
+
+def load_embedding_model(source: ModelSource, dtype: str = "auto") -> EmbeddingModel:
+    """Load the embedding model in directory ``source.path``; ``dtype`` auto means float32 (the
+    model is small, and float32 keeps vectors equal to the reference implementation's)."""
+    from tokenizers import Tokenizer
+
+    started = time.perf_counter()
+    path = source.path
+    if not is_embedding_directory(path):
+        raise ValueError(f"{path}: not an embedding model directory (a BERT config.json)")
+    torch_dtype = {"auto": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    tok_file = path / "tokenizer.json"
+    if not tok_file.is_file():
+        raise ValueError(f"{path}: no tokenizer.json beside the weights")
+    tokenizer = Tokenizer.from_file(str(tok_file))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    model = load_bert(path, torch_dtype)
+    pooling = Pooling.from_directory(path)
+    log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
+    return EmbeddingModel(
+        source=source,
+        config=model.config,
+        model=model,
+        tokenizer=tokenizer,
+        pooling=pooling,
+        dtype=torch_dtype,
+    )

@@ -1,0 +1,78 @@
+"""Where each of our parameters lives in a Hugging Face checkpoint, in both directions.
+
+Our decoder fuses q/k/v into ``qkv_proj`` and gate/up into ``gate_up_proj``; most checkpoints
+keep them apart (Phi-3 fuses them as we do). A plan entry lists the checkpoint tensors that are
+concatenated, in order along the first dimension, into one of our parameters, with the number of
+rows each contributes, so that ``convert`` can split them back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferd.models.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    name: str  # the checkpoint's tensor name
+    rows: int  # rows it contributes along dim 0
+
+
+Plan = dict[str, tuple[Part, ...]]  # our parameter name -> its parts
+
+
+def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
+    """The layout of ``cfg``'s architecture; ``lm_head`` is absent when embeddings are tied."""
+    h, q = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+    kv, ff = cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    fused = cfg.architecture == "phi3"
+    gemma = cfg.architecture == "gemma2"
+
+    def one(name: str, rows: int) -> tuple[Part, ...]:
+        return (Part(name, rows),)
+
+    plan: Plan = {
+        "embed_tokens.weight": one(prefix + "embed_tokens.weight", cfg.vocab_size),
+        "norm.weight": one(prefix + "norm.weight", h),
+    }
+    if not cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = one("lm_head.weight", cfg.vocab_size)
+    for i in range(cfg.num_layers):
+        src, dst = f"{prefix}layers.{i}.", f"layers.{i}."
+        att, mlp = src + "self_attn.", src + "mlp."
+        plan[dst + "input_norm.weight"] = one(src + "input_layernorm.weight", h)
+        plan[dst + "post_attention_norm.weight"] = one(src + "post_attention_layernorm.weight", h)
+        if gemma:
+            plan[dst + "pre_feedforward_norm.weight"] = one(
+                src + "pre_feedforward_layernorm.weight", h
+            )
+            plan[dst + "post_feedforward_norm.weight"] = one(
+                src + "post_feedforward_layernorm.weight", h
+            )
+        if fused:
+            plan[dst + "self_attn.qkv_proj.weight"] = one(att + "qkv_proj.weight", q + 2 * kv)
+            plan[dst + "mlp.gate_up_proj.weight"] = one(mlp + "gate_up_proj.weight", 2 * ff)
+        else:
+            plan[dst + "self_attn.qkv_proj.weight"] = tuple(
+                Part(att + f"{p}_proj.weight", n) for p, n in (("q", q), ("k", kv), ("v", kv))
+            )
+            plan[dst + "mlp.gate_up_proj.weight"] = (
+                Part(mlp + "gate_proj.weight", ff),
+                Part(mlp + "up_proj.weight", ff),
+            )
+        if cfg.attention_bias:
+            plan[dst + "self_attn.qkv_proj.bias"] = tuple(
+                Part(att + f"{p}_proj.bias", n) for p, n in (("q", q), ("k", kv), ("v", kv))
+            )
+        if cfg.qk_norm:
+            plan[dst + "self_attn.q_norm.weight"] = one(att + "q_norm.weight", cfg.head_dim)
+            plan[dst + "self_attn.k_norm.weight"] = one(att + "k_norm.weight", cfg.head_dim)
+        plan[dst + "self_attn.o_proj.weight"] = one(att + "o_proj.weight", h)
+        plan[dst + "mlp.down_proj.weight"] = one(mlp + "down_proj.weight", h)
+    return plan
+
+
+def checkpoint_prefix(names: set[str]) -> str:
+    """``model.`` for transformers' CausalLM checkpoints; empty for bare base models."""
+    return "" if "embed_tokens.weight" in names else "model."

@@ -1,0 +1,108 @@
+"""Build a decoder without memory, then fill it one weight at a time (GGUF or safetensors).
+
+The model is first built on the ``meta`` device; each parameter becomes real only when its
+weight arrives, so a load never holds more than the model plus one source tensor. Under ISQ a
+projection's dense weight is quantized as soon as it is read and then dropped (or, with weights
+from the store, never read at all), so the quantized model is never dense in memory as a whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from inferd.layers.linear import Linear, PackedKind
+from inferd.layers.rotary import RotaryEmbedding
+from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.llama import LlamaForCausalLM
+from inferd.quantize import Isq
+
+
+def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
+    if cfg.architecture == "gemma2":
+        from inferd.models.gemma import Gemma2ForCausalLM
+
+        return Gemma2ForCausalLM
+    return LlamaForCausalLM
+
+
+def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) -> LlamaForCausalLM:
+    """The model with every parameter on ``meta`` (in ``dtype``) and real rotary tables."""
+    with torch.device("meta"):
+        rotary = RotaryEmbedding(cfg.rotary_size, 1, inv_freq.to("meta"))
+        model = model_class(cfg)(cfg, rotary).to(dtype)
+    model.rotary = RotaryEmbedding(cfg.rotary_size, cfg.max_position, inv_freq)
+    return model
+
+
+@dataclass(frozen=True, slots=True)
+class WeightSource:
+    """One parameter to fill: how to read it (float32) and, for the small-batch int4/int8
+    copy in bf16, which packing keeps it exact."""
+
+    target: str  # our parameter name
+    read: Callable[[], torch.Tensor]
+    pack_kind: PackedKind = PackedKind.INT8
+
+
+def fill(
+    model: LlamaForCausalLM,
+    sources: Iterable[WeightSource],
+    dtype: torch.dtype,
+    *,
+    total: int,
+    packed_kernels: bool = True,
+    isq: Isq | None = None,
+    progress: bool = True,
+) -> None:
+    """Fill ``model`` from ``sources``; every parameter must be covered."""
+    cfg = model.config
+    pack = packed_kernels and dtype == torch.bfloat16
+    bar = tqdm(total=total, desc="load weights", unit="tensor", disable=not progress)
+    with torch.no_grad(), bar:
+        for src in sources:
+            module_name, _, param = src.target.rpartition(".")
+            layer = model.get_submodule(module_name)
+            tied_head = module_name == "lm_head" and cfg.tie_word_embeddings
+            quantize = (
+                isq is not None and param == "weight" and isq.applies(module_name, layer, tied_head)
+            )
+            if quantize and isq is not None and module_name in isq.stored:
+                assert isinstance(layer, Linear)
+                isq.apply(module_name, layer, None)  # the store has it: skip the source
+                bar.update(1)
+                continue
+            if tied_head:  # the embedding, already loaded; maybe a packed copy for decode
+                model.lm_head.weight = model.embed_tokens.weight
+                if pack:
+                    model.lm_head.pack(src.pack_kind, source=src.read())
+                bar.update(1)
+                continue
+            weight = src.read()
+            _set(layer, param, weight, dtype)
+            if quantize and isq is not None:
+                assert isinstance(layer, Linear)
+                isq.apply(module_name, layer, weight)
+            elif pack and param == "weight" and isinstance(layer, Linear):
+                layer.pack(src.pack_kind, source=weight)
+            bar.update(1)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    missing = [n for n, p in model.named_parameters() if p.is_meta]
+    if missing:
+        raise ModelConfigError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
+    model.eval().requires_grad_(False)
+
+
+def _set(module: nn.Module, name: str, value: torch.Tensor, dtype: torch.dtype) -> None:
+    current = getattr(module, name)
+    if tuple(current.shape) != tuple(value.shape):
+        raise ModelConfigError(
+            f"weight {name} of {type(module).__name__} has shape {tuple(value.shape)}, "
+            f"expected {tuple(current.shape)}"
+        )
+    setattr(module, name, nn.Parameter(value.to(dtype), requires_grad=False))

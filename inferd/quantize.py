@@ -1,0 +1,287 @@
+"""In-situ quantization (``--isq q8|q4``) and quantized models kept in the store.
+
+ISQ turns every projection of the decoder (q/k/v, o, gate/up, down) into a weight-only low-bit
+``Linear`` that serves every batch from its packed kernel and drops the dense weight, so the
+model takes about a quarter (q8) or an eighth (q4) of its float32 size in those layers:
+
+- ``q8``: int8, symmetric, one scale per output row (``torch._weight_int8pack_mm``);
+- ``q4``: int4, affine in groups of 32 input columns, ``w = q * scale + min`` with q in 0..15
+  (``torch._weight_int4pack_mm_for_cpu``); rows whose width is not a multiple of 32 use q8.
+
+The output projection (``lm_head``) uses q8 under both methods when it has its own weight (it
+is the most sensitive matrix, as llama.cpp's mixes also keep it wider); when it is tied to the
+embedding it stays dense and shared, which costs no memory. Embeddings and norms stay dense.
+
+``inferd quantize`` writes the quantized weights to the store under
+``$INFERD_HOME/quantized/<name>/`` (``model.safetensors`` with portable integer tensors, plus
+``manifest.json`` naming the source digest, the method and the group size). Loading a model
+with ``--isq`` looks there first, so a restart reads the packed weights instead of quantizing
+again; the source is still needed for the tokenizer, the chat template and the unquantized rest.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from inferd.layers.linear import INT4_GROUP, Linear, PackedKind
+from inferd.store import default_home, sha256_file
+
+log = logging.getLogger(__name__)
+
+ISQ_METHODS: dict[str, PackedKind] = {"q8": PackedKind.INT8, "q4": PackedKind.INT4}
+MANIFEST_NAME = "manifest.json"
+WEIGHTS_NAME = "model.safetensors"
+FORMAT = "inferd-isq/1"
+
+
+class QuantizeError(ValueError):
+    """A quantization request or a stored quantized model that cannot be used."""
+
+
+def isq_kind(method: str) -> PackedKind:
+    try:
+        return ISQ_METHODS[method]
+    except KeyError:
+        raise QuantizeError(
+            f"unknown in-situ quantization {method!r}; choose {', '.join(ISQ_METHODS)}"
+        ) from None
+
+
+# --- one weight ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedWeight:
+    """A weight in portable integer form (what the store keeps).
+
+    INT8: ``q`` int8 [out, in], ``scale`` float32 [out], ``zero`` None.
+    INT4: ``q`` uint8 [out, in / 2] (two 4-bit values a byte, low nibble first),
+    ``scale`` and ``zero`` (the group minimum) float32 [out, in / 32].
+    """
+
+    kind: PackedKind
+    q: torch.Tensor
+    scale: torch.Tensor
+    zero: torch.Tensor | None = None
+
+    def kernel_tensors(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The tensors ``Linear.use_packed_only`` takes, for activations of ``dtype``."""
+        if self.kind is PackedKind.INT8:
+            return self.q, self.scale.to(dtype)
+        assert self.zero is not None
+        nibbles = torch.stack((self.q & 0xF, self.q >> 4), dim=-1).reshape(self.q.shape[0], -1)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles.to(torch.int32), 1)
+        # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
+        scales_and_zeros = torch.stack([self.scale, self.zero + 8 * self.scale], dim=-1)
+        return packed, scales_and_zeros.transpose(0, 1).contiguous().to(dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        if self.kind is PackedKind.INT8:
+            return self.q.float() * self.scale[:, None]
+        assert self.zero is not None
+        nibbles = torch.stack((self.q & 0xF, self.q >> 4), dim=-1).reshape(self.q.shape[0], -1)
+        groups = nibbles.float().reshape(nibbles.shape[0], -1, INT4_GROUP)
+        w = groups * self.scale[..., None] + self.zero[..., None]
+        return w.reshape(nibbles.shape[0], -1)
+
+
+def quantize_weight(w: torch.Tensor, kind: PackedKind) -> QuantizedWeight:
+    """[out, in] float weight -> integer form (int4 falls back to int8 for odd widths).
+
+    The arithmetic of ``linear.pack_int4`` / ``pack_int8``: int4 groups span their own
+    [min, max], which re-quantizes weights that came from 4-bit groups of 32 (GGML Q4_0/Q4_1)
+    almost without loss; int8 is symmetric per row.
+    """
+    w = w.float()
+    tiny = torch.finfo(torch.float32).tiny
+    if kind is PackedKind.INT4 and w.shape[1] % INT4_GROUP == 0:
+        out_f, in_f = w.shape
+        groups = w.reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
+        lo, hi = groups.amin(-1), groups.amax(-1)
+        scale = ((hi - lo) / 15).clamp(min=tiny)
+        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
+        q = q.reshape(out_f, in_f // 2, 2)
+        return QuantizedWeight(PackedKind.INT4, q[..., 0] | (q[..., 1] << 4), scale, lo)
+    scale = (w.abs().amax(dim=1) / 127).clamp(min=tiny)
+    q8 = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    return QuantizedWeight(PackedKind.INT8, q8, scale)
+
+
+def install(layer: Linear, weight: QuantizedWeight) -> None:
+    """Make ``layer`` serve every batch from ``weight``; its dense weight is dropped."""
+    if weight.q.shape[0] != layer.out_features:
+        raise QuantizeError(f"quantized weight has {weight.q.shape[0]} rows, expected {layer}")
+    packed, scales = weight.kernel_tensors(torch.bfloat16)  # the kernels' fast dtype
+    layer.use_packed_only(weight.kind, packed, scales)
+
+
+# --- which layers, and the policy -----------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Isq:
+    """An ISQ request while a model loads: the method, and weights already quantized (from the
+    store) by module name. With ``collect``, ``quantized`` keeps every quantized weight (for
+    ``save_quantized``); otherwise only the kernels' copies stay in memory."""
+
+    method: str
+    stored: Mapping[str, QuantizedWeight] = field(default_factory=dict)
+    collect: bool = False
+    quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> PackedKind:
+        return isq_kind(self.method)
+
+    def kind_for(self, module: str) -> PackedKind:
+        return PackedKind.INT8 if module == "lm_head" else self.kind
+
+    def applies(self, module: str, layer: object, tied: bool) -> bool:
+        """Every decoder projection, and lm_head unless it is the (dense) embedding."""
+        return isinstance(layer, Linear) and not (module == "lm_head" and tied)
+
+    def apply(self, module: str, layer: Linear, source: torch.Tensor | None) -> None:
+        """Install the stored weight, else quantize ``source`` (float32, before any rounding)."""
+        weight = self.stored.get(module)
+        if weight is None:
+            if source is None:
+                raise QuantizeError(f"no weight for {module}")
+            weight = quantize_weight(source, self.kind_for(module))
+        if self.collect:
+            self.quantized[module] = weight
+        install(layer, weight)
+
+
+def linear_modules(model: torch.nn.Module) -> Iterator[tuple[str, Linear]]:
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            yield name, module
+
+
+# --- the store ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QuantizedManifest:
+    format: str
+    name: str
+    source_name: str
+    source_digest: str
+    method: str
+    group_size: int
+    architecture: str
+    files: dict[str, str]  # relpath -> sha256
+    created: float
+
+
+def quantized_home(home: Path | None = None) -> Path:
+    return (home or default_home()) / "quantized"
+
+
+def entry_name(source_name: str, method: str) -> str:
+    safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in source_name)
+    return f"{safe}-{method}"
+
+
+def list_quantized(home: Path | None = None) -> list[tuple[Path, QuantizedManifest]]:
+    root = quantized_home(home)
+    out = []
+    for manifest in sorted(root.glob(f"*/{MANIFEST_NAME}")) if root.is_dir() else []:
+        try:
+            out.append((manifest.parent, QuantizedManifest(**json.loads(manifest.read_text()))))
+        except (OSError, ValueError, TypeError):
+            log.warning("ignoring unreadable quantized manifest %s", manifest)
+    return out
+
+
+def find_quantized(
+    source_digest: str, method: str, home: Path | None = None
+) -> tuple[Path, QuantizedManifest] | None:
+    for path, manifest in list_quantized(home):
+        if manifest.source_digest == source_digest and manifest.method == method:
+            return path, manifest
+    return None
+
+
+def save_quantized(
+    weights: Mapping[str, QuantizedWeight],
+    *,
+    source_name: str,
+    source_digest: str,
+    method: str,
+    architecture: str,
+    home: Path | None = None,
+) -> tuple[Path, QuantizedManifest]:
+    """Write ``weights`` (module name -> quantized weight) into the store; returns the entry."""
+    from safetensors.torch import save_file
+
+    name = entry_name(source_name, method)
+    folder = quantized_home(home) / name
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for module, w in weights.items():
+        tensors[f"{module}.q"] = w.q.contiguous()
+        tensors[f"{module}.scale"] = w.scale.contiguous()
+        if w.zero is not None:
+            tensors[f"{module}.zero"] = w.zero.contiguous()
+    tmp = folder / (WEIGHTS_NAME + ".tmp")
+    kinds = {m: w.kind.value for m, w in weights.items()}
+    save_file(tensors, str(tmp), metadata={"format": FORMAT, "kinds": json.dumps(kinds)})
+    os.replace(tmp, folder / WEIGHTS_NAME)
+    manifest = QuantizedManifest(
+        format=FORMAT,
+        name=name,
+        source_name=source_name,
+        source_digest=source_digest,
+        method=method,
+        group_size=INT4_GROUP if isq_kind(method) is PackedKind.INT4 else 0,
+        architecture=architecture,
+        files={WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)},
+        created=time.time(),
+    )
+    text = json.dumps(asdict(manifest), indent=2)
+    (folder / (MANIFEST_NAME + ".tmp")).write_text(text)
+    os.replace(folder / (MANIFEST_NAME + ".tmp"), folder / MANIFEST_NAME)
+    return folder, manifest
+
+
+def load_quantized(folder: Path, manifest: QuantizedManifest) -> dict[str, QuantizedWeight]:
+    """The stored weights, digest-verified."""
+    from safetensors import safe_open
+
+    if manifest.format != FORMAT:
+        raise QuantizeError(f"{folder}: unknown quantized format {manifest.format!r}")
+    for rel, digest in manifest.files.items():
+        path = folder / rel
+        if not path.is_file() or sha256_file(path) != digest:
+            raise QuantizeError(f"{path}: missing or its sha256 does not match the manifest")
+    with safe_open(str(folder / WEIGHTS_NAME), framework="pt") as f:
+        kinds: dict[str, str] = json.loads((f.metadata() or {})["kinds"])
+        out = {}
+        for module, kind in kinds.items():
+            zero = f.get_tensor(f"{module}.zero") if kind == PackedKind.INT4.value else None
+            out[module] = QuantizedWeight(
+                PackedKind(kind), f.get_tensor(f"{module}.q"), f.get_tensor(f"{module}.scale"), zero
+            )
+    return out
+
+
+def isq_for(method: str | None, source_digest: str, home: Path | None = None) -> Isq | None:
+    """The ISQ request for a load: with the stored weights when the store has them."""
+    if method is None:
+        return None
+    isq_kind(method)  # validate
+    found = find_quantized(source_digest, method, home)
+    if found is None:
+        return Isq(method)
+    folder, manifest = found
+    log.info("using quantized weights from %s (%s)", folder, method)
+    return Isq(method, stored=load_quantized(folder, manifest))

@@ -1,0 +1,275 @@
+"""Anthropic's Messages API: POST /v1/messages (JSON or SSE) and /v1/messages/count_tokens.
+
+Every error on these routes answers in Anthropic's envelope,
+``{"type": "error", "error": {"type", "message"}}``. A streamed message sends the named events in
+the order the SDK requires: message_start, content_block_start, ping, content_block_delta...,
+content_block_stop, message_delta, message_stop. A final assistant message is a prefill: the
+reply continues it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from inferd.engine.builder import ServedModel
+from inferd.engine.outputs import RequestOutput
+from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.loaders.chat_template import ChatTemplateError
+from inferd.server import sse
+from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
+from inferd.server.envelope import error_body, error_response
+from inferd.server.errors import APIError, bad_request
+from inferd.server.generation import (
+    ENGINE_ERRORS,
+    SSE_HEADERS,
+    admit,
+    collect,
+    engine_error,
+    start,
+)
+from inferd.server.protocol import parse_body
+from inferd.server.state import ServerState
+
+_NON_TEXT_BLOCKS = (
+    "image",
+    "document",
+    "tool_use",
+    "tool_result",
+    "server_tool_use",
+    "web_search_tool_result",
+    "thinking",
+    "redacted_thinking",
+    "search_result",
+    "container_upload",
+)
+
+
+async def create_message(request: Request) -> Response:
+    try:
+        return await _create_message(request)
+    except APIError as err:
+        return _error(request, err)
+
+
+async def count_tokens(request: Request) -> Response:
+    try:
+        state: ServerState = request.app.state.inferd
+        body = parse_body(await request.body(), CountTokensRequest)
+        model = state.resolve_model(body.model)
+        prompt = await _prompt(model, body)
+        return JSONResponse({"input_tokens": len(prompt)})
+    except APIError as err:
+        return _error(request, err)
+
+
+def _error(request: Request, err: APIError) -> Response:
+    return error_response(request.scope, err.status, err.message, headers=err.headers)
+
+
+async def _create_message(request: Request) -> Response:
+    state: ServerState = request.app.state.inferd
+    body = parse_body(await request.body(), MessagesRequest)
+    model = state.resolve_model(body.model)
+    prompt = await _prompt(model, body)
+    params = _sampling_params(body, model)
+    admit(model, len(prompt), params, "messages")
+    message: dict[str, Any] = {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": model.id,
+    }
+    if body.max_tokens == 0:
+        return _empty_message(message, len(prompt), body.stream)
+    streams = start(model, request.state.request_id, [(prompt, params)])
+    if body.stream:
+        stream = _stream(request, message, streams[0], len(prompt), state.keepalive_seconds)
+        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+    gens = await collect(request, streams)
+    if gens is None:
+        return Response(status_code=499)
+    (gen,) = gens
+    reason, sequence = _stop(gen.final)
+    message |= {
+        "content": [{"type": "text", "text": gen.text}],
+        "stop_reason": reason,
+        "stop_sequence": sequence,
+        "usage": {"input_tokens": len(prompt), "output_tokens": gen.final.num_output_tokens},
+    }
+    return JSONResponse(message)
+
+
+def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool) -> Response:
+    """max_tokens 0 (a cache warm-up for Anthropic): nothing is generated."""
+    usage = {"input_tokens": num_prompt_tokens, "output_tokens": 0}
+    message = message | {"content": [], "stop_reason": None, "stop_sequence": None}
+    if not stream:
+        message |= {"stop_reason": "max_tokens", "usage": usage}
+        return JSONResponse(message)
+    events = [
+        _event("message_start", {"message": message | {"usage": usage}}),
+        _event("ping", {}),
+        _event(
+            "message_delta",
+            {"delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage},
+        ),
+        _event("message_stop", {}),
+    ]
+    return Response(b"".join(events), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+def _reject_unsupported(body: _Prompted) -> None:
+    if body.tools:
+        raise bad_request("tools: tool use is not supported by this server", "tools")
+    choice = body.tool_choice
+    if choice is not None and not (isinstance(choice, dict) and choice.get("type") == "none"):
+        raise bad_request("tool_choice: tool use is not supported by this server", "tool_choice")
+    if body.thinking is not None and body.thinking.get("type") != "disabled":
+        raise bad_request("thinking: extended thinking is not supported by this server", "thinking")
+    if body.mcp_servers:
+        raise bad_request("mcp_servers: MCP is not supported by this server", "mcp_servers")
+    if body.output_config is not None and body.output_config.get("format") is not None:
+        raise bad_request(
+            "output_config.format: structured output is not supported yet",
+            "output_config.format",
+        )
+
+
+async def _prompt(model: ServedModel, body: _Prompted) -> list[int]:
+    """Token ids of the conversation, ending in the assistant's turn (or its prefill)."""
+    _reject_unsupported(body)
+    messages: list[dict[str, Any]] = []
+    if body.system is not None:
+        system = _text(body.system, "system")
+        if system:
+            messages.append({"role": "system", "content": system})
+    for i, m in enumerate(body.messages):
+        messages.append({"role": m.role, "content": _text(m.content, f"messages.{i}.content")})
+    prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
+
+    def render() -> list[int]:
+        text = model.chat_template.render(messages, add_generation_prompt=True) + prefill
+        return model.tokenizer.encode(text, add_special=True)
+
+    try:
+        return await asyncio.to_thread(render)
+    except ChatTemplateError as exc:
+        message = f"the chat template could not render these messages: {exc}"
+        raise bad_request(message, "messages") from None
+
+
+def _text(content: str | list[dict[str, Any]], param: str) -> str:
+    if isinstance(content, str):
+        return content
+    texts = []
+    for j, block in enumerate(content):
+        kind = block.get("type")
+        where = f"{param}.{j}"
+        if kind == "text":
+            text = block.get("text")
+            if not isinstance(text, str):
+                raise bad_request(f"{where}.text: must be a string", f"{where}.text")
+            texts.append(text)
+        elif kind in _NON_TEXT_BLOCKS:
+            raise bad_request(
+                f"{where}: this server takes text blocks only and cannot accept {kind} blocks",
+                where,
+            )
+        else:
+            raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
+    return "".join(texts)
+
+
+_PARAM_NAMES = {"stop": "stop_sequences"}
+
+
+def _sampling_params(body: MessagesRequest, model: ServedModel) -> SamplingParams:
+    if body.max_tokens < 0:
+        raise bad_request(f"max_tokens: must be at least 0, got {body.max_tokens}", "max_tokens")
+    if body.temperature is not None and not 0.0 <= body.temperature <= 1.0:
+        raise bad_request(
+            f"temperature: must be between 0 and 1, got {body.temperature}", "temperature"
+        )
+    try:
+        return SamplingParams(
+            max_tokens=max(1, body.max_tokens),  # 0: validated and answered without generating
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=body.top_k or 0,
+            seed=model.engine_config.seed,
+            stop=tuple(body.stop_sequences or ()),
+        )
+    except SamplingParamError as exc:
+        param = _PARAM_NAMES.get(exc.param, exc.param)
+        raise bad_request(f"{param}: {str(exc).removeprefix(exc.param).strip()}", param) from None
+
+
+def _stop(out: RequestOutput) -> tuple[str, str | None]:
+    """Anthropic's stop_reason and stop_sequence for a finished output."""
+    if out.finish_reason == "length":
+        return "max_tokens", None
+    if isinstance(out.stop_reason, str):
+        return "stop_sequence", out.stop_reason
+    return "end_turn", None
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    return sse.named_event(name, {"type": name, **payload})
+
+
+async def _stream(
+    request: Request,
+    message: dict[str, Any],
+    outputs: AsyncIterator[RequestOutput],
+    num_prompt_tokens: int,
+    keepalive: float,
+) -> AsyncIterator[bytes]:
+    def failure(status: int, text: str) -> bytes:
+        return sse.named_event("error", error_body(request.scope, status, text))
+
+    start_message = message | {
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+        "usage": {"input_tokens": num_prompt_tokens, "output_tokens": 0},
+    }
+    yield _event("message_start", {"message": start_message})
+    yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    yield _event("ping", {})
+    last: RequestOutput | None = None
+    try:
+        async for out in sse.with_heartbeat(outputs, keepalive):
+            if out is None:
+                yield _event("ping", {})
+                continue
+            if out.finish_reason in ("error", "abort"):
+                status = 500 if out.finish_reason == "error" else 503
+                yield failure(status, out.error or "the request was aborted")
+                return
+            last = out
+            if out.text:
+                delta = {"type": "text_delta", "text": out.text}
+                yield _event("content_block_delta", {"index": 0, "delta": delta})
+    except ENGINE_ERRORS as exc:
+        err = engine_error(exc)
+        yield failure(err.status, err.message)
+        return
+    if last is None:
+        yield failure(500, "the engine returned no output")
+        return
+    reason, sequence = _stop(last)
+    yield _event("content_block_stop", {"index": 0})
+    yield _event(
+        "message_delta",
+        {
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": {"output_tokens": last.num_output_tokens},
+        },
+    )
+    yield _event("message_stop", {})

@@ -1,0 +1,45 @@
+"""Request models of Anthropic's Messages API. Unknown fields are ignored.
+
+Content blocks stay plain dicts here; the route checks them one by one so that a block this
+server cannot take gets a 400 naming its exact place (``messages.2.content.1``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field
+
+from inferd.server.protocol import _Lenient
+
+
+class AnthropicMessage(_Lenient):
+    role: Literal["user", "assistant"]
+    content: str | list[dict[str, Any]]
+
+
+class _Prompted(_Lenient):
+    model: str
+    messages: list[AnthropicMessage] = Field(min_length=1)
+    system: str | list[dict[str, Any]] | None = None
+    # Known to Anthropic, not supported here: a request that uses one gets a 400 naming it.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    thinking: dict[str, Any] | None = None
+    mcp_servers: list[Any] | None = None
+    output_config: dict[str, Any] | None = None
+
+
+class MessagesRequest(_Prompted):
+    max_tokens: int
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    metadata: dict[str, Any] | None = None
+    stream: bool = False
+    service_tier: str | None = None
+
+
+class CountTokensRequest(_Prompted):
+    pass

@@ -1,0 +1,104 @@
+"""API-key authentication as ASGI middleware (--api-key, INFERD_API_KEYS).
+
+A request is let through when ``Authorization: Bearer <key>`` or ``x-api-key: <key>`` holds one
+of the configured keys. Keys are compared as SHA-256 digests with ``hmac.compare_digest``,
+against every key without stopping early, so timing reveals neither a key's length nor which
+key came close. ``/health`` stays open. Refusals are 401 in the caller's envelope.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping, Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.server.defaults import API_KEYS_ENV
+from inferd.server.envelope import app_path, error_response, header
+
+ENV_VAR = API_KEYS_ENV
+OPEN_PATHS = frozenset({"/health", "/ready"})  # probes of orchestrators carry no keys
+
+
+def keys_from_env(environ: Mapping[str, str]) -> list[str]:
+    """Comma-separated keys; blank entries are skipped, but only blanks is an error."""
+    raw = environ.get(ENV_VAR)
+    if raw is None or not raw.strip():
+        return []
+    keys = [k.strip() for k in raw.split(",") if k.strip()]
+    if not keys:
+        raise ValueError(f"{ENV_VAR} is set but holds no keys")
+    return keys
+
+
+def validate_keys(keys: Iterable[str]) -> tuple[str, ...]:
+    out = []
+    for key in keys:
+        if not key or key != key.strip():
+            raise ValueError("an API key must be non-empty with no surrounding whitespace")
+        if any(ord(c) < 0x21 or ord(c) > 0x7E for c in key):
+            raise ValueError("an API key must be printable ASCII without spaces")
+        out.append(key)
+    return tuple(dict.fromkeys(out))
+
+
+def _digest(value: str | bytes) -> bytes:
+    data = value.encode("latin-1", "replace") if isinstance(value, str) else value
+    return hashlib.sha256(data).digest()
+
+
+class AuthMiddleware:
+    def __init__(
+        self, app: ASGIApp, *, api_keys: Sequence[str], open_paths: Iterable[str] = OPEN_PATHS
+    ) -> None:
+        keys = validate_keys(api_keys)
+        if not keys:
+            raise ValueError("AuthMiddleware needs at least one API key")
+        self.app = app
+        self._digests = tuple(_digest(k) for k in keys)
+        self.open_paths = frozenset(open_paths)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or app_path(scope) in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        offered = _offered_keys(scope)
+        if not offered:
+            message = (
+                "this server requires an API key: send it as 'Authorization: Bearer <key>' "
+                "or 'x-api-key: <key>'"
+            )
+            await self._refuse(scope, receive, send, message)
+            return
+        if not self._any_valid(offered):
+            await self._refuse(scope, receive, send, "the API key is not valid for this server")
+            return
+        await self.app(scope, receive, send)
+
+    def _any_valid(self, offered: list[str]) -> bool:
+        ok = 0
+        for candidate in offered:
+            got = _digest(candidate)
+            for want in self._digests:
+                ok |= hmac.compare_digest(got, want)
+        return bool(ok)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, message: str) -> None:
+        response = error_response(
+            scope, 401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+        )
+        await response(scope, receive, send)
+
+
+def _offered_keys(scope: Scope) -> list[str]:
+    offered = []
+    authorization = header(scope, b"authorization")
+    if authorization is not None:
+        scheme, _, token = authorization.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            offered.append(token.strip())
+    api_key = header(scope, b"x-api-key")
+    if api_key is not None and api_key.strip():
+        offered.append(api_key.strip())
+    return offered

@@ -1,0 +1,12 @@
+"""Defaults of the operational settings, importable without the web stack (the CLI parser)."""
+
+from __future__ import annotations
+
+DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024
+DEFAULT_MAX_MEDIA_BYTES = 20 * 1024 * 1024
+DEFAULT_MAX_NUM_IMAGES = 8
+DEFAULT_MEDIA_FETCH_TIMEOUT = 10.0
+DEFAULT_REMOTE_MEDIA_PORTS = frozenset({80, 443})
+ACCESS_LOG_FORMATS = ("text", "json")
+API_KEYS_ENV = "INFERD_API_KEYS"

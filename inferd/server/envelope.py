@@ -1,0 +1,98 @@
+"""Errors raised by middleware, in the caller's envelope.
+
+Middleware answers before any route runs, so it decides the envelope from the request alone:
+Anthropic's ``{"type": "error", "error": {"type", "message"}}`` when the request carries an
+``anthropic-version`` header or targets ``/v1/messages``; OpenAI's
+``{"error": {"message", "type", "param", "code"}}`` otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from starlette.responses import JSONResponse
+from starlette.types import Scope
+
+from inferd.server.errors import APIError
+
+ANTHROPIC_PATHS = ("/v1/messages", "/messages")
+
+_ANTHROPIC_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    408: "timeout_error",
+    413: "request_too_large",
+    431: "request_too_large",
+    429: "rate_limit_error",
+    500: "api_error",
+    503: "overloaded_error",
+    504: "timeout_error",
+}
+
+_OPENAI_TYPES = {408: "timeout_error", 504: "timeout_error"}
+
+
+def header(scope: Mapping[str, Any], name: bytes) -> str | None:
+    """The first value of header ``name`` (lower-case bytes), or None."""
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return str(value.decode("latin-1"))
+    return None
+
+
+def app_path(scope: Mapping[str, Any]) -> str:
+    """The request path inside this app: without the prefix it is mounted under, if any."""
+    root = str(scope.get("root_path", ""))
+    path = str(scope.get("path", ""))
+    return path.removeprefix(root) if root and path.startswith(root) else path
+
+
+def wants_anthropic(scope: Scope) -> bool:
+    if header(scope, b"anthropic-version") is not None:
+        return True
+    path = app_path(scope)
+    return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
+
+
+def error_body(
+    scope: Scope, status: int, message: str, *, param: str | None = None, code: str | None = None
+) -> dict[str, Any]:
+    if wants_anthropic(scope):
+        kind = _ANTHROPIC_TYPES.get(
+            status, "api_error" if status >= 500 else "invalid_request_error"
+        )
+        return {"type": "error", "error": {"type": kind, "message": message}}
+    body = APIError(status, message, param=param, code=code).body()
+    if status in _OPENAI_TYPES:
+        body["error"]["type"] = _OPENAI_TYPES[status]
+    return body
+
+
+def error_response(
+    scope: Scope,
+    status: int,
+    message: str,
+    *,
+    param: str | None = None,
+    code: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    body = error_body(scope, status, message, param=param, code=code)
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def stream_error_event(scope: Scope, message: str, code: str, status: int = 504) -> bytes:
+    """The last SSE event of a stream that fails after its headers went out.
+
+    OpenAI-style streams get ``data: {"error": ...}`` then ``data: [DONE]``; Anthropic streams
+    get ``event: error`` (they have no [DONE]).
+    """
+    body = error_body(scope, status, message, code=code)
+    data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
+    if wants_anthropic(scope):
+        return f"event: error\ndata: {data}\n\n".encode()
+    return f"data: {data}\n\n".encode() + b"data: [DONE]\n\n"

@@ -1,0 +1,283 @@
+"""What the generating routes share: sampling parameters, admission, running n generations.
+
+A request for ``n`` choices (or several prompts) becomes independent engine requests sharing
+the prompt; ``collect`` gathers them all (aborting every one if the client leaves) and
+``interleave`` merges their output streams for SSE. Either way, leaving early aborts every
+engine request, which frees its KV blocks at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field, replace
+
+from starlette.requests import Request
+
+from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
+from inferd.engine.builder import ServedModel
+from inferd.engine.outputs import RequestOutput, TokenLogprob
+from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.server.errors import APIError, bad_request
+from inferd.server.protocol import SamplingFields
+
+MAX_N = 16  # choices per prompt
+MAX_CHOICES = 64  # choices per request, over all prompts
+LOGPROB_FLOOR = -9999.0  # JSON has no -inf
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+_MASK64 = 2**64 - 1
+
+
+def check_n(n: int | None, num_prompts: int = 1) -> int:
+    n = 1 if n is None else n
+    if not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be between 1 and {MAX_N}, got {n}", "n")
+    if n * num_prompts > MAX_CHOICES:
+        raise bad_request(
+            f"{num_prompts} prompts x n={n} asks for {n * num_prompts} choices; "
+            f"at most {MAX_CHOICES} per request",
+            "n",
+        )
+    return n
+
+
+def sampling_params(
+    body: SamplingFields,
+    model: ServedModel,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    param_names: dict[str, str] | None = None,
+) -> SamplingParams:
+    """SamplingParams from the fields chat and text completions share; 400s name the field.
+
+    ``param_names`` maps a SamplingParams field to the request field it came from.
+    """
+    names = param_names or {}
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    seed = body.seed if body.seed is not None else model.engine_config.seed
+    if seed is not None and not -(2**63) <= seed <= _MASK64:
+        raise bad_request(f"seed must be a 64-bit integer, got {seed}", "seed")
+    top_k = body.top_k or 0
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if body.temperature is None else body.temperature,
+            top_p=1.0 if body.top_p is None else body.top_p,
+            top_k=0 if top_k == -1 else top_k,  # -1: "off", as vLLM clients send it
+            min_p=body.min_p or 0.0,
+            seed=choice_seed(seed, 0),
+            stop=stop,
+            ignore_eos=body.ignore_eos,
+            presence_penalty=body.presence_penalty or 0.0,
+            frequency_penalty=body.frequency_penalty or 0.0,
+            repetition_penalty=(
+                1.0 if body.repetition_penalty is None else body.repetition_penalty
+            ),
+            logit_bias=_logit_bias(body.logit_bias, model.tokenizer.vocab_size),
+            logprobs=logprobs,
+        )
+    except SamplingParamError as exc:
+        param = names.get(exc.param, exc.param)
+        message = str(exc)
+        if param != exc.param:
+            message = param + message.removeprefix(exc.param)
+        raise bad_request(message, param) from None
+
+
+def _logit_bias(bias: dict[str, float] | None, vocab_size: int) -> tuple[tuple[int, float], ...]:
+    pairs = []
+    for key, value in (bias or {}).items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_request(
+                f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
+            ) from None
+        if not 0 <= token < vocab_size:
+            raise bad_request(
+                f"logit_bias token id {token} is outside this model's vocabulary [0, {vocab_size})",
+                "logit_bias",
+            )
+        pairs.append((token, float(value)))
+    return tuple(sorted(pairs))
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index``: the request's own for choice 0, distinct mixes after."""
+    if seed is None:
+        return None
+    if index == 0:
+        return seed % 2**63
+    x = (seed + index * 0x9E3779B97F4A7C15) & _MASK64  # splitmix64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+def for_choice(params: SamplingParams, index: int) -> SamplingParams:
+    return params if index == 0 else replace(params, seed=choice_seed(params.seed, index))
+
+
+def admit(
+    model: ServedModel, num_prompt_tokens: int, params: SamplingParams, prompt_param: str
+) -> None:
+    if num_prompt_tokens == 0:
+        raise bad_request(f"{prompt_param}: the prompt is empty after tokenization", prompt_param)
+    try:
+        model.engine.check_admission(num_prompt_tokens, params)
+    except (AdmissionError, EngineBusyError, EngineStoppedError) as exc:
+        raise engine_error(exc) from None
+
+
+def engine_error(exc: Exception) -> APIError:
+    if isinstance(exc, AdmissionError):
+        return bad_request(str(exc), exc.param, code="context_length_exceeded")
+    if isinstance(exc, EngineBusyError):
+        return APIError(503, str(exc), headers={"Retry-After": "1"})
+    return APIError(503, str(exc))
+
+
+ENGINE_ERRORS = (AdmissionError, EngineBusyError, EngineStoppedError)
+
+
+def start(
+    model: ServedModel, request_id: str, jobs: Sequence[tuple[list[int], SamplingParams]]
+) -> list[AsyncIterator[RequestOutput]]:
+    """One engine request per (prompt ids, params), admitted at once."""
+    tag = uuid.uuid4().hex[:8]
+    return [
+        model.engine.submit(prompt, params, request_id=f"{request_id}-{tag}-{i}")
+        for i, (prompt, params) in enumerate(jobs)
+    ]
+
+
+@dataclass(slots=True)
+class Generation:
+    """One engine request's outputs, accumulated."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    last: RequestOutput | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text += out.text
+        self.token_ids.extend(out.token_ids)
+        self.logprobs.extend(visible_logprobs(out))
+        self.last = out
+
+    @property
+    def final(self) -> RequestOutput:
+        assert self.last is not None
+        return self.last
+
+
+def visible_logprobs(out: RequestOutput) -> list[TokenLogprob]:
+    """An output's logprobs, less the end-of-turn / stop token that ended it (never shown)."""
+    lps = list(out.logprobs or ())
+    ended_on_token = out.finished and isinstance(out.stop_reason, int)
+    if lps and ended_on_token and out.token_ids and out.token_ids[-1] == out.stop_reason:
+        lps.pop()
+    return lps
+
+
+def raise_for_failure(out: RequestOutput) -> None:
+    if out.finish_reason == "error":
+        raise APIError(500, out.error or "the engine failed")
+    if out.finish_reason == "abort":
+        raise APIError(503, out.error or "the request was aborted")
+
+
+async def collect(
+    request: Request, streams: Sequence[AsyncIterator[RequestOutput]]
+) -> list[Generation] | None:
+    """Run every stream to the end; None when the client went away first (all aborted)."""
+
+    async def one(stream: AsyncIterator[RequestOutput]) -> Generation:
+        gen = Generation()
+        async for out in stream:
+            gen.add(out)
+        return gen
+
+    async def every() -> list[Generation]:
+        tasks = [asyncio.ensure_future(one(s)) for s in streams]
+        try:
+            return list(await asyncio.gather(*tasks))
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    task = asyncio.ensure_future(every())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=0.5)
+            if not task.done() and await request.is_disconnected():
+                return None
+    finally:  # disconnected, or this handler was cancelled (timeout): abort the generations
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    try:
+        gens = task.result()
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+    for gen in gens:
+        raise_for_failure(gen.final)
+    return gens
+
+
+async def interleave(
+    streams: Sequence[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """(stream index, output) from all streams as they come; closing it aborts them all."""
+    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                queue.put_nowait((index, out))
+        except Exception as exc:
+            queue.put_nowait((index, exc))
+        else:
+            queue.put_nowait((index, None))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, item = await queue.get()
+            if item is None:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield index, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def error_payload(exc: Exception | RequestOutput) -> dict[str, object]:
+    """The OpenAI-style body of an error that happens after a stream has started."""
+    if isinstance(exc, RequestOutput):
+        message = exc.error or "the request was aborted"
+        code = exc.finish_reason
+        kind = "server_error"
+    else:
+        err = engine_error(exc) if isinstance(exc, ENGINE_ERRORS) else APIError(500, str(exc))
+        message, code, kind = err.message, err.code, err.type
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+def token_piece(model: ServedModel, token_id: int) -> str:
+    """A token's text; a piece of a multi-byte character shows as U+FFFD (bytes are exact)."""
+    return model.tokenizer.id_to_bytes(token_id).decode("utf-8", errors="replace")
+
+
+def clamp(logprob: float) -> float:
+    return max(logprob, LOGPROB_FLOOR)

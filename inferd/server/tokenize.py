@@ -1,0 +1,85 @@
+"""POST /tokenize and /detokenize (vLLM's shapes): text or chat messages <-> token ids.
+
+``/tokenize`` takes either ``prompt`` (raw text) or ``messages`` (rendered with the model's chat
+template first, exactly as /v1/chat/completions does, so ``count`` equals that route's
+``usage.prompt_tokens``). ``return_token_strs`` adds each token's text piece.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from inferd.engine.builder import ServedModel
+from inferd.loaders.chat_template import ChatTemplateError
+from inferd.server.errors import bad_request
+from inferd.server.generation import token_piece
+from inferd.server.openai_chat import _message_dict
+from inferd.server.protocol import ChatMessage, _Lenient, parse_body
+from inferd.server.state import ServerState
+
+
+class TokenizeRequest(_Lenient):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Lenient):
+    model: str | None = None
+    tokens: list[int]
+
+
+async def tokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.inferd
+    body = parse_body(await request.body(), TokenizeRequest)
+    model = state.resolve_model(body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise bad_request("send exactly one of prompt or messages", "prompt")
+    if body.messages is not None:
+        messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+        try:
+            text = await asyncio.to_thread(
+                model.chat_template.render,
+                messages,
+                add_generation_prompt=body.add_generation_prompt,
+            )
+        except ChatTemplateError as exc:
+            message = f"the chat template could not render these messages: {exc}"
+            raise bad_request(message, "messages") from None
+    else:
+        assert body.prompt is not None
+        text = body.prompt
+    ids = model.tokenizer.encode(text, add_special=body.add_special_tokens)
+    out: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": model.engine.max_model_len,
+        "tokens": ids,
+        "token_strs": [token_piece(model, t) for t in ids] if body.return_token_strs else None,
+    }
+    return JSONResponse(out)
+
+
+async def detokenize(request: Request) -> Response:
+    state: ServerState = request.app.state.inferd
+    body = parse_body(await request.body(), DetokenizeRequest)
+    model = state.resolve_model(body.model)
+    _check_ids(body.tokens, model)
+    return JSONResponse({"prompt": model.tokenizer.decode(body.tokens)})
+
+
+def _check_ids(ids: list[int], model: ServedModel) -> None:
+    vocab = model.tokenizer.vocab_size
+    for i, token in enumerate(ids):
+        if not 0 <= token < vocab:
+            raise bad_request(
+                f"tokens.{i}: token id {token} is outside this model's vocabulary [0, {vocab})",
+                f"tokens.{i}",
+            )

@@ -1,0 +1,37 @@
+"""Flags for serving several models; no heavy imports, so `inferd --help` stays quick."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_DRAIN_TIMEOUT = 30.0
+
+
+def add_model_set_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("several models")
+    g.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="serve the models listed in FILE (JSON, or TOML when it ends in .toml) instead of -m",
+    )
+    g.add_argument(
+        "--default-model-id",
+        metavar="ID",
+        default=None,
+        help="the model that answers model 'default' or none (default: the first to load)",
+    )
+    g.add_argument(
+        "--auto-reload",
+        choices=["on", "off"],
+        default="on",
+        help="load an unloaded model when a request names it; off: 503 (default: on)",
+    )
+    g.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        metavar="SECONDS",
+        help="how long unloading waits for running requests before aborting them (default: 30)",
+    )
+    p.set_defaults(model=None)  # -m: the default model, unless --config is given

@@ -1,0 +1,141 @@
+"""Load a ModelSpec into a servable model of its kind.
+
+Kinds of served model:
+
+- ``chat``: a generative model (``ServedModel``): chat, completions, messages.
+- ``embedding``: a sentence-embedding model (``EmbeddingModel``): /v1/embeddings.
+
+A spec's kind (GGUF, Plain, Embedding, or auto for `-m`) picks the loader: GGUF files and
+Plain (Hugging Face safetensors) directories load through ``builder.load_model``, embedding
+directories through ``load_embedding_model``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Literal, Protocol
+
+from inferd.config import EngineConfig
+from inferd.engine.builder import ModelSource, ServedModel, load_model, resolve_source
+from inferd.engine.embedding import EmbeddingModel, is_embedding_directory, load_embedding_model
+from inferd.serving.spec import ModelSpec
+from inferd.store import CATALOG, ModelStore, StoreError
+
+ModelKind = Literal["chat", "embedding"]
+Servable = ServedModel | EmbeddingModel
+
+
+class ServableModel(Protocol):
+    """What the server needs of any loaded model, whatever its kind."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def created(self) -> int: ...
+
+    def shutdown(self) -> None: ...
+
+
+class ModelLoadError(ValueError):
+    """A model that could not be loaded; the message says why (and, where known, what to do).
+    A ValueError, as the cause is nearly always what the spec points at."""
+
+
+def expected_kind(spec: ModelSpec) -> ModelKind:
+    """The kind a spec will load as, known without loading it."""
+    if spec.kind == "Embedding":
+        return "embedding"
+    if spec.kind in ("GGUF", "Plain"):
+        return "chat"
+    path = Path(spec.model_id).expanduser()
+    if path.is_dir():
+        return "embedding" if is_embedding_directory(path) else "chat"
+    if not path.exists() and spec.model_id in CATALOG:
+        return "embedding" if CATALOG[spec.model_id].kind == "directory" else "chat"
+    return "chat"
+
+
+def load_spec(spec: ModelSpec, base: EngineConfig, *, progress: bool = False) -> Servable:
+    """Load ``spec``; engine settings not in the spec come from ``base``."""
+    try:
+        return _load(spec, base, progress)
+    except ModelLoadError:
+        raise
+    except (ValueError, StoreError) as exc:  # their messages say what is wrong
+        raise ModelLoadError(str(exc)) from exc
+    except (OSError, KeyError) as exc:
+        raise ModelLoadError(f"{type(exc).__name__}: {exc}") from exc
+
+
+def _load(spec: ModelSpec, base: EngineConfig, progress: bool) -> Servable:
+    source = resolve_spec_source(spec)
+    kind = spec.kind if spec.kind != "auto" else _detect_kind(source.path)
+    if kind == "Embedding":
+        return _load_embedding(spec, source)
+    if kind == "GGUF" and not source.path.is_file():
+        raise ModelLoadError(f"{source.path}: a GGUF model must be a .gguf file")
+    if kind == "Plain" and not source.path.is_dir():
+        raise ModelLoadError(
+            f"{source.path}: a Plain model must be a directory (config.json, *.safetensors, "
+            "tokenizer.json)"
+        )
+    cfg = replace(
+        base,
+        dtype=spec.dtype or base.dtype,
+        max_model_len=spec.max_seq_len or base.max_model_len,
+        max_num_seqs=spec.max_seqs or base.max_num_seqs,
+        isq=spec.in_situ_quant or base.isq,
+    )
+    return load_model(source, cfg, progress=progress, chat_template=spec.chat_template)
+
+
+def _load_embedding(spec: ModelSpec, source: ModelSource) -> EmbeddingModel:
+    if not source.path.is_dir():
+        raise ModelLoadError(
+            f"{source.path}: an Embedding model must be a directory (config.json, "
+            "model.safetensors, tokenizer.json)"
+        )
+    model = load_embedding_model(source, spec.dtype or "auto")
+    if spec.max_seq_len is not None:
+        if spec.max_seq_len > model.config.max_position:
+            raise ModelLoadError(
+                f"max_seq_len {spec.max_seq_len} exceeds the model's "
+                f"{model.config.max_position} positions"
+            )
+        model.max_input_tokens = spec.max_seq_len
+    if spec.max_seqs is not None:
+        model.sub_batch = spec.max_seqs
+    return model
+
+
+def resolve_spec_source(spec: ModelSpec, store: ModelStore | None = None) -> ModelSource:
+    """The files of ``spec``, named by its API id."""
+    if spec.filename is None:
+        source = resolve_source(spec.model_id, store)
+    else:
+        holder = resolve_source(spec.model_id, store)
+        if holder.path.is_file():
+            if holder.path.name != spec.filename:
+                raise ModelLoadError(
+                    f"{spec.model_id} holds {holder.path.name}, not {spec.filename}"
+                )
+            source = holder
+        else:
+            path = (holder.path / spec.filename).resolve()
+            if not path.is_relative_to(holder.path.resolve()):
+                raise ModelLoadError(f"quantized_filename {spec.filename!r} leaves {spec.model_id}")
+            if not path.is_file():
+                raise ModelLoadError(f"{spec.model_id} has no file {spec.filename}")
+            source = resolve_source(str(path), store)
+    return replace(source, name=spec.api_id)
+
+
+def _detect_kind(path: Path) -> str:
+    if path.is_dir():
+        return "Embedding" if is_embedding_directory(path) else "Plain"
+    return "GGUF"

@@ -1,0 +1,92 @@
+"""`inferd serve`'s model flags: one model (`-m`) or several (`--config models.json|toml`), and
+the registry (plus the startup lines describing it) they make.
+
+With `-m` the model loads before the server listens (a failure ends the command). With
+`--config` the file is checked first (every problem reported, nothing loaded), then the server
+listens at once while the models load one after another in the background: `/health` answers
+from the start, `/ready` once every model is loaded, and a model that fails shows status
+"error" with the reason while the others serve.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+
+from inferd.config import EngineConfig
+from inferd.engine.builder import ServedModel
+from inferd.engine.embedding import EmbeddingModel
+from inferd.serving.loading import Servable, expected_kind, load_spec
+from inferd.serving.registry import ModelRegistry, ModelSlot
+from inferd.serving.spec import ModelSpec, load_models_file
+from inferd.store import DEFAULT_MODEL
+
+
+def registry_from_args(
+    args: argparse.Namespace, cfg: EngineConfig
+) -> tuple[ModelRegistry, list[str]]:
+    """The registry to serve, and startup lines about it. ValueError for bad flags or files."""
+    if args.drain_timeout < 0:
+        raise ValueError("--drain-timeout must not be negative")
+    policy = {"auto_reload": args.auto_reload == "on", "drain_timeout": args.drain_timeout}
+    if args.config is None:
+        spec = ModelSpec(model_id=args.model or DEFAULT_MODEL)
+        model = load_spec(spec, cfg, progress=True)
+        slot = ModelSlot.of_loaded(model)
+        slot.load_fn = functools.partial(load_spec, spec, cfg)
+        registry = ModelRegistry([slot], default_id=args.default_model_id, **policy)
+        return registry, _describe_model(model, cfg)
+    if args.model is not None:
+        raise ValueError("give -m or --config, not both")
+    specs = load_models_file(args.config)
+    slots = [
+        ModelSlot(
+            spec.api_id,
+            expected_kind(spec),
+            functools.partial(load_spec, spec, cfg),
+            label=spec.label,
+        )
+        for spec in specs
+    ]
+    registry = ModelRegistry(slots, default_id=args.default_model_id, multi=True, **policy)
+    registry.load_all()
+    lines = [
+        f"model      {s.id}  ({s.kind}, label {s.label}) loading in the background" for s in slots
+    ]
+    return registry, [*lines, f"default    {registry.default_id}"]
+
+
+def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
+    dtype = str(model.dtype).removeprefix("torch.")
+    isq = getattr(model, "isq", None)
+    dtype += f", isq {isq}" if isq else ""
+    import torch  # here, not at module level: `inferd --help` must not wait for torch
+
+    compute = f"compute    cpu  dtype {dtype}  threads {torch.get_num_threads()}"
+    head = [
+        f"model      {model.id}  ({model.source.path})",
+        f"digest     sha256:{model.source.digest}",
+    ]
+    if isinstance(model, EmbeddingModel):
+        b = model.config
+        pooling = "+".join(m.removesuffix("_tokens") for m in model.pooling.modes)
+        return [
+            *head,
+            f"arch       bert encoder  {b.num_layers} layers, hidden {b.hidden_size}, "
+            f"{b.num_heads} heads, vocab {b.vocab_size}",
+            f"embedding  {model.dimensions} dims, {pooling} pooling"
+            f"{', normalized' if model.pooling.normalize else ''}",
+            compute,
+            f"limits     {model.max_model_len} tokens per input",
+        ]
+    assert isinstance(model, ServedModel)
+    c = model.config
+    return [
+        *head,
+        f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
+        f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
+        compute,
+        f"limits     max seqs {model.engine_config.max_num_seqs}, context "
+        f"{model.engine.max_model_len}, batch tokens {cfg.max_num_batched_tokens}, "
+        f"KV cache {model.kv_cache_tokens} tokens",
+    ]

@@ -1,0 +1,204 @@
+"""--request-timeout on a real server, plus the settings the operations module leaves at default:
+keys from INFERD_API_KEYS, no docs, no CORS, the text access log.
+
+The timeout is 2 s; the requests meant to time out ask for 900 tokens with ignore_eos,
+which takes far longer on any CPU this runs on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.server.live import LiveServer, live_server
+
+ENV_KEYS = ("env-key-1", "env-key-2")
+AUTH = {"Authorization": f"Bearer {ENV_KEYS[1]}"}
+TIMEOUT_MESSAGE = "the request timed out after 2s (--request-timeout) while generating"
+LONG: dict[str, Any] = {
+    "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
+    "max_tokens": 900,
+    "ignore_eos": True,
+}
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    tmp = tmp_path_factory.mktemp("timeout")
+    args = [
+        *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "1024"),
+        *("--request-timeout", "2", "--no-docs", "--access-log-format", "text"),
+    ]
+    saved = os.environ.get("INFERD_API_KEYS")
+    os.environ["INFERD_API_KEYS"] = f" {ENV_KEYS[0]}, {ENV_KEYS[1]} ,"
+    try:
+        context = live_server(args, tmp / "serve.log")
+        live = context.__enter__()  # the child has copied the environment once this returns
+    finally:
+        if saved is None:
+            del os.environ["INFERD_API_KEYS"]
+        else:
+            os.environ["INFERD_API_KEYS"] = saved
+    try:
+        yield live
+    finally:
+        context.__exit__(None, None, None)
+
+
+@pytest.fixture(scope="module")
+def http(server: LiveServer) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=server.url, headers=AUTH, timeout=120) as client:
+        yield client
+
+
+def metric(http: httpx.Client, name: str) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def test_keys_come_from_the_environment(server: LiveServer) -> None:
+    with httpx.Client(base_url=server.url, timeout=30) as bare:
+        assert bare.get("/v1/models").status_code == 401
+        for key in ENV_KEYS:
+            assert bare.get("/v1/models", headers={"x-api-key": key}).status_code == 200
+        assert bare.get("/v1/models", headers={"x-api-key": ""}).status_code == 401
+
+
+def test_docs_are_off_and_cors_is_off_by_default(http: httpx.Client) -> None:
+    for path in ("/docs", "/openapi.json", "/redoc"):
+        resp = http.get(path)
+        assert resp.status_code == 404
+        assert resp.json()["error"]["message"] == f"no route GET {path}"
+    preflight = http.options(
+        "/v1/chat/completions",
+        headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 405
+    assert "access-control-allow-origin" not in preflight.headers
+    simple = http.get("/v1/models", headers={"Origin": "http://app.example"})
+    assert simple.status_code == 200 and "access-control-allow-origin" not in simple.headers
+
+
+def test_a_non_streaming_request_past_the_deadline_gets_504(server: LiveServer) -> None:
+    with (
+        openai.OpenAI(
+            base_url=server.api,
+            api_key=ENV_KEYS[0],
+            max_retries=0,
+            _strict_response_validation=True,
+        ) as client,
+        pytest.raises(openai.InternalServerError) as info,
+    ):
+        client.chat.completions.create(
+            model="default",
+            messages=LONG["messages"],
+            max_tokens=900,
+            extra_body={"ignore_eos": True},
+        )
+    assert info.value.status_code == 504
+    assert info.value.body == {
+        "message": TIMEOUT_MESSAGE,
+        "type": "timeout_error",
+        "param": None,
+        "code": "request_timeout",
+    }
+
+
+def test_a_stream_past_the_deadline_ends_with_an_error_event_then_done(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    with http.stream(
+        "POST",
+        "/v1/chat/completions",
+        json={**LONG, "stream": True},
+        headers={"x-request-id": "t-stream"},
+    ) as resp:
+        assert resp.status_code == 200
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert error["message"] == TIMEOUT_MESSAGE
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert chunks and all(c["object"] == "chat.completion.chunk" for c in chunks)
+    assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
+
+    with (
+        openai.OpenAI(
+            base_url=server.api,
+            api_key=ENV_KEYS[0],
+            max_retries=0,
+            _strict_response_validation=True,
+        ) as client,
+        pytest.raises(openai.APIError) as info,
+    ):
+        stream = client.chat.completions.create(
+            model="default",
+            messages=LONG["messages"],
+            max_tokens=900,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        for _ in stream:
+            pass
+    assert TIMEOUT_MESSAGE in str(info.value.body)
+
+
+@pytest.mark.parametrize("anthropic_caller", [False, True])
+def test_a_body_that_never_arrives_gets_408(server: LiveServer, anthropic_caller: bool) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
+    extra = "anthropic-version: 2023-06-01\r\n" if anthropic_caller else ""
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {ENV_KEYS[0]}\r\n{extra}Content-Length: 100\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(head.encode() + b'{"messages": [')
+        reply = b""
+        while b"\r\n\r\n" not in reply or not reply.rstrip().endswith(b"}"):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+    status_line, _, rest = reply.partition(b"\r\n")
+    assert status_line == b"HTTP/1.1 408 Request Timeout"
+    body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
+    message = "the request timed out after 2s (--request-timeout) while sending the request body"
+    if anthropic_caller:
+        assert body == {"type": "error", "error": {"type": "timeout_error", "message": message}}
+    else:
+        assert body["error"]["message"] == message and body["error"]["type"] == "timeout_error"
+
+
+def test_timeouts_are_logged_counted_and_free_their_kv_blocks(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    route = 'route="/v1/chat/completions"'
+    assert metric(http, f"inferd_request_timeouts_total{{{route}}}") >= 3
+    model = http.get("/v1/models").json()["data"][0]["id"]
+    deadline = time.monotonic() + 30  # a leaked request would hold its blocks for minutes
+    while metric(http, f'inferd_kv_blocks_used{{model="{model}"}}') and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert metric(http, f'inferd_kv_blocks_used{{model="{model}"}}') == 0
+    assert metric(http, f'inferd_requests_running{{model="{model}"}}') == 0
+    ends = [
+        line
+        for line in server.log.read_text().splitlines()
+        if " request_end " in line and "request_id=t-stream " in line
+    ]
+    assert len(ends) == 1
+    fields = dict(part.split("=", 1) for part in ends[0].split(" ")[2:])
+    assert fields["route"] == "/v1/chat/completions" and fields["status"] == "200"
+    assert fields["outcome"] == "error" and fields["error"] == "timeout"
+    assert 0 < int(fields["completion_tokens"]) < 900
+    assert http.get("/health").json() == {"status": "ok"}

@@ -1,0 +1,225 @@
+"""Models files (JSON and TOML): the shape they take and every mistake reported by key path."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from inferd.serving.spec import ModelSpec, SpecError, load_models_file, parse_models
+
+GOOD_JSON = {
+    "chat": {"GGUF": {"model_id": "smollm2"}, "max_seqs": 4},
+    "embed": {"Embedding": {"model_id": "minilm", "alias": "text-embedding"}},
+    "local": {
+        "GGUF": {"quantized_model_id": "models", "quantized_filename": "tiny.Q4_K_M.gguf"},
+        "dtype": "f32",
+        "max_seq_len": 1024,
+    },
+}
+
+GOOD_TOML = """
+[chat]
+max_seqs = 4
+[chat.GGUF]
+model_id = "smollm2"
+
+[embed.Embedding]
+model_id = "minilm"
+alias = "text-embedding"
+
+[local]
+dtype = "f32"
+max_seq_len = 1024
+[local.GGUF]
+quantized_model_id = "models"
+quantized_filename = "tiny.Q4_K_M.gguf"
+"""
+
+
+def test_json_and_toml_give_the_same_specs(tmp_path: Path) -> None:
+    (tmp_path / "models.json").write_text(json.dumps(GOOD_JSON))
+    (tmp_path / "models.toml").write_text(GOOD_TOML)
+    from_json = load_models_file(tmp_path / "models.json")
+    assert from_json == load_models_file(tmp_path / "models.toml")
+    chat, embed, local = from_json
+    assert chat == ModelSpec(model_id="smollm2", kind="GGUF", label="chat", max_seqs=4)
+    assert (embed.kind, embed.api_id, embed.label) == ("Embedding", "text-embedding", "embed")
+    assert (local.model_id, local.filename, local.api_id) == (
+        "models",
+        "tiny.Q4_K_M.gguf",
+        "tiny.Q4_K_M",
+    )
+    assert (local.dtype, local.max_seq_len) == ("f32", 1024)
+
+
+def test_api_ids_come_from_the_source(tmp_path: Path) -> None:
+    gguf = tmp_path / "SmolThing-7B.Q4_0.gguf"
+    gguf.write_bytes(b"GGUF")
+    (tmp_path / "all-MiniLM").mkdir()
+    specs = parse_models(
+        {
+            "a": {"GGUF": {"model_id": str(gguf)}},
+            "b": {"Embedding": {"model_id": str(tmp_path / "all-MiniLM")}},
+            "c": {"Plain": {"model_id": "org/name"}},
+        }
+    )
+    assert [s.api_id for s in specs] == ["SmolThing-7B.Q4_0", "all-MiniLM", "org/name"]
+
+
+def test_chat_templates_from_text_file_and_tokenizer_config(tmp_path: Path) -> None:
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}")
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'x' }}"}))
+    specs = parse_models(
+        {
+            "a": {"GGUF": {"model_id": "smollm2"}, "jinja_explicit": "t.jinja"},
+            "b": {"GGUF": {"model_id": "x.gguf"}, "chat_template": "tokenizer_config.json"},
+            "c": {
+                "GGUF": {"model_id": "y.gguf"},
+                "chat_template": "{% for m in messages %}{% endfor %}",
+            },
+        },
+        base=tmp_path,
+    )
+    assert [s.chat_template for s in specs] == [
+        "{{ messages[0].content }}",
+        "{{ 'x' }}",
+        "{% for m in messages %}{% endfor %}",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("doc", "problem"),
+    [
+        ([], "expected an object mapping labels to model entries, got an array"),
+        ({}, "no models"),
+        (
+            {"a": "smollm2"},
+            "a: expected an object with one of GGUF, Plain, Embedding, got a string",
+        ),
+        (
+            {"a": {"max_seqs": 2}},
+            "a: expected exactly one model kind (GGUF, Plain, Embedding); found none",
+        ),
+        ({"a": {"VisionPlain": {"model_id": "x"}}}, "a.VisionPlain: unknown key"),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "Embedding": {"model_id": "y"}}},
+            "a: expected exactly one model kind (GGUF, Plain, Embedding); found GGUF, Embedding",
+        ),
+        ({"a": {"GGUF": "smollm2"}}, "a.GGUF: expected an object with model_id, got a string"),
+        ({"a": {"GGUF": {}}}, "a.GGUF.model_id: required"),
+        (
+            {"a": {"GGUF": {"model_id": 7}}},
+            "a.GGUF.model_id: expected a non-empty string, got a number 7",
+        ),
+        ({"a": {"GGUF": {"model_id": "x", "quantize": "q4"}}}, "a.GGUF.quantize: unknown key"),
+        (
+            {"a": {"GGUF": {"quantized_model_id": "dir"}}},
+            "a.GGUF.quantized_filename: required with quantized_model_id",
+        ),
+        (
+            {"a": {"Embedding": {"model_id": "m", "quantized_filename": "f.gguf"}}},
+            "a.Embedding.quantized_filename: only GGUF entries take quantized_filename",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "max_seq_len": "4k"}},
+            'a.max_seq_len: expected a positive integer, got a string "4k"',
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "max_seqs": 0}},
+            "a.max_seqs: expected a positive integer, got a number 0",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "max_seqs": True}},
+            "a.max_seqs: expected a positive integer, got a boolean true",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "dtype": "fp16"}},
+            "a.dtype: expected one of auto, bf16, f32, got 'fp16'",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x", "dtype": "f32"}, "dtype": "f32"}},
+            "a.GGUF.dtype: also given at a.dtype; give it once",
+        ),
+        (
+            {"a": {"Embedding": {"model_id": "m"}, "chat_template": "{{ x }}"}},
+            "a.chat_template: does not apply to Embedding models",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "alias": "default"}},
+            "a.alias: 'default' names the default model",
+        ),
+        (
+            {"a": {"GGUF": {"model_id": "x"}, "jinja_explicit": "missing.jinja"}},
+            "a.jinja_explicit: expected a readable template file",
+        ),
+        (
+            {"my model": {"GGUF": {"model_id": "smollm2"}}, "b": {"GGUF": {"model_id": "smollm2"}}},
+            "b: serves under the API id 'smollm2', as \"my model\" does; give one of them an alias",
+        ),
+    ],
+)
+def test_mistakes_are_reported_with_their_key_path(doc: object, problem: str) -> None:
+    with pytest.raises(SpecError) as info:
+        parse_models(doc, base=Path("/nonexistent"))
+    assert any(problem in p for p in info.value.problems), info.value.problems
+
+
+def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
+    path = tmp_path / "models.json"
+    path.write_text(
+        json.dumps({"a": {"GGUF": {}}, "b": {"GGUF": {"model_id": "x"}, "max_seqs": -1}})
+    )
+    with pytest.raises(SpecError) as info:
+        load_models_file(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: 2 problems:")
+    assert "a.GGUF.model_id: required" in message and "b.max_seqs" in message
+
+
+def test_in_situ_quant_names() -> None:
+    doc = {
+        "a": {"GGUF": {"model_id": "smollm2"}, "in_situ_quant": "Q4K"},
+        "b": {"Plain": {"model_id": "org/b", "in_situ_quant": "q8"}},
+    }
+    assert [s.in_situ_quant for s in parse_models(doc)] == ["q4", "q8"]
+    with pytest.raises(SpecError, match=r"a.in_situ_quant: expected q8 or q4 .* got 'Q6K'"):
+        parse_models({"a": {"GGUF": {"model_id": "smollm2"}, "in_situ_quant": "Q6K"}})
+
+
+def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot read the models file"):
+        load_models_file(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{not json")
+    with pytest.raises(SpecError, match="not valid JSON"):
+        load_models_file(tmp_path / "bad.json")
+    (tmp_path / "bad.toml").write_text("[a\n")
+    with pytest.raises(SpecError, match="not valid TOML"):
+        load_models_file(tmp_path / "bad.toml")
+
+
+def _serve(*args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "inferd", "serve", "--port", "9", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_serve_reports_file_problems_before_loading_anything(tmp_path: Path) -> None:
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps({"chat": {"GGUF": {"model_id": "smollm2"}, "max_seqs": "many"}}))
+    out = _serve("--config", str(path))
+    assert out.returncode == 2
+    assert 'chat.max_seqs: expected a positive integer, got a string "many"' in out.stderr
+    assert "loaded" not in out.stderr
+
+
+def test_serve_refuses_an_unknown_default_and_config_with_m(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[chat.GGUF]\nmodel_id = "smollm2"\n')
+    out = _serve("--config", str(path), "--default-model-id", "nope")
+    assert out.returncode == 2
+    assert "the default model 'nope' is not among the models: smollm2" in out.stderr
+    out = _serve("--config", str(path), "-m", "smollm2")
+    assert out.returncode == 2 and "give -m or --config, not both" in out.stderr
