@@ -19,19 +19,36 @@ LONG = {
 
 
 @pytest.fixture(scope="module")
-def small_server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def small_server(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("queue") / "serve.log"
-    args = ["-m", str(smollm2_gguf), "--max-seqs", "1", "--max-waiting", "1", "--max-seq-len", "1024"]
+    args = [
+        "-m",
+        str(smollm2_gguf),
+        "--max-seqs",
+        "1",
+        "--max-waiting",
+        "1",
+        "--max-seq-len",
+        "1024",
+    ]
     with live_server(args, log) as server:
         yield server
 
 
-def test_beyond_the_waiting_queue_requests_get_503_with_retry_after(small_server: LiveServer) -> None:
+def test_beyond_the_waiting_queue_requests_get_503_with_retry_after(
+    small_server: LiveServer,
+) -> None:
     url = small_server.api + "/chat/completions"
     with httpx.Client(timeout=60) as http:
-        with http.stream("POST", url, json=LONG) as first, http.stream("POST", url, json=LONG) as second:
+        with (
+            http.stream("POST", url, json=LONG) as first,
+            http.stream("POST", url, json=LONG) as second,
+        ):
             assert first.status_code == 200 and second.status_code == 200
-            next(first.iter_lines())
+            lines = first.iter_lines()  # kept referenced: a dropped iterator closes the stream
+            next(lines)
             refused = http.post(url, json={**LONG, "stream": False})
             assert refused.status_code == 503
             assert refused.headers["retry-after"].isdigit()

@@ -1,0 +1,84 @@
+"""Paged attention against a contiguous-cache reference, for mixed decode + prefill batches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferd.layers.attention import (
+    AttentionMetadata,
+    PrefillChunk,
+    chunk_mask,
+    decode_mask,
+    grouped_attention,
+    paged_attention,
+)
+
+HEADS, KV_HEADS, DIM, BS = 6, 2, 16, 4
+
+
+def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int) -> torch.Tensor:
+    """Causal attention of query rows ``first..`` of one sequence over its whole K/V."""
+    n, total = q.shape[0], k.shape[0]
+    mask = torch.arange(total)[None, :] <= torch.arange(first, first + n)[:, None]
+    kk = k.repeat_interleave(HEADS // KV_HEADS, dim=1).transpose(0, 1)
+    vv = v.repeat_interleave(HEADS // KV_HEADS, dim=1).transpose(0, 1)
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), kk, vv, attn_mask=mask, scale=0.25)
+    return out.transpose(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    # Three sequences: two decoding (lengths 7 and 13), one prefilling tokens 5..10 of 11.
+    lengths, firsts = [7, 13, 11], [6, 12, 5]
+    tables = [[3, 9], [1, 4, 7, 2], [8, 5, 6]]  # deliberately scattered block ids
+    seqs = [
+        (torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM))
+        for n in lengths
+    ]
+    k_cache = torch.zeros(10, BS, KV_HEADS, DIM, dtype=dtype)
+    v_cache = torch.zeros_like(k_cache)
+    # Earlier steps wrote each sequence's first tokens into its blocks.
+    for (_, k, v), table, first in zip(seqs, tables, firsts, strict=True):
+        for p in range(first):
+            k_cache[table[p // BS], p % BS] = k[p].to(dtype)
+            v_cache[table[p // BS], p % BS] = v[p].to(dtype)
+    rows = [(i, p) for i, first in enumerate(firsts) for p in range(first, lengths[i])]
+    q = torch.stack([seqs[i][0][p] for i, p in rows]).to(dtype)
+    k = torch.stack([seqs[i][1][p] for i, p in rows]).to(dtype)
+    v = torch.stack([seqs[i][2][p] for i, p in rows]).to(dtype)
+    tbl = [torch.tensor(t) for t in tables]
+    decode_tables = torch.tensor([tables[0] + [0, 0], tables[1]])
+    meta = AttentionMetadata(
+        slot_blocks=torch.tensor([tables[i][p // BS] for i, p in rows]),
+        slot_offsets=torch.tensor([p % BS for _, p in rows]),
+        decode_rows=torch.tensor([0, 1]),
+        decode_block_tables=decode_tables,
+        decode_mask=decode_mask(torch.tensor([6, 12]), decode_tables.shape[1] * BS),
+        prefills=(PrefillChunk(2, 6, 5, tbl[2], chunk_mask(5, 6)),),
+    )
+    out = paged_attention(q, k, v, k_cache, v_cache, meta, scale=0.25).float()
+    expected = torch.cat(
+        [
+            _reference(
+                s[0][f:].to(dtype).float(), s[1].to(dtype).float(), s[2].to(dtype).float(), f
+            )
+            for s, f in zip(seqs, firsts, strict=True)
+        ]
+    )
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out, expected, atol=tol, rtol=tol)
+
+
+def test_grouped_attention_equals_sdpa_with_repeated_heads() -> None:
+    torch.manual_seed(1)
+    q = torch.randn(5, HEADS, 1, DIM)
+    keys, values = torch.randn(5, KV_HEADS, 9, DIM), torch.randn(5, KV_HEADS, 9, DIM)
+    mask = decode_mask(torch.tensor([3, 8, 0, 5, 8]), 9)
+    assert mask is not None
+    expected = F.scaled_dot_product_attention(
+        q, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
+    )
+    torch.testing.assert_close(grouped_attention(q, keys, values, mask, 0.3), expected)
