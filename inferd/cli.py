@@ -14,6 +14,8 @@ from inferd.config import EngineConfig
 from inferd.server.serve_args import add_serve_args
 from inferd.serving.args import add_model_set_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
+from inferd.tools_cli import add_model_tool_args, add_tool_commands, print_quantized
+from inferd.tools_cli import model_id as tool_model_id
 
 log = logging.getLogger("inferd")
 
@@ -73,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_bench)
     for sp in (serve, run, pull, models, bench):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    add_tool_commands(sub)  # convert, quantize, doctor, tune
     return p
 
 
@@ -81,8 +84,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "-m",
         "--model",
         default=DEFAULT_MODEL,
-        help=f"a .gguf file, a model directory or a store name (default: {DEFAULT_MODEL})",
+        help=f"a .gguf file, a model directory, a store name or a Hugging Face repo id "
+        f"(org/name, from the local HF cache) (default: {DEFAULT_MODEL})",
     )
+    add_model_tool_args(p)  # --isq, --revision
     p.add_argument(
         "--dtype",
         default="auto",
@@ -145,6 +150,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         prefix_caching=args.prefix_caching == "on",
         packed_kernels=args.packed_kernels == "on",
         seed=args.seed,
+        isq=args.isq,
     )
 
 
@@ -153,7 +159,8 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from inferd.serving.loading import load_spec
     from inferd.serving.spec import ModelSpec
 
-    model = load_spec(ModelSpec(model_id=args.model), _engine_config(args), progress=True)
+    model_id = tool_model_id(args) or DEFAULT_MODEL
+    model = load_spec(ModelSpec(model_id=model_id), _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
         model.shutdown()
         raise ValueError(f"{model.id} is an embedding model; `inferd run` needs a chat model")
@@ -168,6 +175,7 @@ def _serve(args: argparse.Namespace) -> int:
     from inferd.serving.startup import registry_from_args
 
     cfg = _engine_config(args)
+    args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = app_options(args, os.environ)  # flag errors before the model loads
     registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
@@ -259,4 +267,5 @@ def _models(args: argparse.Namespace) -> int:
             f"{m.name:<10} {m.package}=={m.version:<8} {size / 2**20:8.1f} MiB  "
             f"sha256:{m.digest[:16]}…"
         )
+    print_quantized(store.home)  # what `inferd quantize` stored
     return 0

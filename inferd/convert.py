@@ -37,6 +37,7 @@ def hf_config_dict(
     *,
     bos_token_id: int | None = None,
     eos_token_id: int | None = None,
+    pad_token_id: int | None = None,
     dtype: torch.dtype = torch.float32,
 ) -> dict[str, Any]:
     """The transformers ``config.json`` for ``cfg`` (v5 ``rope_parameters``, plus the v4
@@ -74,6 +75,7 @@ def hf_config_dict(
         "tie_word_embeddings": cfg.tie_word_embeddings,
         "bos_token_id": bos_token_id,
         "eos_token_id": eos_token_id,
+        "pad_token_id": pad_token_id,
         "dtype": _DTYPE_NAMES[dtype],
     }
     if rope["rope_type"] != "default":
@@ -90,10 +92,13 @@ def hf_config_dict(
             for i in range(cfg.num_layers)
         ]
     if cfg.architecture == "gemma2":
-        scale = cfg.attention_scale or cfg.head_dim**-0.5
+        scalar = (cfg.attention_scale or cfg.head_dim**-0.5) ** -2
         out |= {
             "hidden_activation": act,
-            "query_pre_attn_scalar": round(scale**-2, 6),
+            # transformers wants an int here, which every Gemma 2 checkpoint has
+            "query_pre_attn_scalar": round(scalar)
+            if abs(scalar - round(scalar)) < 1e-3
+            else scalar,
             "attn_logit_softcapping": cfg.attn_softcap,
             "final_logit_softcapping": cfg.final_softcap,
         }
@@ -171,6 +176,7 @@ def convert_gguf(path: Path, out: Path, *, dtype: str = "f32", progress: bool = 
         cfg,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=_pad_id(gguf.metadata, cfg.vocab_size),
         dtype=torch_dtype,
     )
     _write_json(out / "config.json", config)
@@ -182,6 +188,11 @@ def convert_gguf(path: Path, out: Path, *, dtype: str = "f32", progress: bool = 
     generation["eos_token_id"] = stops[0] if len(stops) == 1 else stops or None
     _write_json(out / "generation_config.json", generation)
     return out
+
+
+def _pad_id(metadata: Mapping[str, Any], vocab_size: int) -> int | None:
+    value = metadata.get("tokenizer.ggml.padding_token_id")
+    return int(value) if value is not None and 0 <= int(value) < vocab_size else None
 
 
 def _write_json(path: Path, data: Mapping[str, Any]) -> None:

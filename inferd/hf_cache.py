@@ -82,8 +82,8 @@ def resolve_snapshot(
     hint = f"fetch it first, e.g. `huggingface-cli download {repo_id}`"
     if not repo.is_dir():
         raise StoreError(
-            f"{repo_id} is not in the local Hugging Face cache ({cache}); inferd does not "
-            f"download from the Hub: {hint}"
+            f"{repo_id} is neither a local path nor in the local Hugging Face cache ({cache}); "
+            f"inferd does not download from the Hub: {hint}"
         )
     ref = revision or "main"
     commit = _commit_of(repo, ref)

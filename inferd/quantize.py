@@ -6,7 +6,8 @@ model takes about a quarter (q8) or an eighth (q4) of its float32 size in those 
 
 - ``q8``: int8, symmetric, one scale per output row (``torch._weight_int8pack_mm``);
 - ``q4``: int4, affine in groups of 32 input columns, ``w = q * scale + min`` with q in 0..15
-  (``torch._weight_int4pack_mm_for_cpu``); rows whose width is not a multiple of 32 use q8.
+  (``torch._weight_int4pack_mm_for_cpu``); shapes that kernel cannot pack (inputs not a
+  multiple of 32, outputs not of 16) use q8.
 
 The output projection (``lm_head``) uses q8 under both methods when it has its own weight (it
 is the most sensitive matrix, as llama.cpp's mixes also keep it wider); when it is tied to the
@@ -28,11 +29,23 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from inferd.layers.linear import INT4_GROUP, Linear, PackedKind
+from inferd.layers.linear import (
+    INT4_GROUP,
+    Linear,
+    PackedKind,
+    int4_codes,
+    int4_kernel_tensors,
+    int4_packable,
+    int8_codes,
+)
 from inferd.store import default_home, sha256_file
+
+if TYPE_CHECKING:
+    from inferd.engine.builder import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -77,41 +90,35 @@ class QuantizedWeight:
         if self.kind is PackedKind.INT8:
             return self.q, self.scale.to(dtype)
         assert self.zero is not None
-        nibbles = torch.stack((self.q & 0xF, self.q >> 4), dim=-1).reshape(self.q.shape[0], -1)
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(nibbles.to(torch.int32), 1)
-        # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
-        scales_and_zeros = torch.stack([self.scale, self.zero + 8 * self.scale], dim=-1)
-        return packed, scales_and_zeros.transpose(0, 1).contiguous().to(dtype)
+        return int4_kernel_tensors(self._nibbles(), self.scale, self.zero, dtype)
+
+    def _nibbles(self) -> torch.Tensor:
+        """Two codes per stored byte -> one code per input column."""
+        return torch.stack((self.q & 0xF, self.q >> 4), dim=-1).reshape(self.q.shape[0], -1)
 
     def dequantize(self) -> torch.Tensor:
         if self.kind is PackedKind.INT8:
             return self.q.float() * self.scale[:, None]
         assert self.zero is not None
-        nibbles = torch.stack((self.q & 0xF, self.q >> 4), dim=-1).reshape(self.q.shape[0], -1)
+        nibbles = self._nibbles()
         groups = nibbles.float().reshape(nibbles.shape[0], -1, INT4_GROUP)
         w = groups * self.scale[..., None] + self.zero[..., None]
         return w.reshape(nibbles.shape[0], -1)
 
 
 def quantize_weight(w: torch.Tensor, kind: PackedKind) -> QuantizedWeight:
-    """[out, in] float weight -> integer form (int4 falls back to int8 for odd widths).
+    """[out, in] float weight -> integer form. int4 needs ``in`` a multiple of 32 and ``out`` of
+    16 (the kernel's packing); other shapes get int8.
 
     The arithmetic of ``linear.pack_int4`` / ``pack_int8``: int4 groups span their own
     [min, max], which re-quantizes weights that came from 4-bit groups of 32 (GGML Q4_0/Q4_1)
     almost without loss; int8 is symmetric per row.
     """
-    w = w.float()
-    tiny = torch.finfo(torch.float32).tiny
-    if kind is PackedKind.INT4 and w.shape[1] % INT4_GROUP == 0:
-        out_f, in_f = w.shape
-        groups = w.reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
-        lo, hi = groups.amin(-1), groups.amax(-1)
-        scale = ((hi - lo) / 15).clamp(min=tiny)
-        q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15).to(torch.uint8)
-        q = q.reshape(out_f, in_f // 2, 2)
-        return QuantizedWeight(PackedKind.INT4, q[..., 0] | (q[..., 1] << 4), scale, lo)
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=tiny)
-    q8 = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    if kind is PackedKind.INT4 and int4_packable(*w.shape):
+        codes, scale, lo = int4_codes(w)
+        pairs = codes.reshape(codes.shape[0], -1, 2)
+        return QuantizedWeight(PackedKind.INT4, pairs[..., 0] | (pairs[..., 1] << 4), scale, lo)
+    q8, scale = int8_codes(w)
     return QuantizedWeight(PackedKind.INT8, q8, scale)
 
 
@@ -285,3 +292,31 @@ def isq_for(method: str | None, source_digest: str, home: Path | None = None) ->
     folder, manifest = found
     log.info("using quantized weights from %s (%s)", folder, method)
     return Isq(method, stored=load_quantized(folder, manifest))
+
+
+def quantize_to_store(
+    source: ModelSource, method: str, *, home: Path | None = None, progress: bool = True
+) -> tuple[Path, QuantizedManifest]:
+    """``inferd quantize``: quantize ``source``'s projections and keep them in the store."""
+    from inferd.loaders.gguf import GGUFFile
+    from inferd.loaders.safetensors_model import load_safetensors_model
+    from inferd.models.loader import load_gguf_model
+
+    isq = Isq(method, collect=True)
+    dtype = torch.bfloat16  # only the quantized weights are kept; they come from float32
+    if source.path.is_dir():
+        _, cfg = load_safetensors_model(
+            source.path, dtype, progress=progress, packed_kernels=False, isq=isq
+        )
+    else:
+        _, cfg = load_gguf_model(
+            GGUFFile(source.path), dtype, progress=progress, packed_kernels=False, isq=isq
+        )
+    return save_quantized(
+        isq.quantized,
+        source_name=source.name,
+        source_digest=source.digest,
+        method=method,
+        architecture=cfg.architecture,
+        home=home,
+    )

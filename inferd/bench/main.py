@@ -36,6 +36,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=2, help="threads for the peers")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument(
+        "--isq",
+        choices=["q8", "q4"],
+        default=None,
+        help="serve inferd with in-situ quantization (the ISQ speed entry; same as -- --isq)",
+    )
+    p.add_argument(
         "serve_args", nargs=argparse.REMAINDER, help="after --: extra `inferd serve` flags"
     )
 
@@ -49,6 +55,8 @@ def main(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
     extra = [a for a in args.serve_args if a != "--"]
+    if args.isq is not None:
+        extra += ["--isq", args.isq]
     results: list[Summary] = []
     with _inferd(args.url, gguf, extra) as (url, server):
         for key in chosen:

@@ -51,7 +51,7 @@ class Linear(nn.Linear):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
-        if kind is PackedKind.INT4 and w.shape[1] % INT4_GROUP == 0:
+        if kind is PackedKind.INT4 and int4_packable(w.shape[0], w.shape[1]):
             self._packed, self._scales = pack_int4(w, self.weight.dtype)
         else:
             kind = PackedKind.INT8
@@ -87,25 +87,46 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
 
-def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float weight -> (packed uint8 [out, in/2], scales_and_zeros [groups, out, 2])."""
+def int4_packable(out_features: int, in_features: int) -> bool:
+    """Whether torch's int4 packer takes this shape: whole groups of 32 in, rows by 16 out."""
+    return in_features % INT4_GROUP == 0 and out_features % 16 == 0
+
+
+def int4_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (codes 0..15 [out, in] uint8, scale and min [out, in/32]).
+
+    Each group of 32 inputs spans its own [min, max]: ``w = code * scale + min``.
+    """
     out_f, in_f = w.shape
-    groups = w.reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
+    groups = w.float().reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
     lo, hi = groups.amin(-1), groups.amax(-1)
     scale = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
     q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15)
-    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(
-        q.reshape(out_f, in_f).to(torch.int32), 1
-    )
+    return q.reshape(out_f, in_f).to(torch.uint8), scale, lo
+
+
+def int8_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (int8 [out, in], per-row scales [out]), symmetric."""
+    scale = (w.float().abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
+    return (w.float() / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+def int4_kernel_tensors(
+    codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Codes -> (packed uint8 [out, in/2], scales_and_zeros [groups, out, 2]) for the kernel."""
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
     # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
     scales_and_zeros = torch.stack([scale, lo + 8 * scale], dim=-1).transpose(0, 1)
     return packed, scales_and_zeros.contiguous().to(dtype)
 
 
+def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    return int4_kernel_tensors(*int4_codes(w), dtype)
+
+
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float weight -> (int8 [out, in], per-row scales [out]), symmetric."""
-    scale = (w.abs().amax(dim=1) / 127).clamp(min=torch.finfo(torch.float32).tiny)
-    q = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8)
+    q, scale = int8_codes(w)
     return q, scale.to(dtype)
 
 

@@ -1,4 +1,4 @@
-"""The shape of a decoder-only transformer, read from GGUF metadata (or, later, config.json)."""
+"""The shape of a decoder-only transformer, read from GGUF metadata or a HF config.json."""
 
 from __future__ import annotations
 
@@ -74,12 +74,16 @@ class ModelConfig:
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
 
 
+# GGUF architectures (``general.architecture``) we read, in llama.cpp's layout for each.
+GGUF_ARCHITECTURES = frozenset({*LLAMA_FAMILY, "qwen2", "qwen3", "gemma2", "phi3"})
+
+
 def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> ModelConfig:
     arch = str(meta.get("general.architecture", ""))
-    if arch not in LLAMA_FAMILY:
+    if arch not in GGUF_ARCHITECTURES:
         raise ModelConfigError(
             f"GGUF architecture {arch!r} is not supported yet (supported: "
-            f"{', '.join(sorted(LLAMA_FAMILY))})"
+            f"{', '.join(sorted(GGUF_ARCHITECTURES))})"
         )
 
     def key(name: str, default: Any = None) -> Any:
@@ -90,21 +94,49 @@ def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> Mod
 
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
+    layers = int(key("block_count"))
     vocab = meta.get(f"{arch}.vocab_size") or len(meta.get("tokenizer.ggml.tokens", []))
+    rope_dims = meta.get(f"{arch}.rope.dimension_count")
+    if arch in LLAMA_FAMILY:  # llama.cpp's Llama writes the head size as the rotary size
+        head_dim = int(rope_dims or hidden // heads)
+    else:
+        head_dim = int(meta.get(f"{arch}.attention.key_length") or hidden // heads)
+    rotary_dim = int(rope_dims) if rope_dims and int(rope_dims) < head_dim else None
+    raw_window = meta.get(f"{arch}.attention.sliding_window")
+    window = int(raw_window) if raw_window is not None else None
+    sliding: tuple[int, ...] = ()
+    if window is not None and arch == "gemma2":  # llama.cpp: sliding on even layers
+        sliding = tuple(range(0, layers, 2))
+    elif window is not None and arch == "phi3":
+        sliding = tuple(range(layers))
+    gemma = arch == "gemma2"
+    # llama.cpp scales Gemma 2 queries by 1/sqrt(head size), except for the 27B (46 layers)
+    gemma_scale = (hidden / heads if layers == 46 else head_dim) ** -0.5
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
         hidden_size=hidden,
         intermediate_size=int(key("feed_forward_length")),
-        num_layers=int(key("block_count")),
+        num_layers=layers,
         num_heads=heads,
         num_kv_heads=int(key("attention.head_count_kv", heads)),
-        head_dim=int(key("rope.dimension_count", hidden // heads)),
+        head_dim=head_dim,
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon", 1e-5)),
         rope_theta=float(key("rope.freq_base", 10000.0)),
         rope_scaling=_rope_scaling(meta, arch),
         max_position=int(key("context_length", 2048)),
         tie_word_embeddings=not has_output_tensor,
+        attention_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        rotary_dim=rotary_dim,
+        sliding_window=window if sliding else None,
+        sliding_layers=sliding,
+        attn_softcap=_float_or_none(meta.get(f"{arch}.attn_logit_softcapping")) if gemma else None,
+        final_softcap=_float_or_none(meta.get(f"{arch}.final_logit_softcapping"))
+        if gemma
+        else None,
+        attention_scale=gemma_scale if gemma else None,
+        hidden_act="gelu_tanh" if gemma else "silu",
     )
 
 

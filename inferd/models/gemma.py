@@ -30,11 +30,11 @@ class GemmaRMSNorm(RMSNorm):
 
 
 class Gemma2DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size, eps = cfg.hidden_size, cfg.rms_norm_eps
         self.input_norm = GemmaRMSNorm(size, eps)
-        self.self_attn = LlamaAttention(cfg, layer)
+        self.self_attn = LlamaAttention(cfg)
         self.post_attention_norm = GemmaRMSNorm(size, eps)
         self.pre_feedforward_norm = GemmaRMSNorm(size, eps)
         self.mlp = LlamaMLP(cfg)
@@ -49,7 +49,7 @@ class Gemma2DecoderLayer(nn.Module):
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        return Gemma2DecoderLayer(cfg, layer)
+        return Gemma2DecoderLayer(cfg)
 
     def make_norm(self, cfg: ModelConfig) -> nn.Module:
         return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)

@@ -25,7 +25,7 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
@@ -41,7 +41,6 @@ class LlamaAttention(nn.Module):
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.attention_scale or cfg.head_dim**-0.5
         self.softcap = cfg.attn_softcap
-        self.sliding = cfg.window_of(layer) is not None
 
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
@@ -79,10 +78,10 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, layer: int = 0) -> None:
+    def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = LlamaAttention(cfg, layer)
+        self.self_attn = LlamaAttention(cfg)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
 
@@ -106,7 +105,7 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head.weight = self.embed_tokens.weight
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        return LlamaDecoderLayer(cfg, layer)
+        return LlamaDecoderLayer(cfg)
 
     def make_norm(self, cfg: ModelConfig) -> nn.Module:
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -130,8 +129,9 @@ class LlamaForCausalLM(nn.Module):
             window_meta = sliding_window_metadata(
                 meta, positions, self.config.sliding_window, block_size
             )
-        for layer, cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rotation, window_meta if layer.self_attn.sliding else meta, cache)
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            sliding = self.config.window_of(i) is not None
+            x = layer(x, rotation, window_meta if sliding else meta, cache)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from gguf import GGMLQuantizationType
 from inferd.layers.linear import PackedKind
 from inferd.layers.rotary import inverse_frequencies
 from inferd.loaders.gguf import GGUFFile
-from inferd.models.config import ModelConfig, config_from_gguf
+from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.weights import WeightSource, build_empty, fill
 from inferd.quantize import Isq
@@ -56,6 +56,8 @@ def load_gguf_model(
     infos = {info.name: info for info in gguf.tensor_infos()}
     names = set(infos)
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+    if any(n.startswith("rope_factors_") for n in names):
+        raise ModelConfigError("LongRoPE scaling (rope_factors_* tensors) is not supported yet")
     freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling, freq_factors)
     model = build_empty(cfg, inv_freq, dtype)
@@ -98,29 +100,53 @@ def _packed_kind(qtypes: Iterable[GGMLQuantizationType]) -> PackedKind:
 
 
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
+    """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
+    only (its converter alone permutes them); Gemma 2 norms are stored as ``1 + w``; Phi-3
+    keeps q/k/v in one ``attn_qkv`` and gate/up in one ``ffn_up``."""
+
     def keep(t: torch.Tensor, _: str) -> torch.Tensor:
         return t
 
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
+        if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:
+            return t
         heads = cfg.num_heads if name.endswith("attn_q.weight") else cfg.num_kv_heads
         return unpermute_rope(t, heads)
 
+    gemma = cfg.architecture == "gemma2"
+
+    def norm(t: torch.Tensor, _: str) -> torch.Tensor:
+        return t - 1 if gemma else t
+
     plan: dict[str, tuple[list[str], Transform]] = {
         "embed_tokens.weight": (["token_embd.weight"], keep),
-        "norm.weight": (["output_norm.weight"], keep),
+        "norm.weight": (["output_norm.weight"], norm),
     }
     if not cfg.tie_word_embeddings:
         plan["lm_head.weight"] = (["output.weight"], keep)
     for i in range(cfg.num_layers):
         b, m = f"blk.{i}.", f"layers.{i}."
-        qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
-        plan[m + "input_norm.weight"] = ([b + "attn_norm.weight"], keep)
-        plan[m + "self_attn.qkv_proj.weight"] = (
-            qkv,
-            lambda t, n: rope_rows(t, n) if "attn_v" not in n else t,
-        )
+        plan[m + "input_norm.weight"] = ([b + "attn_norm.weight"], norm)
+        if cfg.architecture == "phi3":
+            plan[m + "self_attn.qkv_proj.weight"] = ([b + "attn_qkv.weight"], keep)
+            plan[m + "mlp.gate_up_proj.weight"] = ([b + "ffn_up.weight"], keep)
+        else:
+            qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
+            plan[m + "self_attn.qkv_proj.weight"] = (qkv, rope_rows)
+            gate_up = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+            plan[m + "mlp.gate_up_proj.weight"] = (gate_up, keep)
+        if cfg.attention_bias:
+            biases = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
+            plan[m + "self_attn.qkv_proj.bias"] = (biases, keep)
+        if cfg.qk_norm:
+            plan[m + "self_attn.q_norm.weight"] = ([b + "attn_q_norm.weight"], keep)
+            plan[m + "self_attn.k_norm.weight"] = ([b + "attn_k_norm.weight"], keep)
         plan[m + "self_attn.o_proj.weight"] = ([b + "attn_output.weight"], keep)
-        plan[m + "post_attention_norm.weight"] = ([b + "ffn_norm.weight"], keep)
-        plan[m + "mlp.gate_up_proj.weight"] = ([b + "ffn_gate.weight", b + "ffn_up.weight"], keep)
+        if gemma:
+            plan[m + "post_attention_norm.weight"] = ([b + "post_attention_norm.weight"], norm)
+            plan[m + "pre_feedforward_norm.weight"] = ([b + "ffn_norm.weight"], norm)
+            plan[m + "post_feedforward_norm.weight"] = ([b + "post_ffw_norm.weight"], norm)
+        else:
+            plan[m + "post_attention_norm.weight"] = ([b + "ffn_norm.weight"], keep)
         plan[m + "mlp.down_proj.weight"] = ([b + "ffn_down.weight"], keep)
     return plan

@@ -35,6 +35,7 @@ from inferd.server.openai_completions import create_completion
 from inferd.server.openai_embeddings import create_embedding
 from inferd.server.operations import docs_urls, install_operations, operations
 from inferd.server.state import ServerState
+from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
 from inferd.serving.registry import DEFAULT_DRAIN_TIMEOUT, registry_of
 
@@ -109,6 +110,7 @@ def build_app(
     _routes(app, "/v1/messages/count_tokens", model_ready(count_tokens, "chat"), ["POST"])
     _routes(app, "/v1/tokenize", model_ready(tokenize, "chat"), ["POST"])
     _routes(app, "/v1/detokenize", model_ready(detokenize, "chat"), ["POST"])
+    _routes(app, "/v1/system/info", system_info, ["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_exception_handler(APIError, _api_error)

@@ -136,3 +136,114 @@ def save_tiny(arch: str, directory: Path, seed: int = 0, **overrides: Any) -> An
     model.save_pretrained(str(directory))
     write_tokenizer(directory)
     return model.eval()
+
+
+def llama_cpp_permute(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """llama.cpp's converter's Q/K row order (convert_hf_to_gguf.py ``LlamaModel.permute``)."""
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+# llama.cpp's general.architecture for each transformers model_type (Mistral converts as Llama).
+GGUF_ARCH = {
+    "llama": "llama",
+    "mistral": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma2": "gemma2",
+    "phi3": "phi3",
+}
+
+
+def write_gguf(hf: Any, path: Path) -> None:
+    """``hf`` as a float32 GGUF laid out as llama.cpp's convert_hf_to_gguf.py writes it: its
+    tensor names, Q/K rows permuted for Llama only, Gemma norms stored as ``1 + w``, Phi-3's
+    fused tensors as they are, and the metadata keys each architecture's loader reads."""
+    import gguf
+
+    c = hf.config
+    arch = GGUF_ARCH[c.model_type]
+    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    if arch == "llama":
+        writer.add_rope_dimension_count(head_dim)
+    elif arch == "phi3":
+        partial = c.rope_parameters.get("partial_rotary_factor", 1.0)
+        writer.add_rope_dimension_count(int(head_dim * partial))
+        if c.sliding_window is not None:
+            writer.add_sliding_window(c.sliding_window)
+    else:
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    if arch == "gemma2":
+        writer.add_sliding_window(c.sliding_window)
+        writer.add_attn_logit_softcapping(c.attn_logit_softcapping)
+        writer.add_final_logit_softcapping(c.final_logit_softcapping)
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    per_layer = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "post_attention_norm" if arch == "gemma2" else "ffn_norm",
+        "pre_feedforward_layernorm": "ffn_norm",
+        "post_feedforward_layernorm": "post_ffw_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.qkv_proj": "attn_qkv",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.gate_up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for i in range(c.num_hidden_layers):
+        for hf_name, ours in per_layer.items():
+            for kind in ("weight", "bias"):
+                names[f"model.layers.{i}.{hf_name}.{kind}"] = f"blk.{i}.{ours}.{kind}"
+    state = hf.state_dict()
+    if c.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    for name, tensor in state.items():
+        t = tensor.detach().float()
+        if arch == "llama" and ".q_proj.weight" in name:
+            t = llama_cpp_permute(t, c.num_attention_heads)
+        elif arch == "llama" and ".k_proj.weight" in name:
+            t = llama_cpp_permute(t, c.num_key_value_heads)
+        elif arch == "gemma2" and name.endswith("norm.weight"):
+            t = t + 1
+        writer.add_tensor(names[name], t.numpy())
+    _add_tokenizer(writer)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _add_tokenizer(writer: Any) -> None:
+    """The tiny byte-level tokenizer in llama.cpp's ``tokenizer.ggml.*`` keys."""
+    spec = json.loads(byte_level_tokenizer().to_str())
+    vocab: dict[str, int] = spec["model"]["vocab"]
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_add_bos_token(False)
+    writer.add_chat_template(CHATML)

@@ -1,0 +1,54 @@
+"""``GET /v1/system/info``: ``inferd doctor``'s facts for the running server, plus its models
+(with the kernels and dtype each one really uses) and its uptime."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from inferd.engine.builder import ServedModel
+from inferd.layers.linear import Linear, PackedKind
+from inferd.server.state import ServerState
+from inferd.serving.registry import ModelSlot
+
+
+def _model_info(slot: ModelSlot) -> dict[str, Any]:
+    info: dict[str, Any] = {"id": slot.id, "kind": slot.kind, "status": str(slot.status)}
+    model = slot.model
+    if isinstance(model, ServedModel):
+        linears = [m for m in model.engine.core.runner.model.modules() if isinstance(m, Linear)]
+        info |= {
+            "architecture": model.config.architecture,
+            "dtype": str(model.dtype).removeprefix("torch."),
+            "isq": model.isq,
+            "digest": f"sha256:{model.source.digest}",
+            "revision": model.source.revision,
+            "kv_cache_tokens": model.kv_cache_tokens,
+            "max_seqs": model.engine_config.max_num_seqs,
+            "kernels": {
+                "linear_layers": len(linears),
+                "packed_int4": sum(m.packed_kind is PackedKind.INT4 for m in linears),
+                "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
+                "dense_dropped": sum(not m.dense for m in linears),
+            },
+        }
+    elif model is not None:
+        info["digest"] = f"sha256:{model.source.digest}"
+    return info
+
+
+async def system_info(request: Request) -> Response:
+    from inferd.doctor import collect
+
+    state: ServerState = request.app.state.inferd
+    info = await asyncio.to_thread(collect)  # reads /proc and the store's manifests
+    info["server"] = {
+        "uptime_s": round(time.time() - state.started, 1) if state.started else None,
+        "default_model": state.registry.default_id,
+        "models": [_model_info(s) for s in state.registry.slots.values()],
+    }
+    return JSONResponse(info)

@@ -1,0 +1,167 @@
+"""The model-tool commands of ``inferd``: convert, quantize, doctor, tune.
+
+Registered by ``cli.py``; each handler imports what it needs when it runs, so that
+``inferd --help`` stays quick.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from inferd.store import DEFAULT_MODEL
+
+
+def add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    convert = sub.add_parser(
+        "convert", help="write a GGUF model out as a Hugging Face (safetensors) directory"
+    )
+    convert.add_argument("model", help="a .gguf file or a store name (e.g. smollm2)")
+    convert.add_argument("outdir", type=Path, help="the directory to create (must be empty)")
+    convert.add_argument(
+        "--dtype",
+        choices=["f32", "bf16", "f16"],
+        default="f32",
+        help="weight dtype in model.safetensors (default: f32, which keeps logits identical)",
+    )
+    convert.set_defaults(func=_convert)
+
+    quantize = sub.add_parser(
+        "quantize", help="quantize a model's projections (int8/int4) into the store"
+    )
+    quantize.add_argument("-m", "--model", default=DEFAULT_MODEL, help=_MODEL_HELP)
+    add_revision_arg(quantize)
+    quantize.add_argument("--isq", choices=["q8", "q4"], required=True, help=_ISQ_HELP)
+    quantize.add_argument(
+        "--force", action="store_true", help="quantize again even if the store has it"
+    )
+    quantize.set_defaults(func=_quantize)
+
+    doctor = sub.add_parser("doctor", help="report this host: torch, CPU features, memory, store")
+    doctor.add_argument("--json", action="store_true", help="print JSON")
+    doctor.set_defaults(func=_doctor)
+
+    tune = sub.add_parser(
+        "tune", help="estimate serve settings (max seqs, KV cache, dtype, ISQ) for this host"
+    )
+    tune.add_argument("-m", "--model", default=DEFAULT_MODEL, help=_MODEL_HELP)
+    add_revision_arg(tune)
+    tune.add_argument("--json", action="store_true", help="print JSON")
+    tune.add_argument(
+        "--emit-config",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="also write the settings as a models file for `serve --config` (JSON, or .toml)",
+    )
+    tune.set_defaults(func=_tune)
+    for sp in (convert, quantize, doctor, tune):
+        sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+
+
+_MODEL_HELP = (
+    "a .gguf file, a model directory, a store name or a Hugging Face repo id from the local "
+    f"HF cache (default: {DEFAULT_MODEL})"
+)
+_ISQ_HELP = "in-situ quantization of every projection: q8 (int8) or q4 (int4, groups of 32)"
+
+
+def add_model_tool_args(p: argparse.ArgumentParser) -> None:
+    """``--isq`` and ``--revision`` for serve and run."""
+    p.add_argument("--isq", choices=["q8", "q4"], default=None, help=_ISQ_HELP)
+    add_revision_arg(p)
+
+
+def add_revision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--revision",
+        default=None,
+        help="with -m org/name: a branch, tag or commit in the local Hugging Face cache",
+    )
+
+
+def model_id(args: argparse.Namespace) -> str | None:
+    """``-m`` with ``--revision`` folded in (``org/name@revision``), as the loaders read it."""
+    model: str | None = args.model
+    revision: str | None = getattr(args, "revision", None)
+    if revision is None:
+        return model
+    from inferd.hf_cache import is_repo_id, split_revision
+
+    if model is None or not is_repo_id(model):
+        raise ValueError("--revision needs -m naming a Hugging Face repo id (org/name)")
+    return f"{split_revision(model)[0]}@{revision}"
+
+
+def print_quantized(home: Path) -> None:
+    """`inferd models`' lines for the quantized entries of the store."""
+    from inferd.quantize import list_quantized
+
+    for folder, q in list_quantized(home):
+        size = sum((folder / rel).stat().st_size for rel in q.files if (folder / rel).is_file())
+        print(
+            f"{q.name:<10} {q.method} of {q.source_name} (group {q.group_size or 'row'}) "
+            f"{size / 2**20:8.1f} MiB  source sha256:{q.source_digest[:16]}…"
+        )
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from inferd.convert import ConvertError, convert_gguf
+    from inferd.engine.builder import resolve_source
+
+    source = resolve_source(args.model)
+    if not source.path.is_file():
+        raise ConvertError(f"{args.model}: convert reads a GGUF file ({source.path} is not one)")
+    out = convert_gguf(source.path, args.outdir, dtype=args.dtype)
+    for p in sorted(out.iterdir()):
+        print(f"{p.stat().st_size / 2**20:10.1f} MiB  {p}")
+    return 0
+
+
+def _quantize(args: argparse.Namespace) -> int:
+    from inferd.engine.builder import resolve_source
+    from inferd.quantize import find_quantized, quantize_to_store
+
+    source = resolve_source(model_id(args) or DEFAULT_MODEL)
+    existing = find_quantized(source.digest, args.isq)
+    if existing is not None and not args.force:
+        print(f"{existing[0]}: already in the store ({args.isq} of sha256:{source.digest[:16]}…)")
+        return 0
+    folder, manifest = quantize_to_store(source, args.isq)
+    size = sum((folder / rel).stat().st_size for rel in manifest.files) / 2**20
+    print(
+        f"{folder}: {manifest.method} (group {manifest.group_size or 'row'}) of {source.name} "
+        f"sha256:{source.digest[:16]}…, {size:.1f} MiB; `--isq {args.isq}` now loads it"
+    )
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from inferd.doctor import collect, format_text
+
+    info = collect()
+    print(json.dumps(info, indent=2) if args.json else format_text(info))
+    return 0
+
+
+def _tune(args: argparse.Namespace) -> int:
+    from inferd.tune import emit_config, format_text, model_shape, recommend
+
+    rec = recommend(model_shape(model_id(args) or DEFAULT_MODEL))
+    if args.emit_config is not None:
+        emit_config(rec, args.emit_config)
+        rec["emitted_config"] = str(args.emit_config)
+    if args.json:
+        print(json.dumps(rec, indent=2))
+    else:
+        print(format_text(rec))
+        if args.emit_config is not None:
+            r = rec["recommended"]
+            print(
+                f"wrote      {args.emit_config} (serve --config {args.emit_config} "
+                f"--kv-cache-mb {r['kv_cache_mb']} --block-size {r['block_size']})",
+                file=sys.stdout,
+            )
+    return 0

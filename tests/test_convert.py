@@ -1,0 +1,82 @@
+"""inferd convert: the real default model (a Q4_1 GGUF) out as a Hugging Face directory, and back
+in with identical logits; transformers reads the directory as the same model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from inferd.cli import main
+from inferd.loaders.gguf import GGUFFile
+from inferd.loaders.safetensors_model import load_safetensors_model, load_tokenizer
+from inferd.loaders.tokenizer import tokenizer_from_gguf
+from inferd.models.loader import load_gguf_model
+from tests.models.test_llama_parity import PROMPTS, full_forward
+
+
+@pytest.fixture(scope="module")
+def converted(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("convert") / "smollm2-hf"
+    assert main(["convert", str(smollm2_gguf), str(out)]) == 0
+    return out
+
+
+def test_layout_is_transformers(converted: Path) -> None:
+    names = sorted(p.name for p in converted.iterdir())
+    assert names == [
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
+    config = json.loads((converted / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"]
+    assert config["num_key_value_heads"] == 3 and config["rope_parameters"]["rope_theta"] == 1e5
+    tok_config = json.loads((converted / "tokenizer_config.json").read_text())
+    assert "<|im_start|>" in tok_config["chat_template"] and tok_config["eos_token"] == "<|im_end|>"
+    assert json.loads((converted / "generation_config.json").read_text())["eos_token_id"] == 2
+
+
+def test_round_trip_logits_are_identical(smollm2_gguf: Path, converted: Path) -> None:
+    gguf = GGUFFile(smollm2_gguf)
+    original, _ = load_gguf_model(gguf, torch.float32, progress=False)
+    again, cfg = load_safetensors_model(converted, torch.float32, progress=False)
+    tokenizer = tokenizer_from_gguf(gguf.metadata)
+    for prompt in PROMPTS:
+        ids = tokenizer.encode(prompt)
+        assert torch.equal(full_forward(original, ids), full_forward(again, ids))
+    reread = load_tokenizer(converted, cfg)
+    assert reread.token_bytes == tokenizer.token_bytes
+    assert reread.special_ids == tokenizer.special_ids
+    assert (reread.bos_token_id, reread.eos_token_id, reread.add_bos) == (1, 2, False)
+    for prompt in PROMPTS:
+        assert reread.encode(prompt, add_special=True) == tokenizer.encode(prompt, add_special=True)
+
+
+def test_transformers_reads_the_directory(smollm2_gguf: Path, converted: Path) -> None:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    ours, _ = load_gguf_model(GGUFFile(smollm2_gguf), torch.float32, progress=False)
+    hf: Any = AutoModelForCausalLM.from_pretrained(str(converted), dtype=torch.float32).eval()
+    tok: Any = AutoTokenizer.from_pretrained(str(converted))
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>assistant\n")
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    with torch.inference_mode():
+        ref = hf(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(full_forward(ours, ids), ref, atol=2e-4, rtol=1e-4)
+
+
+def test_refuses_a_non_empty_directory(
+    smollm2_gguf: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "keep.txt").write_text("mine")
+    assert main(["convert", str(smollm2_gguf), str(tmp_path)]) == 2
+    assert "not an empty directory" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"]

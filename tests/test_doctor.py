@@ -1,0 +1,124 @@
+"""inferd doctor, GET /v1/system/info, and inferd tune."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from inferd.cli import main
+from inferd.config import EngineConfig
+from inferd.doctor import CPU_FLAGS, cpu_info
+from inferd.engine.builder import load_model, resolve_source
+from inferd.server.app import build_app
+from inferd.serving.spec import load_models_file
+from inferd.store import ModelStore
+from inferd.tune import model_shape, recommend
+from tests.models.tiny import save_tiny
+
+
+def test_doctor_json(smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["torch"]["version"] == torch.__version__
+    assert info["torch"]["threads"] == torch.get_num_threads()
+    assert set(info["cpu"]["features"]) == set(CPU_FLAGS)
+    assert info["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert info["memory"]["total_mb"] > 0 and info["cuda"]["available"] is torch.cuda.is_available()
+    manifest = ModelStore().manifest("smollm2")
+    assert manifest is not None
+    (smol,) = [m for m in info["store"]["models"] if m["name"] == "smollm2"]
+    assert smol["digest"] == f"sha256:{manifest.digest}" and smol["complete"]
+    assert info["choices"]["dtype"] in ("bf16", "f32")
+
+
+def test_doctor_text(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    for head in ("torch ", "cpu ", "threads ", "memory ", "store ", "dtype      auto -> "):
+        assert head in out
+
+
+def test_cpu_features_come_from_cpuinfo(tmp_path: Path) -> None:
+    fake = tmp_path / "cpuinfo"
+    fake.write_text("model name\t: Test CPU\nflags\t\t: fpu avx2 avx512f amx_tile amx_bf16\n")
+    cpu = cpu_info(fake)
+    assert cpu["model"] == "Test CPU"
+    assert cpu["features"]["amx_bf16"] and cpu["features"]["avx512f"]
+    assert not cpu["features"]["avx512_bf16"]
+
+
+def test_system_info_of_a_running_server(tmp_path: Path) -> None:
+    save_tiny("qwen3", tmp_path)
+    served = load_model(
+        resolve_source(str(tmp_path)),
+        EngineConfig(dtype="f32", isq="q8", kv_cache_tokens=64),
+        progress=False,
+    )
+    try:
+
+        async def get() -> httpx.Response:
+            transport = httpx.ASGITransport(app=build_app([served]))
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+                return await client.get("/v1/system/info")
+
+        response = asyncio.run(get())
+    finally:
+        served.shutdown()
+    assert response.status_code == 200
+    info = response.json()
+    assert {"torch", "cpu", "cuda", "memory", "store", "choices"} <= set(info)
+    (model,) = info["server"]["models"]
+    assert model["id"] == tmp_path.name and model["architecture"] == "qwen3"
+    assert model["isq"] == "q8" and model["dtype"] == "float32"
+    assert model["kernels"] == {
+        "linear_layers": 9,
+        "packed_int4": 0,
+        "packed_int8": 9,
+        "dense_dropped": 9,
+    }
+
+
+def test_tune_json_and_emitted_configs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    save_tiny("mistral", tmp_path / "m")
+    for name in ("models.json", "models.toml"):
+        emitted = tmp_path / name
+        args = ["tune", "-m", str(tmp_path / "m"), "--json", "--emit-config", str(emitted)]
+        assert main(args) == 0
+        rec = json.loads(capsys.readouterr().out)
+        assert rec["estimate"] is True and rec["model"]["kind"] == "Plain"
+        r = rec["recommended"]
+        assert r["dtype"] in ("bf16", "f32") and r["isq"] is None  # a tiny model fits as is
+        assert r["block_size"] == 16 and r["kv_cache_tokens"] % 16 == 0
+        assert 1 <= r["max_seqs"] <= 64 and r["max_seq_len"] == 128
+        (spec,) = load_models_file(emitted)  # serve --config reads what tune wrote
+        assert (spec.kind, spec.model_id, spec.max_seqs) == (
+            "Plain",
+            str(tmp_path / "m"),
+            r["max_seqs"],
+        )
+        assert spec.dtype == r["dtype"] and spec.max_seq_len == 128
+    assert "ESTIMATE" in (tmp_path / "models.toml").read_text()
+
+
+def test_tune_text(smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "-m", str(smollm2_gguf)]) == 0
+    out = capsys.readouterr().out
+    assert "ESTIMATE" in out and "--kv-cache-mb" in out and "135M params" in out
+
+
+def test_tune_quantizes_when_memory_is_short(smollm2_gguf: Path) -> None:
+    shape = model_shape(str(smollm2_gguf))
+    bf16 = torch.bfloat16
+    plenty = recommend(shape, available_mb=16000, usable_cpus=4, dtype=bf16)
+    assert plenty["recommended"]["isq"] is None and plenty["recommended"]["max_seqs"] == 16
+    assert (
+        recommend(shape, available_mb=600, usable_cpus=4, dtype=bf16)["recommended"]["isq"] == "q8"
+    )
+    short = recommend(shape, available_mb=250, usable_cpus=4, dtype=bf16)
+    assert short["recommended"]["isq"] == "q4" and short["memory_mb"]["fits"]
+    assert not recommend(shape, available_mb=100, usable_cpus=4, dtype=bf16)["memory_mb"]["fits"]
