@@ -25,11 +25,12 @@ serve: pull
 	$(VENV)/bin/inferd serve --host $(HOST) --port $(PORT)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check inferd tests benchmarks
-	$(VENV)/bin/ruff format --check inferd tests benchmarks
+	$(VENV)/bin/ruff check inferd tests benchmarks examples
+	$(VENV)/bin/ruff format --check inferd tests benchmarks examples
 	$(VENV)/bin/mypy
 
 test: pull lint
+	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
 	$(PY) -m pytest -q
 
 # Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 from starlette.requests import Request
@@ -28,11 +28,10 @@ from inferd.server.generation import (
     check_n,
     clamp,
     collect,
-    error_payload,
     for_choice,
-    interleave,
     sampling_params,
     start,
+    stream_events,
     token_piece,
     visible_logprobs,
 )
@@ -234,7 +233,7 @@ async def _collect(
 def _choice(model: ServedModel, index: int, gen: Generation, want_logprobs: bool) -> dict[str, Any]:
     return {
         "index": index,
-        "message": {"role": "assistant", "content": gen.text},
+        "message": {"role": "assistant", "content": gen.text, "refusal": None},
         "finish_reason": gen.final.finish_reason,
         "logprobs": _logprobs(model, gen.logprobs) if want_logprobs else None,
     }
@@ -257,32 +256,22 @@ async def _stream(
             body["usage"] = None
         return sse.event(body)
 
-    for index in range(len(streams)):
-        yield chunk(index, {"role": "assistant", "content": ""}, None)
-    output_tokens = [0] * len(streams)
-    try:
-        async for item in sse.with_heartbeat(interleave(streams), keepalive):
-            if item is None:
-                yield sse.KEEPALIVE
-                continue
-            index, out = item
-            if out.finish_reason in ("error", "abort"):
-                yield sse.event(error_payload(out))
-                yield sse.DONE
-                return
-            output_tokens[index] = out.num_output_tokens
-            lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
-            if out.text or (lps and lps["content"]):
-                yield chunk(index, {"content": out.text}, None, lps)
-            if out.finished:
-                yield chunk(index, {}, out.finish_reason)
-    except Exception as exc:
-        yield sse.event(error_payload(exc))
-        yield sse.DONE
-        return
-    if include_usage:
+    def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
+        lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
+        if out.text or (lps and lps["content"]):
+            yield chunk(index, {"content": out.text}, None, lps)
+        if out.finished:
+            yield chunk(index, {}, out.finish_reason)
+
+    def usage(output_tokens: int) -> bytes:
         body = completion.envelope("chat.completion.chunk")
         body["choices"] = []
-        body["usage"] = _usage(num_prompt_tokens, sum(output_tokens))
-        yield sse.event(body)
-    yield sse.DONE
+        body["usage"] = _usage(num_prompt_tokens, output_tokens)
+        return sse.event(body)
+
+    for index in range(len(streams)):
+        yield chunk(index, {"role": "assistant", "content": ""}, None)
+    async for event in stream_events(
+        streams, keepalive, on_output, usage if include_usage else None
+    ):
+        yield event
