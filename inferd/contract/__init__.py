@@ -28,6 +28,7 @@ from inferd.contract.plan import (
     PagedAttention,
     PlanError,
     Surface,
+    Toggle,
 )
 from inferd.contract.receipts import (
     LaunchReceipt,
@@ -143,6 +144,7 @@ __all__ = [
     "Supervisor",
     "Surface",
     "TextPart",
+    "Toggle",
     "TooManyMediaParts",
     "ToolCallsRequested",
     "Usage",

@@ -33,7 +33,13 @@ from inferd.contract.plan import (
 from inferd.contract.receipts import launch_receipt, request_receipt, stream_receipt
 from inferd.contract.request import MediaPart, Part, RequestBounds, TextPart, build_chat_request
 from inferd.contract.staging import EvidenceStore, Modality
-from inferd.contract.stream import Expectation, Finished, Outcome, StreamConsumer
+from inferd.contract.stream import (
+    Expectation,
+    Finished,
+    Outcome,
+    StreamConsumer,
+    outcome_text,
+)
 
 PLACEHOLDER_BINARY_SHA256 = "1" * 64
 PLACEHOLDER_REVISION = "3" * 40
@@ -141,7 +147,7 @@ def build_report(staging_root: Path) -> dict[str, Any]:
         "stream": {
             "outcome": str(outcome.kind),
             "success": outcome.ok,
-            "text": outcome.text if isinstance(outcome, Finished) else outcome.partial_text,
+            "text": outcome_text(outcome),
             "usage": _usage(outcome),
             "wire_bytes": consumer.wire_bytes,
             "wire_sha256": consumer.wire_sha256,

@@ -45,9 +45,14 @@ class ModelFormat(StrEnum):
     PLAIN = "plain"
 
 
+class Toggle(StrEnum):
+    ON = "on"
+    OFF = "off"
+
+
 class AccessLog(StrEnum):
-    DEFAULT = "default"
-    JSON = "json"
+    DEFAULT = "default"  # whatever the pinned release does without a flag
+    JSON = "json"  # one JSON object per line; request ids and routes, never bodies
 
 
 class Surface(StrEnum):
@@ -118,21 +123,24 @@ class Limits:
     max_seqs: int
     max_seq_len: int
     paged_attention: PagedAttention
-    prefix_cache_n: int
+    prefix_cache_n: int | None  # mistral.rs: how many prefixes it keeps (0: none)
     max_num_images: int
-    max_image_edge: int
+    max_image_edge: int  # 0: the plan sets no edge bound
     device: Device
     max_batch_size: int | None = None  # mistral.rs: sizing input for device mapping
     max_num_batched_tokens: int | None = None  # inferd: token budget of one engine step
     kv_cache_tokens: int | None = None  # inferd: KV pool size
     dtype: str | None = None  # inferd: auto | bf16 | f32
     seed: int | None = None  # inferd: default sampling seed
+    prefix_caching: Toggle | None = None  # inferd: block reuse bounded by the KV pool, no count
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_seq_len"):
             _require_int(f"limits.{name}", getattr(self, name), minimum=1)
-        for name in ("prefix_cache_n", "max_num_images", "max_image_edge"):
+        for name in ("max_num_images", "max_image_edge"):
             _require_int(f"limits.{name}", getattr(self, name), minimum=0)
+        if self.prefix_cache_n is not None:
+            _require_int("limits.prefix_cache_n", self.prefix_cache_n, minimum=0)
         for name in ("max_batch_size", "max_num_batched_tokens", "kv_cache_tokens"):
             value = getattr(self, name)
             if value is not None:
@@ -141,8 +149,10 @@ class Limits:
             _require_int("limits.seed", self.seed, minimum=0)
         if self.dtype is not None and self.dtype not in _DTYPES:
             raise PlanError(f"limits.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
-        if (self.max_num_images == 0) != (self.max_image_edge == 0):
-            raise PlanError("limits.max_num_images and max_image_edge are both zero or both set")
+        if self.prefix_caching is not None and not isinstance(self.prefix_caching, Toggle):
+            raise PlanError(f"limits.prefix_caching must be on or off, got {self.prefix_caching!r}")
+        if self.max_num_images == 0 and self.max_image_edge != 0:
+            raise PlanError("limits.max_image_edge bounds images: it needs max_num_images > 0")
 
 
 @dataclass(frozen=True)
@@ -196,7 +206,12 @@ class LaunchPlan:
 
 
 class _InferdRenderer:
-    """``inferd serve``: GGUF only, paged KV always on, text only, CPU only."""
+    """``inferd serve``: GGUF only, paged KV always on, CPU only.
+
+    Its prefix cache reuses KV blocks until the pool needs them, so it is on or off, never a
+    count; it caps images per request but has no edge flag, so a plan with an edge bound is
+    refused rather than launched with the bound silently missing.
+    """
 
     @staticmethod
     def check(plan: LaunchPlan) -> None:
@@ -210,8 +225,16 @@ class _InferdRenderer:
             lim.paged_attention is PagedAttention.ON,
             "inferd always pages its KV cache: limits.paged_attention must be on",
         )
-        _require(lim.prefix_cache_n == 0, "inferd has no prefix cache: prefix_cache_n must be 0")
-        _require(lim.max_num_images == 0, "inferd serves text only: max_num_images must be 0")
+        _require(
+            lim.prefix_cache_n is None,
+            "inferd's prefix cache keeps no count of prefixes: leave prefix_cache_n unset and "
+            "set limits.prefix_caching on or off",
+        )
+        _require(
+            lim.max_image_edge == 0,
+            "inferd has no image edge flag (it caps only --max-num-images): "
+            "max_image_edge must be 0",
+        )
         _require(
             lim.device is Device.CPU and plan.engine.build is Device.CPU,
             "inferd computes on the CPU: device and engine.build must be cpu",
@@ -219,9 +242,8 @@ class _InferdRenderer:
         _require(
             lim.max_batch_size is None, "inferd has no max_batch_size; use max_num_batched_tokens"
         )
-        _require(plan.access_log is AccessLog.DEFAULT, "inferd has no access log format flag")
-        for name in ("dtype", "max_num_batched_tokens", "kv_cache_tokens"):
-            _require(getattr(lim, name) is not None, f"limits.{name} must be explicit for inferd")
+        explicit = ("dtype", "max_num_batched_tokens", "kv_cache_tokens", "prefix_caching")
+        _require_set(lim, explicit, given=True, engine=plan.engine.kind)
 
     @staticmethod
     def route(plan: LaunchPlan) -> str:
@@ -232,14 +254,21 @@ class _InferdRenderer:
     @staticmethod
     def args(plan: LaunchPlan) -> tuple[str, ...]:
         lim = plan.limits
-        argv = ["serve", "-m", plan.model.entry_path, "--host", plan.host, "--port", str(plan.port)]
-        argv += ["--dtype", str(lim.dtype), "--max-seqs", str(lim.max_seqs)]
-        argv += ["--max-seq-len", str(lim.max_seq_len)]
-        argv += ["--max-num-batched-tokens", str(lim.max_num_batched_tokens)]
-        argv += ["--kv-cache-tokens", str(lim.kv_cache_tokens)]
-        if lim.seed is not None:
-            argv += ["--seed", str(lim.seed)]
-        return tuple(argv)
+        return _flags(
+            ("-m", plan.model.entry_path),
+            ("--host", plan.host),
+            ("--port", plan.port),
+            ("--access-log-format", _json_access_log(plan)),
+            ("--dtype", lim.dtype),
+            ("--max-seqs", lim.max_seqs),
+            ("--max-seq-len", lim.max_seq_len),
+            ("--max-num-batched-tokens", lim.max_num_batched_tokens),
+            ("--kv-cache-tokens", lim.kv_cache_tokens),
+            ("--prefix-caching", lim.prefix_caching),
+            # Always explicit: the server's default admits images the plan never asked for.
+            ("--max-num-images", lim.max_num_images),
+            ("--seed", lim.seed),
+        )
 
 
 class _MistralRsRenderer:
@@ -252,11 +281,20 @@ class _MistralRsRenderer:
             m.format is ModelFormat.PLAIN and m.entry is None,
             "the pinned mistralrs flag set serves a plain bundle directory (no entry)",
         )
-        _require(lim.max_batch_size is not None, "limits.max_batch_size must be explicit")
-        for name in ("max_num_batched_tokens", "kv_cache_tokens", "dtype", "seed"):
-            _require(
-                getattr(lim, name) is None, f"limits.{name} is not in the pinned mistralrs flag set"
-            )
+        # --prefix-cache-n 0 turns mistral.rs's prefix cache off.
+        _require_set(lim, ("max_batch_size", "prefix_cache_n"), given=True, engine=plan.engine.kind)
+        inferd_only = (
+            "max_num_batched_tokens",
+            "kv_cache_tokens",
+            "dtype",
+            "seed",
+            "prefix_caching",
+        )
+        _require_set(lim, inferd_only, given=False, engine=plan.engine.kind)
+        _require(
+            (lim.max_num_images == 0) == (lim.max_image_edge == 0),
+            "limits.max_num_images and max_image_edge are both zero or both set for mistralrs",
+        )
         # Only CPU can be forced by flag; any other device comes from the binary's build,
         # so the plan must say which build it pinned rather than hope for auto-selection.
         _require(
@@ -271,25 +309,52 @@ class _MistralRsRenderer:
     @staticmethod
     def args(plan: LaunchPlan) -> tuple[str, ...]:
         lim = plan.limits
-        argv = ["serve", "--model-id", plan.model.local_dir, "--format", str(plan.model.format)]
-        argv += ["--host", plan.host, "--port", str(plan.port), "--no-ui"]
-        if plan.access_log is AccessLog.JSON:
-            argv += ["--access-log-format", "json"]
-        argv += ["--max-seqs", str(lim.max_seqs), "--max-seq-len", str(lim.max_seq_len)]
-        argv += ["--max-batch-size", str(lim.max_batch_size)]
-        argv += ["--paged-attn", str(lim.paged_attention)]
-        argv += ["--prefix-cache-n", str(lim.prefix_cache_n)]
-        argv += ["--max-num-images", str(lim.max_num_images)]
-        argv += ["--max-edge", str(lim.max_image_edge)]
-        if lim.device is Device.CPU:
-            argv.append("--cpu")
-        return tuple(argv)
+        return _flags(
+            ("--model-id", plan.model.local_dir),
+            ("--format", plan.model.format),
+            ("--host", plan.host),
+            ("--port", plan.port),
+            ("--no-ui", True),
+            ("--access-log-format", _json_access_log(plan)),
+            ("--max-seqs", lim.max_seqs),
+            ("--max-seq-len", lim.max_seq_len),
+            ("--max-batch-size", lim.max_batch_size),
+            ("--paged-attn", lim.paged_attention),
+            ("--prefix-cache-n", lim.prefix_cache_n),
+            ("--max-num-images", lim.max_num_images),
+            ("--max-edge", lim.max_image_edge),
+            ("--cpu", lim.device is Device.CPU),
+        )
 
 
 _RENDERERS: dict[EngineKind, type[_InferdRenderer] | type[_MistralRsRenderer]] = {
     EngineKind.INFERD: _InferdRenderer,
     EngineKind.MISTRALRS: _MistralRsRenderer,
 }
+
+
+def _flags(*pairs: tuple[str, str | int | bool | None]) -> tuple[str, ...]:
+    """``serve`` and then ``flag value`` for each pair, in order: None leaves the flag out,
+    True writes it bare, False leaves it out; every other value is written as ``str()``."""
+    argv = ["serve"]
+    for flag, value in pairs:
+        if value is None or value is False:
+            continue
+        argv += [flag] if value is True else [flag, str(value)]
+    return tuple(argv)
+
+
+def _json_access_log(plan: LaunchPlan) -> str | None:
+    # Both engines spell it the same way; the default format needs no flag.
+    return "json" if plan.access_log is AccessLog.JSON else None
+
+
+def _require_set(limits: Limits, names: tuple[str, ...], *, given: bool, engine: str) -> None:
+    """Each named limit must be given (not None) or, with ``given=False``, left unset."""
+    for name in names:
+        if (getattr(limits, name) is not None) != given:
+            need = "must be explicit for" if given else "is not in the flag set of"
+            raise PlanError(f"limits.{name} {need} {engine}")
 
 
 def _require(condition: bool, message: str) -> None:

@@ -11,21 +11,34 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypedDict
 
 from inferd.contract.canonical import INTEGRATION_RELEASE, canonical_json, sha256_hex
 from inferd.contract.plan import LaunchPlan
 from inferd.contract.request import ChatRequest
-from inferd.contract.stream import Finished, Outcome, ProtocolError, StreamConsumer, Usage
+from inferd.contract.stream import (
+    Finished,
+    Outcome,
+    ProtocolError,
+    StreamConsumer,
+    Usage,
+    outcome_text,
+)
 
 
 class ReceiptError(ValueError):
     """A receipt file whose bytes do not match its name."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Receipt:
+    """What every receipt binds: the serving identity, the model route, the rules' release."""
+
     KIND: ClassVar[str] = ""
+
+    serve_identity: str
+    model_route: str
+    release: str = INTEGRATION_RELEASE
 
     def canonical(self) -> bytes:
         return canonical_json({"kind": self.KIND, **asdict(self)})
@@ -40,45 +53,50 @@ class _Receipt:
         return sha256_hex(self.canonical())
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LaunchReceipt(_Receipt):
     KIND: ClassVar[str] = "launch"
 
-    serve_identity: str
     engine: str
     engine_version: str
     engine_artifact_sha256: str
     model_bundle_sha256: str
     model_revision: str
-    model_route: str
     argv: tuple[str, ...]
-    release: str = INTEGRATION_RELEASE
 
 
-@dataclass(frozen=True)
-class RequestReceipt(_Receipt):
-    KIND: ClassVar[str] = "request"
+@dataclass(frozen=True, kw_only=True)
+class _RequestBound(_Receipt):
+    """A receipt about one request: which one, by its id and the digest of its body."""
 
     request_id: str
-    endpoint: str
-    serve_identity: str
     request_sha256: str
-    request_bytes: int
+
+
+class _RequestBinding(TypedDict):
+    """The fields of _RequestBound, as request_receipt and stream_receipt both fill them."""
+
+    request_id: str
+    request_sha256: str
+    serve_identity: str
     model_route: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestReceipt(_RequestBound):
+    KIND: ClassVar[str] = "request"
+
+    endpoint: str
+    request_bytes: int
     artifact_digests: tuple[str, ...]
     locator_digests: tuple[str, ...]
     max_tokens: int
-    release: str = INTEGRATION_RELEASE
 
 
-@dataclass(frozen=True)
-class StreamReceipt(_Receipt):
+@dataclass(frozen=True, kw_only=True)
+class StreamReceipt(_RequestBound):
     KIND: ClassVar[str] = "stream"
 
-    request_id: str
-    request_sha256: str
-    serve_identity: str
-    model_route: str
     wire_sha256: str
     wire_bytes: int
     events: int
@@ -90,7 +108,6 @@ class StreamReceipt(_Receipt):
     text_sha256: str
     text_bytes: int
     usage: Usage | None = field(default=None)
-    release: str = INTEGRATION_RELEASE
 
 
 def launch_receipt(plan: LaunchPlan) -> LaunchReceipt:
@@ -106,14 +123,20 @@ def launch_receipt(plan: LaunchPlan) -> LaunchReceipt:
     )
 
 
+def _binding(plan: LaunchPlan, request: ChatRequest) -> _RequestBinding:
+    return _RequestBinding(
+        request_id=request.request_id,
+        request_sha256=request.sha256,
+        serve_identity=plan.identity_sha256(),
+        model_route=request.model_route,
+    )
+
+
 def request_receipt(plan: LaunchPlan, request: ChatRequest) -> RequestReceipt:
     return RequestReceipt(
-        request_id=request.request_id,
+        **_binding(plan, request),
         endpoint=request.endpoint,
-        serve_identity=plan.identity_sha256(),
-        request_sha256=request.sha256,
         request_bytes=len(request.body),
-        model_route=request.model_route,
         artifact_digests=request.artifact_digests,
         locator_digests=request.locator_digests,
         max_tokens=request.max_tokens,
@@ -123,13 +146,9 @@ def request_receipt(plan: LaunchPlan, request: ChatRequest) -> RequestReceipt:
 def stream_receipt(
     plan: LaunchPlan, request: ChatRequest, consumer: StreamConsumer, outcome: Outcome
 ) -> StreamReceipt:
-    text = outcome.text if isinstance(outcome, Finished) else outcome.partial_text
-    encoded = text.encode("utf-8")
+    encoded = outcome_text(outcome).encode("utf-8")
     return StreamReceipt(
-        request_id=request.request_id,
-        request_sha256=request.sha256,
-        serve_identity=plan.identity_sha256(),
-        model_route=request.model_route,
+        **_binding(plan, request),
         wire_sha256=consumer.wire_sha256,
         wire_bytes=consumer.wire_bytes,
         events=consumer.events,

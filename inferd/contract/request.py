@@ -121,11 +121,10 @@ def build_chat_request(
     Media parts need ``store``: a lease that was released (its artifact may be cleaned up
     at any moment) must not end up in a request.
     """
-    _check_identity(request_id, tenant, parts)
-    _check_leases(parts, store)
+    _check_parts(request_id, tenant, parts, store)
     _check_sampling(max_tokens, temperature, seed)
-    _check_bounds(parts, max_tokens, bounds)
     leases = [p.lease for p in parts if isinstance(p, MediaPart)]
+    _check_bounds(parts, leases, max_tokens, bounds)
     body = canonical_json(
         {
             "model": plan.model_route,
@@ -137,8 +136,7 @@ def build_chat_request(
             "stream_options": {"include_usage": True},
         }
     )
-    if len(body) > bounds.max_json_bytes:
-        raise JsonTooLarge(f"request JSON is {len(body)} bytes, over {bounds.max_json_bytes}")
+    _within(JsonTooLarge, bounds, len(body), "bytes of request JSON")
     return ChatRequest(
         request_id=request_id,
         tenant=tenant,
@@ -151,7 +149,9 @@ def build_chat_request(
     )
 
 
-def _check_identity(request_id: str, tenant: str, parts: tuple[Part, ...]) -> None:
+def _check_parts(
+    request_id: str, tenant: str, parts: tuple[Part, ...], store: EvidenceStore | None
+) -> None:
     if not is_token(request_id):
         raise RequestError(
             f"request_id must be 1-128 characters of [A-Za-z0-9._:-]: {request_id!r}"
@@ -169,15 +169,9 @@ def _check_identity(request_id: str, tenant: str, parts: tuple[Part, ...]) -> No
             raise RequestError(f"part {index}: the evidence belongs to another tenant")
         if lease.request_id != request_id:
             raise RequestError(f"part {index}: the lease was taken for another request")
-
-
-def _check_leases(parts: tuple[Part, ...], store: EvidenceStore | None) -> None:
-    for index, part in enumerate(parts):
-        if not isinstance(part, MediaPart):
-            continue
         if store is None:
             raise RequestError("media parts need the evidence store to confirm their leases")
-        if not store.is_active(part.lease):
+        if not store.is_active(lease):
             raise RequestError(f"part {index}: the lease was released")
 
 
@@ -192,22 +186,26 @@ def _check_sampling(max_tokens: int, temperature: float, seed: int) -> None:
         raise RequestError(f"seed must be an integer in [0, 2**63), got {seed!r}")
 
 
-def _check_bounds(parts: tuple[Part, ...], max_tokens: int, bounds: RequestBounds) -> None:
+def _check_bounds(
+    parts: tuple[Part, ...], leases: list[Lease], max_tokens: int, bounds: RequestBounds
+) -> None:
     for index, part in enumerate(parts):
         modality = _modality(part)
         if modality not in bounds.modalities:
             raise ModalityNotAdmitted(f"part {index}: {modality} input is not admitted")
-    media = [p.lease.evidence.artifact for p in parts if isinstance(p, MediaPart)]
-    if len(media) > bounds.max_media_parts:
-        raise TooManyMediaParts(f"{len(media)} media parts, over {bounds.max_media_parts}")
-    media_bytes = sum(a.size for a in media)
-    if media_bytes > bounds.max_media_bytes:
-        raise MediaTooLarge(f"{media_bytes} bytes of media, over {bounds.max_media_bytes}")
+    _within(TooManyMediaParts, bounds, len(leases), "media parts")
+    media_bytes = sum(lease.evidence.artifact.size for lease in leases)
+    _within(MediaTooLarge, bounds, media_bytes, "bytes of media")
     prompt_bytes = sum(len(p.text.encode("utf-8")) for p in parts if isinstance(p, TextPart))
-    if prompt_bytes > bounds.max_prompt_bytes:
-        raise PromptTooLarge(f"{prompt_bytes} bytes of prompt text, over {bounds.max_prompt_bytes}")
-    if max_tokens > bounds.max_output_tokens:
-        raise OutputTokensTooLarge(f"max_tokens {max_tokens} is over {bounds.max_output_tokens}")
+    _within(PromptTooLarge, bounds, prompt_bytes, "bytes of prompt text")
+    _within(OutputTokensTooLarge, bounds, max_tokens, "max_tokens")
+
+
+def _within(error: type[RequestBoundError], bounds: RequestBounds, value: int, what: str) -> None:
+    """Raise ``error`` when ``value`` is over the bound the error type names."""
+    limit = getattr(bounds, error.bound)
+    if value > limit:
+        raise error(f"{what}: {value}, over {error.bound} {limit}")
 
 
 def _modality(part: Part) -> Modality:

@@ -163,6 +163,12 @@ Outcome = (
     | Cancelled
 )
 
+
+def outcome_text(outcome: Outcome) -> str:
+    """The text a stream produced: all of it when it finished, what arrived otherwise."""
+    return outcome.text if isinstance(outcome, Finished) else outcome.partial_text
+
+
 _Terminal = Complete | IncompleteLengthLimited | ContentFiltered | ToolCallsRequested
 _FINISHED: dict[str, type[_Terminal]] = {
     "stop": Complete,

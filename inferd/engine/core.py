@@ -1,13 +1,19 @@
-"""EngineCore: one synchronous step = schedule, run the model, sample, update requests."""
+"""EngineCore: one synchronous step = schedule, run the model, sample, update requests.
+
+Prompt logprobs (``SamplingParams.prompt_logprobs``) are gathered across the prefill chunks of
+a request, indexed by prompt position (a preempted request recomputes and overwrites them), and
+handed out once, on the request's first output.
+"""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import Request, RequestStatus
-from inferd.engine.runner import ModelRunner
-from inferd.engine.sampler import sample
+from inferd.engine.runner import ModelRunner, PromptLogits
+from inferd.engine.sampler import prompt_token_logprobs, sample
 from inferd.engine.scheduler import Scheduler
 
 
@@ -21,6 +27,8 @@ class EngineCore:
         self.prompt_tokens = 0
         self.generated_tokens = 0
         self.last_step_seconds = 0.0
+        # request id -> one slot per prompt token, filled as prefill chunks are computed
+        self.prompt_logprobs: dict[str, list[TokenLogprob | None]] = {}
 
     @property
     def has_work(self) -> bool:
@@ -31,12 +39,15 @@ class EngineCore:
             raise ValueError(f"request id {request.request_id!r} is already in flight")
         self.requests[request.request_id] = request
         self.prompt_tokens += request.num_prompt_tokens
+        if request.params.prompt_logprobs is not None:
+            self.prompt_logprobs[request.request_id] = [None] * request.num_prompt_tokens
         self.scheduler.add(request)
 
     def abort(self, request_id: str) -> RequestOutput | None:
         request = self.requests.pop(request_id, None)
         if request is None:
             return None
+        self.prompt_logprobs.pop(request_id, None)
         self.scheduler.finish(request, RequestStatus.FINISHED_ABORTED)
         return _output(request, "", (), "abort")
 
@@ -47,6 +58,7 @@ class EngineCore:
             self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
             outputs.append(_output(request, "", (), "error", error=message))
         self.requests.clear()
+        self.prompt_logprobs.clear()
         return outputs
 
     def step(self) -> list[RequestOutput]:
@@ -54,16 +66,27 @@ class EngineCore:
         if scheduled.empty:
             return []
         started = time.perf_counter()
-        logits, chunks = self.runner.execute(scheduled)
+        result = self.runner.execute(scheduled)
         self.scheduler.advance(scheduled)
-        sampled = sample(logits, [c.request for c in chunks])
+        self._gather_prompt_logprobs(result.prompt_logits)
+        sampled = sample(result.logits, [c.request for c in result.chunks])
         outputs = [
             self._append(c.request, t, lp)
-            for c, t, lp in zip(chunks, sampled.token_ids, sampled.logprobs, strict=True)
+            for c, t, lp in zip(result.chunks, sampled.token_ids, sampled.logprobs, strict=True)
         ]
         self.steps += 1
         self.last_step_seconds = time.perf_counter() - started
         return outputs
+
+    def _gather_prompt_logprobs(self, parts: tuple[PromptLogits, ...]) -> None:
+        for part in parts:
+            slots = self.prompt_logprobs.get(part.request.request_id)
+            if slots is None:
+                continue
+            request, first = part.request, part.first
+            targets = request.prompt_token_ids[first : first + part.logits.shape[0]]
+            k = request.params.prompt_logprobs or 0
+            slots[first : first + len(targets)] = prompt_token_logprobs(part.logits, targets, k)
 
     def _append(
         self, request: Request, token: int, logprob: TokenLogprob | None = None
@@ -95,7 +118,9 @@ class EngineCore:
             self.scheduler.finish(request, status)
             del self.requests[request.request_id]
         logprobs = (logprob,) if logprob is not None else None
-        return _output(request, text, (token,), reason, logprobs=logprobs)
+        prompt = self.prompt_logprobs.pop(request.request_id, None)
+        out = _output(request, text, (token,), reason, logprobs=logprobs)
+        return out if prompt is None else replace(out, prompt_logprobs=tuple(prompt))
 
 
 def _output(

@@ -142,9 +142,12 @@ class KVCacheManager:
         """Give a fresh request the cached blocks of its longest known prefix.
 
         The last prompt token is always recomputed, since its logits are needed to sample.
-        Returns the number of tokens found.
+        A request that asks for prompt logprobs gets nothing: it needs the logits of every
+        prompt position. Returns the number of tokens found.
         """
         if not self.prefix_caching or request.block_ids:
+            return 0
+        if request.params.prompt_logprobs is not None:
             return 0
         self.stats.queries += request.num_prompt_tokens
         hashes = self._hashes(request, (request.num_tokens - 1) // self.block_size)

@@ -29,6 +29,9 @@ class RequestOutput:
     stop_reason: str | int | None = None  # matched stop string or stop token id
     error: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token_ids entry, when asked for
+    # One per prompt token (None for the first, which nothing predicts), on a request's first
+    # output only, when its params ask for prompt_logprobs.
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
 
     @property
     def finished(self) -> bool:

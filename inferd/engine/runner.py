@@ -2,7 +2,8 @@
 
 It owns the KV-cache tensors. Per step it builds the flat inputs (token ids, positions, the slot
 of each new token) and the attention metadata, runs the model, and returns logits only for the
-rows where a request needs its next token.
+rows where a request needs its next token, plus, for requests that ask for prompt logprobs and
+have not had them yet, the logits of their prompt rows (each predicts the next prompt token).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferd.engine.request import Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask, decode_mask
 from inferd.models.config import ModelConfig
@@ -24,6 +26,33 @@ class ModelInputs:
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows whose hidden state becomes logits
     sampled_chunks: tuple[ScheduledChunk, ...]  # same order as sample_rows
+    prompt_rows: torch.Tensor | None = None  # rows whose logits score the next prompt token
+    prompt_spans: tuple[PromptSpan, ...] = ()  # same order as prompt_rows
+
+
+@dataclass(frozen=True, slots=True)
+class PromptSpan:
+    """``count`` consecutive rows of one request; the first predicts prompt token ``first``."""
+
+    request: Request
+    first: int
+    count: int
+
+
+@dataclass(frozen=True, slots=True)
+class PromptLogits:
+    """Logits of a request's prompt rows: row j predicts prompt token ``first + j``."""
+
+    request: Request
+    first: int
+    logits: torch.Tensor  # [rows, vocab]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    logits: torch.Tensor  # [num_sampled, vocab]
+    chunks: tuple[ScheduledChunk, ...]  # the chunks that sample, same order as logits
+    prompt_logits: tuple[PromptLogits, ...] = ()
 
 
 class ModelRunner:
@@ -45,12 +74,20 @@ class ModelRunner:
         ]
 
     @torch.inference_mode()
-    def execute(self, output: SchedulerOutput) -> tuple[torch.Tensor, tuple[ScheduledChunk, ...]]:
-        """Run one step; returns logits [num_sampled, vocab] and the chunks they belong to."""
+    def execute(self, output: SchedulerOutput) -> StepResult:
+        """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
         hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         logits = self.model.compute_logits(hidden[inputs.sample_rows])
-        return logits, inputs.sampled_chunks
+        if inputs.prompt_rows is None:
+            return StepResult(logits, inputs.sampled_chunks)
+        prompt_logits = self.model.compute_logits(hidden[inputs.prompt_rows])
+        parts, row = [], 0
+        for span in inputs.prompt_spans:
+            rows = prompt_logits[row : row + span.count]
+            parts.append(PromptLogits(span.request, span.first, rows))
+            row += span.count
+        return StepResult(logits, inputs.sampled_chunks, tuple(parts))
 
     def prepare(self, output: SchedulerOutput) -> ModelInputs:
         ids: list[int] = []
@@ -62,6 +99,8 @@ class ModelRunner:
         prefills: list[PrefillChunk] = []
         sample_rows: list[int] = []
         sampled: list[ScheduledChunk] = []
+        prompt_rows: list[int] = []
+        prompt_spans: list[PromptSpan] = []
         bs = self.block_size
         for chunk in output.chunks:
             req, row = chunk.request, len(ids)
@@ -81,6 +120,12 @@ class ModelRunner:
             if chunk.completes:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(chunk)
+            if req.params.prompt_logprobs is not None and not req.output_token_ids:
+                # Position p predicts prompt token p + 1; the last prompt row samples instead.
+                end = min(chunk.start + chunk.num_tokens, req.num_prompt_tokens - 1)
+                if end > chunk.start:
+                    prompt_rows.extend(range(row, row + end - chunk.start))
+                    prompt_spans.append(PromptSpan(req, chunk.start + 1, end - chunk.start))
         tables = _pad_tables(decode_tables) if decode_rows else None
         mask = None
         if tables is not None:
@@ -100,6 +145,8 @@ class ModelRunner:
             meta=meta,
             sample_rows=torch.tensor(sample_rows, dtype=torch.long),
             sampled_chunks=tuple(sampled),
+            prompt_rows=torch.tensor(prompt_rows, dtype=torch.long) if prompt_rows else None,
+            prompt_spans=tuple(prompt_spans),
         )
 
 

@@ -126,3 +126,21 @@ def _fill_logprobs(
         n = requests[row].params.logprobs or 0
         top = tuple(zip(top_ids[j][:n], top_values[j][:n], strict=True))
         out[row] = TokenLogprob(tokens[row], chosen_values[j], top)
+
+
+def prompt_token_logprobs(
+    logits: torch.Tensor, targets: Sequence[int], k: int
+) -> list[TokenLogprob]:
+    """Log-softmax of prompt rows: row j scores ``targets[j]``, with the top ``k`` of the row."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    ids = torch.tensor(list(targets), dtype=torch.long, device=logits.device)
+    chosen: list[float] = logprobs.gather(1, ids[:, None]).squeeze(1).tolist()
+    top_values: list[list[float]] = [[] for _ in chosen]
+    top_ids: list[list[int]] = [[] for _ in chosen]
+    if k > 0:
+        values, indices = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+        top_values, top_ids = values.tolist(), indices.tolist()
+    return [
+        TokenLogprob(t, v, tuple(zip(ti, tv, strict=True)))
+        for t, v, ti, tv in zip(targets, chosen, top_ids, top_values, strict=True)
+    ]

@@ -29,6 +29,9 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit)
     # None: no logprobs. k >= 0: the sampled token's logprob plus the k most likely tokens.
     logprobs: int | None = None
+    # None: no prompt logprobs. k >= 0: each prompt token's logprob (None for the first, which
+    # nothing predicts) plus the k most likely tokens at its position, on the first output.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")
@@ -68,6 +71,12 @@ class SamplingParams:
                 0 <= self.logprobs <= MAX_LOGPROBS,
                 "logprobs",
                 f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
+            )
+        if self.prompt_logprobs is not None:
+            _check(
+                0 <= self.prompt_logprobs <= MAX_LOGPROBS,
+                "prompt_logprobs",
+                f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}",
             )
 
     @property

@@ -5,6 +5,11 @@ Every error on these routes answers in Anthropic's envelope,
 the order the SDK requires: message_start, content_block_start, ping, content_block_delta...,
 content_block_stop, message_delta, message_stop. A final assistant message is a prefill: the
 reply continues it.
+
+Image and document blocks go through the media policy (media.py) like chat's media parts, so a
+refused URL or an oversized payload gets its reason, and an accepted one the model's modality
+answer. Generation goes through the request timer (metrics.py): TTFT, token counts for the
+access log, and the request timeout, which aborts the generation.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from inferd.server.generation import (
     engine_error,
     start,
 )
+from inferd.server.media import check_media_parts, media_policy
+from inferd.server.metrics import RequestTimeoutError, request_timer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
 
@@ -62,6 +69,7 @@ async def count_tokens(request: Request) -> Response:
         state: ServerState = request.app.state.inferd
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
+        check_media_parts(body.messages, media_policy(request), model)
         prompt = await _prompt(model, body)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
@@ -76,6 +84,7 @@ async def _create_message(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
+    check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
     prompt = await _prompt(model, body)
     params = _sampling_params(body, model)
     admit(model, len(prompt), params, "messages")
@@ -88,6 +97,7 @@ async def _create_message(request: Request) -> Response:
     if body.max_tokens == 0:
         return _empty_message(message, len(prompt), body.stream)
     streams = start(model, request.state.request_id, [(prompt, params)])
+    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
     if body.stream:
         stream = _stream(request, message, streams[0], len(prompt), state.keepalive_seconds)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -259,6 +269,12 @@ async def _stream(
     except ENGINE_ERRORS as exc:
         err = engine_error(exc)
         yield failure(err.status, err.message)
+        return
+    except RequestTimeoutError as exc:  # the timer has aborted the generation
+        yield failure(504, str(exc))
+        return
+    except Exception as exc:
+        yield failure(500, str(exc))
         return
     if last is None:
         yield failure(500, "the engine returned no output")

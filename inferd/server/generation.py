@@ -2,15 +2,16 @@
 
 A request for ``n`` choices (or several prompts) becomes independent engine requests sharing
 the prompt; ``collect`` gathers them all (aborting every one if the client leaves) and
-``interleave`` merges their output streams for SSE. Either way, leaving early aborts every
-engine request, which frees its KV blocks at the next step.
+``interleave`` merges their output streams for SSE and ``stream_events`` frames them the way
+every OpenAI-style stream ends. Either way, leaving early aborts every engine request, which
+frees its KV blocks at the next step.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from starlette.requests import Request
@@ -19,6 +20,7 @@ from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineSt
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.server import sse
 from inferd.server.errors import APIError, bad_request
 from inferd.server.protocol import SamplingFields
 
@@ -161,12 +163,15 @@ class Generation:
     text: str = ""
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     last: RequestOutput | None = None
 
     def add(self, out: RequestOutput) -> None:
         self.text += out.text
         self.token_ids.extend(out.token_ids)
         self.logprobs.extend(visible_logprobs(out))
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.last = out
 
     @property
@@ -260,6 +265,44 @@ async def interleave(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def stream_events(
+    streams: Sequence[AsyncIterator[RequestOutput]],
+    keepalive: float,
+    on_output: Callable[[int, RequestOutput], Iterable[bytes]],
+    usage: Callable[[int], bytes] | None = None,
+) -> AsyncIterator[bytes]:
+    """The body of an OpenAI-style SSE stream over every choice's engine stream.
+
+    Outputs of all streams interleave as they come, with a keep-alive comment whenever
+    ``keepalive`` seconds pass without one; ``on_output(choice index, output)`` turns each into
+    events. A failed or aborted generation, or an exception (a timeout, an engine error), ends
+    the stream with an error event and ``[DONE]``. Otherwise, after the last output,
+    ``usage(total output tokens)`` gives the usage event when the caller asked for one, then
+    ``[DONE]``.
+    """
+    output_tokens = [0] * len(streams)
+    try:
+        async for item in sse.with_heartbeat(interleave(streams), keepalive):
+            if item is None:
+                yield sse.KEEPALIVE
+                continue
+            index, out = item
+            if out.finish_reason in ("error", "abort"):
+                yield sse.event(error_payload(out))
+                yield sse.DONE
+                return
+            output_tokens[index] = out.num_output_tokens
+            for event in on_output(index, out):
+                yield event
+    except Exception as exc:
+        yield sse.event(error_payload(exc))
+        yield sse.DONE
+        return
+    if usage is not None:
+        yield usage(sum(output_tokens))
+    yield sse.DONE
 
 
 def error_payload(exc: Exception | RequestOutput) -> dict[str, object]:

@@ -2,14 +2,19 @@
 
 ``prompt`` is a string, a list of strings, a list of token ids or a list of token-id lists;
 each prompt gets ``n`` choices, numbered prompt-major (choice ``p * n + i``).
+
+``echo`` with ``logprobs`` scores the prompt too (the engine's prompt logprobs): the choice's
+logprobs then cover prompt and completion tokens, the first prompt token with a null logprob
+and null top_logprobs as in OpenAI. Streamed, the echo goes out with the choice's first output,
+since that is when its prompt logprobs are known.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -25,14 +30,14 @@ from inferd.server.generation import (
     check_n,
     clamp,
     collect,
-    error_payload,
     for_choice,
-    interleave,
     sampling_params,
     start,
+    stream_events,
     token_piece,
     visible_logprobs,
 )
+from inferd.server.metrics import request_timer
 from inferd.server.protocol import CompletionRequest, parse_body
 from inferd.server.state import ServerState
 
@@ -60,11 +65,16 @@ async def create_completion(request: Request) -> Response:
         )
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
+    score_prompt = bool(body.echo) and body.logprobs is not None
+    if score_prompt:
+        params = replace(params, prompt_logprobs=body.logprobs)
     for prompt in prompts:
         admit(model, len(prompt.token_ids), params, "prompt")
     jobs = [(p.token_ids, for_choice(params, i)) for p in prompts for i in range(n)]
     streams = start(model, request.state.request_id, jobs)
+    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
     echoes = [p.text if body.echo else "" for p in prompts for _ in range(n)]
+    prompt_ids = [p.token_ids for p in prompts for _ in range(n)]
     num_prompt_tokens = sum(len(p.token_ids) for p in prompts)
     envelope = {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -79,6 +89,7 @@ async def create_completion(request: Request) -> Response:
             model,
             streams,
             echoes,
+            prompt_ids if score_prompt else None,
             num_prompt_tokens,
             include_usage,
             state.keepalive_seconds,
@@ -91,6 +102,9 @@ async def create_completion(request: Request) -> Response:
     choices = []
     for index, (gen, echo) in enumerate(zip(gens, echoes, strict=True)):
         lps = _logprobs(model, gen.logprobs, len(echo)) if want_logprobs else None
+        if lps is not None and score_prompt and gen.prompt_logprobs is not None:
+            scored = _prompt_logprobs(model, prompt_ids[index], gen.prompt_logprobs, len(echo))
+            lps = {key: scored[key] + lps[key] for key in lps}
         choices.append(
             {
                 "index": index,
@@ -111,12 +125,6 @@ def _reject_unsupported(body: CompletionRequest) -> None:
             "suffix is not supported: this server has no fill-in-the-middle mode; "
             "put all the text in prompt",
             "suffix",
-        )
-    if body.echo and body.logprobs is not None:
-        raise bad_request(
-            "echo together with logprobs is not supported (prompt logprobs are not computed); "
-            "drop one of them",
-            "echo",
         )
     if body.stream_options is not None and not body.stream:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
@@ -167,16 +175,44 @@ def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
 
 def _logprobs(model: ServedModel, lps: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
     """OpenAI's legacy logprobs: parallel lists; each top dict also holds the sampled token."""
-    tokens, token_logprobs, top_logprobs, text_offset = [], [], [], []
-    for lp in lps:
-        piece = token_piece(model, lp.token_id)
-        top = {token_piece(model, t): clamp(v) for t, v in lp.top}
-        top.setdefault(piece, clamp(lp.logprob))
+    return _legacy_logprobs(model, [(lp.token_id, lp) for lp in lps], offset)
+
+
+def _prompt_logprobs(
+    model: ServedModel,
+    token_ids: Sequence[int],
+    lps: Sequence[TokenLogprob | None],
+    echo_len: int,
+) -> dict[str, Any]:
+    """The legacy logprobs of the echoed prompt; the first token's are null, as in OpenAI.
+
+    Offsets stay within the echoed text (a BOS token the tokenizer added is not in it).
+    """
+    out = _legacy_logprobs(model, list(zip(token_ids, lps, strict=True)), 0)
+    out["text_offset"] = [min(o, echo_len) for o in out["text_offset"]]
+    return out
+
+
+def _legacy_logprobs(
+    model: ServedModel, entries: Sequence[tuple[int, TokenLogprob | None]], offset: int
+) -> dict[str, Any]:
+    tokens: list[str] = []
+    token_logprobs: list[float | None] = []
+    top_logprobs: list[dict[str, float] | None] = []
+    text_offset: list[int] = []
+    for token_id, lp in entries:
+        piece = token_piece(model, token_id)
         tokens.append(piece)
-        token_logprobs.append(clamp(lp.logprob))
-        top_logprobs.append(top)
         text_offset.append(offset)
         offset += len(piece)
+        if lp is None:
+            token_logprobs.append(None)
+            top_logprobs.append(None)
+            continue
+        top = {token_piece(model, t): clamp(v) for t, v in lp.top}
+        top.setdefault(piece, clamp(lp.logprob))
+        token_logprobs.append(clamp(lp.logprob))
+        top_logprobs.append(top)
     return {
         "tokens": tokens,
         "token_logprobs": token_logprobs,
@@ -190,11 +226,14 @@ async def _stream(
     model: ServedModel,
     streams: list[AsyncIterator[RequestOutput]],
     echoes: list[str],
+    prompt_ids: list[list[int]] | None,
     num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
 ) -> AsyncIterator[bytes]:
+    """``prompt_ids`` (one per choice) when the echo carries prompt logprobs."""
     offsets = [len(e) for e in echoes]
+    echo_pending = [bool(e) and prompt_ids is not None for e in echoes]
 
     def chunk(index: int, text: str, finish: str | None, lps: Any = None) -> bytes:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
@@ -203,33 +242,32 @@ async def _stream(
             body["usage"] = None
         return sse.event(body)
 
+    def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
+        if echo_pending[index]:
+            echo_pending[index] = False
+            prompt = None
+            if prompt_ids is not None and out.prompt_logprobs is not None:
+                prompt = _prompt_logprobs(
+                    model, prompt_ids[index], out.prompt_logprobs, len(echoes[index])
+                )
+            yield chunk(index, echoes[index], None, prompt)
+        lps = None
+        if out.logprobs is not None:
+            visible = visible_logprobs(out)
+            lps = _logprobs(model, visible, offsets[index])
+            offsets[index] += sum(len(p) for p in lps["tokens"])
+        if out.text or (lps and lps["tokens"]) or out.finished:
+            yield chunk(index, out.text, out.finish_reason, lps)
+
+    def usage(output_tokens: int) -> bytes:
+        return sse.event(
+            envelope | {"choices": [], "usage": _usage(num_prompt_tokens, output_tokens)}
+        )
+
     for index, echo in enumerate(echoes):
-        if echo:
+        if echo and not echo_pending[index]:
             yield chunk(index, echo, None)
-    output_tokens = [0] * len(streams)
-    try:
-        async for item in sse.with_heartbeat(interleave(streams), keepalive):
-            if item is None:
-                yield sse.KEEPALIVE
-                continue
-            index, out = item
-            if out.finish_reason in ("error", "abort"):
-                yield sse.event(error_payload(out))
-                yield sse.DONE
-                return
-            output_tokens[index] = out.num_output_tokens
-            lps = None
-            if out.logprobs is not None:
-                visible = visible_logprobs(out)
-                lps = _logprobs(model, visible, offsets[index])
-                offsets[index] += sum(len(p) for p in lps["tokens"])
-            if out.text or (lps and lps["tokens"]) or out.finished:
-                yield chunk(index, out.text, out.finish_reason, lps)
-    except Exception as exc:
-        yield sse.event(error_payload(exc))
-        yield sse.DONE
-        return
-    if include_usage:
-        body = envelope | {"choices": [], "usage": _usage(num_prompt_tokens, sum(output_tokens))}
-        yield sse.event(body)
-    yield sse.DONE
+    async for event in stream_events(
+        streams, keepalive, on_output, usage if include_usage else None
+    ):
+        yield event

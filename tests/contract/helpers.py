@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from inferd.contract.plan import (
+    AccessLog,
     Device,
     EngineKind,
     EngineRelease,
@@ -13,6 +14,7 @@ from inferd.contract.plan import (
     ModelFormat,
     ModelSource,
     PagedAttention,
+    Toggle,
 )
 from inferd.contract.stream import Expectation, Outcome, StreamConsumer, StreamLimits
 
@@ -27,12 +29,16 @@ def inferd_plan(
     artifact: str = ARTIFACT,
     entry: str = "model.gguf",
     port: int = 8080,
+    version: str = "0.1.0",
+    revision: str = "sha256:" + "6" * 64,
+    access_log: AccessLog = AccessLog.DEFAULT,
 ) -> LaunchPlan:
+    """A pinned ``inferd serve`` plan for the default model: f32, 4 seqs, 2048 context."""
     return LaunchPlan(
-        engine=EngineRelease(EngineKind.INFERD, "0.1.0", artifact, Device.CPU),
+        engine=EngineRelease(EngineKind.INFERD, version, artifact, Device.CPU),
         model=ModelSource(
             public_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-            revision="sha256:" + "6" * 64,
+            revision=revision,
             bundle_sha256=bundle,
             local_dir=f"{local_root}/{bundle}",
             format=ModelFormat.GGUF,
@@ -44,7 +50,7 @@ def inferd_plan(
             max_seqs=4,
             max_seq_len=2048,
             paged_attention=PagedAttention.ON,
-            prefix_cache_n=0,
+            prefix_cache_n=None,
             max_num_images=0,
             max_image_edge=0,
             device=Device.CPU,
@@ -52,7 +58,9 @@ def inferd_plan(
             kv_cache_tokens=8192,
             dtype="f32",
             seed=7,
+            prefix_caching=Toggle.ON,
         ),
+        access_log=access_log,
     )
 
 

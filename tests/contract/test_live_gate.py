@@ -1,7 +1,8 @@
 """The live acceptance gate: the contract against a real ``inferd serve`` on the default model.
 
 One server for the module, launched by the Supervisor from a pinned plan (distribution
-digest, digest-addressed bundle, loopback, explicit limits). Frozen text requests go out
+digest, digest-addressed bundle, loopback, explicit limits, JSON access logs on stderr, which
+the last test reads back for the request ids sent). Frozen text requests go out
 through the request builder and come back through the strict consumer; receipts are
 written and re-verified. Then the hostile cases: a client that drops mid-stream, a slow
 consumer, a server killed mid-stream (and restarted with backoff), and a stop with a
@@ -25,16 +26,7 @@ from inferd.contract.bundle import artifact_sha256, publish_bundle
 from inferd.contract.canonical import canonical_json
 from inferd.contract.client import open_chat_stream
 from inferd.contract.fixtures import tiny_png
-from inferd.contract.plan import (
-    Device,
-    EngineKind,
-    EngineRelease,
-    LaunchPlan,
-    Limits,
-    ModelFormat,
-    ModelSource,
-    PagedAttention,
-)
+from inferd.contract.plan import AccessLog, LaunchPlan
 from inferd.contract.receipts import (
     read_receipt,
     request_receipt,
@@ -69,6 +61,7 @@ from inferd.contract.supervisor import (
     assess_models,
 )
 from inferd.store import CATALOG, DEFAULT_MODEL
+from tests.contract.helpers import inferd_plan
 from tests.server.live import free_port
 
 TEXT_ONLY = RequestBounds(
@@ -107,34 +100,17 @@ def gate(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     # The engine runs from a published copy of this checkout, pinned by digest, so the
     # restart below launches exactly what the first start did.
     exe = Executable.published_inferd(root / "engine")
-    plan = LaunchPlan(
-        engine=EngineRelease(
-            EngineKind.INFERD, inferd.__version__, artifact_sha256(exe.artifact), Device.CPU
-        ),
-        model=ModelSource(
-            public_id="HuggingFaceTB/SmolLM2-135M-Instruct",
-            revision="sha256:" + CATALOG[DEFAULT_MODEL].files[0].sha256,
-            bundle_sha256=bundle.name,
-            local_dir=str(bundle),
-            format=ModelFormat.GGUF,
-            entry=smollm2_gguf.name,
-        ),
-        host="127.0.0.1",
+    plan = inferd_plan(
+        local_root=str(bundle.parent),
+        bundle=bundle.name,
+        artifact=artifact_sha256(exe.artifact),
+        entry=smollm2_gguf.name,
         port=free_port(),
-        limits=Limits(
-            max_seqs=4,
-            max_seq_len=2048,
-            paged_attention=PagedAttention.ON,
-            prefix_cache_n=0,
-            max_num_images=0,
-            max_image_edge=0,
-            device=Device.CPU,
-            max_num_batched_tokens=512,
-            kv_cache_tokens=8192,
-            dtype="f32",
-            seed=7,
-        ),
+        version=inferd.__version__,
+        revision="sha256:" + CATALOG[DEFAULT_MODEL].files[0].sha256,
+        access_log=AccessLog.JSON,
     )
+    assert plan.model.local_dir == str(bundle)
     supervisor = Supervisor(
         plan,
         exe,
@@ -342,3 +318,44 @@ def test_stop_with_a_stream_in_flight_reports_it(gate: Gate) -> None:
     assert report.method in (StopMethod.TERMINATED, StopMethod.KILLED)
     assert not isinstance(outcome, Complete) and not outcome.ok, outcome
     gate.measured["stop"] = {"method": str(report.method), "outcome": str(outcome.kind)}
+
+
+# What a JSON access line may carry: ids, routes, status, timing and token counts, no bodies.
+ACCESS_FIELDS = {"ts", "event", "request_id", "method", "route", "status", "duration_ms"} | {
+    "model", "prompt_tokens", "completion_tokens", "outcome", "error"
+}  # fmt: skip
+CHAT_ROUTE = "/v1/chat/completions"
+
+
+def test_json_access_log_carries_the_gate_request_ids_and_no_prompt_text(gate: Gate) -> None:
+    """The plan asked for ``--access-log-format json``: every line the gate can attribute is
+    a JSON object naming the x-request-id it sent, and no prompt text reaches the log."""
+    log = gate.supervisor.log_path.read_text("utf-8")
+    records = [json.loads(line) for line in log.splitlines() if line.startswith("{")]
+    assert records and all(set(r) <= ACCESS_FIELDS for r in records), records[:3]
+    starts = {r["request_id"]: r for r in records if r["event"] == "request_start"}
+    ends = {r["request_id"]: r for r in records if r["event"] == "request_end"}
+    for rid in [*gate.sent, "gate-image", "gate-wrong-route", "gate-stopped"]:
+        assert starts[rid]["route"] == CHAT_ROUTE and starts[rid]["method"] == "POST", rid
+    complete = {
+        rid: m["usage"]
+        for rid, m in gate.measured.items()
+        if isinstance(m, dict) and m.get("outcome") == "complete"
+    }
+    assert set(FROZEN) | {"gate-slow", "gate-after-restart"} <= set(complete)
+    for rid, usage in complete.items():
+        end = ends[rid]
+        assert (end["status"], end["outcome"], end["model"]) == (
+            200,
+            "complete",
+            gate.plan.model_route,
+        )
+        assert isinstance(usage, dict)
+        assert (end["prompt_tokens"], end["completion_tokens"]) == (
+            usage["prompt_tokens"],
+            usage["completion_tokens"],
+        )
+    assert (ends["gate-image"]["status"], ends["gate-wrong-route"]["status"]) == (400, 404)
+    for prompt in [*(p for p, _ in FROZEN.values()), LONG_PROMPT, "Describe the image."]:
+        assert prompt not in log
+    gate.measured["access_lines"] = len(records)

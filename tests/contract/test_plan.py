@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from inferd.cli import _parser
 from inferd.contract.example import example_plan
 from inferd.contract.plan import (
     AccessLog,
@@ -18,6 +19,7 @@ from inferd.contract.plan import (
     PagedAttention,
     PlanError,
     Surface,
+    Toggle,
 )
 from tests.contract.helpers import inferd_plan
 
@@ -40,10 +42,46 @@ def test_inferd_argv_matches_our_cli() -> None:
     assert plan.launch_args() == (
         "serve", "-m", f"/srv/models/{'4' * 64}/model.gguf", "--host", "127.0.0.1",
         "--port", "8080", "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "2048",
-        "--max-num-batched-tokens", "512", "--kv-cache-tokens", "8192", "--seed", "7",
+        "--max-num-batched-tokens", "512", "--kv-cache-tokens", "8192",
+        "--prefix-caching", "on", "--max-num-images", "0", "--seed", "7",
     )  # fmt: skip
     assert plan.model_route == "model"
     assert plan.base_url == "http://127.0.0.1:8080"
+
+
+def test_inferd_argv_renders_json_access_logs_images_and_prefix_caching() -> None:
+    base = inferd_plan()
+    plan = _replace(
+        base,
+        access_log=AccessLog.JSON,
+        limits=dataclasses.replace(base.limits, max_num_images=4, prefix_caching=Toggle.OFF),
+    )
+    args = plan.launch_args()
+    pairs = dict(zip(args[1::2], args[2::2], strict=False))
+    assert pairs["--access-log-format"] == "json"
+    assert pairs["--max-num-images"] == "4"
+    assert pairs["--prefix-caching"] == "off"
+    assert "--max-edge" not in args and "--prefix-cache-n" not in args
+
+
+@pytest.mark.parametrize("access_log", list(AccessLog))
+@pytest.mark.parametrize("prefix_caching", list(Toggle))
+@pytest.mark.parametrize("images", [0, 3])
+def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
+    access_log: AccessLog, prefix_caching: Toggle, images: int
+) -> None:
+    """The rendered argv goes through the real ``inferd`` parser to the values in the plan."""
+    base = inferd_plan()
+    lim = dataclasses.replace(base.limits, max_num_images=images, prefix_caching=prefix_caching)
+    plan = _replace(base, access_log=access_log, limits=lim)
+    args = _parser().parse_args(list(plan.launch_args()))
+    assert args.command == "serve" and args.model == plan.model.entry_path
+    assert (args.host, args.port) == (plan.host, plan.port)
+    assert args.access_log_format == ("json" if access_log is AccessLog.JSON else "text")
+    assert args.prefix_caching == str(prefix_caching)
+    assert args.max_num_images == images
+    assert (args.dtype, args.max_seqs, args.max_seq_len, args.seed) == ("f32", 4, 2048, 7)
+    assert (args.max_num_batched_tokens, args.kv_cache_tokens) == (512, 8192)
 
 
 def test_identity_is_stable_and_canonical() -> None:
@@ -79,7 +117,7 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
         (mrs, "paged_attention", PagedAttention.AUTO), (mrs, "prefix_cache_n", 0),
         (mrs, "max_num_images", 2), (mrs, "max_image_edge", 512),
         (inf, "max_num_batched_tokens", 256), (inf, "kv_cache_tokens", 4096),
-        (inf, "dtype", "bf16"), (inf, "seed", 8),
+        (inf, "dtype", "bf16"), (inf, "seed", 8), (inf, "prefix_caching", Toggle.OFF),
     ]  # fmt: skip
     out += [(f"limits.{name}", base, _limits(base, **{name: v})) for base, name, v in changes]
     return out
@@ -206,7 +244,9 @@ def test_port_range(port: int) -> None:
     [
         ({"paged_attention": PagedAttention.OFF}, "paged_attention"),
         ({"prefix_cache_n": 4}, "prefix cache"),
-        ({"max_num_images": 4, "max_image_edge": 1024}, "text only"),
+        ({"prefix_cache_n": 0}, "prefix cache"),
+        ({"prefix_caching": None}, "prefix_caching"),
+        ({"max_num_images": 4, "max_image_edge": 1024}, "no image edge flag"),
         ({"device": Device.CUDA}, "cpu"),
         ({"max_batch_size": 4}, "max_batch_size"),
         ({"dtype": None}, "dtype"),
@@ -226,6 +266,9 @@ def test_inferd_refuses_limits_it_cannot_honour(change: dict[str, Any], message:
         ({"dtype": "f32"}, "dtype"),
         ({"seed": 1}, "seed"),
         ({"device": Device.METAL}, "device"),
+        ({"prefix_caching": Toggle.ON}, "prefix_caching"),
+        ({"prefix_cache_n": None}, "prefix_cache_n"),
+        ({"max_image_edge": 0}, "both zero or both set"),
     ],
 )
 def test_mistralrs_refuses_flags_outside_the_pinned_set(
@@ -239,7 +282,7 @@ def test_mistralrs_refuses_flags_outside_the_pinned_set(
 def test_limits_reject_nonsense() -> None:
     lim = example_plan().limits
     for change in ({"max_seqs": 0}, {"max_seq_len": -1}, {"prefix_cache_n": -1}, {"max_seqs": True},
-                   {"max_num_images": 0}, {"dtype": "fp8"}):  # fmt: skip
+                   {"max_num_images": 0}, {"dtype": "fp8"}, {"prefix_caching": "on"}):  # fmt: skip
         with pytest.raises(PlanError):
             dataclasses.replace(lim, **change)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import RequestStatus
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
@@ -83,3 +85,16 @@ def test_prefix_caching_off_never_hits() -> None:
         s.add(make_request(rid, 0, prompt=PROMPT))
         _prefill(s)
     assert s.kv.stats.hits == 0 and s.kv.pool.num_cached == 0
+
+
+def test_a_request_asking_for_prompt_logprobs_attaches_no_cached_prefix() -> None:
+    s = _scheduler()
+    s.add(make_request("a", 0, prompt=PROMPT))
+    _prefill(s)
+    scorer = make_request("b", 0, prompt=PROMPT)
+    scorer.params = replace(scorer.params, prompt_logprobs=0)
+    s.add(scorer)
+    queries, hits = s.kv.stats.queries, s.kv.stats.hits
+    (chunk,) = s.schedule().chunks
+    assert chunk.request is scorer and chunk.start == 0 and chunk.num_tokens == len(PROMPT)
+    assert (s.kv.stats.queries, s.kv.stats.hits) == (queries, hits)

@@ -18,6 +18,8 @@ from inferd.engine.sampling import SamplingParamError, SamplingParams
         ({"stop": ("a", "b", "c", "d", "e")}, "stop"),
         ({"stop": ("",)}, "stop"),
         ({"seed": -1}, "seed"),
+        ({"prompt_logprobs": -1}, "prompt_logprobs"),
+        ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_out_of_range_values_name_the_parameter(kwargs: dict[str, object], param: str) -> None:

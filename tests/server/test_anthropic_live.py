@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import anthropic
 import httpx
 import pytest
 
-from tests.server.live import LiveServer
+from tests.server.live import LiveServer, live_server
 
 MOON = [{"role": "user", "content": "Tell me about the moon in three sentences."}]
 HI = [{"role": "user", "content": "Say hi."}]
@@ -248,7 +250,43 @@ ERRORS: list[tuple[str, Any, int, str, str]] = [
         },
         400,
         "invalid_request_error",
-        "messages.0.content.1: this server takes text blocks only and cannot accept image blocks",
+        "messages.0.content.1.source.url: remote media URLs (http/https) are not allowed on this "
+        "server (start it with --allow-remote-media)",
+    ),
+    (
+        "file image block",
+        {
+            "max_tokens": 5,
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "url", "url": "file:///etc/passwd"}}
+                    ],
+                }
+            ],
+        },
+        400,
+        "invalid_request_error",
+        "messages.0.content.0.source.url: file:// URLs are not allowed on this server "
+        "(start it with --allowed-media-root DIR)",
+    ),
+    (
+        "tool_use block",
+        {
+            "max_tokens": 5,
+            "messages": [
+                {"role": "user", "content": "hi"},
+                {
+                    "role": "assistant",
+                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                },
+            ],
+        },
+        400,
+        "invalid_request_error",
+        "messages.1.content.0: this server takes text blocks only and cannot accept tool_use "
+        "blocks",
     ),
     (
         "unknown block",
@@ -362,3 +400,107 @@ def test_unknown_routes_answer_in_the_callers_envelope(server: LiveServer) -> No
     r = httpx.get(server.api + "/messages", headers=VERSION)
     assert r.status_code == 405
     assert r.json() == _error("invalid_request_error", "method GET is not allowed on /v1/messages")
+
+
+# -- the media policy applies to image and document blocks, as to chat's media parts --------------
+MAX_MEDIA = 4096
+PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 56
+
+
+@pytest.fixture(scope="module")
+def media_server(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LiveServer, Path]]:
+    """A server that allows file:// media under one root, with a 4 KiB media cap."""
+    tmp = tmp_path_factory.mktemp("anthropic-media")
+    root = tmp / "media"
+    root.mkdir()
+    (root / "cat.png").write_bytes(PNG)
+    args = [
+        *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "2", "--max-seq-len", "512"),
+        *("--allowed-media-root", str(root), "--max-media-bytes", str(MAX_MEDIA)),
+    ]
+    with live_server(args, tmp / "serve.log") as live:
+        yield live, root
+
+
+def _image(source: dict[str, Any]) -> list[dict[str, Any]]:
+    content = [{"type": "text", "text": "what is this?"}, {"type": "image", "source": source}]
+    return [{"role": "user", "content": content}]
+
+
+def _base64(data: bytes) -> dict[str, Any]:
+    return {"type": "base64", "media_type": "image/png", "data": base64.b64encode(data).decode()}
+
+
+MEDIA_CASES: list[tuple[str, Any, str]] = [
+    (
+        "file outside the root",
+        lambda root: {"type": "url", "url": "file:///etc/passwd"},
+        "messages.0.content.1.source.url: the file is outside the allowed media roots",
+    ),
+    (
+        "dot-dot traversal",
+        lambda root: {"type": "url", "url": f"file://{root}/../serve.log"},
+        "messages.0.content.1.source.url: the file path must not contain '..'",
+    ),
+    (
+        "base64 over the cap",
+        lambda root: _base64(b"x" * (MAX_MEDIA + 1)),
+        f"messages.0.content.1.source.data: the media is larger than {MAX_MEDIA} bytes "
+        "(--max-media-bytes)",
+    ),
+    (
+        "data URL over the cap",
+        lambda root: {
+            "type": "url",
+            "url": "data:image/png;base64," + base64.b64encode(b"x" * 5000).decode(),
+        },
+        f"messages.0.content.1.source.url: the media is larger than {MAX_MEDIA} bytes "
+        "(--max-media-bytes)",
+    ),
+    (
+        "allowed file, text-only model",
+        lambda root: {"type": "url", "url": f"file://{root}/cat.png"},
+        "messages.0.content.1: the model {model!r} does not accept image input; it accepts text",
+    ),
+    (
+        "small base64, text-only model",
+        lambda root: _base64(PNG),
+        "messages.0.content.1: the model {model!r} does not accept image input; it accepts text",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "message"), MEDIA_CASES, ids=[c[0] for c in MEDIA_CASES]
+)
+@pytest.mark.parametrize("route", ["/messages", "/messages/count_tokens"])
+def test_media_policy_answers_in_anthropics_envelope(
+    media_server: tuple[LiveServer, Path], route: str, name: str, source: Any, message: str
+) -> None:
+    live, root = media_server
+    model = str(httpx.get(live.api + "/models").json()["data"][0]["id"])
+    body = {"model": model, "max_tokens": 4, "messages": _image(source(root))}
+    r = httpx.post(live.api + route, json=body, headers=VERSION, timeout=60)
+    assert r.status_code == 400, r.text
+    assert r.json() == _error("invalid_request_error", message.format(model=model))
+
+
+def test_media_refusals_through_the_sdk(media_server: tuple[LiveServer, Path]) -> None:
+    live, root = media_server
+    with anthropic.Anthropic(
+        base_url=live.url, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as client:
+        with pytest.raises(anthropic.BadRequestError) as info:
+            client.messages.create(
+                model="default",
+                max_tokens=4,
+                messages=_image({"type": "url", "url": f"file://{root}/../serve.log"}),  # type: ignore[arg-type]
+            )
+        assert info.value.body == _error(
+            "invalid_request_error",
+            "messages.0.content.1.source.url: the file path must not contain '..'",
+        )
+        ok = client.messages.create(model="default", max_tokens=2, messages=HI)  # still serving
+        assert ok.type == "message" and ok.usage.output_tokens >= 1

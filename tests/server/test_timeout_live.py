@@ -2,7 +2,12 @@
 keys from INFERD_API_KEYS, no docs, no CORS, the text access log.
 
 The timeout is 2 s; the requests meant to time out ask for 900 tokens with ignore_eos,
-which takes far longer on any CPU this runs on.
+which takes far longer on any CPU this runs on. Anthropic's API has no ignore_eos: its requests
+prefill a reply that repeats one word, which greedy decoding keeps repeating.
+
+Every generating route is covered: chat and text completions (504 in OpenAI's envelope, or an
+error event then [DONE] mid-stream) and messages (504 in Anthropic's envelope, or an error
+event mid-stream).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -28,6 +34,14 @@ LONG: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
     "max_tokens": 900,
     "ignore_eos": True,
+}
+REPEAT: list[Any] = [
+    {"role": "user", "content": "Write the word apple nine hundred times."},
+    {"role": "assistant", "content": "apple " * 24},
+]
+ANTHROPIC_TIMEOUT = {
+    "type": "error",
+    "error": {"type": "timeout_error", "message": TIMEOUT_MESSAGE},
 }
 
 
@@ -180,6 +194,97 @@ def test_a_body_that_never_arrives_gets_408(server: LiveServer, anthropic_caller
         assert body["error"]["message"] == message and body["error"]["type"] == "timeout_error"
 
 
+def _openai(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.api, api_key=ENV_KEYS[0], max_retries=0, _strict_response_validation=True
+    )
+
+
+def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    with _openai(server) as client, pytest.raises(openai.InternalServerError) as info:
+        client.completions.create(
+            model="default",
+            prompt="Once upon a time, by the sea,",
+            max_tokens=900,
+            extra_body={"ignore_eos": True},
+        )
+    assert info.value.status_code == 504
+    assert info.value.body == {
+        "message": TIMEOUT_MESSAGE,
+        "type": "timeout_error",
+        "param": None,
+        "code": "request_timeout",
+    }
+
+    body = {"prompt": "Once upon a time, by the sea,", "max_tokens": 900, "ignore_eos": True}
+    with http.stream(
+        "POST",
+        "/v1/completions",
+        json={**body, "stream": True},
+        headers={"x-request-id": "t-cmpl-stream"},
+    ) as resp:
+        assert resp.status_code == 200
+        events = [line for line in resp.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: "))["error"]["message"] == TIMEOUT_MESSAGE
+    chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    assert chunks and all(c["object"] == "text_completion" for c in chunks)
+    assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
+
+
+def test_a_message_past_the_deadline_gets_504_in_anthropics_envelope(server: LiveServer) -> None:
+    with (
+        anthropic.Anthropic(
+            base_url=server.url,
+            api_key=ENV_KEYS[1],
+            max_retries=0,
+            _strict_response_validation=True,
+        ) as client,
+        pytest.raises(anthropic.InternalServerError) as info,
+    ):
+        client.messages.create(
+            model="default", max_tokens=900, messages=REPEAT, extra_body={"temperature": 0}
+        )
+    assert info.value.status_code == 504
+    assert info.value.body == ANTHROPIC_TIMEOUT
+
+
+def test_a_message_stream_past_the_deadline_ends_with_an_error_event(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    body = {"model": "default", "max_tokens": 900, "messages": REPEAT, "temperature": 0}
+    headers = {"x-request-id": "t-msg-stream", "anthropic-version": "2023-06-01"}
+    with http.stream(
+        "POST", "/v1/messages", json={**body, "stream": True}, headers=headers
+    ) as resp:
+        assert resp.status_code == 200
+        lines = list(resp.iter_lines())
+    names = [line.removeprefix("event: ") for line in lines if line.startswith("event: ")]
+    data = [json.loads(line.removeprefix("data: ")) for line in lines if line.startswith("data: ")]
+    assert names[:2] == ["message_start", "content_block_start"]
+    assert "content_block_delta" in names
+    assert names[-1] == "error" and data[-1] == ANTHROPIC_TIMEOUT
+    assert "message_stop" not in names and "message_delta" not in names
+
+    with (
+        anthropic.Anthropic(
+            base_url=server.url,
+            api_key=ENV_KEYS[0],
+            max_retries=0,
+            _strict_response_validation=True,
+        ) as client,
+        pytest.raises(anthropic.APIStatusError) as info,
+        client.messages.stream(
+            model="default", max_tokens=900, messages=REPEAT, extra_body={"temperature": 0}
+        ) as stream,
+    ):
+        for _ in stream:
+            pass
+    assert info.value.body == ANTHROPIC_TIMEOUT
+
+
 def test_timeouts_are_logged_counted_and_free_their_kv_blocks(
     server: LiveServer, http: httpx.Client
 ) -> None:
@@ -201,4 +306,20 @@ def test_timeouts_are_logged_counted_and_free_their_kv_blocks(
     assert fields["route"] == "/v1/chat/completions" and fields["status"] == "200"
     assert fields["outcome"] == "error" and fields["error"] == "timeout"
     assert 0 < int(fields["completion_tokens"]) < 900
+    for route, request_id in (
+        ("/v1/completions", "t-cmpl-stream"),
+        ("/v1/messages", "t-msg-stream"),
+    ):
+        assert metric(http, f'inferd_request_timeouts_total{{route="{route}"}}') >= 2
+        ends = [
+            line
+            for line in server.log.read_text().splitlines()
+            if " request_end " in line and f"request_id={request_id} " in line
+        ]
+        assert len(ends) == 1
+        fields = dict(part.split("=", 1) for part in ends[0].split(" ")[2:])
+        assert fields["route"] == route and fields["status"] == "200"
+        assert fields["outcome"] == "error" and fields["error"] == "timeout"
+        assert fields["model"] == model
+        assert 0 < int(fields["completion_tokens"]) < 900
     assert http.get("/health").json() == {"status": "ok"}
