@@ -17,12 +17,12 @@ import uvicorn
 
 from examples.mount_app import create_app
 from inferd import Engine, EngineError
+from inferd.bench.process import free_port
 from inferd.config import EngineConfig
 from inferd.server import build_app
 from inferd.serving.loading import Servable, load_spec
 from inferd.serving.registry import LoadEvent, ModelSlot, ModelStatus
 from inferd.serving.spec import ModelSpec
-from tests.server.live import free_port
 
 KEY = "sk-notes-test-key"
 HI = [{"role": "user", "content": "Say hello."}]

@@ -37,17 +37,21 @@ def free_port() -> int:
 
 
 @contextmanager
-def start_server(
-    model: Path, extra: Sequence[str], log: Path, timeout: float = 300
-) -> Iterator[ServerProcess]:
+def serve_subprocess(
+    args: Sequence[str], log: Path, timeout: float = 300
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """`inferd serve ARGS` on a free loopback port, healthy before it is yielded, always stopped.
+
+    Yields the base URL (without /v1) and the process; its output goes to ``log``.
+    """
     port = free_port()
-    cmd = [sys.executable, "-m", "inferd", "serve", "-m", str(model), "--port", str(port), *extra]
+    cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = ServerProcess(f"http://127.0.0.1:{port}/v1", proc)
+    url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(server, log, timeout)
-        yield server
+        _wait_healthy(url, proc, log, timeout)
+        yield url, proc
     finally:
         proc.terminate()
         try:
@@ -57,16 +61,21 @@ def start_server(
             proc.wait()
 
 
-def _wait_ready(server: ServerProcess, log: Path, timeout: float) -> None:
+@contextmanager
+def start_server(model: Path, extra: Sequence[str], log: Path) -> Iterator[ServerProcess]:
+    with serve_subprocess(["-m", str(model), *extra], log) as (url, proc):
+        yield ServerProcess(url + "/v1", proc)
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    health = server.api.removesuffix("/v1") + "/health"
     while time.monotonic() < deadline:
-        if server.process.poll() is not None:
-            raise RuntimeError(f"inferd serve exited:\n{log.read_text()[-2000:]}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"inferd serve exited early:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(health, timeout=2).status_code == 200:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.3)
-    raise TimeoutError("inferd serve did not become healthy")
+    raise TimeoutError(f"inferd serve did not become healthy:\n{log.read_text()[-3000:]}")

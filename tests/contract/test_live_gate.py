@@ -22,6 +22,7 @@ import httpx
 import pytest
 
 import inferd
+from inferd.bench.process import free_port
 from inferd.contract.bundle import artifact_sha256, publish_bundle
 from inferd.contract.canonical import canonical_json
 from inferd.contract.client import open_chat_stream
@@ -62,7 +63,6 @@ from inferd.contract.supervisor import (
 )
 from inferd.store import CATALOG, DEFAULT_MODEL
 from tests.contract.helpers import inferd_plan
-from tests.server.live import free_port
 
 TEXT_ONLY = RequestBounds(
     max_prompt_bytes=2048,

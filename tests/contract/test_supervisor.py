@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inferd.bench.process import free_port
 from inferd.contract.bundle import BundleError, file_sha256, publish_bundle
 from inferd.contract.supervisor import (
     ArtifactMismatch,
@@ -31,7 +32,6 @@ from inferd.contract.supervisor import (
     probe_readiness,
 )
 from tests.contract.helpers import inferd_plan
-from tests.server.live import free_port
 
 ROUTE = "model"
 

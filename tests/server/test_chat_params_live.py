@@ -4,7 +4,6 @@ and the parameters OpenAI knows that this server refuses by name. Real server, s
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -14,19 +13,6 @@ import pytest
 from tests.server.live import LiveServer
 
 ASK = [{"role": "user", "content": "Name a fruit and describe it."}]
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_n_seeded_choices_differ_and_reproduce(client: openai.OpenAI, model: str) -> None:

@@ -24,22 +24,9 @@ PROMPT = "The three primary colors are"
 
 
 @pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def lax_client(server: LiveServer) -> Iterator[openai.OpenAI]:
     with openai.OpenAI(base_url=server.api, api_key="unused", max_retries=0) as c:
         yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def _ids(server: LiveServer, text: str) -> list[int]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -12,19 +11,6 @@ import pytest
 from tests.server.live import LiveServer
 
 HI = [{"role": "user", "content": "Hello there!"}]
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def test_retrieve_model(client: openai.OpenAI, model: str, server: LiveServer) -> None:
