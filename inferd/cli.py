@@ -6,7 +6,9 @@ import argparse
 import asyncio
 import logging
 import os
+import signal
 import sys
+import threading
 from collections.abc import Sequence
 
 from inferd import __version__
@@ -170,6 +172,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
+    from inferd.engine import driver
     from inferd.server.app import build_app
     from inferd.server.serve_args import app_options, describe
     from inferd.serving.startup import registry_from_args
@@ -177,6 +180,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = app_options(args, os.environ)  # flag errors before the model loads
+    engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
     registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
     lines = [*model_lines, *describe(options), f"listening  {url}"]
@@ -186,8 +190,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
         log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
     app = build_app(registry, **options)
-    try:
-        uvicorn.run(
+    server = uvicorn.Server(
+        uvicorn.Config(
             app,
             host=args.host,
             port=args.port,
@@ -196,9 +200,23 @@ def _serve(args: argparse.Namespace) -> int:
             http="h11",  # h11's bound on the request head is --max-header-bytes
             h11_max_incomplete_event_size=args.max_header_bytes,
         )
+    )
+    http = threading.Thread(target=server.run, name="inferd-http")
+
+    def stop(*_: object) -> None:  # uvicorn off the main thread leaves the signals to us
+        server.should_exit = True
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    http.start()
+    try:
+        engines.run(lambda: not http.is_alive())
     finally:
+        server.should_exit = True
+        http.join(10)
         registry.shutdown()
-    return 0
+        driver.deactivate()
+    return 0 if server.started else 1
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,6 +1,8 @@
-"""AsyncEngine: runs EngineCore.step() in its own thread and streams outputs into asyncio.
+"""AsyncEngine: runs EngineCore.step() off the event loop and streams outputs into asyncio.
 
-Each request gets an asyncio.Queue. The engine thread never touches the event loop's objects
+Steps run on the engine's own thread, or, under `inferd serve`, on the main thread through a
+``MainThreadDriver`` (engine/driver.py says why). Each request gets an asyncio.Queue. The
+stepping thread never touches the event loop's objects
 directly: it hands outputs over with ``call_soon_threadsafe``. Adds and aborts travel the other
 way through a locked inbox, applied between steps. Leaving ``generate`` early (client gone,
 task cancelled) aborts the request, which frees its KV blocks at the next step boundary.
@@ -18,6 +20,7 @@ from dataclasses import dataclass, field
 
 from inferd.engine.core import EngineCore
 from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.driver import active_driver
 from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
@@ -67,8 +70,15 @@ class AsyncEngine:
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
         self._ids = itertools.count()
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
-        self._thread.start()
+        self._retired = threading.Event()
+        self._driver = active_driver()
+        self._thread: threading.Thread | None = None
+        if self._driver is not None:  # the main thread steps this engine (see engine/driver.py)
+            self._inbox.wake = self._driver.wake
+            self._driver.register(self)
+        else:
+            self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
+            self._thread.start()
 
     @property
     def max_model_len(self) -> int:
@@ -179,24 +189,46 @@ class AsyncEngine:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopped.set()
         self._inbox.wake.set()
-        self._thread.join(timeout)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        elif threading.current_thread() is threading.main_thread():
+            self._retire()  # the driver runs here, so no step can be in flight
+        else:
+            self._retired.wait(timeout)  # the driver retires it between two steps
 
     # -- engine thread -------------------------------------------------------------------
     def _run(self) -> None:
         while not self._stopped.is_set():
-            outputs = self._drain_inbox()
-            if not self.core.has_work:
-                self._deliver(outputs)
+            if not self.run_once():
                 self._inbox.wake.wait(timeout=0.5)
                 self._inbox.wake.clear()
-                continue
-            try:
-                outputs += self.core.step()
-            except Exception as exc:  # a broken step must not strand the waiting callers
-                log.exception("engine step failed")
-                outputs += self.core.fail_all(f"engine error: {type(exc).__name__}: {exc}")
-            self._deliver(outputs)
         self._deliver(self.core.fail_all("the engine shut down"))
+
+    def run_once(self) -> bool:
+        """Apply queued adds and aborts, then one step if there is work; True if anything ran."""
+        if self._stopped.is_set():
+            self._retire()
+            return True
+        outputs = self._drain_inbox()
+        if not self.core.has_work:
+            self._deliver(outputs)
+            return bool(outputs)
+        try:
+            outputs += self.core.step()
+        except Exception as exc:  # a broken step must not strand the waiting callers
+            log.exception("engine step failed")
+            outputs += self.core.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+        self._deliver(outputs)
+        return True
+
+    def _retire(self) -> None:
+        """Driver mode: leave the driver and end every request still here."""
+        if self._retired.is_set():
+            return
+        assert self._driver is not None
+        self._driver.unregister(self)
+        self._deliver(self.core.fail_all("the engine shut down"))
+        self._retired.set()
 
     def _drain_inbox(self) -> list[RequestOutput]:
         with self._inbox.lock:
