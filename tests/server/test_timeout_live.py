@@ -234,14 +234,15 @@ def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
 
 
+def _anthropic(server: LiveServer, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=server.url, api_key=key, max_retries=0, _strict_response_validation=True
+    )
+
+
 def test_a_message_past_the_deadline_gets_504_in_anthropics_envelope(server: LiveServer) -> None:
     with (
-        anthropic.Anthropic(
-            base_url=server.url,
-            api_key=ENV_KEYS[1],
-            max_retries=0,
-            _strict_response_validation=True,
-        ) as client,
+        _anthropic(server, ENV_KEYS[1]) as client,
         pytest.raises(anthropic.InternalServerError) as info,
     ):
         client.messages.create(
@@ -269,12 +270,7 @@ def test_a_message_stream_past_the_deadline_ends_with_an_error_event(
     assert "message_stop" not in names and "message_delta" not in names
 
     with (
-        anthropic.Anthropic(
-            base_url=server.url,
-            api_key=ENV_KEYS[0],
-            max_retries=0,
-            _strict_response_validation=True,
-        ) as client,
+        _anthropic(server, ENV_KEYS[0]) as client,
         pytest.raises(anthropic.APIStatusError) as info,
         client.messages.stream(
             model="default", max_tokens=900, messages=REPEAT, extra_body={"temperature": 0}
