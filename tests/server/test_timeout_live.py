@@ -39,10 +39,28 @@ REPEAT: list[Any] = [
     {"role": "user", "content": "Write the word apple nine hundred times."},
     {"role": "assistant", "content": "apple " * 24},
 ]
+OPENAI_TIMEOUT = {
+    "message": TIMEOUT_MESSAGE,
+    "type": "timeout_error",
+    "param": None,
+    "code": "request_timeout",
+}
 ANTHROPIC_TIMEOUT = {
     "type": "error",
     "error": {"type": "timeout_error", "message": TIMEOUT_MESSAGE},
 }
+
+
+def _openai(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.api, api_key=ENV_KEYS[0], max_retries=0, _strict_response_validation=True
+    )
+
+
+def _anthropic(server: LiveServer, key: str) -> anthropic.Anthropic:
+    return anthropic.Anthropic(
+        base_url=server.url, api_key=key, max_retries=0, _strict_response_validation=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -106,12 +124,7 @@ def test_docs_are_off_and_cors_is_off_by_default(http: httpx.Client) -> None:
 
 def test_a_non_streaming_request_past_the_deadline_gets_504(server: LiveServer) -> None:
     with (
-        openai.OpenAI(
-            base_url=server.api,
-            api_key=ENV_KEYS[0],
-            max_retries=0,
-            _strict_response_validation=True,
-        ) as client,
+        _openai(server) as client,
         pytest.raises(openai.InternalServerError) as info,
     ):
         client.chat.completions.create(
@@ -121,12 +134,7 @@ def test_a_non_streaming_request_past_the_deadline_gets_504(server: LiveServer) 
             extra_body={"ignore_eos": True},
         )
     assert info.value.status_code == 504
-    assert info.value.body == {
-        "message": TIMEOUT_MESSAGE,
-        "type": "timeout_error",
-        "param": None,
-        "code": "request_timeout",
-    }
+    assert info.value.body == OPENAI_TIMEOUT
 
 
 def test_a_stream_past_the_deadline_ends_with_an_error_event_then_done(
@@ -148,12 +156,7 @@ def test_a_stream_past_the_deadline_ends_with_an_error_event_then_done(
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
 
     with (
-        openai.OpenAI(
-            base_url=server.api,
-            api_key=ENV_KEYS[0],
-            max_retries=0,
-            _strict_response_validation=True,
-        ) as client,
+        _openai(server) as client,
         pytest.raises(openai.APIError) as info,
     ):
         stream = client.chat.completions.create(
@@ -194,12 +197,6 @@ def test_a_body_that_never_arrives_gets_408(server: LiveServer, anthropic_caller
         assert body["error"]["message"] == message and body["error"]["type"] == "timeout_error"
 
 
-def _openai(server: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(
-        base_url=server.api, api_key=ENV_KEYS[0], max_retries=0, _strict_response_validation=True
-    )
-
-
 def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
     server: LiveServer, http: httpx.Client
 ) -> None:
@@ -211,12 +208,7 @@ def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
             extra_body={"ignore_eos": True},
         )
     assert info.value.status_code == 504
-    assert info.value.body == {
-        "message": TIMEOUT_MESSAGE,
-        "type": "timeout_error",
-        "param": None,
-        "code": "request_timeout",
-    }
+    assert info.value.body == OPENAI_TIMEOUT
 
     body = {"prompt": "Once upon a time, by the sea,", "max_tokens": 900, "ignore_eos": True}
     with http.stream(
@@ -232,12 +224,6 @@ def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
     assert chunks and all(c["object"] == "text_completion" for c in chunks)
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
-
-
-def _anthropic(server: LiveServer, key: str) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        base_url=server.url, api_key=key, max_retries=0, _strict_response_validation=True
-    )
 
 
 def test_a_message_past_the_deadline_gets_504_in_anthropics_envelope(server: LiveServer) -> None:
