@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask, decode_mask
@@ -153,4 +154,4 @@ class ModelRunner:
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:
     """Block tables of unequal length, padded with the null block into one [n, max] tensor."""
     width = max(len(t) for t in tables)
-    return torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.long)
+    return torch.tensor([t + [NULL_BLOCK] * (width - len(t)) for t in tables], dtype=torch.long)

@@ -6,7 +6,7 @@ Parsing goes through ``parse_body`` so every failure becomes a 400 naming the pa
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -113,6 +113,3 @@ def _from_validation(exc: ValidationError) -> APIError:
     elif first["type"] == "too_short" and param == "messages":
         message = "must contain at least one message"
     return bad_request(f"{param}: {message}" if param else message, param=param)
-
-
-FinishReason = Literal["stop", "length"]
