@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/kernels.py
 
 Prints milliseconds per decode step spent in the linears (30 layers + the output head) for each
-batch size; this is the measurement behind inferd.layers.linear's small-batch switch.
+batch size; this is the measurement behind inferd.layers.linear's kernel switch. Every layer has
+its own weights, as in the model, so each step streams them all from memory.
 """
 
 from __future__ import annotations
@@ -14,31 +15,31 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from inferd.layers.linear import Linear, PackedKind
+from inferd.layers.linear import INT8_ACTIVATION_MAX_ROWS, Linear, PackedKind, int8_activation_rows
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 HEAD = (49152, 576)
 LAYERS = 30
 
 
-def bench(fn: Callable[[], object], n: int = 100) -> float:
-    for _ in range(5):
-        fn()
+Kernel = Callable[[torch.Tensor], torch.Tensor]
+
+
+def step_ms(batch: int, make: Callable[[torch.Tensor], Kernel], n: int = 10) -> float:
+    shapes = [*(s for _ in range(LAYERS) for s in SHAPES.values()), HEAD]
+    calls = [
+        (make(torch.randn(out, k) * 0.02), torch.randn(batch, k).bfloat16()) for out, k in shapes
+    ]
+
+    def step() -> None:
+        for fn, x in calls:
+            fn(x)
+
+    step()
     t = time.perf_counter()
     for _ in range(n):
-        fn()
-    return (time.perf_counter() - t) / n
-
-
-def step_ms(
-    batch: int, make: Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]
-) -> float:
-    total = 0.0
-    for (n, k), reps in [*((s, LAYERS) for s in SHAPES.values()), (HEAD, 1)]:
-        x = torch.randn(batch, k).bfloat16()
-        fn = make(torch.randn(n, k))
-        total += bench(lambda fn=fn, x=x: fn(x)) * reps
-    return total * 1000
+        step()
+    return (time.perf_counter() - t) / n * 1000
 
 
 def dense(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -46,13 +47,22 @@ def dense(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     return lambda x: F.linear(x, wb)
 
 
-def packed(kind: PackedKind) -> Callable[[torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]:
-    def make(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        layer = Linear(w.shape[1], w.shape[0]).bfloat16()
+def packed(kind: PackedKind) -> Callable[[torch.Tensor], Kernel]:
+    def make(w: torch.Tensor) -> Kernel:
+        layer = Linear(w.shape[1], w.shape[0], int8_activations=False).bfloat16()
         layer.pack(kind, source=w, small_batch=1 << 20)
         return layer
 
     return make
+
+
+def int8_activations(w: torch.Tensor) -> Kernel:
+    """As the model runs mid batches: the down projection and the head opt out (dense)."""
+    if tuple(w.shape) in (SHAPES["down"], HEAD):
+        return dense(w)
+    layer = Linear(w.shape[1], w.shape[0]).bfloat16()
+    layer.pack(PackedKind.INT8, source=w, small_batch=0)  # every batch to the int8 x int8 path
+    return layer
 
 
 def main() -> None:
@@ -60,14 +70,15 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    print("| batch | bf16 dense | int8 | int4 |")
-    print("|---|---|---|---|")
-    with torch.inference_mode():
+    print("| batch | bf16 dense | int8 weights | int4 weights | int8 x int8 rows (model mix) |")
+    print("|---|---|---|---|---|")
+    with torch.inference_mode(), int8_activation_rows():
         for batch in (1, 2, 4, 8, 16, 32):
             row = [
                 step_ms(batch, dense),
                 step_ms(batch, packed(PackedKind.INT8)),
                 step_ms(batch, packed(PackedKind.INT4)),
+                step_ms(batch, int8_activations) if batch <= INT8_ACTIVATION_MAX_ROWS else 0.0,
             ]
             print(f"| {batch} | " + " | ".join(f"{v:.1f} ms" for v in row) + " |")
 

@@ -16,6 +16,7 @@ from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask, decode_mask
+from inferd.layers.linear import int8_activation_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
 
@@ -78,7 +79,8 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
-        hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+        with int8_activation_rows(_decodes_only(output)):
+            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
         logits = self.model.compute_logits(hidden[inputs.sample_rows])
         if inputs.prompt_rows is None:
             return StepResult(logits, inputs.sampled_chunks)
@@ -149,6 +151,11 @@ class ModelRunner:
             prompt_rows=torch.tensor(prompt_rows, dtype=torch.long) if prompt_rows else None,
             prompt_spans=tuple(prompt_spans),
         )
+
+
+def _decodes_only(output: SchedulerOutput) -> bool:
+    """Whether every row of the step is a generated token (no prompt or recomputed rows)."""
+    return all(c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens for c in output.chunks)
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

@@ -54,12 +54,16 @@ def write_kv(
 
 
 def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
-    """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim]."""
+    """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim].
+
+    Contiguous: the CPU matmuls that read it were 3-4x slower on the transposed view than the
+    copy costs (benchmarks/attention.py).
+    """
     batch, max_blocks = block_tables.shape
     _, block_size, num_kv_heads, head_dim = cache.shape
     blocks = cache.index_select(0, block_tables.reshape(-1))
     blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, head_dim)
-    return blocks.transpose(1, 2)
+    return blocks.transpose(1, 2).contiguous()
 
 
 def paged_attention(

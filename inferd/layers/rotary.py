@@ -61,29 +61,29 @@ class RotaryEmbedding(nn.Module):
         self.head_dim = head_dim
         t = torch.arange(max_position, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)  # [max_position, head_dim / 2]
-        emb = torch.cat((freqs, freqs), dim=-1)
         self.cos: torch.Tensor
-        self.sin: torch.Tensor
-        self.register_buffer("cos", emb.cos(), persistent=False)
-        self.register_buffer("sin", emb.sin(), persistent=False)
+        self.signed_sin: torch.Tensor
+        self.register_buffer("cos", torch.cat((freqs, freqs), dim=-1).cos(), persistent=False)
+        # The first half negated: rotate_half(x) * sin == swap_halves(x) * signed_sin.
+        signed = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+        self.register_buffer("signed_sin", signed, persistent=False)
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """The rotation for these positions, computed once per step and shared by all layers."""
         cos = self.cos[positions].unsqueeze(1).to(dtype)  # [num_tokens, 1, head_dim]
-        sin = self.sin[positions].unsqueeze(1).to(dtype)
-        return Rotation(cos, sin)
+        signed_sin = self.signed_sin[positions].unsqueeze(1).to(dtype)
+        return Rotation(cos, signed_sin)
 
 
 @dataclass(frozen=True, slots=True)
 class Rotation:
     cos: torch.Tensor
-    sin: torch.Tensor
+    signed_sin: torch.Tensor
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim]."""
-        return x * self.cos + _rotate_half(x) * self.sin
+        """x: [num_tokens, heads, head_dim] (any number of heads: q and k may go together).
 
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        ``x * cos + rotate_half(x) * sin`` in three kernels: the half swap is one flip.
+        """
+        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+        return torch.addcmul(x * self.cos, swapped, self.signed_sin)

@@ -9,14 +9,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferd.layers.linear import Linear, PackedKind, dequantize_packed
+from inferd.layers.linear import (
+    INT8_ACTIVATION_MAX_ROWS,
+    Linear,
+    PackedKind,
+    dequantize_packed,
+    int8_activation_rows,
+)
 from inferd.loaders.gguf import GGUFFile
 from inferd.models.loader import load_gguf_model
 from tests.models.test_llama_parity import full_forward
 
 
-def _linear(weight: torch.Tensor, kind: PackedKind, dtype: torch.dtype) -> Linear:
-    layer = Linear(weight.shape[1], weight.shape[0]).to(dtype)
+def _linear(
+    weight: torch.Tensor, kind: PackedKind, dtype: torch.dtype, int8_activations: bool = True
+) -> Linear:
+    layer = Linear(weight.shape[1], weight.shape[0], int8_activations=int8_activations).to(dtype)
     with torch.no_grad():
         layer.weight.copy_(weight)
     layer.pack(kind, source=weight)
@@ -44,9 +52,45 @@ def test_small_batches_use_the_packed_kernel_and_large_ones_the_dense(kind: Pack
     weight = torch.randn(48, 64)
     layer = _linear(weight, kind, torch.float32)
     packed_weight = dequantize_packed(layer)
-    small, large = torch.randn(layer.small_batch, 64), torch.randn(layer.small_batch + 1, 64)
+    small = torch.randn(layer.small_batch, 64)
+    large = torch.randn(INT8_ACTIVATION_MAX_ROWS + 1, 64)
     torch.testing.assert_close(layer(small), small @ packed_weight.T, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(layer(large), F.linear(large, weight))
+
+
+@pytest.mark.parametrize("rows", [9, INT8_ACTIVATION_MAX_ROWS])
+def test_mid_batches_multiply_int8_weights_by_int8_rows(rows: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128)
+    layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
+    assert layer.serves_int8_activations
+    # Rows of very different magnitudes: each is quantized on its own scale, so the small ones
+    # keep their precision next to the large ones.
+    x = torch.randn(rows, 128) * torch.logspace(-3, 3, rows)[:, None]
+    with int8_activation_rows():
+        out = layer(x.to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16
+    ref = F.linear(x, weight)
+    rel = (out.float() - ref).norm(dim=-1) / ref.norm(dim=-1)
+    assert float(rel.max()) < 0.02, rel
+
+
+def test_layers_that_opt_out_stay_dense_at_mid_batches() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128)
+    layer = _linear(weight, PackedKind.INT4, torch.bfloat16, int8_activations=False)
+    assert not layer.serves_int8_activations
+    x = torch.randn(16, 128, dtype=torch.bfloat16)
+    with int8_activation_rows():
+        torch.testing.assert_close(layer(x), F.linear(x, weight.to(torch.bfloat16)))
+
+
+def test_mid_batches_stay_dense_outside_batched_decodes() -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(96, 128)
+    layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
+    x = torch.randn(16, 128, dtype=torch.bfloat16)
+    torch.testing.assert_close(layer(x), F.linear(x, weight.to(torch.bfloat16)))
 
 
 def test_int4_is_refused_for_widths_that_are_not_whole_groups() -> None:
