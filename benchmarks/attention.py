@@ -2,7 +2,9 @@
 
     .venv/bin/python benchmarks/attention.py
 
-The measurement behind inferd.layers.attention's choice of kernel for batched decodes.
+The measurement behind inferd.layers.attention's choice of kernel for decodes: bf16 grouped
+matmuls for batches, the same in float32 for one sequence; and behind gathering the paged KV
+into a contiguous tensor first (the matmuls are several times slower on the transposed view).
 """
 
 from __future__ import annotations
@@ -28,10 +30,12 @@ def bench(fn: Callable[[], object], n: int = 200) -> float:
 
 
 def main() -> None:
-    print("| decodes | context | SDPA | grouped matmuls |")
-    print("|---|---|---|---|")
+    print(
+        "| decodes | context | SDPA | grouped bf16 | grouped float32 | grouped bf16, strided K/V |"
+    )
+    print("|---|---|---|---|---|---|")
     with torch.inference_mode():
-        for batch, length in ((1, 64), (4, 64), (16, 64), (16, 256), (16, 1024)):
+        for batch, length in ((1, 64), (1, 256), (1, 1024), (4, 64), (16, 64), (16, 256)):
             q = torch.randn(batch, HEADS, 1, DIM).bfloat16()
             k = torch.randn(batch, KV_HEADS, length, DIM).bfloat16()
             v = torch.randn(batch, KV_HEADS, length, DIM).bfloat16()
@@ -42,7 +46,17 @@ def main() -> None:
             def grouped(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> object:
                 return grouped_attention(q, k, v, None, 0.125)
 
-            print(f"| {batch} | {length} | {bench(sdpa):.0f} us | {bench(grouped):.0f} us |")
+            def grouped32(q: torch.Tensor = q, k: torch.Tensor = k, v: torch.Tensor = v) -> object:
+                return grouped_attention(q.float(), k.float(), v.float(), None, 0.125)
+
+            # The layout a block gather yields before .contiguous(): [B, T, kv, d] transposed.
+            ks, vs = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+
+            def strided(q: torch.Tensor = q, k: torch.Tensor = ks, v: torch.Tensor = vs) -> object:
+                return grouped_attention(q, k, v, None, 0.125)
+
+            times = [bench(f) for f in (sdpa, grouped, grouped32, strided)]
+            print(f"| {batch} | {length} | " + " | ".join(f"{t:.0f} us" for t in times) + " |")
 
 
 if __name__ == "__main__":

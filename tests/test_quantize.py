@@ -106,8 +106,7 @@ def _chunked_forward(model: LlamaForCausalLM, ids: list[int], chunk: int) -> tor
             pos = torch.arange(start, min(start + chunk, len(ids)))
             n = len(pos)
             meta = AttentionMetadata(
-                slot_blocks=table[pos // bs],
-                slot_offsets=pos % bs,
+                slot_mapping=table[pos // bs] * bs + pos % bs,
                 decode_rows=None,
                 decode_block_tables=None,
                 decode_mask=None,

@@ -95,8 +95,7 @@ class ModelRunner:
     def prepare(self, output: SchedulerOutput) -> ModelInputs:
         ids: list[int] = []
         positions: list[int] = []
-        blocks: list[int] = []
-        offsets: list[int] = []
+        slots: list[int] = []
         decode_rows: list[int] = []
         decode_tables: list[list[int]] = []
         prefills: list[PrefillChunk] = []
@@ -110,8 +109,7 @@ class ModelRunner:
             span = range(chunk.start, chunk.start + chunk.num_tokens)
             ids.extend(req.token_at(p) for p in span)
             positions.extend(span)
-            blocks.extend(req.block_ids[p // bs] for p in span)
-            offsets.extend(p % bs for p in span)
+            slots.extend(req.block_ids[p // bs] * bs + p % bs for p in span)
             if chunk.num_tokens == 1:
                 decode_rows.append(row)
                 decode_tables.append(req.block_ids[: chunk.start // bs + 1])
@@ -135,8 +133,7 @@ class ModelRunner:
             decode_pos = torch.tensor([positions[r] for r in decode_rows], dtype=torch.long)
             mask = decode_mask(decode_pos, tables.shape[1] * bs)
         meta = AttentionMetadata(
-            slot_blocks=torch.tensor(blocks, dtype=torch.long),
-            slot_offsets=torch.tensor(offsets, dtype=torch.long),
+            slot_mapping=torch.tensor(slots, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
             decode_block_tables=tables,
             decode_mask=mask,

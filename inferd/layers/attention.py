@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+SMALL_DECODE_KEYS = 256  # up to here a lone decode attends in float32 (see _decode)
+
 
 @dataclass(frozen=True, slots=True)
 class PrefillChunk:
@@ -34,8 +36,7 @@ class PrefillChunk:
 class AttentionMetadata:
     """Everything attention needs about one batch, passed explicitly into ``forward``."""
 
-    slot_blocks: torch.Tensor  # [num_tokens] block id where each new token's K/V goes
-    slot_offsets: torch.Tensor  # [num_tokens] offset inside that block
+    slot_mapping: torch.Tensor  # [num_tokens] block * block_size + offset of each new K/V
     decode_rows: torch.Tensor | None  # [num_decodes] rows of the flat batch that are decodes
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] (padded with 0)
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
@@ -49,21 +50,24 @@ def write_kv(
     v: torch.Tensor,
     meta: AttentionMetadata,
 ) -> None:
-    k_cache[meta.slot_blocks, meta.slot_offsets] = k
-    v_cache[meta.slot_blocks, meta.slot_offsets] = v
+    # The pool seen as one row per slot: a single index_copy_ per tensor.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
 
 
-def gather_blocks(cache: torch.Tensor, block_tables: torch.Tensor) -> torch.Tensor:
+def gather_blocks(
+    cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim].
 
-    Contiguous: the CPU matmuls that read it were 3-4x slower on the transposed view than the
-    copy costs (benchmarks/attention.py).
+    Contiguous (and cast to ``dtype`` in the same copy): the CPU matmuls that read it cost
+    1.2-1.6x more on the transposed view, copy included (benchmarks/attention.py).
     """
     batch, max_blocks = block_tables.shape
     _, block_size, num_kv_heads, head_dim = cache.shape
     blocks = cache.index_select(0, block_tables.reshape(-1))
     blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, head_dim)
-    return blocks.transpose(1, 2).contiguous()
+    return blocks.transpose(1, 2).to(dtype or cache.dtype, memory_format=torch.contiguous_format)
 
 
 def paged_attention(
@@ -83,18 +87,15 @@ def paged_attention(
     Sliding-window layers pass metadata from ``sliding_window_metadata``.
     """
     write_kv(k_cache, v_cache, k, v, meta)
-    out = torch.empty_like(q)
-    if meta.decode_rows is not None:
+    decoding = meta.decode_rows is not None
+    if decoding:
         assert meta.decode_block_tables is not None
-        out[meta.decode_rows] = _decode(
-            q[meta.decode_rows],
-            k_cache,
-            v_cache,
-            meta.decode_block_tables,
-            meta.decode_mask,
-            scale,
-            softcap,
-        )
+        args = (meta.decode_block_tables, meta.decode_mask, scale, softcap)
+        if not meta.prefills:  # every row decodes, in order: no scatter into a new tensor
+            return _decode(q, k_cache, v_cache, *args)
+    out = torch.empty_like(q)
+    if decoding:
+        out[meta.decode_rows] = _decode(q[meta.decode_rows], k_cache, v_cache, *args)
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         out[rows] = _prefill(q[rows], k_cache, v_cache, chunk, scale, softcap)
@@ -110,14 +111,11 @@ def _attend(
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
-    """q: [B, heads, n, d]; keys, values: [B, kv_heads, T, d]; mask broadcasts to [B, heads, n, T].
+    """Prompt chunks: q [1, heads, n, d]; keys, values [1, kv_heads, T, d]; mask [n, T].
 
-    SDPA where it is fast. Written-out attention for soft-capping (which SDPA lacks) and for
-    batched decodes: at one query per sequence, CPU SDPA costs 5-15x more than two small
-    grouped matmuls (measured at 16 sequences; benchmarks/attention.py).
+    SDPA, except with soft-capping (which SDPA lacks).
     """
-    batched_decode = q.shape[0] > 1 and q.shape[2] == 1
-    if softcap is None and not batched_decode:
+    if softcap is None:
         return F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
         )
@@ -159,10 +157,16 @@ def _decode(
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    keys = gather_blocks(k_cache, block_tables)  # [D, kv_heads, L, head_dim]
-    values = gather_blocks(v_cache, block_tables)
-    out = _attend(q.unsqueeze(2), keys, values, mask, False, scale, softcap)
-    return out.squeeze(2)  # [D, heads, head_dim]
+    """One query per sequence, as grouped matmuls: CPU SDPA is slow at one query (5x at 16
+    sequences, 2-5x for one sequence past 256 keys). One sequence with few keys computes in
+    float32, where the matmuls cost less than bf16 ones that small (benchmarks/attention.py)."""
+    batch, max_blocks = block_tables.shape
+    small = batch == 1 and max_blocks * k_cache.shape[1] <= SMALL_DECODE_KEYS
+    dtype = torch.float32 if small else q.dtype
+    keys = gather_blocks(k_cache, block_tables, dtype)  # [D, kv_heads, L, head_dim]
+    values = gather_blocks(v_cache, block_tables, dtype)
+    out = grouped_attention(q.unsqueeze(2).to(dtype), keys, values, mask, scale, softcap)
+    return out.squeeze(2).to(q.dtype)  # [D, heads, head_dim]
 
 
 def _prefill(

@@ -52,8 +52,7 @@ def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype) -> None:
     tbl = [torch.tensor(t) for t in tables]
     decode_tables = torch.tensor([tables[0] + [0, 0], tables[1]])
     meta = AttentionMetadata(
-        slot_blocks=torch.tensor([tables[i][p // BS] for i, p in rows]),
-        slot_offsets=torch.tensor([p % BS for _, p in rows]),
+        slot_mapping=torch.tensor([tables[i][p // BS] * BS + p % BS for i, p in rows]),
         decode_rows=torch.tensor([0, 1]),
         decode_block_tables=decode_tables,
         decode_mask=decode_mask(torch.tensor([6, 12]), decode_tables.shape[1] * BS),
