@@ -35,7 +35,7 @@ test: pull lint
 
 # Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).
 bench: pull
-	$(PY) -m pip install --quiet mistralrs==0.9.5 llama-cpp-python==0.3.36
+	$(PY) -m pip install --quiet mistralrs==0.9.5 "llama-cpp-python[server]==0.3.36"
 	$(VENV)/bin/inferd bench $(BENCH_ARGS)
 
 clean:

@@ -46,7 +46,8 @@ def _consume(line: str, timing: RequestTiming) -> None:
         return
     data = line.removeprefix("data: ")
     if data == "[DONE]":
-        timing.completed = timing.tokens is not None
+        # Servers that report no usage in streams (llama-cpp-python's) count by their deltas.
+        timing.completed = timing.tokens is not None or bool(timing.token_times)
         return
     chunk = json.loads(data)
     if chunk.get("usage"):

@@ -1,4 +1,5 @@
-"""`inferd bench`: inferd over HTTP against peers in-process, one table of ratios."""
+"""`inferd bench`: inferd over HTTP against peers (in-process, or their own servers over the
+same HTTP client), one table of ratios."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from pathlib import Path
 from inferd.bench.http import run_http
 from inferd.bench.peers import PEERS, run_serial
 from inferd.bench.process import ServerProcess, start_server
+from inferd.bench.server_peers import SERVER_PEERS, start_peer_server
 from inferd.bench.stats import Summary
 from inferd.bench.workloads import WORKLOADS
 
@@ -30,7 +32,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--peers",
-        default="llama.cpp,mistral.rs,transformers",
+        default="llama.cpp,llama.cpp-server,llama-server,mistral.rs,transformers",
         help="comma-separated peers to run when installed ('' for none)",
     )
     p.add_argument("--threads", type=int, default=2, help="threads for the peers")
@@ -91,6 +93,8 @@ def _inferd(
 
 
 def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Summary]:
+    if name in SERVER_PEERS:
+        return _run_server_peer(name, gguf, threads, chosen)
     factory = PEERS.get(name)
     if factory is None:
         print(f"skip {name}: unknown peer", file=sys.stderr)
@@ -105,6 +109,24 @@ def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Su
         for key in chosen
         if key != "long" or name != "transformers"
     ]
+
+
+SERVER_PEER_WORKLOADS = ("single", "concurrent")  # what the targets compare over HTTP
+
+
+def _run_server_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Summary]:
+    keys = [k for k in chosen if k in SERVER_PEER_WORKLOADS]
+    if not keys:
+        return []
+    try:
+        with (
+            tempfile.TemporaryDirectory() as tmp,
+            start_peer_server(name, gguf, threads, Path(tmp) / "peer.log") as api,
+        ):
+            return [asyncio.run(run_http(api, "default", WORKLOADS[k], name)) for k in keys]
+    except Exception as exc:  # a missing or broken peer must not sink the run
+        print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return []
 
 
 def render(results: list[Summary], inferd_rss_mb: float | None) -> str:
