@@ -12,6 +12,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from inferd import kernels
 from inferd.config import EngineConfig
 from inferd.engine.async_engine import AsyncEngine, TextCodec
 from inferd.engine.core import EngineCore
@@ -177,6 +178,7 @@ def assemble(
 ) -> ServedModel:
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel.
     ``stop_ids``: end-of-sequence ids beyond the tokenizer's EOS and the template's markers."""
+    kernels.fused()  # built now (once per machine), not in the middle of a first request
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
     num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block

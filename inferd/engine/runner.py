@@ -128,16 +128,18 @@ class ModelRunner:
                     prompt_rows.extend(range(row, row + end - chunk.start))
                     prompt_spans.append(PromptSpan(req, chunk.start + 1, end - chunk.start))
         tables = _pad_tables(decode_tables) if decode_rows else None
-        mask = None
+        mask = lens = None
         if tables is not None:
             decode_pos = torch.tensor([positions[r] for r in decode_rows], dtype=torch.long)
             mask = decode_mask(decode_pos, tables.shape[1] * bs)
+            lens = decode_pos + 1
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long),
             decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
             decode_block_tables=tables,
             decode_mask=mask,
             prefills=tuple(prefills),
+            decode_lens=lens,
         )
         return ModelInputs(
             input_ids=torch.tensor(ids, dtype=torch.long),

@@ -20,6 +20,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from inferd.kernels import fused
+
 SMALL_DECODE_KEYS = 256  # up to here a lone decode attends in float32 (see _decode)
 
 
@@ -41,6 +43,8 @@ class AttentionMetadata:
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] (padded with 0)
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
     prefills: tuple[PrefillChunk, ...]
+    decode_lens: torch.Tensor | None = None  # [num_decodes] keys each decode sees (pos + 1)
+    decode_window: int = 0  # sliding-window layers: only the last this many keys (0: all)
 
 
 def write_kv(
@@ -87,15 +91,27 @@ def paged_attention(
     Sliding-window layers pass metadata from ``sliding_window_metadata``.
     """
     write_kv(k_cache, v_cache, k, v, meta)
+    return attend_paged(q, k_cache, v_cache, meta, scale, softcap=softcap)
+
+
+def attend_paged(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+    *,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention of ``q`` over keys and values already in the cache (see ``paged_attention``)."""
     decoding = meta.decode_rows is not None
     if decoding:
         assert meta.decode_block_tables is not None
-        args = (meta.decode_block_tables, meta.decode_mask, scale, softcap)
         if not meta.prefills:  # every row decodes, in order: no scatter into a new tensor
-            return _decode(q, k_cache, v_cache, *args)
+            return _decode(q, k_cache, v_cache, meta, scale, softcap)
     out = torch.empty_like(q)
     if decoding:
-        out[meta.decode_rows] = _decode(q[meta.decode_rows], k_cache, v_cache, *args)
+        out[meta.decode_rows] = _decode(q[meta.decode_rows], k_cache, v_cache, meta, scale, softcap)
     for chunk in meta.prefills:
         rows = slice(chunk.token_start, chunk.token_start + chunk.num_tokens)
         out[rows] = _prefill(q[rows], k_cache, v_cache, chunk, scale, softcap)
@@ -152,20 +168,36 @@ def _decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    mask: torch.Tensor | None,
+    meta: AttentionMetadata,
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """One query per sequence, as grouped matmuls: CPU SDPA is slow at one query (5x at 16
-    sequences, 2-5x for one sequence past 256 keys). One sequence with few keys computes in
-    float32, where the matmuls cost less than bf16 ones that small (benchmarks/attention.py)."""
-    batch, max_blocks = block_tables.shape
+    """One query per sequence. The fused kernel when built; else grouped matmuls, because CPU
+    SDPA is slow at one query (5x at 16 sequences, 2-5x for one sequence past 256 keys), and for
+    one sequence with few keys in float32, where the matmuls cost less than bf16 ones that small
+    (benchmarks/attention.py)."""
+    tables = meta.decode_block_tables
+    assert tables is not None
+    kernels = fused()
+    if kernels is not None and meta.decode_lens is not None:
+        return kernels.decode_attention(
+            q.contiguous(),
+            k_cache,
+            v_cache,
+            tables,
+            meta.decode_lens,
+            scale,
+            softcap or 0.0,
+            meta.decode_window,
+        )
+    batch, max_blocks = tables.shape
     small = batch == 1 and max_blocks * k_cache.shape[1] <= SMALL_DECODE_KEYS
     dtype = torch.float32 if small else q.dtype
-    keys = gather_blocks(k_cache, block_tables, dtype)  # [D, kv_heads, L, head_dim]
-    values = gather_blocks(v_cache, block_tables, dtype)
-    out = grouped_attention(q.unsqueeze(2).to(dtype), keys, values, mask, scale, softcap)
+    keys = gather_blocks(k_cache, tables, dtype)  # [D, kv_heads, L, head_dim]
+    values = gather_blocks(v_cache, tables, dtype)
+    out = grouped_attention(
+        q.unsqueeze(2).to(dtype), keys, values, meta.decode_mask, scale, softcap
+    )
     return out.squeeze(2).to(q.dtype)  # [D, heads, head_dim]
 
 
@@ -220,7 +252,7 @@ def sliding_window_metadata(
         replace(c, mask=m) if (m := _window_chunk_mask(c, window)) is not None else c
         for c in meta.prefills
     )
-    return replace(meta, decode_mask=decode_mask, prefills=prefills)
+    return replace(meta, decode_mask=decode_mask, prefills=prefills, decode_window=window)
 
 
 def _window_chunk_mask(chunk: PrefillChunk, window: int) -> torch.Tensor | None:

@@ -72,13 +72,17 @@ class RotaryEmbedding(nn.Module):
         """The rotation for these positions, computed once per step and shared by all layers."""
         cos = self.cos[positions].unsqueeze(1).to(dtype)  # [num_tokens, 1, head_dim]
         signed_sin = self.signed_sin[positions].unsqueeze(1).to(dtype)
-        return Rotation(cos, signed_sin)
+        return Rotation(cos, signed_sin, positions, self.cos, self.signed_sin)
 
 
 @dataclass(frozen=True, slots=True)
 class Rotation:
     cos: torch.Tensor
     signed_sin: torch.Tensor
+    # What the fused kernel reads instead: positions and the float32 tables they index.
+    positions: torch.Tensor
+    cos_table: torch.Tensor
+    signed_sin_table: torch.Tensor
 
     def apply(self, x: torch.Tensor) -> torch.Tensor:
         """x: [num_tokens, heads, head_dim] (any number of heads: q and k may go together).

@@ -15,7 +15,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferd.layers.attention import AttentionMetadata, paged_attention, sliding_window_metadata
+from inferd.kernels import fused
+from inferd.layers.attention import (
+    AttentionMetadata,
+    attend_paged,
+    paged_attention,
+    sliding_window_metadata,
+)
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding, Rotation
@@ -50,6 +56,21 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
+        kernels = fused()
+        if kernels is not None and self.q_norm is None and self.rotary_dim == self.head_dim:
+            # One kernel rotates q and k and writes k, v at their slots.
+            q = kernels.rope_write_kv(
+                qkv,
+                rotation.positions,
+                meta.slot_mapping,
+                rotation.cos_table,
+                rotation.signed_sin_table,
+                cache[0],
+                cache[1],
+                self.num_heads,
+            )
+            out = attend_paged(q, cache[0], cache[1], meta, self.scale, softcap=self.softcap)
+            return self.o_proj(out.reshape(-1, self.q_size))
         n, qk_size = qkv.shape[0], self.q_size + self.kv_size
         v = qkv[:, qk_size:].view(n, self.num_kv_heads, self.head_dim)
         qk = qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
@@ -79,7 +100,11 @@ class LlamaMLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        kernels = fused()
+        if kernels is not None and not self.gelu:
+            return self.down_proj(kernels.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         return self.down_proj(act * up)
 

@@ -1,0 +1,100 @@
+"""Fused CPU kernels for the decode step (``decode.cpp``), compiled on first use.
+
+A SmolLM2 decode step spent more time dispatching ~45 small PyTorch ops per layer than in its
+weight matmuls. Four kernels replace the chains that cost most: RMSNorm, RoPE of q and k together
+with the paged K/V write, one-query attention over the paged cache, and SiLU(gate) * up. Each is
+checked against the plain PyTorch path it replaces (tests/kernels/).
+
+The build runs once per machine through torch's extension loader (cached under
+``~/.cache/torch_extensions``; it needs a C++ compiler and ninja). Where it cannot build, or with
+``INFERD_FUSED_KERNELS=0``, every caller keeps the plain PyTorch ops and ``status()`` says why.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import sysconfig
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("decode.cpp")
+
+_lock = threading.Lock()
+_module: Any = None
+_tried = False
+_reason = "not loaded yet"
+
+
+def fused() -> Any:
+    """The compiled kernels module, or None where they are off or could not be built."""
+    if _tried:
+        return _module
+    with _lock:
+        if not _tried:
+            _load()
+    return _module
+
+
+def status() -> str:
+    """One line for startup and diagnostics: whether the fused kernels are in use."""
+    fused()
+    return "fused CPU kernels" if _module is not None else f"plain PyTorch ops ({_reason})"
+
+
+@contextmanager
+def unfused() -> Iterator[None]:
+    """Run the plain PyTorch ops inside this block (the reference the kernels are tested on)."""
+    global _module, _tried
+    fused()
+    saved = _module
+    _module = None
+    try:
+        yield
+    finally:
+        _module = saved
+        _tried = True
+
+
+def _load() -> None:
+    global _module, _tried, _reason
+    _tried = True
+    if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
+        _reason = "INFERD_FUSED_KERNELS=0"
+        return
+    _ensure_ninja_on_path()
+    try:
+        from torch.utils.cpp_extension import load
+
+        # -march=native: the cache is per machine, so the name carries the CPU's capability.
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+        log.info("loading fused CPU kernels (the first time on a machine builds them: ~1 min)")
+        _module = load(
+            name=f"inferd_decode_{capability}",
+            sources=[str(SOURCE)],
+            extra_cflags=["-O3", "-march=native", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
+            verbose=False,
+        )
+        _reason = ""
+    except Exception as exc:  # no compiler, no ninja, a broken toolchain: run unfused
+        _reason = f"build failed: {type(exc).__name__}: {str(exc).strip().splitlines()[-1:]}"
+        log.warning("fused decode kernels unavailable, using plain PyTorch ops: %s", _reason)
+
+
+def _ensure_ninja_on_path() -> None:
+    """torch's loader runs ``ninja`` from PATH; the ninja wheel puts it beside this Python."""
+    if shutil.which("ninja") is None:
+        scripts = sysconfig.get_path("scripts")
+        os.environ["PATH"] = scripts + os.pathsep + os.environ.get("PATH", "")
+        if shutil.which("ninja") is None:
+            log.debug("no ninja for %s", sys.executable)

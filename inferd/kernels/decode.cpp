@@ -1,0 +1,217 @@
+// Fused CPU kernels for the decode step: each replaces a chain of small PyTorch ops whose
+// per-op dispatch cost, not arithmetic, dominated a SmolLM2 decode (see inferd/kernels/__init__.py).
+// Arithmetic is float32 inside; inputs and outputs are float32 or bfloat16.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+namespace {
+
+template <typename T>
+inline float to_f(T v) {
+  return static_cast<float>(v);
+}
+
+// y = w * round(x * rsqrt(mean(x^2) + eps)): normalized in float32, rounded to the input type
+// before the weight, as the reference RMSNorm does.
+template <typename T>
+void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float eps) {
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* xr = x + r * h;
+      T* yr = y + r * h;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < h; ++i) {
+        float v = to_f(xr[i]);
+        ss += v * v;
+      }
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+      for (int64_t i = 0; i < h; ++i) {
+        const T n = static_cast<T>(to_f(xr[i]) * inv);
+        yr[i] = static_cast<T>(to_f(w[i]) * to_f(n));
+      }
+    }
+  });
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == w.scalar_type());
+  auto y = torch::empty_like(x);
+  const int64_t h = x.size(-1);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
+    rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
+                            x.numel() / h, h, static_cast<float>(eps));
+  });
+  return y;
+}
+
+// Rotate-half RoPE of q and k straight out of the fused QKV rows, k and v written into the
+// paged cache at their slots; returns the rotated queries [n, heads, dim].
+// cos, signed_sin: float32 tables [max_pos, dim], signed_sin with its first half negated.
+template <typename T>
+void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const float* cos,
+               const float* ssin, T* q, T* kc, T* vc, int64_t n, int64_t heads, int64_t kv_heads,
+               int64_t dim) {
+  const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
+  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* row = qkv + r * width;
+      const float* c = cos + pos[r] * dim;
+      const float* s = ssin + pos[r] * dim;
+      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
+        const T* src = row + hd * dim;
+        T* dst = hd < heads ? q + (r * heads + hd) * dim
+                            : kc + (slots[r] * kv_heads + (hd - heads)) * dim;
+        for (int64_t i = 0; i < dim; ++i) {
+          const int64_t j = i < half ? i + half : i - half;
+          dst[i] = static_cast<T>(to_f(src[i]) * c[i] + to_f(src[j]) * s[i]);
+        }
+      }
+      std::copy(row + (heads + kv_heads) * dim, row + width, vc + slots[r] * kv_heads * dim);
+    }
+  });
+}
+
+torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& positions,
+                            const torch::Tensor& slots, const torch::Tensor& cos,
+                            const torch::Tensor& signed_sin, torch::Tensor k_cache,
+                            torch::Tensor v_cache, int64_t heads) {
+  TORCH_CHECK(qkv.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat);
+  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong);
+  const int64_t n = qkv.size(0), kv_heads = k_cache.size(2), dim = k_cache.size(3);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && qkv.scalar_type() == k_cache.scalar_type());
+  auto q = torch::empty({n, heads, dim}, qkv.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write_kv", [&] {
+    rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
+                        slots.data_ptr<int64_t>(), cos.data_ptr<float>(),
+                        signed_sin.data_ptr<float>(), q.data_ptr<scalar_t>(),
+                        k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), n, heads,
+                        kv_heads, dim);
+  });
+  return q;
+}
+
+// One query per sequence over its paged keys: for each (sequence, kv head) the group of query
+// heads that share it. softcap > 0: scores become softcap * tanh(s / softcap); window > 0: only
+// the last `window` keys are visible.
+template <typename T>
+void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
+                 T* out, int64_t batch, int64_t max_blocks, int64_t block_size, int64_t heads,
+                 int64_t kv_heads, int64_t dim, float scale, float softcap, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), acc(group * dim), scores, krow(dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t b = task / kv_heads, kh = task % kv_heads, len = lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t count = len - first;
+      scores.assign(group * count, 0.f);
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < dim; ++i)
+          qf[g * dim + i] = to_f(q[(b * heads + kh * group + g) * dim + i]) * scale;
+      const int64_t* table = tables + b * max_blocks;
+      for (int64_t t = first; t < len; ++t) {
+        const int64_t slot = table[t / block_size] * block_size + t % block_size;
+        const T* k = kc + (slot * kv_heads + kh) * dim;
+        for (int64_t i = 0; i < dim; ++i) krow[i] = to_f(k[i]);
+        for (int64_t g = 0; g < group; ++g) {
+          const float* qg = qf.data() + g * dim;
+          float s = 0.f;
+#pragma omp simd reduction(+ : s)
+          for (int64_t i = 0; i < dim; ++i) s += qg[i] * krow[i];
+          if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
+          scores[g * count + (t - first)] = s;
+        }
+      }
+      for (int64_t g = 0; g < group; ++g) {
+        float* sg = scores.data() + g * count;
+        const float peak = *std::max_element(sg, sg + count);
+        float total = 0.f;
+        for (int64_t t = 0; t < count; ++t) {
+          sg[t] = std::exp(sg[t] - peak);
+          total += sg[t];
+        }
+        for (int64_t t = 0; t < count; ++t) sg[t] /= total;
+      }
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t t = first; t < len; ++t) {
+        const int64_t slot = table[t / block_size] * block_size + t % block_size;
+        const T* v = vc + (slot * kv_heads + kh) * dim;
+        for (int64_t i = 0; i < dim; ++i) krow[i] = to_f(v[i]);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * count + (t - first)];
+          float* ag = acc.data() + g * dim;
+#pragma omp simd
+          for (int64_t i = 0; i < dim; ++i) ag[i] += p * krow[i];
+        }
+      }
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t i = 0; i < dim; ++i)
+          out[(b * heads + kh * group + g) * dim + i] = static_cast<T>(acc[g * dim + i]);
+    }
+  });
+}
+
+torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
+                               const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                               const torch::Tensor& lens, double scale, double softcap,
+                               int64_t window) {
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
+  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong);
+  TORCH_CHECK(lens.scalar_type() == at::kLong && q.scalar_type() == k_cache.scalar_type());
+  const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
+  TORCH_CHECK(lens.size(0) == batch && block_tables.size(0) == batch && k_cache.size(3) == dim);
+  auto out = torch::empty_like(q);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
+    decode_rows<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
+                          v_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int64_t>(),
+                          lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch,
+                          block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
+                          static_cast<float>(scale), static_cast<float>(softcap), window);
+  });
+  return out;
+}
+
+// SiLU(gate) * up over rows laid out [gate | up], as the fused gate/up projection writes them.
+template <typename T>
+void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = x + r * 2 * inter;
+      const T* up = gate + inter;
+      T* yr = y + r * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float g = to_f(gate[i]);
+        // Rounded after the SiLU as the reference's two ops do.
+        const T act = static_cast<T>(g / (1.f + std::exp(-g)));
+        yr[i] = static_cast<T>(to_f(act) * to_f(up[i]));
+      }
+    }
+  });
+}
+
+torch::Tensor silu_mul(const torch::Tensor& x) {
+  TORCH_CHECK(x.is_contiguous() && x.dim() == 2 && x.size(1) % 2 == 0);
+  const int64_t inter = x.size(1) / 2;
+  auto y = torch::empty({x.size(0), inter}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_mul", [&] {
+    silu_mul_rows<scalar_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0), inter);
+  });
+  return y;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("rms_norm", &rms_norm);
+  m.def("rope_write_kv", &rope_write_kv);
+  m.def("decode_attention", &decode_attention);
+  m.def("silu_mul", &silu_mul);
+}

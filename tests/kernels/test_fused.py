@@ -1,0 +1,97 @@
+"""The fused decode kernels against the plain PyTorch ops they replace."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from inferd.kernels import fused, status, unfused
+from inferd.layers.attention import AttentionMetadata, attend_paged, decode_mask, write_kv
+from inferd.layers.norm import RMSNorm
+from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
+
+DTYPES = [torch.float32, torch.bfloat16]
+HEADS, KV_HEADS, DIM, BS = 6, 2, 16, 4
+
+
+def _tol(dtype: torch.dtype) -> dict[str, float]:
+    return {"atol": 1e-5, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 2e-2, "rtol": 2e-2}
+
+
+def test_the_kernels_build_here() -> None:
+    # CI machines have a compiler: a build failure must show, not fall back silently.
+    assert fused() is not None, status()
+    assert status() == "fused CPU kernels"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm(dtype: torch.dtype) -> None:
+    torch.manual_seed(0)
+    norm = RMSNorm(96, 1e-5).to(dtype)
+    norm.weight.data = torch.randn(96).to(dtype)
+    x = (torch.randn(5, 96) * 3).to(dtype)
+    with unfused():
+        expected = norm(x)
+    torch.testing.assert_close(norm(x), expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rope_and_kv_write(dtype: torch.dtype) -> None:
+    torch.manual_seed(1)
+    rotary = RotaryEmbedding(DIM, 64, inverse_frequencies(DIM, 10000.0, RopeScaling()))
+    n = 3
+    qkv = torch.randn(n, (HEADS + 2 * KV_HEADS) * DIM).to(dtype)
+    positions, slots = torch.tensor([0, 17, 40]), torch.tensor([9, 2, 30])
+    rotation = rotary.at(positions, dtype)
+    caches = [torch.zeros(8, BS, KV_HEADS, DIM, dtype=dtype) for _ in range(4)]
+    q = fused().rope_write_kv(
+        qkv,
+        positions,
+        slots,
+        rotation.cos_table,
+        rotation.signed_sin_table,
+        caches[0],
+        caches[1],
+        HEADS,
+    )
+    # The reference: rotate q and k with the PyTorch ops, then write k and v at the slots.
+    q_ref, k_ref, v_ref = qkv.split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
+    q_ref = rotation.apply(q_ref.reshape(n, HEADS, DIM))
+    k_ref = rotation.apply(k_ref.reshape(n, KV_HEADS, DIM))
+    meta = AttentionMetadata(slots, None, None, None, ())
+    write_kv(caches[2], caches[3], k_ref, v_ref.reshape(n, KV_HEADS, DIM), meta)
+    torch.testing.assert_close(q, q_ref, **_tol(dtype))
+    torch.testing.assert_close(caches[0], caches[2], **_tol(dtype))
+    assert torch.equal(caches[1], caches[3])  # v is copied as is
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("softcap", "window"), [(None, 0), (20.0, 0), (None, 5)])
+def test_decode_attention(dtype: torch.dtype, softcap: float | None, window: int) -> None:
+    torch.manual_seed(2)
+    k_cache = torch.randn(12, BS, KV_HEADS, DIM).to(dtype)
+    v_cache = torch.randn(12, BS, KV_HEADS, DIM).to(dtype)
+    tables = torch.tensor([[3, 9, 0, 0], [1, 4, 7, 2], [11, 0, 0, 0]])  # scattered, padded
+    positions = torch.tensor([6, 15, 2])
+    mask = decode_mask(positions, tables.shape[1] * BS)
+    if window:
+        keys = torch.arange(tables.shape[1] * BS)[None, :]
+        p = positions[:, None]
+        mask = ((keys <= p) & (keys > p - window))[:, None, None, :]
+    meta = AttentionMetadata(
+        torch.zeros(3, dtype=torch.long), torch.arange(3), tables, mask, (), positions + 1, window
+    )
+    q = torch.randn(3, HEADS, DIM).to(dtype)
+    with unfused():
+        expected = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
+    out = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
+    torch.testing.assert_close(out, expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul(dtype: torch.dtype) -> None:
+    torch.manual_seed(3)
+    x = (torch.randn(4, 2 * 40) * 4).to(dtype)
+    gate, up = x.split(40, dim=-1)
+    torch.testing.assert_close(fused().silu_mul(x), F.silu(gate) * up, **_tol(dtype))
