@@ -8,6 +8,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -15,6 +18,32 @@ namespace {
 template <typename T>
 inline float to_f(T v) {
   return static_cast<float>(v);
+}
+
+// Loads that vectorize: a bfloat16 is the high half of a float32.
+template <typename T>
+inline float load_f(const T* p, int64_t i) {
+  return static_cast<float>(p[i]);
+}
+inline float load_f(const c10::BFloat16* p, int64_t i) {
+  const uint32_t bits = static_cast<uint32_t>(p[i].x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// Rounding to the storage type, to nearest even; the bfloat16 one is bit arithmetic that
+// vectorizes (finite inputs only, as everywhere under -ffast-math).
+template <typename T>
+inline T from_f(float v) {
+  return static_cast<T>(v);
+}
+template <>
+inline c10::BFloat16 from_f<c10::BFloat16>(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
 }
 
 // y = w * round(x * rsqrt(mean(x^2) + eps)): normalized in float32, rounded to the input type
@@ -28,13 +57,13 @@ void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float 
       float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
       for (int64_t i = 0; i < h; ++i) {
-        float v = to_f(xr[i]);
+        float v = load_f(xr, i);
         ss += v * v;
       }
       const float inv = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
       for (int64_t i = 0; i < h; ++i) {
-        const T n = static_cast<T>(to_f(xr[i]) * inv);
-        yr[i] = static_cast<T>(to_f(w[i]) * to_f(n));
+        const T n = from_f<T>(load_f(xr, i) * inv);
+        yr[i] = from_f<T>(load_f(w, i) * to_f(n));
       }
     }
   });
@@ -70,7 +99,7 @@ void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const flo
                             : kc + (slots[r] * kv_heads + (hd - heads)) * dim;
         for (int64_t i = 0; i < dim; ++i) {
           const int64_t j = i < half ? i + half : i - half;
-          dst[i] = static_cast<T>(to_f(src[i]) * c[i] + to_f(src[j]) * s[i]);
+          dst[i] = from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]);
         }
       }
       std::copy(row + (heads + kv_heads) * dim, row + width, vc + slots[r] * kv_heads * dim);
@@ -98,63 +127,49 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
   return q;
 }
 
-// One query per sequence over its paged keys: for each (sequence, kv head) the group of query
-// heads that share it. softcap > 0: scores become softcap * tanh(s / softcap); window > 0: only
-// the last `window` keys are visible.
+// One query per sequence over its paged keys, one task per (sequence, query head) so that even
+// a single sequence spreads over the threads. softcap > 0: scores become softcap *
+// tanh(s / softcap); window > 0: only the last `window` keys are visible.
 template <typename T>
 void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
                  T* out, int64_t batch, int64_t max_blocks, int64_t block_size, int64_t heads,
                  int64_t kv_heads, int64_t dim, float scale, float softcap, int64_t window) {
   const int64_t group = heads / kv_heads;
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(group * dim), scores, krow(dim);
+  at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(dim), acc(dim), scores;
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t b = task / kv_heads, kh = task % kv_heads, len = lens[b];
+      const int64_t b = task / heads, h = task % heads, kh = h / group, len = lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t count = len - first;
-      scores.assign(group * count, 0.f);
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < dim; ++i)
-          qf[g * dim + i] = to_f(q[(b * heads + kh * group + g) * dim + i]) * scale;
       const int64_t* table = tables + b * max_blocks;
+      const T* qh = q + (b * heads + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) qf[i] = load_f(qh, i) * scale;
+      scores.resize(len - first);
+      float peak = -std::numeric_limits<float>::max();
       for (int64_t t = first; t < len; ++t) {
         const int64_t slot = table[t / block_size] * block_size + t % block_size;
         const T* k = kc + (slot * kv_heads + kh) * dim;
-        for (int64_t i = 0; i < dim; ++i) krow[i] = to_f(k[i]);
-        for (int64_t g = 0; g < group; ++g) {
-          const float* qg = qf.data() + g * dim;
-          float s = 0.f;
+        float s = 0.f;
 #pragma omp simd reduction(+ : s)
-          for (int64_t i = 0; i < dim; ++i) s += qg[i] * krow[i];
-          if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
-          scores[g * count + (t - first)] = s;
-        }
+        for (int64_t i = 0; i < dim; ++i) s += qf[i] * load_f(k, i);
+        if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
+        scores[t - first] = s;
+        peak = std::max(peak, s);
       }
-      for (int64_t g = 0; g < group; ++g) {
-        float* sg = scores.data() + g * count;
-        const float peak = *std::max_element(sg, sg + count);
-        float total = 0.f;
-        for (int64_t t = 0; t < count; ++t) {
-          sg[t] = std::exp(sg[t] - peak);
-          total += sg[t];
-        }
-        for (int64_t t = 0; t < count; ++t) sg[t] /= total;
+      float total = 0.f;
+      for (float& s : scores) {
+        s = std::exp(s - peak);
+        total += s;
       }
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = first; t < len; ++t) {
         const int64_t slot = table[t / block_size] * block_size + t % block_size;
         const T* v = vc + (slot * kv_heads + kh) * dim;
-        for (int64_t i = 0; i < dim; ++i) krow[i] = to_f(v[i]);
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * count + (t - first)];
-          float* ag = acc.data() + g * dim;
+        const float p = scores[t - first] / total;
 #pragma omp simd
-          for (int64_t i = 0; i < dim; ++i) ag[i] += p * krow[i];
-        }
+        for (int64_t i = 0; i < dim; ++i) acc[i] += p * load_f(v, i);
       }
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t i = 0; i < dim; ++i)
-          out[(b * heads + kh * group + g) * dim + i] = static_cast<T>(acc[g * dim + i]);
+      T* o = out + (b * heads + h) * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = from_f<T>(acc[i]);
     }
   });
 }
@@ -187,11 +202,12 @@ void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
       const T* gate = x + r * 2 * inter;
       const T* up = gate + inter;
       T* yr = y + r * inter;
+#pragma omp simd
       for (int64_t i = 0; i < inter; ++i) {
-        const float g = to_f(gate[i]);
+        const float g = load_f(gate, i);
         // Rounded after the SiLU as the reference's two ops do.
-        const T act = static_cast<T>(g / (1.f + std::exp(-g)));
-        yr[i] = static_cast<T>(to_f(act) * to_f(up[i]));
+        const T act = from_f<T>(g / (1.f + std::exp(-g)));
+        yr[i] = from_f<T>(to_f(act) * load_f(up, i));
       }
     }
   });
