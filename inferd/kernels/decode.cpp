@@ -223,6 +223,42 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
   return y;
 }
 
+// y = x @ (w * scale)^T for a few rows: int8 weights [n, k] with a scale per output row. Bound by
+// reading the weights, so each weight row is streamed once for all input rows.
+template <typename T>
+void int8_linear_rows(const T* x, const int8_t* w, const T* scale, T* y, int64_t rows, int64_t n,
+                      int64_t k) {
+  std::vector<float> xf(rows * k);
+  for (int64_t i = 0; i < rows * k; ++i) xf[i] = load_f(x, i);
+  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t o = begin; o < end; ++o) {
+      const int8_t* wr = w + o * k;
+      const float sc = load_f(scale, o);
+      for (int64_t r = 0; r < rows; ++r) {
+        const float* xr = xf.data() + r * k;
+        float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+        for (int64_t i = 0; i < k; ++i) acc += xr[i] * static_cast<float>(wr[i]);
+        y[r * n + o] = from_f<T>(acc * sc);
+      }
+    }
+  });
+}
+
+torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
+                          const torch::Tensor& scale) {
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && scale.is_contiguous() && x.dim() == 2);
+  TORCH_CHECK(w.scalar_type() == at::kChar && scale.scalar_type() == x.scalar_type());
+  const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
+  TORCH_CHECK(w.size(1) == k && scale.size(0) == n);
+  auto y = torch::empty({rows, n}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int8_linear", [&] {
+    int8_linear_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<int8_t>(),
+                               scale.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, k);
+  });
+  return y;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -230,4 +266,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv);
   m.def("decode_attention", &decode_attention);
   m.def("silu_mul", &silu_mul);
+  m.def("int8_linear", &int8_linear);
 }

@@ -33,6 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd.kernels import fused
+
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
 INT8_ACTIVATION_MAX_ROWS = 32
@@ -135,6 +137,10 @@ class Linear(nn.Linear):
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 xk, self._packed, INT4_GROUP, self._scales
             )
+        elif xk.shape[0] == 1 and (kernels := fused()) is not None and xk.is_contiguous():
+            # One row (a lone decode's output head): the fused GEMV streams the int8 weights
+            # 1.8x faster than torch's kernel, which wins again from 4 rows.
+            out = kernels.int8_linear(xk, self._packed, self._scales)
         else:
             out = torch.ops.aten._weight_int8pack_mm(xk, self._packed, self._scales)
         out = out.to(x.dtype)

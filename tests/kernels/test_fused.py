@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from inferd.kernels import fused, status, unfused
 from inferd.layers.attention import AttentionMetadata, attend_paged, decode_mask, write_kv
+from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 
@@ -95,3 +96,16 @@ def test_silu_mul(dtype: torch.dtype) -> None:
     x = (torch.randn(4, 2 * 40) * 4).to(dtype)
     gate, up = x.split(40, dim=-1)
     torch.testing.assert_close(fused().silu_mul(x), F.silu(gate) * up, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_linear_of_one_row(dtype: torch.dtype) -> None:
+    torch.manual_seed(4)
+    layer = Linear(96, 80).to(dtype)
+    weight = torch.randn(80, 96)
+    layer.pack(PackedKind.INT8, source=weight)
+    x = torch.randn(1, 96).to(dtype)
+    with unfused():
+        expected = layer(x)  # torch's int8 kernel
+    torch.testing.assert_close(layer(x), expected, **_tol(dtype))
+    assert layer.packed_kind is PackedKind.INT8
