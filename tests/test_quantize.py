@@ -23,7 +23,6 @@ from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import store_info
 from inferd.engine.builder import load_model, resolve_source
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import Linear, PackedKind, int8_activation_rows, pack_int4, pack_int8
 from inferd.loaders.gguf import GGUFFile
 from inferd.loaders.safetensors_model import load_safetensors_model
@@ -89,37 +88,6 @@ def test_q4_perplexity_within_measured_bound(perplexities: dict[str | None, floa
     assert abs(perplexities["q4"] / perplexities[None] - 1) < 0.01, perplexities
 
 
-def _chunked_forward(model: LlamaForCausalLM, ids: list[int], chunk: int) -> torch.Tensor:
-    """Logits of every position, prefilled ``chunk`` tokens per forward (chunked prefill)."""
-    cfg, bs = model.config, 16
-    blocks = -(-len(ids) // bs)
-    shape = (blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)
-    dtype = model.embed_tokens.weight.dtype
-    caches = [
-        (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-        for _ in range(cfg.num_layers)
-    ]
-    table = torch.arange(1, blocks + 1)
-    out = []
-    with torch.inference_mode():
-        for start in range(0, len(ids), chunk):
-            pos = torch.arange(start, min(start + chunk, len(ids)))
-            n = len(pos)
-            meta = AttentionMetadata(
-                slot_mapping=table[pos // bs] * bs + pos % bs,
-                decode_rows=None,
-                decode_block_tables=None,
-                decode_mask=None,
-                prefills=(
-                    PrefillChunk(0, n, start, table[: -(-(start + n) // bs)], chunk_mask(start, n)),
-                ),
-            )
-            out.append(
-                model.compute_logits(model(torch.tensor(ids[start : start + n]), pos, meta, caches))
-            )
-    return torch.cat(out)
-
-
 def test_int8_rows_of_batched_decodes_stay_close_to_dense_bf16(
     smollm2_gguf: Path, text_ids: list[int]
 ) -> None:
@@ -133,7 +101,7 @@ def test_int8_rows_of_batched_decodes_stay_close_to_dense_bf16(
     for packed in (False, True):
         model, _ = load_gguf_model(gguf, torch.bfloat16, progress=False, packed_kernels=packed)
         with int8_activation_rows():
-            logits = _chunked_forward(model, text_ids, chunk=16).float()
+            logits = full_forward(model, text_ids, chunk=16).float()
         logprobs[packed] = logits.log_softmax(-1)
     assert model.layers[0].mlp.gate_up_proj.serves_int8_activations
     dense, int8 = logprobs[False], logprobs[True]

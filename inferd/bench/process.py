@@ -46,12 +46,27 @@ def serve_subprocess(
     """
     port = free_port()
     cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), *args]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    try:
-        _wait_healthy(url, proc, log, timeout)
+    with run_server(cmd, url + "/health", log, timeout, "inferd serve") as proc:
         yield url, proc
+
+
+@contextmanager
+def start_server(model: Path, extra: Sequence[str], log: Path) -> Iterator[ServerProcess]:
+    with serve_subprocess(["-m", str(model), *extra], log) as (url, proc):
+        yield ServerProcess(url + "/v1", proc)
+
+
+@contextmanager
+def run_server(
+    command: Sequence[str], ready_url: str, log: Path, timeout: float, what: str
+) -> Iterator[subprocess.Popen[bytes]]:
+    """Run ``command`` (output to ``log``) until the block ends; ready when ``ready_url`` is 200."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT)
+    try:
+        _wait_ready(ready_url, proc, log, timeout, what)
+        yield proc
     finally:
         proc.terminate()
         try:
@@ -61,21 +76,17 @@ def serve_subprocess(
             proc.wait()
 
 
-@contextmanager
-def start_server(model: Path, extra: Sequence[str], log: Path) -> Iterator[ServerProcess]:
-    with serve_subprocess(["-m", str(model), *extra], log) as (url, proc):
-        yield ServerProcess(url + "/v1", proc)
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
+def _wait_ready(
+    url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"inferd serve exited early:\n{log.read_text()[-3000:]}")
+            raise RuntimeError(f"{what} exited early:\n{log.read_text()[-3000:]}")
         try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
+            if httpx.get(url, timeout=2).status_code == 200:
                 return
         except httpx.TransportError:
             pass
         time.sleep(0.3)
-    raise TimeoutError(f"inferd serve did not become healthy:\n{log.read_text()[-3000:]}")
+    raise TimeoutError(f"{what} did not become ready:\n{log.read_text()[-3000:]}")

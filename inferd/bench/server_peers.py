@@ -13,16 +13,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
-import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
-
-from inferd.bench.process import free_port
+from inferd.bench.process import free_port, run_server
 
 PARALLEL_SLOTS = 16  # llama-server's -np: room for the 16-way workload
 CONTEXT_PER_SLOT = 4096
@@ -72,31 +68,6 @@ def start_peer_server(
 ) -> Iterator[str]:
     """Start the named peer on a free loopback port; yields its OpenAI base URL (with /v1)."""
     port = free_port()
-    command = SERVER_PEERS[name](gguf, port, threads)
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
     api = f"http://127.0.0.1:{port}/v1"
-    try:
-        _wait_ready(api, proc, log, timeout)
+    with run_server(SERVER_PEERS[name](gguf, port, threads), api + "/models", log, timeout, name):
         yield api
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def _wait_ready(api: str, proc: subprocess.Popen[bytes], log: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the peer exited early:\n{log.read_text()[-2000:]}")
-        try:
-            if httpx.get(api + "/models", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.5)
-    raise TimeoutError(f"the peer did not become ready:\n{log.read_text()[-2000:]}")

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.engine.builder import ServedModel
+from inferd.kernels import status as kernels_status
 from inferd.layers.linear import Linear, PackedKind
 from inferd.server.state import ServerState
 from inferd.serving.registry import ModelSlot
@@ -34,6 +35,8 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
                 "packed_int4": sum(m.packed_kind is PackedKind.INT4 for m in linears),
                 "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
                 "dense_dropped": sum(not m.dense for m in linears),
+                "int8_activation_rows": sum(m.serves_int8_activations for m in linears),
+                "fused": kernels_status(),
             },
         }
     elif model is not None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loaders.gguf import GGUFFile
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.loader import load_gguf_model
@@ -21,8 +21,11 @@ PROMPTS = [
 ]
 
 
-def full_forward(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) -> torch.Tensor:
-    """Logits for every position of one prompt, through the paged-attention path."""
+def full_forward(
+    model: LlamaForCausalLM, ids: list[int], block_size: int = 16, chunk: int | None = None
+) -> torch.Tensor:
+    """Logits for every position of one prompt, through the paged-attention path; ``chunk``:
+    prefill that many tokens per forward (chunked prefill), else all at once."""
     cfg = model.config
     n = len(ids)
     num_blocks = -(-n // block_size)
@@ -33,16 +36,21 @@ def full_forward(model: LlamaForCausalLM, ids: list[int], block_size: int = 16) 
         for _ in range(cfg.num_layers)
     ]
     table = torch.arange(1, num_blocks + 1)
-    pos = torch.arange(n)
-    meta = AttentionMetadata(
-        slot_mapping=table[pos // block_size] * block_size + pos % block_size,
-        decode_rows=None,
-        decode_block_tables=None,
-        decode_mask=None,
-        prefills=(PrefillChunk(0, n, 0, table, None),),
-    )
+    step = chunk or n
+    out = []
     with torch.inference_mode():
-        return model.compute_logits(model(torch.tensor(ids), pos, meta, caches))
+        for start in range(0, n, step):
+            pos = torch.arange(start, min(start + step, n))
+            meta = AttentionMetadata(
+                slot_mapping=table[pos // block_size] * block_size + pos % block_size,
+                decode_rows=None,
+                decode_block_tables=None,
+                decode_mask=None,
+                prefills=(PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos))),),
+            )
+            hidden = model(torch.tensor(ids[start : start + len(pos)]), pos, meta, caches)
+            out.append(model.compute_logits(hidden))
+    return torch.cat(out)
 
 
 @pytest.fixture(scope="module")
