@@ -130,19 +130,18 @@ class Linear(nn.Linear):
         return out if self.bias is None else out + self.bias
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
-        assert self._scales is not None
+        assert self._packed is not None and self._scales is not None
         # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
-                xk, self._packed, INT4_GROUP, self._scales
-            )
+            # torch's direct binding: ~1 us less per call than torch.ops.aten's Python wrapper.
+            out = torch._weight_int4pack_mm_for_cpu(xk, self._packed, INT4_GROUP, self._scales)
         elif xk.shape[0] == 1 and (kernels := fused()) is not None and xk.is_contiguous():
             # One row (a lone decode's output head): the fused GEMV streams the int8 weights
             # 1.8x faster than torch's kernel, which wins again from 4 rows.
             out = kernels.int8_linear(xk, self._packed, self._scales)
         else:
-            out = torch.ops.aten._weight_int8pack_mm(xk, self._packed, self._scales)
+            out = torch._weight_int8pack_mm(xk, self._packed, self._scales)
         out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
