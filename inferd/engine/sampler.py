@@ -111,9 +111,20 @@ def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     return index
 
 
+TOP_P_CANDIDATES = 256
+
+
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of most likely tokens whose mass reaches top_p."""
-    sorted_probs, order = probs.sort(descending=True)
+    """Keep the smallest set of most likely tokens whose mass reaches top_p.
+
+    Usually the nucleus lies within the few hundred likeliest tokens: ``topk`` of those costs
+    ~0.1 ms where sorting a 49k vocabulary cost ~5 ms. When their mass falls short of top_p
+    (a flat distribution), the whole vocabulary is sorted.
+    """
+    k = min(TOP_P_CANDIDATES, probs.shape[-1])
+    sorted_probs, order = probs.topk(k)
+    if float(sorted_probs.sum()) < top_p:
+        sorted_probs, order = probs.sort(descending=True)
     before = sorted_probs.cumsum(-1) - sorted_probs  # mass strictly above each token
     sorted_probs = sorted_probs.masked_fill(before >= top_p, 0.0)
     return torch.zeros_like(probs).scatter_(-1, order, sorted_probs)

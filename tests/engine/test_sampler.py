@@ -183,3 +183,17 @@ def test_draws_never_pick_tokens_of_zero_probability() -> None:
     for _ in range(3000):
         counts[_draw(probs, generator)] += 1  # a KeyError would be a zero-probability token
     assert [counts[t] / 3000 for t in (3, 40000, 49150)] == pytest.approx([0.2, 0.5, 0.3], abs=0.03)
+
+
+@pytest.mark.parametrize("spread", [0.5, 6.0])  # 0.5: flat, the nucleus needs the whole sort
+def test_top_p_keeps_the_smallest_set_reaching_the_mass(spread: float) -> None:
+    from inferd.engine.sampler import _top_p
+
+    torch.manual_seed(6)
+    probs = torch.softmax(torch.randn(49152) * spread, dim=-1)
+    kept = _top_p(probs, 0.9)
+    ordered = probs.sort(descending=True).values
+    size = int((ordered.cumsum(0) - ordered < 0.9).sum())  # tokens whose mass above is < 0.9
+    assert int((kept > 0).sum()) == size
+    assert bool((kept[kept > 0] >= ordered[size - 1]).all())  # they are the likeliest ones
+    assert torch.equal(kept[kept > 0], probs[kept > 0])
