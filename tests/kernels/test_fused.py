@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -109,3 +114,30 @@ def test_int8_linear_of_one_row(dtype: torch.dtype) -> None:
         expected = layer(x)  # torch's int8 kernel
     torch.testing.assert_close(layer(x), expected, **_tol(dtype))
     assert layer.packed_kind is PackedKind.INT8
+
+
+@pytest.mark.parametrize(
+    ("env", "reason"),
+    [
+        ({"INFERD_FUSED_KERNELS": "0"}, "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"),
+        ({"CXX": "/bin/false"}, "plain PyTorch ops (build failed: "),  # no usable compiler
+    ],
+)
+def test_without_the_kernels_everything_runs_on_plain_ops(
+    env: dict[str, str], reason: str, tmp_path: Path
+) -> None:
+    script = (
+        "import torch\n"
+        "from inferd.kernels import status\n"
+        "from inferd.layers.norm import RMSNorm\n"
+        "print(status())\n"
+        "print(RMSNorm(8, 1e-5)(torch.ones(2, 8)).sum().item())\n"
+    )
+    run_env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), **env}
+    result = subprocess.run(
+        [sys.executable, "-c", script], env=run_env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    line, value = result.stdout.splitlines()
+    assert line.startswith(reason)
+    assert float(value) == pytest.approx(16.0, rel=1e-4)  # ones normalize to ones (eps aside)
