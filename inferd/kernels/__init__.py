@@ -12,6 +12,8 @@ The build runs once per machine through torch's extension loader (cached under
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import logging
 import os
 import shutil
@@ -75,11 +77,11 @@ def _load() -> None:
     try:
         from torch.utils.cpp_extension import load
 
-        # -march=native: the cache is per machine, so the name carries the CPU's capability.
-        capability = torch.backends.cpu.get_cpu_capability().lower()
+        # -march=native: the build is for this CPU, so its name carries the CPU's features
+        # (a home directory shared by different machines gets one build each).
         log.info("loading fused CPU kernels (the first time on a machine builds them: ~1 min)")
         _module = load(
-            name=f"inferd_decode_{capability}",
+            name=f"inferd_decode_{_cpu_tag()}",
             sources=[str(SOURCE)],
             # -ffast-math on the compile only (linking it would set flush-to-zero process-wide):
             # it lets the exp and reduction loops vectorize.
@@ -93,6 +95,18 @@ def _load() -> None:
         first_error = next((line for line in lines if "error" in line), lines[-1])
         _reason = f"build failed: {type(exc).__name__}: {first_error.strip()}"
         log.warning("fused decode kernels unavailable, using plain PyTorch ops: %s", _reason)
+
+
+def _cpu_tag() -> str:
+    """torch's capability name plus a short digest of the CPU's feature flags."""
+    flags = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = line
+                break
+    digest = hashlib.sha256(flags.encode()).hexdigest()[:8]
+    return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 
 
 def _ensure_ninja_on_path() -> None:

@@ -261,10 +261,13 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
 
 }  // namespace
 
+// The GIL is released while a kernel runs, as torch's own ops do, so the server's other
+// thread can stream tokens meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm);
-  m.def("rope_write_kv", &rope_write_kv);
-  m.def("decode_attention", &decode_attention);
-  m.def("silu_mul", &silu_mul);
-  m.def("int8_linear", &int8_linear);
+  using release = py::call_guard<py::gil_scoped_release>;
+  m.def("rms_norm", &rms_norm, release());
+  m.def("rope_write_kv", &rope_write_kv, release());
+  m.def("decode_attention", &decode_attention, release());
+  m.def("silu_mul", &silu_mul, release());
+  m.def("int8_linear", &int8_linear, release());
 }
