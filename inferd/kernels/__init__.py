@@ -1,13 +1,15 @@
 """Fused CPU kernels for the decode step (``decode.cpp``), compiled on first use.
 
 A SmolLM2 decode step spent more time dispatching ~45 small PyTorch ops per layer than in its
-weight matmuls. Four kernels replace the chains that cost most: RMSNorm, RoPE of q and k together
-with the paged K/V write, one-query attention over the paged cache, and SiLU(gate) * up. Each is
-checked against the plain PyTorch path it replaces (tests/kernels/).
+weight matmuls. Five kernels replace the chains that cost most: RMSNorm, RoPE of q and k
+together with the paged K/V write, one-query attention over the paged cache, SiLU(gate) * up,
+and a one-row int8 GEMV for the output head. Each is checked against the plain PyTorch path it
+replaces (tests/kernels/).
 
-The build runs once per machine through torch's extension loader (cached under
-``~/.cache/torch_extensions``; it needs a C++ compiler and ninja). Where it cannot build, or with
-``INFERD_FUSED_KERNELS=0``, every caller keeps the plain PyTorch ops and ``status()`` says why.
+The build runs once per machine and source through torch's extension loader (cached under
+``~/.cache/torch_extensions/inferd``; it needs a C++ compiler and ninja). Where it cannot build,
+or with ``INFERD_FUSED_KERNELS=0``, every caller keeps the plain PyTorch ops and ``status()``
+says why.
 """
 
 from __future__ import annotations
@@ -77,12 +79,12 @@ def _load() -> None:
     try:
         from torch.utils.cpp_extension import load
 
-        # -march=native: the build is for this CPU, so its name carries the CPU's features
-        # (a home directory shared by different machines gets one build each).
-        log.info("loading fused CPU kernels (the first time on a machine builds them: ~1 min)")
+        name, source = _staged_source()
+        log.info("loading fused CPU kernels (the first time on a machine builds them: ~30 s)")
         _module = load(
-            name=f"inferd_decode_{_cpu_tag()}",
-            sources=[str(SOURCE)],
+            name=name,
+            sources=[str(source)],
+            build_directory=str(source.parent),
             # -ffast-math on the compile only (linking it would set flush-to-zero process-wide):
             # it lets the exp and reduction loops vectorize.
             extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
@@ -95,6 +97,26 @@ def _load() -> None:
         first_error = next((line for line in lines if "error" in line), lines[-1])
         _reason = f"build failed: {type(exc).__name__}: {first_error.strip()}"
         log.warning("fused decode kernels unavailable, using plain PyTorch ops: %s", _reason)
+
+
+def _staged_source() -> tuple[str, Path]:
+    """The extension's name and a copy of its source in the build directory.
+
+    The name carries the CPU's features (the build is ``-march=native``, and a home directory
+    may be shared by different machines) and the source's digest; the copy gives every checkout
+    or install of the same source one path, so none of them rebuilds what another built.
+    """
+    text = SOURCE.read_bytes()
+    name = f"inferd_decode_{_cpu_tag()}_{hashlib.sha256(text).hexdigest()[:8]}"
+    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache/torch_extensions")
+    build = root / "inferd" / name
+    build.mkdir(parents=True, exist_ok=True)
+    staged = build / SOURCE.name
+    if not staged.exists() or staged.read_bytes() != text:
+        tmp = build / f".{SOURCE.name}.{os.getpid()}"
+        tmp.write_bytes(text)
+        os.replace(tmp, staged)  # atomic: a concurrent start sees the old file or the new one
+    return name, staged
 
 
 def _cpu_tag() -> str:
