@@ -15,7 +15,7 @@ import torch
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask, decode_mask
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import int8_activation_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
@@ -127,19 +127,17 @@ class ModelRunner:
                 if end > chunk.start:
                     prompt_rows.extend(range(row, row + end - chunk.start))
                     prompt_spans.append(PromptSpan(req, chunk.start + 1, end - chunk.start))
-        tables = _pad_tables(decode_tables) if decode_rows else None
-        mask = lens = None
-        if tables is not None:
-            decode_pos = torch.tensor([positions[r] for r in decode_rows], dtype=torch.long)
-            mask = decode_mask(decode_pos, tables.shape[1] * bs)
-            lens = decode_pos + 1
+        decoding = bool(decode_rows)
         meta = AttentionMetadata(
             slot_mapping=torch.tensor(slots, dtype=torch.long),
-            decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decode_rows else None,
-            decode_block_tables=tables,
-            decode_mask=mask,
+            decode_rows=torch.tensor(decode_rows, dtype=torch.long) if decoding else None,
+            decode_block_tables=_pad_tables(decode_tables) if decoding else None,
+            decode_lens=(
+                torch.tensor([positions[r] + 1 for r in decode_rows], dtype=torch.long)
+                if decoding
+                else None
+            ),
             prefills=tuple(prefills),
-            decode_lens=lens,
         )
         return ModelInputs(
             input_ids=torch.tensor(ids, dtype=torch.long),

@@ -41,9 +41,8 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] block * block_size + offset of each new K/V
     decode_rows: torch.Tensor | None  # [num_decodes] rows of the flat batch that are decodes
     decode_block_tables: torch.Tensor | None  # [num_decodes, max_blocks] (padded with 0)
-    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_lens: torch.Tensor | None  # [num_decodes] keys each decode sees (its position + 1)
     prefills: tuple[PrefillChunk, ...]
-    decode_lens: torch.Tensor | None = None  # [num_decodes] keys each decode sees (pos + 1)
     decode_window: int = 0  # sliding-window layers: only the last this many keys (0: all)
 
 
@@ -176,28 +175,28 @@ def _decode(
     SDPA is slow at one query (5x at 16 sequences, 2-5x for one sequence past 256 keys), and for
     one sequence with few keys in float32, where the matmuls cost less than bf16 ones that small
     (benchmarks/attention.py)."""
-    tables = meta.decode_block_tables
-    assert tables is not None
+    tables, lens = meta.decode_block_tables, meta.decode_lens
+    assert tables is not None and lens is not None
     kernels = fused()
-    if kernels is not None and meta.decode_lens is not None:
+    if kernels is not None:
         return kernels.decode_attention(
             q.contiguous(),
             k_cache,
             v_cache,
             tables,
-            meta.decode_lens,
+            lens,
             scale,
             softcap or 0.0,
             meta.decode_window,
         )
     batch, max_blocks = tables.shape
-    small = batch == 1 and max_blocks * k_cache.shape[1] <= SMALL_DECODE_KEYS
+    num_keys = max_blocks * k_cache.shape[1]
+    small = batch == 1 and num_keys <= SMALL_DECODE_KEYS
     dtype = torch.float32 if small else q.dtype
     keys = gather_blocks(k_cache, tables, dtype)  # [D, kv_heads, L, head_dim]
     values = gather_blocks(v_cache, tables, dtype)
-    out = grouped_attention(
-        q.unsqueeze(2).to(dtype), keys, values, meta.decode_mask, scale, softcap
-    )
+    mask = decode_mask(lens, num_keys, meta.decode_window)
+    out = grouped_attention(q.unsqueeze(2).to(dtype), keys, values, mask, scale, softcap)
     return out.squeeze(2).to(q.dtype)  # [D, heads, head_dim]
 
 
@@ -217,12 +216,16 @@ def _prefill(
     return out[0].transpose(0, 1)  # [n, heads, head_dim]
 
 
-def decode_mask(positions: torch.Tensor, num_keys: int) -> torch.Tensor | None:
-    """Keys a decode token may see: those at or before its position. None when all may."""
-    if bool((positions == num_keys - 1).all()):
+def decode_mask(lens: torch.Tensor, num_keys: int, window: int = 0) -> torch.Tensor | None:
+    """Keys each decode may see, [num_decodes, 1, 1, num_keys]: the first ``lens`` of its
+    padded row, and of those only the last ``window`` when one is set. None when all may."""
+    if bool((lens == num_keys).all()) and (window == 0 or window >= num_keys):
         return None
-    key_pos = torch.arange(num_keys)
-    return (key_pos[None, :] <= positions[:, None])[:, None, None, :]
+    keys = torch.arange(num_keys)[None, :]
+    visible = keys < lens[:, None]
+    if window:
+        visible &= keys >= lens[:, None] - window
+    return visible[:, None, None, :]
 
 
 def chunk_mask(start_pos: int, num_tokens: int) -> torch.Tensor | None:
@@ -233,26 +236,16 @@ def chunk_mask(start_pos: int, num_tokens: int) -> torch.Tensor | None:
     return torch.arange(start_pos + num_tokens)[None, :] <= q_pos[:, None]
 
 
-def sliding_window_metadata(
-    meta: AttentionMetadata, positions: torch.Tensor, window: int, block_size: int
-) -> AttentionMetadata:
-    """``meta`` with masks that also hide keys more than ``window - 1`` positions back.
+def sliding_window_metadata(meta: AttentionMetadata, window: int) -> AttentionMetadata:
+    """``meta`` for a layer that hides keys more than ``window - 1`` positions back.
 
     Built once per step and shared by every sliding-window layer; the KV cache keeps all keys.
-    ``positions``: [num_tokens] of the flat batch.
     """
-    decode_mask = meta.decode_mask
-    if meta.decode_rows is not None:
-        assert meta.decode_block_tables is not None
-        num_keys = meta.decode_block_tables.shape[1] * block_size
-        key_pos = torch.arange(num_keys)[None, :]
-        p = positions[meta.decode_rows][:, None]
-        decode_mask = ((key_pos <= p) & (key_pos > p - window))[:, None, None, :]
     prefills = tuple(
         replace(c, mask=m) if (m := _window_chunk_mask(c, window)) is not None else c
         for c in meta.prefills
     )
-    return replace(meta, decode_mask=decode_mask, prefills=prefills, decode_window=window)
+    return replace(meta, prefills=prefills, decode_window=window)
 
 
 def _window_chunk_mask(chunk: PrefillChunk, window: int) -> torch.Tensor | None:

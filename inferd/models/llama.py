@@ -158,10 +158,7 @@ class LlamaForCausalLM(nn.Module):
         rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
-            block_size = kv_caches[0][0].shape[1]
-            window_meta = sliding_window_metadata(
-                meta, positions, self.config.sliding_window, block_size
-            )
+            window_meta = sliding_window_metadata(meta, self.config.sliding_window)
         for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
             sliding = self.config.window_of(i) is not None
             x = layer(x, rotation, window_meta if sliding else meta, cache)

@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from inferd.kernels import fused, status, unfused
-from inferd.layers.attention import AttentionMetadata, attend_paged, decode_mask, write_kv
+from inferd.layers.attention import (
+    AttentionMetadata,
+    attend_paged,
+    gather_blocks,
+    grouped_attention,
+    write_kv,
+)
 from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
@@ -80,19 +86,28 @@ def test_decode_attention(dtype: torch.dtype, softcap: float | None, window: int
     v_cache = torch.randn(12, BS, KV_HEADS, DIM).to(dtype)
     tables = torch.tensor([[3, 9, 0, 0], [1, 4, 7, 2], [11, 0, 0, 0]])  # scattered, padded
     positions = torch.tensor([6, 15, 2])
-    mask = decode_mask(positions, tables.shape[1] * BS)
-    if window:
-        keys = torch.arange(tables.shape[1] * BS)[None, :]
-        p = positions[:, None]
-        mask = ((keys <= p) & (keys > p - window))[:, None, None, :]
-    meta = AttentionMetadata(
-        torch.zeros(3, dtype=torch.long), torch.arange(3), tables, mask, (), positions + 1, window
-    )
+    # The reference: keys at or before each position (and within the window), by gathered
+    # blocks and the plain grouped attention.
+    keys = torch.arange(tables.shape[1] * BS)[None, :]
+    p = positions[:, None]
+    mask = (keys <= p) & (keys > p - window) if window else keys <= p
     q = torch.randn(3, HEADS, DIM).to(dtype)
-    with unfused():
-        expected = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
+    expected = grouped_attention(
+        q.unsqueeze(2).float(),
+        gather_blocks(k_cache, tables).float(),
+        gather_blocks(v_cache, tables).float(),
+        mask[:, None, None, :],
+        0.3,
+        softcap,
+    ).squeeze(2)
+    meta = AttentionMetadata(
+        torch.zeros(3, dtype=torch.long), torch.arange(3), tables, positions + 1, (), window
+    )
     out = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
-    torch.testing.assert_close(out, expected, **_tol(dtype))
+    with unfused():
+        plain = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
+    torch.testing.assert_close(out.float(), expected, **_tol(dtype))
+    torch.testing.assert_close(plain.float(), expected, **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -55,7 +55,7 @@ def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype) -> None:
         slot_mapping=torch.tensor([tables[i][p // BS] * BS + p % BS for i, p in rows]),
         decode_rows=torch.tensor([0, 1]),
         decode_block_tables=decode_tables,
-        decode_mask=decode_mask(torch.tensor([6, 12]), decode_tables.shape[1] * BS),
+        decode_lens=torch.tensor([7, 13]),
         prefills=(PrefillChunk(2, 6, 5, tbl[2], chunk_mask(5, 6)),),
     )
     out = paged_attention(q, k, v, k_cache, v_cache, meta, scale=0.25).float()
@@ -75,7 +75,7 @@ def test_grouped_attention_equals_sdpa_with_repeated_heads() -> None:
     torch.manual_seed(1)
     q = torch.randn(5, HEADS, 1, DIM)
     keys, values = torch.randn(5, KV_HEADS, 9, DIM), torch.randn(5, KV_HEADS, 9, DIM)
-    mask = decode_mask(torch.tensor([3, 8, 0, 5, 8]), 9)
+    mask = decode_mask(torch.tensor([4, 9, 1, 6, 9]), 9)
     assert mask is not None
     expected = F.scaled_dot_product_attention(
         q, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=mask, scale=0.3

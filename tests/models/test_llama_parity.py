@@ -45,7 +45,7 @@ def full_forward(
                 slot_mapping=table[pos // block_size] * block_size + pos % block_size,
                 decode_rows=None,
                 decode_block_tables=None,
-                decode_mask=None,
+                decode_lens=None,
                 prefills=(PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos))),),
             )
             hidden = model(torch.tensor(ids[start : start + len(pos)]), pos, meta, caches)
