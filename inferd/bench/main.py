@@ -13,6 +13,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inferd.bench.http import run_http
 from inferd.bench.peers import PEERS, run_serial
@@ -20,6 +21,9 @@ from inferd.bench.process import ServerProcess, start_server
 from inferd.bench.server_peers import SERVER_PEERS, start_peer_server
 from inferd.bench.stats import Summary
 from inferd.bench.workloads import WORKLOADS
+
+if TYPE_CHECKING:
+    from inferd.engine.builder import ModelSource
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -34,6 +38,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "--peers",
         default="llama.cpp,llama.cpp-server,llama-server,mistral.rs,transformers",
         help="comma-separated peers to run when installed ('' for none)",
+    )
+    p.add_argument(
+        "--in-process",
+        action="store_true",
+        help="instead: sweep prompt length, generation length and concurrency on an engine in "
+        "this process (no HTTP, no peers)",
     )
     p.add_argument("--threads", type=int, default=2, help="threads for the peers")
     p.add_argument("--json", type=Path, help="also write every figure to this file")
@@ -51,11 +61,14 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     from inferd.engine.builder import resolve_source
 
-    gguf = resolve_source(args.model).path
+    source = resolve_source(args.model)
+    gguf = source.path
     chosen = [w for w in args.workloads.split(",") if w]
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
+    if args.in_process:
+        return _sweep(args, source)
     extra = [a for a in args.serve_args if a != "--"]
     if args.isq is not None:
         extra += ["--isq", args.isq]
@@ -73,6 +86,21 @@ def main(args: argparse.Namespace) -> int:
     for name in [p for p in args.peers.split(",") if p]:
         results += _run_peer(name, gguf, args.threads, chosen)
     print(render(results, rss))
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+    return 0
+
+
+def _sweep(args: argparse.Namespace, source: ModelSource) -> int:
+    from inferd.bench.sweep import peak_rss_mb, run_point, sweep_points
+    from inferd.config import EngineConfig
+    from inferd.engine.builder import load_model
+
+    served = load_model(source, EngineConfig(isq=args.isq), progress=True)
+    served.engine.shutdown()  # the sweep steps the engine core on this thread
+    results = [run_point(served, point) for point in sweep_points()]
+    print(render(results, None))
+    print(f"\npeak RSS of this process: {peak_rss_mb():.0f} MiB")
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 0
@@ -131,8 +159,9 @@ def _run_server_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> 
 
 def render(results: list[Summary], inferd_rss_mb: float | None) -> str:
     lines = [
-        "| workload | engine | tokens/s | TTFT p50 | TTFT p99 | ITL p50 | incomplete | vs inferd |",
-        "|---|---|---|---|---|---|---|---|",
+        "| workload | engine | tokens/s | req/s | TTFT p50 | TTFT p99 | ITL p50 | ITL p99 | "
+        "incomplete | vs inferd |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     ours = {r.name: r for r in results if r.engine == "inferd"}
     for r in results:
@@ -143,8 +172,9 @@ def render(results: list[Summary], inferd_rss_mb: float | None) -> str:
             else f"inferd {_ratio(base.tokens_per_second, r.tokens_per_second)}"
         )
         lines.append(
-            f"| {r.name} | {r.engine} | {r.tokens_per_second:.1f} | {_ms(r.ttft_p50)} | "
-            f"{_ms(r.ttft_p99)} | {_ms(r.itl_p50)} | {r.incomplete} | {ratio} |"
+            f"| {r.name} | {r.engine} | {r.tokens_per_second:.1f} | "
+            f"{r.requests_per_second:.2f} | {_ms(r.ttft_p50)} | {_ms(r.ttft_p99)} | "
+            f"{_ms(r.itl_p50)} | {_ms(r.itl_p99)} | {r.incomplete} | {ratio} |"
         )
     if inferd_rss_mb is not None:
         lines.append(f"\npeak RSS of `inferd serve`: {inferd_rss_mb:.0f} MiB")
