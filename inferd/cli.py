@@ -8,7 +8,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 from collections.abc import Sequence
 
 from inferd import __version__
@@ -174,12 +173,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inferd.engine import driver
     from inferd.server.app import build_app
-    from inferd.server.serve_args import app_options, describe
+    from inferd.server.serve_args import app_options, connection_limits, describe
+    from inferd.server.shutdown import UVICORN_GRACE, HttpServer
+    from inferd.server.transport import guarded_protocol
     from inferd.serving.startup import registry_from_args
 
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = app_options(args, os.environ)  # flag errors before the model loads
+    limits = connection_limits(args)
     engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
     registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
@@ -189,34 +191,33 @@ def _serve(args: argparse.Namespace) -> int:
         log.warning("binding %s: the API is reachable from other machines", args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
         log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
+    if options["allowed_hosts"].allows_any:
+        log.warning("--allowed-hosts '*': any Host is answered, so DNS-rebinding pages can read")
     app = build_app(registry, **options)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level="warning",
-            timeout_graceful_shutdown=5,
-            http="h11",  # h11's bound on the request head is --max-header-bytes
-            h11_max_incomplete_event_size=args.max_header_bytes,
-        )
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=UVICORN_GRACE,  # requests are drained before this starts
+        http=guarded_protocol(limits),  # h11 with a head timeout and a connection cap
+        h11_max_incomplete_event_size=args.max_header_bytes,  # h11 bounds the head too
     )
-    http = threading.Thread(target=server.run, name="inferd-http")
-
-    def stop(*_: object) -> None:  # uvicorn off the main thread leaves the signals to us
-        server.should_exit = True
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    http = HttpServer(config, app.state.drain, args.drain_timeout)
+    # uvicorn off the main thread leaves the signals to us: the first drains, a second cuts
+    signal.signal(signal.SIGTERM, lambda *_: http.stop())
+    signal.signal(signal.SIGINT, lambda *_: http.stop())
     http.start()
     try:
         engines.run(lambda: not http.is_alive())
     finally:
-        server.should_exit = True
-        http.join(10)
+        http.stop()
+        http.join(args.drain_timeout + 30)
         registry.shutdown()
         driver.deactivate()
-    return 0 if server.started else 1
+    if http.report is not None:
+        print(f"inferd  {http.report.summary()}", flush=True)
+    return 0 if http.started else 1
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -15,7 +15,12 @@ from starlette.responses import JSONResponse, Response
 
 from inferd import __version__
 from inferd.server.anthropic_api import count_tokens, create_message
-from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
+from inferd.server.crosssite import HostAllowList, json_only
+from inferd.server.defaults import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+)
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.hooks import OnChunk, OnDone, StreamHooks, StreamHooksMiddleware
@@ -67,6 +72,10 @@ def build_app(
     metrics: bool = True,
     docs: bool = True,
     media_policy: MediaPolicy | None = None,
+    allowed_hosts: HostAllowList | Sequence[str] | None = None,
+    admin_keys: Sequence[str] = (),
+    admin_routes: bool = True,
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     """The server app, an ASGI app that may be mounted under any path of another app.
 
@@ -76,7 +85,12 @@ def build_app(
     gets 503; unloading drains for up to ``drain_timeout`` seconds. ``on_chunk`` / ``on_done``
     are stream hooks (see hooks.py). Operational options (see operations.py) default to the
     safe choice: no auth keys means open (bind to loopback), 16 MiB bodies, 16 KiB heads, no
-    CORS, no payload logging, no file or remote media."""
+    CORS, no payload logging, no file or remote media, JSON routes take only
+    ``application/json`` (415), 30 s for a request body. ``allowed_hosts`` (names, or a
+    ``HostAllowList``) turns on the Host check (421; off by default, as the names an embedding
+    app is reached under are its own; `inferd serve` always sets it); ``admin_keys`` guard the
+    model-lifecycle routes apart from ``api_keys``, and ``admin_routes=False`` turns them off
+    (404). ``app.state.drain`` drains running requests for a graceful stop (shutdown.py)."""
     ops = operations(
         api_keys=api_keys,
         max_body_bytes=max_body_bytes,
@@ -88,6 +102,10 @@ def build_app(
         metrics=metrics,
         docs=docs,
         media_policy=media_policy,
+        allowed_hosts=allowed_hosts,
+        admin_keys=admin_keys,
+        admin_routes=admin_routes,
+        body_timeout=body_timeout,
     )
     app = FastAPI(title="inferd", version=__version__, **docs_urls(docs))
     registry = registry_of(
@@ -125,7 +143,10 @@ def build_app(
 
 
 def _routes(app: FastAPI, path: str, handler: Handler, methods: list[str]) -> None:
-    """Serve each route at /v1/... and without the prefix, as OpenAI clients vary."""
+    """Serve each route at /v1/... and without the prefix, as OpenAI clients vary. POST routes
+    take JSON bodies, and only with a JSON content type (see crosssite.py)."""
+    if "POST" in methods:
+        handler = json_only(handler)
     app.add_api_route(path, handler, methods=methods)
     app.add_api_route(path.removeprefix("/v1"), handler, methods=methods, include_in_schema=False)
 

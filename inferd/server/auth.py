@@ -21,14 +21,14 @@ ENV_VAR = API_KEYS_ENV
 OPEN_PATHS = frozenset({"/health", "/ready"})  # probes of orchestrators carry no keys
 
 
-def keys_from_env(environ: Mapping[str, str]) -> list[str]:
+def keys_from_env(environ: Mapping[str, str], var: str = ENV_VAR) -> list[str]:
     """Comma-separated keys; blank entries are skipped, but only blanks is an error."""
-    raw = environ.get(ENV_VAR)
+    raw = environ.get(var)
     if raw is None or not raw.strip():
         return []
     keys = [k.strip() for k in raw.split(",") if k.strip()]
     if not keys:
-        raise ValueError(f"{ENV_VAR} is set but holds no keys")
+        raise ValueError(f"{var} is set but holds no keys")
     return keys
 
 
@@ -50,7 +50,12 @@ def _digest(value: str | bytes) -> bytes:
 
 class AuthMiddleware:
     def __init__(
-        self, app: ASGIApp, *, api_keys: Sequence[str], open_paths: Iterable[str] = OPEN_PATHS
+        self,
+        app: ASGIApp,
+        *,
+        api_keys: Sequence[str],
+        open_paths: Iterable[str] = OPEN_PATHS,
+        key_name: str = "API key",
     ) -> None:
         keys = validate_keys(api_keys)
         if not keys:
@@ -58,6 +63,7 @@ class AuthMiddleware:
         self.app = app
         self._digests = tuple(_digest(k) for k in keys)
         self.open_paths = frozenset(open_paths)
+        self.key_name = key_name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or app_path(scope) in self.open_paths:
@@ -66,13 +72,14 @@ class AuthMiddleware:
         offered = _offered_keys(scope)
         if not offered:
             message = (
-                "this server requires an API key: send it as 'Authorization: Bearer <key>' "
-                "or 'x-api-key: <key>'"
+                f"this server requires {_article(self.key_name)} {self.key_name}: send it as "
+                "'Authorization: Bearer <key>' or 'x-api-key: <key>'"
             )
             await self._refuse(scope, receive, send, message)
             return
         if not self._any_valid(offered):
-            await self._refuse(scope, receive, send, "the API key is not valid for this server")
+            message = f"the {self.key_name} is not valid for this server"
+            await self._refuse(scope, receive, send, message)
             return
         await self.app(scope, receive, send)
 
@@ -89,6 +96,10 @@ class AuthMiddleware:
             scope, 401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
         )
         await response(scope, receive, send)
+
+
+def _article(noun: str) -> str:
+    return "an" if noun[0].lower() in "aeiou" else "a"
 
 
 def _offered_keys(scope: Scope) -> list[str]:

@@ -10,3 +10,7 @@ DEFAULT_MEDIA_FETCH_TIMEOUT = 10.0
 DEFAULT_REMOTE_MEDIA_PORTS = frozenset({80, 443})
 ACCESS_LOG_FORMATS = ("text", "json")
 API_KEYS_ENV = "INFERD_API_KEYS"
+ADMIN_KEYS_ENV = "INFERD_ADMIN_KEYS"
+DEFAULT_HEADER_TIMEOUT = 20.0  # seconds for a whole request head
+DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a body, plus a second per 32 KiB received
+DEFAULT_MAX_CONNECTIONS = 512

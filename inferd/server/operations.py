@@ -3,7 +3,11 @@
 Middleware, outermost first (RequestIdMiddleware, added by build_app, wraps them all):
 
     AccessLogMiddleware   every request counted, timed and logged, refused ones included
+    HostMiddleware        only with an allow-list: any other Host gets 421 (crosssite.py)
+    TransportMiddleware   body timeout (408), the connection cap's 503 (transport.py)
+    DrainMiddleware       during shutdown 503 for new requests; cuts the rest (shutdown.py)
     CORSMiddleware        only with allowed origins; answers preflights before auth
+    AdminMiddleware       lifecycle routes: admin keys, or off (404) (admin.py)
     AuthMiddleware        only with API keys; /health stays open
     LimitsMiddleware      body size (413) and request timeout (408/504)
 """
@@ -20,13 +24,21 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from inferd.server.access_log import LOG_FORMATS, AccessLogMiddleware, PayloadLog
-from inferd.server.auth import AuthMiddleware, validate_keys
-from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
+from inferd.server.admin import ADMIN_PATHS, AdminMiddleware
+from inferd.server.auth import OPEN_PATHS, AuthMiddleware, validate_keys
+from inferd.server.crosssite import HostAllowList, HostMiddleware
+from inferd.server.defaults import (
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+)
 from inferd.server.limits import LimitsMiddleware
 from inferd.server.media import MediaPolicy
 from inferd.server.metrics import ServerMetrics, metrics
 from inferd.server.openapi import install_openapi
 from inferd.server.serve_args import validate_origins
+from inferd.server.shutdown import Drain, DrainMiddleware
+from inferd.server.transport import TransportMiddleware
 
 log = logging.getLogger("inferd")
 
@@ -62,9 +74,17 @@ class Operations:
     metrics: bool = True
     docs: bool = True
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
+    # None: no Host check (an embedder's names are its own); `inferd serve` always sets it
+    allowed_hosts: HostAllowList | None = None
+    admin_keys: tuple[str, ...] = ()  # given: the lifecycle routes take only these keys
+    admin_routes: bool = True  # False: the lifecycle routes answer 404
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT  # seconds, see transport.py
 
     def __post_init__(self) -> None:
         validate_keys(self.api_keys)
+        validate_keys(self.admin_keys)
+        if self.body_timeout is not None and self.body_timeout <= 0:
+            raise ValueError("the body timeout must be positive")
         if self.access_log_format not in (None, *LOG_FORMATS):
             raise ValueError(f"access log format must be one of {', '.join(LOG_FORMATS)}")
         validate_origins(self.allowed_origins)
@@ -95,7 +115,10 @@ def install_operations(app: FastAPI, ops: Operations) -> None:
         request_timeout=ops.request_timeout,
     )
     if ops.api_keys:
-        app.add_middleware(AuthMiddleware, api_keys=ops.api_keys)
+        # with admin keys, the lifecycle routes are the admin guard's alone
+        open_paths = OPEN_PATHS | ADMIN_PATHS if ops.admin_keys else OPEN_PATHS
+        app.add_middleware(AuthMiddleware, api_keys=ops.api_keys, open_paths=open_paths)
+    app.add_middleware(AdminMiddleware, admin_keys=ops.admin_keys, enabled=ops.admin_routes)
     if ops.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -105,6 +128,11 @@ def install_operations(app: FastAPI, ops: Operations) -> None:
             expose_headers=["x-request-id", "retry-after"],
             max_age=600,
         )
+    app.state.drain = Drain()
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
+    app.add_middleware(TransportMiddleware, body_timeout=ops.body_timeout)
+    if ops.allowed_hosts is not None:
+        app.add_middleware(HostMiddleware, allowed=ops.allowed_hosts)
     payload_log = None
     if ops.log_payloads is not None:
         payload_log = PayloadLog(ops.log_payloads, ops.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
@@ -133,7 +161,13 @@ def operations(
     metrics: bool = True,
     docs: bool = True,
     media_policy: MediaPolicy | None = None,
+    allowed_hosts: HostAllowList | Sequence[str] | None = None,
+    admin_keys: Sequence[str] = (),
+    admin_routes: bool = True,
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
 ) -> Operations:
+    if allowed_hosts is not None and not isinstance(allowed_hosts, HostAllowList):
+        allowed_hosts = HostAllowList.of(allowed_hosts)
     return Operations(
         api_keys=tuple(api_keys),
         max_body_bytes=max_body_bytes,
@@ -145,4 +179,8 @@ def operations(
         metrics=metrics,
         docs=docs,
         media_policy=media_policy or MediaPolicy(),
+        allowed_hosts=allowed_hosts,
+        admin_keys=tuple(admin_keys),
+        admin_routes=admin_routes,
+        body_timeout=body_timeout,
     )

@@ -9,8 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from inferd.server.defaults import (
     ACCESS_LOG_FORMATS,
+    ADMIN_KEYS_ENV,
     API_KEYS_ENV,
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_HEADER_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_NUM_IMAGES,
@@ -18,7 +22,9 @@ from inferd.server.defaults import (
 )
 
 if TYPE_CHECKING:
+    from inferd.server.crosssite import HostAllowList
     from inferd.server.media import MediaPolicy
+    from inferd.server.transport import ConnectionLimits
 
 
 def add_serve_args(p: argparse.ArgumentParser) -> None:
@@ -37,6 +43,45 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="ORIGIN",
         help="enable CORS for these origins (repeatable or comma-separated); off by default",
+    )
+    g.add_argument(
+        "--admin-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"the model lifecycle routes (/v1/models/unload|reload|status) take only this key "
+        f"(repeatable; also {ADMIN_KEYS_ENV}); without one they are off on a non-loopback --host",
+    )
+    g.add_argument(
+        "--allowed-hosts",
+        action="append",
+        default=[],
+        metavar="HOST",
+        help="answer requests whose Host header names HOST[:PORT] too (repeatable or "
+        "comma-separated; '*': any Host, which lets DNS-rebinding pages in); by default only "
+        "the loopback names and the --host address, with --port",
+    )
+    g.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help=f"open connections beyond which requests get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
+    )
+    g.add_argument(
+        "--header-timeout",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT,
+        metavar="SECONDS",
+        help="time for a whole request head, from the connection's start or the previous "
+        f"answer; later: 408 and close (default: {DEFAULT_HEADER_TIMEOUT:g})",
+    )
+    g.add_argument(
+        "--body-timeout",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT,
+        metavar="SECONDS",
+        help="time for a request body after its head, plus a second per 32 KiB received; "
+        f"later: 408 (default: {DEFAULT_BODY_TIMEOUT:g})",
     )
     g.add_argument(
         "--max-body-bytes",
@@ -121,6 +166,7 @@ def validate_origins(origins: Sequence[str]) -> None:
 def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
     """build_app keyword arguments from `inferd serve` flags; ValueError names a bad one."""
     from inferd.server.auth import keys_from_env, validate_keys
+    from inferd.server.crosssite import HostAllowList, is_loopback
     from inferd.server.media import MediaPolicy
 
     if args.max_body_bytes < 1:
@@ -129,6 +175,8 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         raise ValueError("--max-header-bytes must be at least 1024")
     if args.request_timeout is not None and args.request_timeout <= 0:
         raise ValueError("--request-timeout must be positive")
+    if args.body_timeout <= 0:
+        raise ValueError("--body-timeout must be positive")
     try:
         ports = [int(p) for p in args.remote_media_ports.split(",") if p.strip()]
     except ValueError:
@@ -136,6 +184,9 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
     origins = [o.strip() for value in args.allowed_origins for o in value.split(",") if o.strip()]
     validate_origins(origins)
     keys = validate_keys([*args.api_key, *keys_from_env(environ)])
+    admin_keys = validate_keys([*args.admin_key, *keys_from_env(environ, ADMIN_KEYS_ENV)])
+    hosts = [h for value in args.allowed_hosts for h in value.split(",")]
+    allowed_hosts = HostAllowList.for_server(args.host, args.port, hosts)
     policy = MediaPolicy.create(
         media_roots=args.allowed_media_root,
         allow_remote=args.allow_remote_media,
@@ -155,12 +206,30 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         "metrics": not args.no_metrics,
         "docs": not args.no_docs,
         "media_policy": policy,
+        "allowed_hosts": allowed_hosts,
+        "admin_keys": admin_keys,
+        "admin_routes": bool(admin_keys) or is_loopback(args.host),
+        "body_timeout": args.body_timeout,
     }
+
+
+def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
+    """The uvicorn-level limits of `inferd serve` (head timeout, connection cap)."""
+    from inferd.server.transport import ConnectionLimits
+
+    if args.header_timeout <= 0:
+        raise ValueError("--header-timeout must be positive")
+    if args.max_connections < 1:
+        raise ValueError("--max-connections must be at least 1")
+    return ConnectionLimits(args.header_timeout, args.max_connections)
 
 
 def describe(options: dict[str, Any]) -> list[str]:
     """Startup lines about the operational settings (never the keys themselves)."""
+    from inferd.server.admin import describe as describe_admin
+
     keys = options["api_keys"]
+    hosts: HostAllowList = options["allowed_hosts"]
     policy: MediaPolicy = options["media_policy"]
     auth = f"{len(keys)} API key(s) required" if keys else "none (no --api-key)"
     limit = options["request_timeout"]
@@ -171,8 +240,11 @@ def describe(options: dict[str, Any]) -> list[str]:
         media.append("http(s) from public addresses")
     return [
         f"auth       {auth}",
+        f"admin      {describe_admin(options['admin_keys'], options['admin_routes'])}",
+        f"hosts      {hosts.describe()}",
         f"limits     body {options['max_body_bytes']} bytes, "
-        f"timeout {'none' if limit is None else f'{limit:g}s'}",
+        f"timeout {'none' if limit is None else f'{limit:g}s'}, "
+        f"body within {options['body_timeout']:g}s",
         f"media      {', '.join(media)}; at most {policy.max_num_images} images, "
         f"{policy.max_media_bytes} bytes each",
     ]

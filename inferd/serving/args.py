@@ -32,6 +32,7 @@ def add_model_set_args(p: argparse.ArgumentParser) -> None:
         type=float,
         default=DEFAULT_DRAIN_TIMEOUT,
         metavar="SECONDS",
-        help="how long unloading waits for running requests before aborting them (default: 30)",
+        help="how long unloading a model, or stopping the server (SIGTERM, Ctrl-C), waits for "
+        "running requests before cutting them (default: 30)",
     )
     p.set_defaults(model=None)  # -m: the default model, unless --config is given

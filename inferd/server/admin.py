@@ -1,0 +1,56 @@
+"""The model-lifecycle routes (POST /v1/models/unload, reload, status) are admin actions.
+
+Unloading a model stops service for every user, and a reload costs a full load, so these routes
+are guarded apart from the API:
+
+- with admin keys (``--admin-key``, ``INFERD_ADMIN_KEYS``) they take only an admin key, sent
+  like an API key (``Authorization: Bearer`` or ``x-api-key``); API keys do not open them, and
+  admin keys do not open the rest of the API;
+- without admin keys they follow the API's own rule (open, or ``--api-key``), unless the routes
+  are off: ``inferd serve`` turns them off (404) when it binds a non-loopback address with no
+  admin key, as anyone who reaches that address could otherwise unload the models.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from inferd.server.auth import AuthMiddleware
+from inferd.server.envelope import app_path, error_response
+
+LIFECYCLE_ROUTES = ("/v1/models/unload", "/v1/models/reload", "/v1/models/status")
+ADMIN_PATHS = frozenset([*LIFECYCLE_ROUTES, *(p.removeprefix("/v1") for p in LIFECYCLE_ROUTES)])
+
+
+class AdminMiddleware:
+    def __init__(self, app: ASGIApp, *, admin_keys: Sequence[str], enabled: bool) -> None:
+        self.app = app
+        self.enabled = enabled
+        self.guard: ASGIApp = app
+        if admin_keys:
+            self.guard = AuthMiddleware(
+                app, api_keys=admin_keys, open_paths=(), key_name="admin key"
+            )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or app_path(scope) not in ADMIN_PATHS:
+            await self.app(scope, receive, send)
+        elif not self.enabled:
+            message = (
+                f"no route {scope['method']} {app_path(scope)}: the model lifecycle routes are "
+                "off on a non-loopback address without --admin-key"
+            )
+            await error_response(scope, 404, message)(scope, receive, send)
+        else:
+            await self.guard(scope, receive, send)
+
+
+def describe(admin_keys: Sequence[str], enabled: bool) -> str:
+    """The startup line's account of the lifecycle routes."""
+    if not enabled:
+        return "lifecycle routes off (non-loopback bind, no --admin-key)"
+    if admin_keys:
+        return f"lifecycle routes need one of {len(admin_keys)} admin key(s)"
+    return "lifecycle routes follow the API's auth (no --admin-key)"
