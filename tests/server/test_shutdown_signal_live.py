@@ -1,0 +1,203 @@
+"""SIGTERM on a real `inferd serve` with requests in flight: drain, then cut cleanly, exit 0.
+
+At the signal four requests are running: a /v1/tokenize whose body is still arriving (it
+finishes during the drain once the rest is sent), and three that generate 1800 tokens (OpenAI
+stream, Anthropic stream, non-stream), far more than the 4 s drain allows on any CPU. While
+draining, new requests and /ready get 503 with Retry-After and /health still answers; at the
+deadline each stream ends with an error event ([DONE] after it on the OpenAI stream) and the
+non-stream request gets a 503 envelope. The process exits 0 with a one-line summary and no
+traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.server.live import LiveServer, live_server
+
+DRAIN = 4
+REQUEST_ID = re.compile(r"[0-9a-f]{32}")
+CUT_MESSAGE = (
+    f"the server is shutting down: this request was still running at the end of the {DRAIN}s "
+    "drain (--drain-timeout)"
+)
+STORY = [{"role": "user", "content": "Write a very long story about the sea."}]
+LONG_CHAT = {"messages": STORY, "max_tokens": 1800, "ignore_eos": True}
+LONG_STREAM = LONG_CHAT | {"stream": True}
+REPEAT = [
+    {"role": "user", "content": "Write the word apple nine hundred times."},
+    {"role": "assistant", "content": "apple " * 24},
+]
+
+
+@dataclass
+class Outcome:
+    status: int = 0
+    request_id: str = ""
+    lines: list[str] = field(default_factory=list)
+    body: Any = None
+    first: threading.Event = field(default_factory=threading.Event)
+
+
+def _stream(url: str, body: dict[str, Any], headers: dict[str, str], out: Outcome) -> None:
+    with (
+        httpx.Client(timeout=120) as client,
+        client.stream("POST", url, json=body, headers=headers) as resp,
+    ):
+        out.status, out.request_id = resp.status_code, resp.headers["x-request-id"]
+        for line in resp.iter_lines():
+            out.lines.append(line)
+            out.first.set()
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str], out: Outcome) -> None:
+    resp = httpx.post(url, json=body, headers=headers, timeout=120)
+    out.status, out.request_id, out.body = (
+        resp.status_code,
+        resp.headers["x-request-id"],
+        resp.json(),
+    )
+
+
+def _started(log: Path, request_id: str) -> bool:
+    return f"request_start request_id={request_id} " in log.read_text(errors="replace")
+
+
+def _wait(condition: Callable[[], bool], what: str, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+def _events(lines: list[str]) -> list[str]:
+    return [line for line in lines if line]
+
+
+def test_sigterm_drains_then_cuts_cleanly(smollm2_gguf: Path, tmp_path: Path) -> None:
+    args = [
+        *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "2048"),
+        *("--drain-timeout", str(DRAIN), "--body-timeout", "300", "--access-log-format", "text"),
+    ]
+    log = tmp_path / "serve.log"
+    with live_server(args, log) as server:
+        _drain_and_cut(server, server.process)
+    text = log.read_text(errors="replace")
+    assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
+    summary = [line for line in text.splitlines() if line.startswith("inferd  stopped")]
+    assert summary == [
+        f"inferd  stopped    1 request(s) finished during the drain, 3 cut at the {DRAIN}s "
+        "deadline (--drain-timeout)"
+    ]
+
+
+def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
+    port = int(server.url.rsplit(":", 1)[1])
+    # a request whose body is half sent: running, and able to finish once the rest arrives
+    body = json.dumps({"prompt": "Hello, world"}).encode()
+    slow = socket.create_connection(("127.0.0.1", port), timeout=120)
+    slow.sendall(
+        f"POST /v1/tokenize HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\nx-request-id: slow-body-1\r\nConnection: close\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n".encode()
+        + body[:10]
+    )
+    openai_stream, anthropic_stream, plain = Outcome(), Outcome(), Outcome()
+    anthropic_body = {"model": "default", "max_tokens": 1800, "messages": REPEAT, "stream": True}
+    workers = [
+        threading.Thread(
+            target=_stream,
+            args=(
+                server.api + "/chat/completions",
+                LONG_CHAT | {"stream": True},
+                {},
+                openai_stream,
+            ),
+        ),
+        threading.Thread(
+            target=_stream,
+            args=(
+                server.api + "/messages",
+                anthropic_body,
+                {"anthropic-version": "2023-06-01"},
+                anthropic_stream,
+            ),
+        ),
+        threading.Thread(
+            target=_post,
+            args=(server.api + "/chat/completions", LONG_CHAT, {"x-request-id": "plain-1"}, plain),
+        ),
+    ]
+    for worker in workers:
+        worker.start()
+    _wait(openai_stream.first.is_set, "the OpenAI stream's first event")
+    _wait(anthropic_stream.first.is_set, "the Anthropic stream's first event")
+    _wait(lambda: _started(server.log, "slow-body-1"), "the half-sent request")
+    _wait(lambda: _started(server.log, "plain-1"), "the non-stream request")
+
+    proc.send_signal(signal.SIGTERM)
+
+    _wait(lambda: httpx.get(server.url + "/ready", timeout=30).status_code == 503, "draining")
+    slow.sendall(body[10:])  # the half-sent request may now finish within the drain
+    ready = httpx.get(server.url + "/ready", timeout=30)
+    assert ready.headers["retry-after"] == "5" and REQUEST_ID.fullmatch(
+        ready.headers["x-request-id"]
+    )
+    assert ready.json()["error"]["code"] == "server_shutting_down"
+    assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok"}
+    refused = httpx.post(server.api + "/chat/completions", json=LONG_CHAT, timeout=30)
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "5"
+    assert REQUEST_ID.fullmatch(refused.headers["x-request-id"])
+    assert refused.json()["error"] == {
+        "message": "the server is shutting down; retry on another instance or after its restart",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "server_shutting_down",
+    }
+    refused = httpx.post(
+        server.api + "/messages",
+        json={"model": "default", "max_tokens": 4, "messages": STORY},
+        headers={"anthropic-version": "2023-06-01"},
+        timeout=30,
+    )
+    assert refused.status_code == 503 and refused.json()["error"]["type"] == "overloaded_error"
+
+    raw = b""
+    while chunk := slow.recv(65536):
+        raw += chunk
+    slow.close()
+    head, _, answer = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 ") and b"x-request-id: slow-body-1" in head
+    assert json.loads(answer)["count"] > 0
+
+    for worker in workers:
+        worker.join(120)
+    error = {"message": CUT_MESSAGE, "type": "service_unavailable", "param": None}
+    events = _events(openai_stream.lines)
+    assert openai_stream.status == 200 and REQUEST_ID.fullmatch(openai_stream.request_id)
+    assert events[-1] == "data: [DONE]"
+    assert json.loads(events[-2].removeprefix("data: ")) == {
+        "error": error | {"code": "server_shutting_down"}
+    }
+    events = _events(anthropic_stream.lines)
+    assert anthropic_stream.status == 200 and REQUEST_ID.fullmatch(anthropic_stream.request_id)
+    assert events[-2] == "event: error"
+    assert json.loads(events[-1].removeprefix("data: ")) == {
+        "type": "error",
+        "error": {"type": "overloaded_error", "message": CUT_MESSAGE},
+    }
+    assert plain.status == 503 and plain.request_id == "plain-1"
+    assert plain.body == {"error": error | {"code": "server_shutting_down"}}
+    assert proc.wait(120) == 0
