@@ -31,6 +31,7 @@ MAX_MEDIA = 4096
 PNG = b"\x89PNG\r\n\x1a\n" + b"\x00" * 56
 PROMPT_MARKER = "zebra-marker-5512"
 AUTH = {"Authorization": f"Bearer {KEYS[0]}"}
+JSON = {"content-type": "application/json"}
 ROUTE = 'route="/v1/chat/completions"'
 
 
@@ -208,7 +209,7 @@ def test_anthropic_sdk_sees_authentication_errors_in_its_envelope(ops: Ops, mode
 # -- limits --------------------------------------------------------------------------------------
 def test_bodies_over_the_limit_get_413_whether_declared_or_streamed(http: httpx.Client) -> None:
     big = b"{" + b" " * MAX_BODY + b"}"
-    resp = http.post("/v1/chat/completions", content=big)
+    resp = http.post("/v1/chat/completions", content=big, headers=JSON)
     assert resp.status_code == 413
     err = openai_error(resp)
     assert err["code"] == "request_too_large"
@@ -221,7 +222,7 @@ def test_bodies_over_the_limit_get_413_whether_declared_or_streamed(http: httpx.
         for _ in range(MAX_BODY // 4096 + 2):
             yield b" " * 4096
 
-    resp = http.post("/v1/chat/completions", content=chunks())  # chunked, no Content-Length
+    resp = http.post("/v1/chat/completions", content=chunks(), headers=JSON)  # chunked
     assert resp.status_code == 413
     assert "larger than this server's limit" in openai_error(resp)["message"]
 
@@ -230,7 +231,9 @@ def test_bodies_over_the_limit_get_413_whether_declared_or_streamed(http: httpx.
     assert anthropic_error(resp)["type"] == "request_too_large"
 
     # just under the limit is read and judged on its content
-    resp = http.post("/v1/chat/completions", content=b"[" + b" " * (MAX_BODY - 2) + b"]")
+    resp = http.post(
+        "/v1/chat/completions", content=b"[" + b" " * (MAX_BODY - 2) + b"]", headers=JSON
+    )
     assert resp.status_code == 400
     assert openai_error(resp)["message"] == "the request body must be a JSON object"
 

@@ -176,7 +176,8 @@ def test_a_body_that_never_arrives_gets_408(server: LiveServer, anthropic_caller
     port = int(server.url.rsplit(":", 1)[1])
     extra = "anthropic-version: 2023-06-01\r\n" if anthropic_caller else ""
     head = (
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        "Content-Type: application/json\r\n"
         f"Authorization: Bearer {ENV_KEYS[0]}\r\n{extra}Content-Length: 100\r\n\r\n"
     )
     with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
