@@ -53,11 +53,13 @@ class DrainReport:
     finished: int  # running when the drain began, finished before the deadline
     cut: int  # still running at the deadline, ended with an error
     timeout: float
+    early: bool = False  # cut by a second stop before the deadline
 
     def summary(self) -> str:
+        when = "by a second stop signal" if self.early else f"at the {self.timeout:g}s deadline"
         return (
             f"stopped    {self.finished} request(s) finished during the drain, {self.cut} cut "
-            f"at the {self.timeout:g}s deadline (--drain-timeout)"
+            f"{when} (--drain-timeout)"
         )
 
 
@@ -67,9 +69,15 @@ class Drain:
 
     draining: bool = False
     timeout: float = 0.0
+    early: bool = False  # the wait was ended by cut_now()
     _running: set[_Running] = field(default_factory=set)
     _idle: asyncio.Event | None = None
     _cut_now: asyncio.Event | None = None
+
+    @property
+    def running(self) -> int:
+        """Requests being answered now."""
+        return len(self._running)
 
     def add(self, running: _Running) -> None:
         self._running.add(running)
@@ -99,13 +107,14 @@ class Drain:
                 timeout,
             )
         await _first(self._idle.wait(), self._cut_now.wait(), timeout=timeout)
+        self.early = self._cut_now.is_set() and bool(self._running)
         cut = list(self._running)
         for request in cut:
             request.cut = True
             if request.cancel is not None:
                 request.cancel.reschedule(asyncio.get_running_loop().time())
         await _first(self._idle.wait(), timeout=CUT_GRACE)
-        return DrainReport(finished=running - len(cut), cut=len(cut), timeout=timeout)
+        return DrainReport(running - len(cut), len(cut), timeout, self.early)
 
 
 async def _first(*waits: Coroutine[Any, Any, Any], timeout: float) -> None:
@@ -157,19 +166,22 @@ class DrainMiddleware:
         except TimeoutError:
             if not running.cut:
                 raise
-            await _answer_cut(running, send, self.drain.timeout, receive)
+            await _answer_cut(running, send, self.drain, receive)
         finally:
             self.drain.discard(running)
 
 
-async def _answer_cut(running: _Running, send: Send, timeout: float, receive: Receive) -> None:
+async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Receive) -> None:
     if running.finished:
         return
     scope = running.scope
-    message = (
-        f"the server is shutting down: this request was still running at the end of the "
-        f"{timeout:g}s drain (--drain-timeout)"
-    )
+    if drain.early:
+        message = "the server is shutting down: this request was cut by a second stop signal"
+    else:
+        message = (
+            f"the server is shutting down: this request was still running at the end of the "
+            f"{drain.timeout:g}s drain (--drain-timeout)"
+        )
     try:
         if not running.started:
             response = error_response(

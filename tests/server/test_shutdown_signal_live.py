@@ -201,3 +201,48 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
     assert plain.status == 503 and plain.request_id == "plain-1"
     assert plain.body == {"error": error | {"code": "server_shutting_down"}}
     assert proc.wait(120) == 0
+
+
+def test_a_second_stop_cuts_at_once_and_a_cut_request_gets_a_503() -> None:
+    """What a second SIGTERM/SIGINT does, on an app with no model: the first stop() starts a
+    drain of 600 s, the second ends it now; the request still reading its body is cut."""
+    import uvicorn
+
+    from inferd.bench.process import free_port
+    from inferd.server.app import build_app
+    from inferd.server.shutdown import HttpServer
+
+    app = build_app([], access_log_format=None)
+    port = free_port()
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    http = HttpServer(config, app.state.drain, drain_timeout=600)
+    http.start()
+    _wait(lambda: http.started, "the server")
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as sock:
+        sock.sendall(
+            f"POST /v1/tokenize HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            "Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{".encode()
+        )
+        _wait(lambda: app.state.drain.running == 1, "the request to start")
+        http.stop()
+        _wait(lambda: app.state.drain.draining, "the drain")
+        http.stop()
+        raw = b""
+        while chunk := sock.recv(65536):
+            raw += chunk
+    http.join(60)
+    assert not http.is_alive()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503 ") and b"retry-after: 5" in head
+    assert REQUEST_ID.search(head.decode())
+    assert json.loads(body)["error"] == {
+        "message": "the server is shutting down: this request was cut by a second stop signal",
+        "type": "service_unavailable",
+        "param": None,
+        "code": "server_shutting_down",
+    }
+    assert http.report is not None
+    assert http.report.summary() == (
+        "stopped    0 request(s) finished during the drain, 1 cut by a second stop signal "
+        "(--drain-timeout)"
+    )
