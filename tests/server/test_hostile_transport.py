@@ -29,7 +29,7 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.cli import _parser
+from inferd.cli import _parser, main
 from inferd.server.app import build_app
 from inferd.server.crosssite import HostAllowList, is_json
 from inferd.server.serve_args import app_options, describe
@@ -396,3 +396,21 @@ def test_connections_past_the_cap_get_503(server: LiveServer, model: str) -> Non
         time.sleep(0.2)
     assert resp.status_code == 200
     assert_healthy(server, model)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--header-timeout", "0"], "--header-timeout must be positive"),
+        (["--body-timeout", "-1"], "--body-timeout must be positive"),
+        (["--max-connections", "0"], "--max-connections must be at least 1"),
+        (["--admin-key", "two words"], "printable ASCII without spaces"),
+        (["--allowed-hosts", "http://box.lan"], "must be a host name, optionally with :port"),
+    ],
+)
+def test_transport_flags_are_checked_before_the_model_loads(
+    flags: list[str], message: str, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    missing_model = str(tmp_path / "never-loaded.gguf")
+    assert main(["serve", "-m", missing_model, *flags]) == 2
+    assert message in capsys.readouterr().err
