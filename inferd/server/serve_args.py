@@ -65,6 +65,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--max-connections",
         type=int,
         default=DEFAULT_MAX_CONNECTIONS,
+        metavar="N",
         help=f"open connections beyond which requests get 503 (default: {DEFAULT_MAX_CONNECTIONS})",
     )
     g.add_argument(
