@@ -414,3 +414,24 @@ def test_transport_flags_are_checked_before_the_model_loads(
     missing_model = str(tmp_path / "never-loaded.gguf")
     assert main(["serve", "-m", missing_model, *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_admin_and_api_keys_open_only_their_own_routes() -> None:
+    app = build_app([], api_keys=["api-key-1"], admin_keys=[ADMIN_KEY], access_log_format=None)
+
+    async def call(method: str, path: str, key: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app)
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1") as c:
+            return await c.request(method, path, json={"model_id": "m"}, headers=headers)
+
+    def run(method: str, path: str, key: str) -> httpx.Response:
+        return asyncio.run(call(method, path, key))
+
+    refused = openai_error(run("POST", "/v1/models/status", "api-key-1"), 401)
+    assert refused["message"] == "the admin key is not valid for this server"
+    passed = openai_error(run("POST", "/v1/models/status", ADMIN_KEY), 404)  # no model "m"
+    assert passed["code"] == "model_not_found"
+    refused = openai_error(run("GET", "/v1/models", ADMIN_KEY), 401)
+    assert refused["message"] == "the API key is not valid for this server"
+    assert run("GET", "/v1/models", "api-key-1").status_code == 200
