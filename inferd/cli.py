@@ -174,12 +174,12 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inferd.engine import driver
     from inferd.server.app import build_app
-    from inferd.server.serve_args import app_options, describe
+    from inferd.server.serve_args import describe, server_options
     from inferd.serving.startup import registry_from_args
 
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
-    options = app_options(args, os.environ)  # flag errors before the model loads
+    options = server_options(args, os.environ)  # flag errors before the model loads
     engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
     registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
@@ -187,9 +187,9 @@ def _serve(args: argparse.Namespace) -> int:
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not options.api_keys:
         log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
-    app = build_app(registry, **options)
+    app = build_app(registry, options)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -11,22 +11,18 @@ Middleware, outermost first (RequestIdMiddleware, added by build_app, wraps them
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inferd.server.access_log import LOG_FORMATS, AccessLogMiddleware, PayloadLog
-from inferd.server.auth import AuthMiddleware, validate_keys
-from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
+from inferd.server.access_log import AccessLogMiddleware, PayloadLog
+from inferd.server.auth import AuthMiddleware
+from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES
 from inferd.server.limits import LimitsMiddleware
-from inferd.server.media import MediaPolicy
 from inferd.server.metrics import ServerMetrics, metrics
 from inferd.server.openapi import install_openapi
-from inferd.server.serve_args import validate_origins
+from inferd.server.options import ServerOptions
 
 log = logging.getLogger("inferd")
 
@@ -50,26 +46,6 @@ CORS_HEADERS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Operations:
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
-    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES
-    request_timeout: float | None = None
-    allowed_origins: tuple[str, ...] = ()
-    access_log_format: str | None = "text"
-    log_payloads: Path | None = None
-    metrics: bool = True
-    docs: bool = True
-    media_policy: MediaPolicy = field(default_factory=MediaPolicy)
-
-    def __post_init__(self) -> None:
-        validate_keys(self.api_keys)
-        if self.access_log_format not in (None, *LOG_FORMATS):
-            raise ValueError(f"access log format must be one of {', '.join(LOG_FORMATS)}")
-        validate_origins(self.allowed_origins)
-
-
 def docs_urls(docs: bool) -> dict[str, Any]:
     """FastAPI constructor arguments: /docs and /openapi.json, or neither."""
     if docs:
@@ -77,72 +53,46 @@ def docs_urls(docs: bool) -> dict[str, Any]:
     return {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
-def install_operations(app: FastAPI, ops: Operations) -> None:
+def install_operations(app: FastAPI, options: ServerOptions) -> None:
     """Add routes, state and middleware. Call before RequestIdMiddleware is added."""
-    app.state.media_policy = ops.media_policy
+    app.state.media_policy = options.media_policy
     server_metrics: ServerMetrics | None = None
-    if ops.metrics:
+    if options.metrics:
         server_metrics = ServerMetrics()
         app.state.server_metrics = server_metrics
         app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    if ops.docs:
-        install_openapi(app, auth_required=bool(ops.api_keys))
+    if options.docs:
+        install_openapi(app, auth_required=bool(options.api_keys))
     # add_middleware puts each one outside those added before it.
     app.add_middleware(
         LimitsMiddleware,
-        max_body_bytes=ops.max_body_bytes,
-        max_header_bytes=ops.max_header_bytes,
-        request_timeout=ops.request_timeout,
+        max_body_bytes=options.max_body_bytes,
+        max_header_bytes=options.max_header_bytes,
+        request_timeout=options.request_timeout,
     )
-    if ops.api_keys:
-        app.add_middleware(AuthMiddleware, api_keys=ops.api_keys)
-    if ops.allowed_origins:
+    if options.api_keys:
+        app.add_middleware(AuthMiddleware, api_keys=options.api_keys)
+    if options.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(ops.allowed_origins),
+            allow_origins=list(options.allowed_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=list(CORS_HEADERS),
             expose_headers=["x-request-id", "retry-after"],
             max_age=600,
         )
     payload_log = None
-    if ops.log_payloads is not None:
-        payload_log = PayloadLog(ops.log_payloads, ops.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    if options.log_payloads is not None:
+        limit = options.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+        payload_log = PayloadLog(options.log_payloads, limit)
         log.warning(
             "--log-payloads: request bodies, which hold prompts and media, are written to %s",
-            ops.log_payloads,
+            options.log_payloads,
         )
     app.add_middleware(
         AccessLogMiddleware,
         router=app.router,
         metrics=server_metrics,
-        log_format=ops.access_log_format,
+        log_format=options.access_log_format,
         payload_log=payload_log,
-    )
-
-
-def operations(
-    *,
-    api_keys: Sequence[str] = (),
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
-    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES,
-    request_timeout: float | None = None,
-    allowed_origins: Sequence[str] = (),
-    access_log_format: str | None = "text",
-    log_payloads: str | Path | None = None,
-    metrics: bool = True,
-    docs: bool = True,
-    media_policy: MediaPolicy | None = None,
-) -> Operations:
-    return Operations(
-        api_keys=tuple(api_keys),
-        max_body_bytes=max_body_bytes,
-        max_header_bytes=max_header_bytes,
-        request_timeout=request_timeout,
-        allowed_origins=tuple(allowed_origins),
-        access_log_format=access_log_format,
-        log_payloads=None if log_payloads is None else Path(log_payloads),
-        metrics=metrics,
-        docs=docs,
-        media_policy=media_policy or MediaPolicy(),
     )

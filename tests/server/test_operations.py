@@ -9,10 +9,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from inferd.cli import main
+from inferd.cli import _parser, main
 from inferd.server.app import build_app
 from inferd.server.auth import keys_from_env
 from inferd.server.metrics import Counter, Gauge, Histogram, Registry, format_value
+from inferd.server.options import ServerOptions
+from inferd.server.serve_args import server_options
 
 
 def _get(app: object, *paths: str) -> list[httpx.Response]:
@@ -27,7 +29,8 @@ def _get(app: object, *paths: str) -> list[httpx.Response]:
 def test_metrics_and_docs_can_be_switched_off() -> None:
     on = _get(build_app([]), "/metrics", "/docs", "/openapi.json")
     assert [r.status_code for r in on] == [200, 200, 200]
-    off = _get(build_app([], metrics=False, docs=False), "/metrics", "/docs", "/openapi.json")
+    options = ServerOptions(metrics=False, docs=False)
+    off = _get(build_app([], options), "/metrics", "/docs", "/openapi.json")
     assert [r.status_code for r in off] == [404, 404, 404]
     assert off[0].json()["error"]["message"] == "no route GET /metrics"
 
@@ -36,15 +39,50 @@ def test_metrics_and_docs_can_be_switched_off() -> None:
     ("kwargs", "message"),
     [
         ({"access_log_format": "xml"}, "access log format must be one of text, json"),
-        ({"allowed_origins": ["app.example"]}, "must be http(s)://host[:port]"),
-        ({"api_keys": [""]}, "must be non-empty"),
-        ({"api_keys": ["two words"]}, "printable ASCII without spaces"),
-        ({"api_keys": [" padded"]}, "no surrounding whitespace"),
+        ({"allowed_origins": ("app.example",)}, "must be http(s)://host[:port]"),
+        ({"allowed_origins": "https://app.example"}, "not one string"),
+        ({"api_keys": ("",)}, "must be non-empty"),
+        ({"api_keys": ("two words",)}, "printable ASCII without spaces"),
+        ({"api_keys": (" padded",)}, "no surrounding whitespace"),
+        ({"max_body_bytes": 0}, "--max-body-bytes must be at least 1"),
+        ({"request_timeout": 0.0}, "--request-timeout must be positive"),
+        ({"drain_timeout": -1.0}, "--drain-timeout must not be negative"),
+        ({"keepalive_seconds": 0.0}, "keepalive_seconds must be positive"),
     ],
 )
-def test_build_app_refuses_unsafe_settings(kwargs: dict[str, object], message: str) -> None:
+def test_server_options_refuse_unsafe_settings(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_app([], **kwargs)  # type: ignore[arg-type]
+        ServerOptions(**kwargs)  # type: ignore[arg-type]
+
+
+def test_server_options_from_the_serve_flags() -> None:
+    parser = _parser()
+    args = parser.parse_args(
+        [
+            *(
+                "serve",
+                "--api-key",
+                "k1",
+                "--allowed-origins",
+                "https://a.example,https://b.example",
+            ),
+            *("--request-timeout", "30", "--access-log-format", "off", "--no-docs"),
+            *("--default-model-id", "chat", "--auto-reload", "off", "--log-payloads", "p.jsonl"),
+        ]
+    )
+    options = server_options(args, {"INFERD_API_KEYS": "k2,k1"})
+    assert options == ServerOptions(
+        default_model="chat",
+        auto_reload=False,
+        api_keys=("k1", "k2"),
+        allowed_origins=("https://a.example", "https://b.example"),
+        request_timeout=30.0,
+        access_log_format=None,
+        log_payloads=Path("p.jsonl"),
+        docs=False,
+        media_policy=options.media_policy,
+    )
+    assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions()
 
 
 @pytest.mark.parametrize(
