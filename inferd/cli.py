@@ -82,6 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()  # the defaults live there, for the CLI and embedders alike
     p.add_argument(
         "-m",
         "--model",
@@ -92,51 +93,69 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     add_model_tool_args(p)  # --isq, --revision
     p.add_argument(
         "--dtype",
-        default="auto",
+        default=d.dtype,
         choices=["auto", "bf16", "f32"],
         help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)",
     )
-    p.add_argument("--max-seqs", type=int, default=16, help="most requests running at once")
+    p.add_argument(
+        "--max-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"most requests running at once (default: {d.max_num_seqs})",
+    )
     p.add_argument(
         "--max-seq-len",
         type=int,
-        default=None,
+        default=d.max_model_len,
         help="context length limit (default: the model's, at most 8192)",
     )
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=512,
-        help="token budget of one engine step (prefill chunk size)",
+        default=d.max_num_batched_tokens,
+        help=f"token budget of one engine step (prefill chunk size) "
+        f"(default: {d.max_num_batched_tokens})",
     )
     p.add_argument(
         "--max-waiting",
         type=int,
-        default=256,
-        help="queued requests beyond which new ones get 503 (default: 256)",
+        default=d.max_waiting,
+        help=f"queued requests beyond which new ones get 503 (default: {d.max_waiting})",
     )
     kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens")
+    kv.add_argument(
+        "--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="KV cache size in tokens"
+    )
     kv.add_argument(
         "--kv-cache-mb",
         type=int,
-        default=None,
+        default=d.kv_cache_mb,
         help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help=f"tokens per KV block (default: {d.block_size})",
+    )
     p.add_argument(
         "--prefix-caching",
         choices=["on", "off"],
-        default="on",
-        help="reuse the KV of shared prompt prefixes (default: on)",
+        default=_on_off(d.prefix_caching),
+        help=f"reuse the KV of shared prompt prefixes (default: {_on_off(d.prefix_caching)})",
     )
     p.add_argument(
         "--packed-kernels",
         choices=["on", "off"],
-        default="on",
-        help="int4/int8 weight kernels for small batches in bf16 (default: on)",
+        default=_on_off(d.packed_kernels),
+        help=f"int4/int8 weight kernels for small batches in bf16 "
+        f"(default: {_on_off(d.packed_kernels)})",
     )
-    p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
+    p.add_argument("--seed", type=int, default=d.seed, help="default seed for sampling")
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
