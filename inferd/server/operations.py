@@ -58,7 +58,7 @@ def install_operations(app: FastAPI, options: ServerOptions) -> None:
     app.state.media_policy = options.media_policy
     server_metrics: ServerMetrics | None = None
     if options.metrics:
-        server_metrics = ServerMetrics()
+        server_metrics = ServerMetrics(app.state.inferd)
         app.state.server_metrics = server_metrics
         app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     if options.docs:
