@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
@@ -14,8 +15,10 @@ import pytest
 
 from inferd import __version__
 from inferd.cli import _parser, main
+from inferd.engine.outputs import RequestOutput
 from inferd.server.app import build_app
 from inferd.server.auth import keys_from_env
+from inferd.server.limits import RequestDeadline, RequestTimeoutError
 from inferd.server.options import ServerOptions
 from inferd.server.serve_args import server_options
 
@@ -146,7 +149,9 @@ def test_two_apps_in_one_process_count_apart() -> None:
 _WORKER = """
 import asyncio, sys
 import httpx
+from inferd.engine.outputs import RequestOutput
 from inferd.server.app import build_app
+from inferd.server.limits import RequestDeadline, RequestTimeoutError
 
 async def main(health: int, scrape: bool) -> None:
     transport = httpx.ASGITransport(app=build_app([]))
@@ -175,3 +180,27 @@ def test_metrics_of_worker_processes_sum_in_a_multiprocess_directory(tmp_path: P
     assert samples[HEALTH_200] == 5
     assert samples['inferd_http_request_duration_seconds_count{method="GET",route="/health"}'] == 5
     assert list(tmp_path.glob("counter_*.db"))  # the values went through the directory
+
+
+def test_a_deadline_closes_the_stream_it_bounds_and_says_so() -> None:
+    """The engine stream is closed (its request aborted) when the deadline passes."""
+    closed = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[RequestOutput]:
+        try:
+            yield RequestOutput("r", "a", (1,), None, num_prompt_tokens=3, num_output_tokens=1)
+            await asyncio.Event().wait()  # the next token never comes
+            yield RequestOutput("r", "b", (2,), "stop", num_prompt_tokens=3, num_output_tokens=2)
+        finally:
+            closed.set()
+
+    async def run() -> tuple[RequestDeadline, list[str]]:
+        deadline = RequestDeadline.after(0.05)
+        seen = []
+        with pytest.raises(RequestTimeoutError, match=re.escape("timed out after 0.05s")):
+            async for out in deadline.bound(stalled()):
+                seen.append(out.text)
+        return deadline, seen
+
+    deadline, seen = asyncio.run(run())
+    assert seen == ["a"] and deadline.expired and closed.is_set()
