@@ -275,7 +275,7 @@ async def _stream(
         "usage": _usage(num_prompt_tokens, 0),
     }
     yield _event("message_start", {"message": start_message})
-    yield _event("content_block_start", {"index": 0, "content_block": _text_block("")})
+    yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
     yield _event("ping", {})
     last: RequestOutput | None = None
     try:
