@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from inferd import Engine
 from inferd.config import EngineConfig
-from inferd.server import StreamInfo, StreamSummary, build_app
+from inferd.server import ServerOptions, StreamInfo, StreamSummary, build_app
 
 log = logging.getLogger("notes")
 
@@ -42,12 +42,10 @@ class Note(BaseModel):
 def create_app(
     chat: Engine | str = "smollm2",
     embed: Engine | str = "minilm",
-    *,
-    api_keys: Sequence[str] = (),
-    **options: Any,
+    options: ServerOptions | None = None,
 ) -> FastAPI:
     """The notes app; ``chat`` and ``embed`` are engines or model names (loaded here);
-    ``options`` go to inferd's build_app (allowed_origins, max_body_bytes, docs, metrics...)."""
+    ``options`` are those of the mounted API (api_keys, allowed_origins, max_body_bytes...)."""
     if isinstance(chat, str):  # both start loading now, in the background
         chat = Engine.from_spec(chat, engine_config=EngineConfig(max_num_seqs=4))
     if isinstance(embed, str):
@@ -100,13 +98,7 @@ def create_app(
 
     app.mount(
         "/ai",
-        build_app(
-            [chat, embed],
-            api_keys=api_keys,
-            on_chunk=on_chunk,
-            on_done=on_done,
-            **options,
-        ),
+        build_app([chat, embed], options or ServerOptions(), on_chunk=on_chunk, on_done=on_done),
     )
     return app
 

@@ -81,6 +81,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
+    d = EngineConfig()  # the defaults live there, for the CLI and embedders alike
     p.add_argument(
         "-m",
         "--model",
@@ -91,51 +92,69 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     add_model_tool_args(p)  # --isq, --revision
     p.add_argument(
         "--dtype",
-        default="auto",
+        default=d.dtype,
         choices=["auto", "bf16", "f32"],
         help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)",
     )
-    p.add_argument("--max-seqs", type=int, default=16, help="most requests running at once")
+    p.add_argument(
+        "--max-seqs",
+        type=int,
+        default=d.max_num_seqs,
+        help=f"most requests running at once (default: {d.max_num_seqs})",
+    )
     p.add_argument(
         "--max-seq-len",
         type=int,
-        default=None,
+        default=d.max_model_len,
         help="context length limit (default: the model's, at most 8192)",
     )
     p.add_argument(
         "--max-num-batched-tokens",
         type=int,
-        default=512,
-        help="token budget of one engine step (prefill chunk size)",
+        default=d.max_num_batched_tokens,
+        help=f"token budget of one engine step (prefill chunk size) "
+        f"(default: {d.max_num_batched_tokens})",
     )
     p.add_argument(
         "--max-waiting",
         type=int,
-        default=256,
-        help="queued requests beyond which new ones get 503 (default: 256)",
+        default=d.max_waiting,
+        help=f"queued requests beyond which new ones get 503 (default: {d.max_waiting})",
     )
     kv = p.add_mutually_exclusive_group()
-    kv.add_argument("--kv-cache-tokens", type=int, default=None, help="KV cache size in tokens")
+    kv.add_argument(
+        "--kv-cache-tokens", type=int, default=d.kv_cache_tokens, help="KV cache size in tokens"
+    )
     kv.add_argument(
         "--kv-cache-mb",
         type=int,
-        default=None,
+        default=d.kv_cache_mb,
         help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)",
     )
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block (default: 16)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=d.block_size,
+        help=f"tokens per KV block (default: {d.block_size})",
+    )
     p.add_argument(
         "--prefix-caching",
         choices=["on", "off"],
-        default="on",
-        help="reuse the KV of shared prompt prefixes (default: on)",
+        default=_on_off(d.prefix_caching),
+        help=f"reuse the KV of shared prompt prefixes (default: {_on_off(d.prefix_caching)})",
     )
     p.add_argument(
         "--packed-kernels",
         choices=["on", "off"],
-        default="on",
-        help="int4/int8 weight kernels for small batches in bf16 (default: on)",
+        default=_on_off(d.packed_kernels),
+        help=f"int4/int8 weight kernels for small batches in bf16 "
+        f"(default: {_on_off(d.packed_kernels)})",
     )
-    p.add_argument("--seed", type=int, default=None, help="default seed for sampling")
+    p.add_argument("--seed", type=int, default=d.seed, help="default seed for sampling")
+
+
+def _on_off(flag: bool) -> str:
+    return "on" if flag else "off"
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -173,14 +192,14 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inferd.engine import driver
     from inferd.server.app import build_app
-    from inferd.server.serve_args import app_options, connection_limits, describe
+    from inferd.server.serve_args import connection_limits, describe, server_options
     from inferd.server.shutdown import UVICORN_GRACE, HttpServer
     from inferd.server.transport import guarded_protocol
     from inferd.serving.startup import registry_from_args
 
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
-    options = app_options(args, os.environ)  # flag errors before the model loads
+    options = server_options(args, os.environ)  # flag errors before the model loads
     limits = connection_limits(args)
     engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
     registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
@@ -189,11 +208,11 @@ def _serve(args: argparse.Namespace) -> int:
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
-    if args.host not in ("127.0.0.1", "localhost", "::1") and not options["api_keys"]:
+    if args.host not in ("127.0.0.1", "localhost", "::1") and not options.api_keys:
         log.warning("no --api-key: anyone who can reach %s can use the API", args.host)
-    if options["allowed_hosts"].allows_any:
+    if options.allowed_hosts is not None and options.allowed_hosts.allows_any:
         log.warning("--allowed-hosts '*': any Host is answered, so DNS-rebinding pages can read")
-    app = build_app(registry, **options)
+    app = build_app(registry, options)
     config = uvicorn.Config(
         app,
         host=args.host,

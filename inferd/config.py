@@ -1,4 +1,7 @@
-"""Engine settings as one frozen dataclass, shared by the CLI, the server and embedders."""
+"""Engine settings as one frozen dataclass, shared by the CLI, the server and embedders.
+
+Its field defaults are the engine's defaults, the one place they are written: the CLI flags and
+the scheduler read them from here."""
 
 from __future__ import annotations
 

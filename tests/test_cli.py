@@ -4,6 +4,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from inferd.cli import _engine_config, _parser
+from inferd.config import EngineConfig
+
 
 def _inferd(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
@@ -56,3 +59,9 @@ def test_missing_model_file_is_a_clear_error() -> None:
     out = _inferd("run", "-m", "/nonexistent/model.gguf", "-p", "x")
     assert out.returncode == 2
     assert "neither a file nor a store name" in out.stderr
+
+
+def test_engine_flags_default_to_the_engine_config() -> None:
+    """The engine's defaults are EngineConfig's; the flags only read them."""
+    assert _engine_config(_parser().parse_args(["serve"])) == EngineConfig()
+    assert _engine_config(_parser().parse_args(["run"])) == EngineConfig()

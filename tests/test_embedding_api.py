@@ -19,7 +19,7 @@ from examples.mount_app import create_app
 from inferd import Engine, EngineError
 from inferd.bench.process import free_port
 from inferd.config import EngineConfig
-from inferd.server import build_app
+from inferd.server import ServerOptions, build_app
 from inferd.serving.loading import Servable, load_spec
 from inferd.serving.registry import LoadEvent, ModelSlot, ModelStatus
 from inferd.serving.spec import ModelSpec
@@ -146,7 +146,7 @@ def test_a_failed_load_says_why(tmp_path: Path) -> None:
 
 def test_build_app_without_auto_reload(embed: Engine) -> None:
     """An unloaded model gets 503 until reloaded; driven in-process through ASGITransport."""
-    app = build_app([embed], auto_reload=False, access_log_format=None)
+    app = build_app([embed], ServerOptions(auto_reload=False, access_log_format=None))
 
     async def main() -> None:
         await embed.load()
@@ -178,7 +178,7 @@ def test_lifecycle_conflicts_while_a_load_runs(minilm_dir: Path) -> None:
         return load_spec(spec, EngineConfig())
 
     slot = ModelSlot("gated", "embedding", gated_load)
-    app = build_app([slot], access_log_format=None)
+    app = build_app([slot], ServerOptions(access_log_format=None))
 
     async def main() -> None:
         transport = httpx.ASGITransport(app=app)
@@ -228,7 +228,7 @@ def test_lifecycle_conflicts_while_a_load_runs(minilm_dir: Path) -> None:
 @pytest.fixture(scope="module")
 def notes(chat: Engine, embed: Engine) -> Iterator[tuple[str, object]]:
     """The example app, with inferd mounted at /ai, on a real uvicorn on loopback."""
-    app = create_app(chat, embed, api_keys=[KEY], access_log_format=None)
+    app = create_app(chat, embed, ServerOptions(api_keys=(KEY,), access_log_format=None))
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", ws="none")
     server = uvicorn.Server(config)

@@ -1,12 +1,13 @@
-"""Per-request sampling parameters, validated once at construction."""
+"""Per-request sampling parameters, validated once at construction.
+
+Only what the engine's own code needs is checked here; the limits an HTTP API sets (how many
+stop strings, top logprobs, choices) are the server's (inferd/server/api_limits.py).
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-
-MAX_STOP_STRINGS = 4
-MAX_LOGPROBS = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,11 +44,6 @@ class SamplingParams:
         _check(0.0 < self.top_p <= 1.0, "top_p", f"must be in (0, 1], got {self.top_p}")
         _check(self.top_k >= 0, "top_k", f"must be 0 (off) or positive, got {self.top_k}")
         _check(0.0 <= self.min_p <= 1.0, "min_p", f"must be between 0 and 1, got {self.min_p}")
-        _check(
-            len(self.stop) <= MAX_STOP_STRINGS,
-            "stop",
-            f"at most {MAX_STOP_STRINGS} stop strings, got {len(self.stop)}",
-        )
         _check(all(self.stop), "stop", "stop strings must not be empty")
         if self.seed is not None:
             _check(0 <= self.seed < 2**63, "seed", "must be a non-negative 64-bit integer")
@@ -66,18 +62,9 @@ class SamplingParams:
                 "logit_bias",
                 f"the bias of token {token} must be between -100 and 100, got {bias}",
             )
-        if self.logprobs is not None:
-            _check(
-                0 <= self.logprobs <= MAX_LOGPROBS,
-                "logprobs",
-                f"must be between 0 and {MAX_LOGPROBS}, got {self.logprobs}",
-            )
-        if self.prompt_logprobs is not None:
-            _check(
-                0 <= self.prompt_logprobs <= MAX_LOGPROBS,
-                "prompt_logprobs",
-                f"must be between 0 and {MAX_LOGPROBS}, got {self.prompt_logprobs}",
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            _check(k is None or k >= 0, name, f"must be 0 or more, got {k}")
 
     @property
     def greedy(self) -> bool:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from inferd.config import EngineConfig
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, RequestStatus
 
@@ -42,11 +43,14 @@ class SchedulerOutput:
         return not self.chunks
 
 
+_DEFAULTS = EngineConfig()  # the engine's defaults live in one place
+
+
 @dataclass(frozen=True, slots=True)
 class SchedulerConfig:
-    max_num_seqs: int = 16
-    max_num_batched_tokens: int = 512
-    max_waiting: int = 256
+    max_num_seqs: int = _DEFAULTS.max_num_seqs
+    max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
+    max_waiting: int = _DEFAULTS.max_waiting
 
 
 class Scheduler:

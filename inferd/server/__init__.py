@@ -1,4 +1,5 @@
-"""The HTTP server: ``build_app(models_or_engines, **options)`` returns a mountable ASGI app."""
+"""The HTTP server: ``build_app(models_or_engines, ServerOptions(...))`` returns a mountable
+ASGI app."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferd.server.app import build_app
     from inferd.server.hooks import StreamInfo, StreamSummary
+    from inferd.server.options import ServerOptions
 
-__all__ = ["StreamInfo", "StreamSummary", "build_app"]
+__all__ = ["ServerOptions", "StreamInfo", "StreamSummary", "build_app"]
 _EXPORTS = {
     "build_app": "inferd.server.app",
+    "ServerOptions": "inferd.server.options",
     "StreamInfo": "inferd.server.hooks",
     "StreamSummary": "inferd.server.hooks",
 }

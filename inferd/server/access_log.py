@@ -1,6 +1,6 @@
 """Access log and HTTP metrics: one middleware that sees every request from start to end.
 
-Each request gets a ``RequestTimer`` (see metrics.py) in its scope, two log lines on the
+Each request gets a ``RequestTimer`` (see metrics.py) in its state, two log lines on the
 ``inferd.access`` logger (``request_start`` and ``request_end``) and its HTTP series in the
 metrics registry. Lines carry the route *pattern*, never the raw path or query, and never
 bodies: prompts and media paths stay out of the log. ``--log-payloads FILE`` is the one way to
@@ -28,6 +28,7 @@ from starlette.routing import Match, Router
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.server.defaults import ACCESS_LOG_FORMATS
+from inferd.server.limits import request_deadline
 from inferd.server.metrics import TIMER_KEY, RequestTimer, ServerMetrics
 
 ACCESS_LOGGER = "inferd.access"
@@ -179,29 +180,35 @@ class AccessLogMiddleware:
             seen.raised = True
             raise
         finally:
-            self._finish(base, timer, seen)
+            deadline = request_deadline(scope)
+            timed_out = deadline is not None and deadline.expired
+            self._finish(base, timer, seen, "timeout" if timed_out else timer.error)
 
-    def _finish(self, base: dict[str, Any], timer: RequestTimer, seen: _Exchange) -> None:
+    def _finish(
+        self, base: dict[str, Any], timer: RequestTimer, seen: _Exchange, error: str | None
+    ) -> None:
+        """``error``: why generation failed, if it did ("timeout", "error", "abort")."""
         duration = time.perf_counter() - timer.started
         status = seen.status
         if status is None:
             status = 499 if seen.disconnected and not seen.raised else 500
         if seen.disconnected or status == 499:
             outcome = "client_disconnected"
-        elif seen.raised or status >= 400 or not seen.response_complete or timer.error:
+        elif seen.raised or status >= 400 or not seen.response_complete or error:
             outcome = "error"
         else:
             outcome = "complete"
         if self.metrics is not None:
             m = self.metrics
+            method, route = base["method"], base["route"]
             m.in_flight.dec()
-            m.requests.inc(1, [base["method"], base["route"], str(status)])
-            m.outcomes.inc(1, [base["route"], outcome])
-            m.duration.observe(duration, [base["method"], base["route"]])
-            if seen.body_bytes or base["method"] in ("POST", "PUT", "PATCH"):
-                m.body_bytes.observe(seen.body_bytes, [base["method"], base["route"]])
-            if timer.error == "timeout":
-                m.timeouts.inc(1, [base["route"]])
+            m.requests.labels(method, route, str(status)).inc()
+            m.outcomes.labels(route, outcome).inc()
+            m.duration.labels(method, route).observe(duration)
+            if seen.body_bytes or method in ("POST", "PUT", "PATCH"):
+                m.body_bytes.labels(method, route).observe(seen.body_bytes)
+            if error == "timeout":
+                m.timeouts.labels(route).inc()
         end = {
             **base,
             "status": status,
@@ -211,8 +218,8 @@ class AccessLogMiddleware:
             "completion_tokens": timer.completion_tokens,
             "outcome": outcome,
         }
-        if timer.error:
-            end["error"] = timer.error
+        if error:
+            end["error"] = error
         self._log("request_end", end)
         if self.payload_log is not None and seen.body is not None and seen.body_bytes:
             self.payload_log.write(base, bytes(seen.body), seen.body_truncated)

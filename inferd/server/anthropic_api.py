@@ -28,6 +28,7 @@ from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
+from inferd.server.api_limits import check_sampling_limits
 from inferd.server.envelope import error_body, error_response
 from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
@@ -38,8 +39,8 @@ from inferd.server.generation import (
     engine_error,
     start,
 )
+from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import check_media_parts, media_policy
-from inferd.server.metrics import RequestTimeoutError, request_timer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
 
@@ -93,11 +94,12 @@ async def _create_message(request: Request) -> Response:
         "type": "message",
         "role": "assistant",
         "model": model.id,
+        "stop_details": None,
+        "container": None,
     }
     if body.max_tokens == 0:
         return _empty_message(message, len(prompt), body.stream)
-    streams = start(model, request.state.request_id, [(prompt, params)])
-    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
+    streams = start(request, model, [(prompt, params)])
     if body.stream:
         stream = _stream(request, message, streams[0], len(prompt), state.keepalive_seconds)
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -107,17 +109,27 @@ async def _create_message(request: Request) -> Response:
     (gen,) = gens
     reason, sequence = _stop(gen.final)
     message |= {
-        "content": [{"type": "text", "text": gen.text}],
+        "content": [_text_block(gen.text)],
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": {"input_tokens": len(prompt), "output_tokens": gen.final.num_output_tokens},
+        "usage": _usage(len(prompt), gen.final.num_output_tokens),
     }
     return JSONResponse(message)
 
 
+def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
+    """Anthropic's usage object; what this server has no counterpart for is null."""
+    usage: dict[str, Any] = dict.fromkeys(_USAGE_NULLS)
+    return usage | {"input_tokens": input_tokens, "output_tokens": output_tokens}
+
+
+def _text_block(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text, "citations": None}
+
+
 def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool) -> Response:
     """max_tokens 0 (a cache warm-up for Anthropic): nothing is generated."""
-    usage = {"input_tokens": num_prompt_tokens, "output_tokens": 0}
+    usage = _usage(num_prompt_tokens, 0)
     message = message | {"content": [], "stop_reason": None, "stop_sequence": None}
     if not stream:
         message |= {"stop_reason": "max_tokens", "usage": usage}
@@ -196,6 +208,17 @@ def _text(content: str | list[dict[str, Any]], param: str) -> str:
     return "".join(texts)
 
 
+# Usage fields of Anthropic's API that this server has nothing to report for (no prompt-cache
+# writes or reads billed apart, no server tools, no tiers or regions): present, and null.
+_USAGE_NULLS = (
+    "cache_creation",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "inference_geo",
+    "output_tokens_details",
+    "server_tool_use",
+    "service_tier",
+)
 _PARAM_NAMES = {"stop": "stop_sequences"}
 
 
@@ -206,14 +229,16 @@ def _sampling_params(body: MessagesRequest, model: ServedModel) -> SamplingParam
         raise bad_request(
             f"temperature: must be between 0 and 1, got {body.temperature}", "temperature"
         )
+    stop = tuple(body.stop_sequences or ())
     try:
+        check_sampling_limits(stop)
         return SamplingParams(
             max_tokens=max(1, body.max_tokens),  # 0: validated and answered without generating
             temperature=1.0 if body.temperature is None else body.temperature,
             top_p=1.0 if body.top_p is None else body.top_p,
             top_k=body.top_k or 0,
             seed=model.engine_config.seed,
-            stop=tuple(body.stop_sequences or ()),
+            stop=stop,
         )
     except SamplingParamError as exc:
         param = _PARAM_NAMES.get(exc.param, exc.param)
@@ -247,7 +272,7 @@ async def _stream(
         "content": [],
         "stop_reason": None,
         "stop_sequence": None,
-        "usage": {"input_tokens": num_prompt_tokens, "output_tokens": 0},
+        "usage": _usage(num_prompt_tokens, 0),
     }
     yield _event("message_start", {"message": start_message})
     yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
@@ -270,7 +295,7 @@ async def _stream(
         err = engine_error(exc)
         yield failure(err.status, err.message)
         return
-    except RequestTimeoutError as exc:  # the timer has aborted the generation
+    except RequestTimeoutError as exc:  # the deadline has aborted the generation
         yield failure(504, str(exc))
         return
     except Exception as exc:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -15,16 +14,10 @@ from starlette.responses import JSONResponse, Response
 
 from inferd import __version__
 from inferd.server.anthropic_api import count_tokens, create_message
-from inferd.server.crosssite import HostAllowList, json_only
-from inferd.server.defaults import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_HEADER_BYTES,
-)
+from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.hooks import OnChunk, OnDone, StreamHooks, StreamHooksMiddleware
-from inferd.server.media import MediaPolicy
 from inferd.server.middleware import RequestIdMiddleware
 from inferd.server.models_api import (
     list_models,
@@ -38,11 +31,12 @@ from inferd.server.models_api import (
 from inferd.server.openai_chat import create_chat_completion
 from inferd.server.openai_completions import create_completion
 from inferd.server.openai_embeddings import create_embedding
-from inferd.server.operations import docs_urls, install_operations, operations
+from inferd.server.operations import docs_urls, install_operations
+from inferd.server.options import ServerOptions
 from inferd.server.state import ServerState
 from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
-from inferd.serving.registry import DEFAULT_DRAIN_TIMEOUT, registry_of
+from inferd.serving.registry import registry_of
 
 if TYPE_CHECKING:
     from inferd.api import Engine
@@ -55,67 +49,29 @@ Handler = Callable[[Request], Awaitable[Response]]
 
 def build_app(
     models: Sequence[ServedModel | EmbeddingModel | Engine | ModelSlot] | ModelRegistry = (),
+    options: ServerOptions | None = None,
     *,
-    default_model: str | None = None,
-    auto_reload: bool = True,
-    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT,
     on_chunk: OnChunk | None = None,
     on_done: OnDone | None = None,
-    keepalive_seconds: float = 5.0,
-    api_keys: Sequence[str] = (),
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
-    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES,
-    request_timeout: float | None = None,
-    allowed_origins: Sequence[str] = (),
-    access_log_format: str | None = "text",
-    log_payloads: str | Path | None = None,
-    metrics: bool = True,
-    docs: bool = True,
-    media_policy: MediaPolicy | None = None,
-    allowed_hosts: HostAllowList | Sequence[str] | None = None,
-    admin_keys: Sequence[str] = (),
-    admin_routes: bool = True,
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
 ) -> FastAPI:
     """The server app, an ASGI app that may be mounted under any path of another app.
 
     ``models``: loaded models (ServedModel, EmbeddingModel), ``inferd.Engine``s, or a
-    ModelRegistry (see ``registry_of``); ``default_model`` answers "default" or no model (else
-    the first to load). A request for an unloaded model reloads it when ``auto_reload``, else
-    gets 503; unloading drains for up to ``drain_timeout`` seconds. ``on_chunk`` / ``on_done``
-    are stream hooks (see hooks.py). Operational options (see operations.py) default to the
-    safe choice: no auth keys means open (bind to loopback), 16 MiB bodies, 16 KiB heads, no
-    CORS, no payload logging, no file or remote media, JSON routes take only
-    ``application/json`` (415), 30 s for a request body. ``allowed_hosts`` (names, or a
-    ``HostAllowList``) turns on the Host check (421; off by default, as the names an embedding
-    app is reached under are its own; `inferd serve` always sets it); ``admin_keys`` guard the
-    model-lifecycle routes apart from ``api_keys``, and ``admin_routes=False`` turns them off
-    (404). ``app.state.drain`` drains running requests for a graceful stop (shutdown.py)."""
-    ops = operations(
-        api_keys=api_keys,
-        max_body_bytes=max_body_bytes,
-        max_header_bytes=max_header_bytes,
-        request_timeout=request_timeout,
-        allowed_origins=allowed_origins,
-        access_log_format=access_log_format,
-        log_payloads=log_payloads,
-        metrics=metrics,
-        docs=docs,
-        media_policy=media_policy,
-        allowed_hosts=allowed_hosts,
-        admin_keys=admin_keys,
-        admin_routes=admin_routes,
-        body_timeout=body_timeout,
-    )
-    app = FastAPI(title="inferd", version=__version__, **docs_urls(docs))
+    ModelRegistry (see ``registry_of``). ``options``: every setting (see options.py; the
+    defaults are the safe choice). ``on_chunk`` / ``on_done`` are stream hooks (see hooks.py):
+    code of the embedding app, not settings. The Host check (421) is off unless
+    ``options.allowed_hosts`` is given, as the names an embedding app is reached under are its
+    own; `inferd serve` always sets it. ``app.state.drain`` drains running requests for a
+    graceful stop (shutdown.py)."""
+    options = options or ServerOptions()
+    app = FastAPI(title="inferd", version=__version__, **docs_urls(options.docs))
     registry = registry_of(
-        models, default_id=default_model, auto_reload=auto_reload, drain_timeout=drain_timeout
+        models,
+        default_id=options.default_model,
+        auto_reload=options.auto_reload,
+        drain_timeout=options.drain_timeout,
     )
-    app.state.inferd = ServerState(
-        registry=registry,
-        keepalive_seconds=keepalive_seconds,
-        started=time.time(),
-    )
+    app.state.inferd = ServerState(registry=registry, options=options, started=time.time())
     _routes(app, "/v1/chat/completions", model_ready(create_chat_completion, "chat"), ["POST"])
     _routes(app, "/v1/models", list_models, ["GET"])
     _routes(app, "/v1/models/{model_id:path}", retrieve_model, ["GET"])
@@ -137,7 +93,7 @@ def build_app(
     hooks = StreamHooks(on_chunk, on_done)
     if hooks:
         app.add_middleware(StreamHooksMiddleware, hooks=hooks)  # innermost: sees route bytes
-    install_operations(app, ops)
+    install_operations(app, options)
     app.add_middleware(RequestIdMiddleware)
     return app
 

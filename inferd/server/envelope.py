@@ -1,7 +1,8 @@
 """Errors raised by middleware, in the caller's envelope.
 
 Middleware answers before any route runs, so it decides the envelope from the request alone:
-Anthropic's ``{"type": "error", "error": {"type", "message"}}`` when the request carries an
+Anthropic's ``{"type": "error", "error": {"type", "message"}, "request_id"}`` when the request
+carries an
 ``anthropic-version`` header or targets ``/v1/messages``; OpenAI's
 ``{"error": {"message", "type", "param", "code"}}`` otherwise.
 """
@@ -65,7 +66,13 @@ def error_body(
         kind = _ANTHROPIC_TYPES.get(
             status, "api_error" if status >= 500 else "invalid_request_error"
         )
-        return {"type": "error", "error": {"type": kind, "message": message}}
+        # Anthropic's errors carry the request's id (ours: the x-request-id header's value).
+        request_id = (scope.get("state") or {}).get("request_id")
+        return {
+            "type": "error",
+            "error": {"type": kind, "message": message},
+            "request_id": request_id,
+        }
     body = APIError(status, message, param=param, code=code).body()
     if status in _OPENAI_TYPES:
         body["error"]["type"] = _OPENAI_TYPES[status]

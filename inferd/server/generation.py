@@ -21,28 +21,16 @@ from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.server import sse
+from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
+from inferd.server.limits import request_deadline
+from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
 
-MAX_N = 16  # choices per prompt
-MAX_CHOICES = 64  # choices per request, over all prompts
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _MASK64 = 2**64 - 1
-
-
-def check_n(n: int | None, num_prompts: int = 1) -> int:
-    n = 1 if n is None else n
-    if not 1 <= n <= MAX_N:
-        raise bad_request(f"n must be between 1 and {MAX_N}, got {n}", "n")
-    if n * num_prompts > MAX_CHOICES:
-        raise bad_request(
-            f"{num_prompts} prompts x n={n} asks for {n * num_prompts} choices; "
-            f"at most {MAX_CHOICES} per request",
-            "n",
-        )
-    return n
 
 
 def sampling_params(
@@ -64,6 +52,7 @@ def sampling_params(
         raise bad_request(f"seed must be a 64-bit integer, got {seed}", "seed")
     top_k = body.top_k or 0
     try:
+        check_sampling_limits(stop, logprobs)
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if body.temperature is None else body.temperature,
@@ -146,14 +135,21 @@ ENGINE_ERRORS = (AdmissionError, EngineBusyError, EngineStoppedError)
 
 
 def start(
-    model: ServedModel, request_id: str, jobs: Sequence[tuple[list[int], SamplingParams]]
+    request: Request, model: ServedModel, jobs: Sequence[tuple[list[int], SamplingParams]]
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per (prompt ids, params), admitted at once."""
+    """One engine request per (prompt ids, params), admitted at once. Each stream is bounded
+    by the request's deadline (--request-timeout) and observed by its timer (metrics, access
+    log); closing it aborts the engine request."""
     tag = uuid.uuid4().hex[:8]
-    return [
-        model.engine.submit(prompt, params, request_id=f"{request_id}-{tag}-{i}")
-        for i, (prompt, params) in enumerate(jobs)
-    ]
+    deadline = request_deadline(request.scope)
+    timer = request_timer(request)
+    streams = []
+    for i, (prompt, params) in enumerate(jobs):
+        request_id = f"{request.state.request_id}-{tag}-{i}"
+        stream = model.engine.submit(prompt, params, request_id=request_id)
+        bounded = stream if deadline is None else deadline.bound(stream)
+        streams.append(timer.watch(bounded, model.id))
+    return streams
 
 
 @dataclass(slots=True)

@@ -7,26 +7,85 @@ limit is checked here on the parsed request line and headers.
 Body size: a ``Content-Length`` over the limit is refused before any of the body is read;
 bodies without one (chunked) are counted as they stream in and refused at the first byte over.
 
-Timeout: the deadline covers the whole request. While the client is still sending the body,
-running out of time is a 408. Generation is bounded through ``RequestTimer.watch`` (see
-metrics.py), which aborts the engine request and raises ``RequestTimeoutError``; before the
-response starts that is a 504 in the caller's envelope, and once an event stream is under way
-the stream ends with an error event (then ``data: [DONE]`` for OpenAI-style streams). A backstop
-cancels handlers that do not go through ``watch`` shortly after the deadline.
+Timeout: with --request-timeout the middleware puts a ``RequestDeadline`` in the request state,
+covering the whole request. While the client is still sending the body, running out of time is
+a 408. Generation code bounds every engine stream with ``deadline.bound`` (``generation.start``
+does), which aborts the engine request and raises ``RequestTimeoutError``; before the response
+starts that is a 504 in the caller's envelope, and once an event stream is under way the stream
+ends with an error event (then ``data: [DONE]`` for OpenAI-style streams). A backstop cancels
+handlers that do not consult the deadline shortly after it. The access log counts a request
+whose deadline ``expired``.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.engine.outputs import RequestOutput
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
 from inferd.server.envelope import error_response, header, stream_error_event
-from inferd.server.metrics import TIMER_KEY, RequestTimeoutError, RequestTimer
+from inferd.server.streams import close_stream
 
 BACKSTOP_GRACE_SECONDS = 1.0
+DEADLINE_KEY = "inferd_deadline"
+
+
+class RequestTimeoutError(Exception):
+    """The request ran past --request-timeout. ``phase`` is "body" or "generation"."""
+
+    def __init__(self, timeout: float, phase: str = "generation") -> None:
+        self.timeout = timeout
+        self.phase = phase
+        what = "sending the request body" if phase == "body" else "generating"
+        super().__init__(
+            f"the request timed out after {timeout:g}s (--request-timeout) while {what}"
+        )
+
+
+@dataclass(slots=True)
+class RequestDeadline:
+    """When a request must be answered by: ``at`` on the event loop's clock, ``timeout``
+    seconds after it arrived. ``expired`` once anything ran into it."""
+
+    timeout: float
+    at: float
+    expired: bool = False
+
+    @classmethod
+    def after(cls, timeout: float) -> RequestDeadline:
+        return cls(timeout, asyncio.get_running_loop().time() + timeout)
+
+    def expire(self, phase: str) -> RequestTimeoutError:
+        self.expired = True
+        return RequestTimeoutError(self.timeout, phase)
+
+    async def bound(self, outputs: AsyncIterator[RequestOutput]) -> AsyncIterator[RequestOutput]:
+        """Pass ``outputs`` through until the deadline; then close it, which aborts the engine
+        request and frees its KV blocks, and raise ``RequestTimeoutError``."""
+        try:
+            while True:
+                try:
+                    async with asyncio.timeout_at(self.at):
+                        out = await anext(outputs)
+                except StopAsyncIteration:
+                    return
+                except TimeoutError:
+                    raise self.expire("generation") from None
+                yield out
+        finally:
+            await close_stream(outputs)
+
+
+def request_deadline(scope: Scope) -> RequestDeadline | None:
+    """The request's deadline; None without --request-timeout (or outside the middleware)."""
+    state: dict[str, Any] = scope.get("state") or {}
+    deadline = state.get(DEADLINE_KEY)
+    return deadline if isinstance(deadline, RequestDeadline) else None
 
 
 class BodyTooLargeError(Exception):
@@ -55,12 +114,7 @@ class LimitsMiddleware:
         request_timeout: float | None = None,
         max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES,
     ) -> None:
-        if max_body_bytes is not None and max_body_bytes < 1:
-            raise ValueError("max_body_bytes must be at least 1")
-        if max_header_bytes is not None and max_header_bytes < 1024:
-            raise ValueError("max_header_bytes must be at least 1024")
-        if request_timeout is not None and request_timeout <= 0:
-            raise ValueError("request_timeout must be positive")
+        # The values are checked where they are set (ServerOptions).
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.request_timeout = request_timeout
@@ -85,22 +139,21 @@ class LimitsMiddleware:
                 scope, 413, str(BodyTooLargeError(limit)), code="request_too_large"
             )(scope, receive, send)
             return
-        timer = scope.setdefault("state", {}).setdefault(TIMER_KEY, RequestTimer())
-        assert isinstance(timer, RequestTimer)
-        timeout = self.request_timeout
-        deadline = None if timeout is None else asyncio.get_running_loop().time() + timeout
-        timer.deadline, timer.timeout = deadline, timeout
+        deadline = None
+        if self.request_timeout is not None:
+            deadline = RequestDeadline.after(self.request_timeout)
+            scope.setdefault("state", {})[DEADLINE_KEY] = deadline
         progress = _Progress()
 
         async def limited_receive() -> Message:
-            if progress.body_done or deadline is None or timeout is None:
+            if progress.body_done or deadline is None:
                 message = await receive()
             else:
                 try:
-                    async with asyncio.timeout_at(deadline):
+                    async with asyncio.timeout_at(deadline.at):
                         message = await receive()
                 except TimeoutError:
-                    raise RequestTimeoutError(timeout, "body") from None
+                    raise deadline.expire("body") from None
             if message["type"] == "http.request":
                 progress.received += len(message.get("body", b""))
                 if limit is not None and progress.received > limit:
@@ -121,7 +174,7 @@ class LimitsMiddleware:
 
         backstop = None
         if deadline is not None:
-            backstop = asyncio.timeout_at(deadline + BACKSTOP_GRACE_SECONDS)
+            backstop = asyncio.timeout_at(deadline.at + BACKSTOP_GRACE_SECONDS)
         try:
             if backstop is None:
                 await self.app(scope, limited_receive, tracked_send)
@@ -135,17 +188,12 @@ class LimitsMiddleware:
                 scope, receive, send
             )
         except RequestTimeoutError as exc:
-            timer.error = "timeout"
             await _answer_timeout(scope, receive, send, progress, exc)
         except TimeoutError:
-            if backstop is None or not backstop.expired():
+            if backstop is None or deadline is None or not backstop.expired():
                 raise
-            timer.error = "timeout"
-            assert timeout is not None
             phase = "generation" if progress.body_done else "body"
-            await _answer_timeout(
-                scope, receive, send, progress, RequestTimeoutError(timeout, phase)
-            )
+            await _answer_timeout(scope, receive, send, progress, deadline.expire(phase))
 
 
 async def _answer_timeout(

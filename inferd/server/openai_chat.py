@@ -20,12 +20,12 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
+from inferd.server.api_limits import check_n
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
     Generation,
     admit,
-    check_n,
     clamp,
     collect,
     for_choice,
@@ -36,7 +36,6 @@ from inferd.server.generation import (
     visible_logprobs,
 )
 from inferd.server.media import check_media_parts, media_policy
-from inferd.server.metrics import request_timer
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
 
@@ -60,10 +59,7 @@ async def create_chat_completion(request: Request) -> Response:
         params = _replace_max_tokens(params, max(1, room))
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    streams = start(
-        model, request.state.request_id, [(prompt, for_choice(params, i)) for i in range(n)]
-    )
-    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
+    streams = start(request, model, [(prompt, for_choice(params, i)) for i in range(n)])
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(

@@ -23,11 +23,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.server import sse
+from inferd.server.api_limits import check_n
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
     admit,
-    check_n,
     clamp,
     collect,
     for_choice,
@@ -37,7 +37,6 @@ from inferd.server.generation import (
     token_piece,
     visible_logprobs,
 )
-from inferd.server.metrics import request_timer
 from inferd.server.protocol import CompletionRequest, parse_body
 from inferd.server.state import ServerState
 
@@ -71,8 +70,7 @@ async def create_completion(request: Request) -> Response:
     for prompt in prompts:
         admit(model, len(prompt.token_ids), params, "prompt")
     jobs = [(p.token_ids, for_choice(params, i)) for p in prompts for i in range(n)]
-    streams = start(model, request.state.request_id, jobs)
-    streams = [request_timer(request).watch(s, model.id) for s in streams]  # metrics, timeout
+    streams = start(request, model, jobs)  # bounded by the deadline, observed by the timer
     echoes = [p.text if body.echo else "" for p in prompts for _ in range(n)]
     prompt_ids = [p.token_ids for p in prompts for _ in range(n)]
     num_prompt_tokens = sum(len(p.token_ids) for p in prompts)

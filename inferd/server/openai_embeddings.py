@@ -65,7 +65,7 @@ async def create_embedding(request: Request) -> Response:
     timer = request_timer(request)  # the access log line and token counters
     timer.model, timer.prompt_tokens = model.id, tokens
     if timer.metrics is not None:
-        timer.metrics.tokens_in.inc(tokens, [model.id])
+        timer.metrics.tokens_in.labels(model.id).inc(tokens)
     return JSONResponse(
         {
             "object": "list",

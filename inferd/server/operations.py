@@ -15,28 +15,20 @@ Middleware, outermost first (RequestIdMiddleware, added by build_app, wraps them
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
-from inferd.server.access_log import LOG_FORMATS, AccessLogMiddleware, PayloadLog
+from inferd.server.access_log import AccessLogMiddleware, PayloadLog
 from inferd.server.admin import ADMIN_PATHS, AdminMiddleware
-from inferd.server.auth import OPEN_PATHS, AuthMiddleware, validate_keys
-from inferd.server.crosssite import HostAllowList, HostMiddleware
-from inferd.server.defaults import (
-    DEFAULT_BODY_TIMEOUT,
-    DEFAULT_MAX_BODY_BYTES,
-    DEFAULT_MAX_HEADER_BYTES,
-)
+from inferd.server.auth import OPEN_PATHS, AuthMiddleware
+from inferd.server.crosssite import HostMiddleware
+from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES
 from inferd.server.limits import LimitsMiddleware
-from inferd.server.media import MediaPolicy
 from inferd.server.metrics import ServerMetrics, metrics
 from inferd.server.openapi import install_openapi
-from inferd.server.serve_args import validate_origins
+from inferd.server.options import ServerOptions
 from inferd.server.shutdown import Drain, DrainMiddleware
 from inferd.server.transport import TransportMiddleware
 
@@ -62,34 +54,6 @@ CORS_HEADERS = (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class Operations:
-    api_keys: tuple[str, ...] = ()
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES
-    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES
-    request_timeout: float | None = None
-    allowed_origins: tuple[str, ...] = ()
-    access_log_format: str | None = "text"
-    log_payloads: Path | None = None
-    metrics: bool = True
-    docs: bool = True
-    media_policy: MediaPolicy = field(default_factory=MediaPolicy)
-    # None: no Host check (an embedder's names are its own); `inferd serve` always sets it
-    allowed_hosts: HostAllowList | None = None
-    admin_keys: tuple[str, ...] = ()  # given: the lifecycle routes take only these keys
-    admin_routes: bool = True  # False: the lifecycle routes answer 404
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT  # seconds, see transport.py
-
-    def __post_init__(self) -> None:
-        validate_keys(self.api_keys)
-        validate_keys(self.admin_keys)
-        if self.body_timeout is not None and self.body_timeout <= 0:
-            raise ValueError("the body timeout must be positive")
-        if self.access_log_format not in (None, *LOG_FORMATS):
-            raise ValueError(f"access log format must be one of {', '.join(LOG_FORMATS)}")
-        validate_origins(self.allowed_origins)
-
-
 def docs_urls(docs: bool) -> dict[str, Any]:
     """FastAPI constructor arguments: /docs and /openapi.json, or neither."""
     if docs:
@@ -97,32 +61,32 @@ def docs_urls(docs: bool) -> dict[str, Any]:
     return {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
-def install_operations(app: FastAPI, ops: Operations) -> None:
+def install_operations(app: FastAPI, options: ServerOptions) -> None:
     """Add routes, state and middleware. Call before RequestIdMiddleware is added."""
-    app.state.media_policy = ops.media_policy
+    app.state.media_policy = options.media_policy
     server_metrics: ServerMetrics | None = None
-    if ops.metrics:
-        server_metrics = ServerMetrics()
+    if options.metrics:
+        server_metrics = ServerMetrics(app.state.inferd)
         app.state.server_metrics = server_metrics
         app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
-    if ops.docs:
-        install_openapi(app, auth_required=bool(ops.api_keys))
+    if options.docs:
+        install_openapi(app, auth_required=bool(options.api_keys))
     # add_middleware puts each one outside those added before it.
     app.add_middleware(
         LimitsMiddleware,
-        max_body_bytes=ops.max_body_bytes,
-        max_header_bytes=ops.max_header_bytes,
-        request_timeout=ops.request_timeout,
+        max_body_bytes=options.max_body_bytes,
+        max_header_bytes=options.max_header_bytes,
+        request_timeout=options.request_timeout,
     )
-    if ops.api_keys:
+    if options.api_keys:
         # with admin keys, the lifecycle routes are the admin guard's alone
-        open_paths = OPEN_PATHS | ADMIN_PATHS if ops.admin_keys else OPEN_PATHS
-        app.add_middleware(AuthMiddleware, api_keys=ops.api_keys, open_paths=open_paths)
-    app.add_middleware(AdminMiddleware, admin_keys=ops.admin_keys, enabled=ops.admin_routes)
-    if ops.allowed_origins:
+        open_paths = OPEN_PATHS | ADMIN_PATHS if options.admin_keys else OPEN_PATHS
+        app.add_middleware(AuthMiddleware, api_keys=options.api_keys, open_paths=open_paths)
+    app.add_middleware(AdminMiddleware, admin_keys=options.admin_keys, enabled=options.admin_routes)
+    if options.allowed_origins:
         app.add_middleware(
             CORSMiddleware,
-            allow_origins=list(ops.allowed_origins),
+            allow_origins=list(options.allowed_origins),
             allow_methods=["GET", "POST", "OPTIONS"],
             allow_headers=list(CORS_HEADERS),
             expose_headers=["x-request-id", "retry-after"],
@@ -130,57 +94,21 @@ def install_operations(app: FastAPI, ops: Operations) -> None:
         )
     app.state.drain = Drain()
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
-    app.add_middleware(TransportMiddleware, body_timeout=ops.body_timeout)
-    if ops.allowed_hosts is not None:
-        app.add_middleware(HostMiddleware, allowed=ops.allowed_hosts)
+    app.add_middleware(TransportMiddleware, body_timeout=options.body_timeout)
+    if options.allowed_hosts is not None:
+        app.add_middleware(HostMiddleware, allowed=options.allowed_hosts)
     payload_log = None
-    if ops.log_payloads is not None:
-        payload_log = PayloadLog(ops.log_payloads, ops.max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    if options.log_payloads is not None:
+        limit = options.max_body_bytes or DEFAULT_MAX_BODY_BYTES
+        payload_log = PayloadLog(options.log_payloads, limit)
         log.warning(
             "--log-payloads: request bodies, which hold prompts and media, are written to %s",
-            ops.log_payloads,
+            options.log_payloads,
         )
     app.add_middleware(
         AccessLogMiddleware,
         router=app.router,
         metrics=server_metrics,
-        log_format=ops.access_log_format,
+        log_format=options.access_log_format,
         payload_log=payload_log,
-    )
-
-
-def operations(
-    *,
-    api_keys: Sequence[str] = (),
-    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
-    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES,
-    request_timeout: float | None = None,
-    allowed_origins: Sequence[str] = (),
-    access_log_format: str | None = "text",
-    log_payloads: str | Path | None = None,
-    metrics: bool = True,
-    docs: bool = True,
-    media_policy: MediaPolicy | None = None,
-    allowed_hosts: HostAllowList | Sequence[str] | None = None,
-    admin_keys: Sequence[str] = (),
-    admin_routes: bool = True,
-    body_timeout: float | None = DEFAULT_BODY_TIMEOUT,
-) -> Operations:
-    if allowed_hosts is not None and not isinstance(allowed_hosts, HostAllowList):
-        allowed_hosts = HostAllowList.of(allowed_hosts)
-    return Operations(
-        api_keys=tuple(api_keys),
-        max_body_bytes=max_body_bytes,
-        max_header_bytes=max_header_bytes,
-        request_timeout=request_timeout,
-        allowed_origins=tuple(allowed_origins),
-        access_log_format=access_log_format,
-        log_payloads=None if log_payloads is None else Path(log_payloads),
-        metrics=metrics,
-        docs=docs,
-        media_policy=media_policy or MediaPolicy(),
-        allowed_hosts=allowed_hosts,
-        admin_keys=tuple(admin_keys),
-        admin_routes=admin_routes,
-        body_timeout=body_timeout,
     )

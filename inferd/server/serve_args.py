@@ -1,11 +1,12 @@
 """The operational flags of `inferd serve` (kept free of web-stack imports: the parser is
-built for every command) and their translation into build_app keyword arguments."""
+built for every command) and their translation into ServerOptions (options.py)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from dataclasses import fields
+from typing import TYPE_CHECKING
 
 from inferd.server.defaults import (
     ACCESS_LOG_FORMATS,
@@ -22,8 +23,7 @@ from inferd.server.defaults import (
 )
 
 if TYPE_CHECKING:
-    from inferd.server.crosssite import HostAllowList
-    from inferd.server.media import MediaPolicy
+    from inferd.server.options import ServerOptions
     from inferd.server.transport import ConnectionLimits
 
 
@@ -158,60 +158,52 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def validate_origins(origins: Sequence[str]) -> None:
-    for origin in origins:
-        if origin != "*" and not origin.startswith(("http://", "https://")):
-            raise ValueError(f"allowed origin {origin!r} must be http(s)://host[:port]")
+def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
+    """ServerOptions from `inferd serve` flags; ValueError names a bad one.
 
-
-def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[str, Any]:
-    """build_app keyword arguments from `inferd serve` flags; ValueError names a bad one."""
-    from inferd.server.auth import keys_from_env, validate_keys
+    A flag whose dest is a ServerOptions field's name is taken as is; the rest are translated
+    below."""
+    from inferd.server.auth import keys_from_env
     from inferd.server.crosssite import HostAllowList, is_loopback
     from inferd.server.media import MediaPolicy
+    from inferd.server.options import ServerOptions
 
-    if args.max_body_bytes < 1:
-        raise ValueError("--max-body-bytes must be at least 1")
-    if args.max_header_bytes < 1024:
-        raise ValueError("--max-header-bytes must be at least 1024")
-    if args.request_timeout is not None and args.request_timeout <= 0:
-        raise ValueError("--request-timeout must be positive")
-    if args.body_timeout <= 0:
-        raise ValueError("--body-timeout must be positive")
     try:
         ports = [int(p) for p in args.remote_media_ports.split(",") if p.strip()]
     except ValueError:
         raise ValueError("--remote-media-ports must be comma-separated port numbers") from None
-    origins = [o.strip() for value in args.allowed_origins for o in value.split(",") if o.strip()]
-    validate_origins(origins)
-    keys = validate_keys([*args.api_key, *keys_from_env(environ)])
-    admin_keys = validate_keys([*args.admin_key, *keys_from_env(environ, ADMIN_KEYS_ENV)])
-    hosts = [h for value in args.allowed_hosts for h in value.split(",")]
-    allowed_hosts = HostAllowList.for_server(args.host, args.port, hosts)
-    policy = MediaPolicy.create(
-        media_roots=args.allowed_media_root,
-        allow_remote=args.allow_remote_media,
-        remote_ports=ports,
-        max_media_bytes=args.max_media_bytes,
-        max_num_images=args.max_num_images,
-        fetch_timeout=args.media_fetch_timeout,
+    admin_keys = (*args.admin_key, *keys_from_env(environ, ADMIN_KEYS_ENV))
+    given = vars(args)
+    same_name = {f.name: given[f.name] for f in fields(ServerOptions) if f.name in given}
+    return ServerOptions(
+        **same_name
+        | {
+            "default_model": args.default_model_id,
+            "auto_reload": args.auto_reload == "on",
+            "api_keys": (*args.api_key, *keys_from_env(environ)),
+            "admin_keys": admin_keys,
+            "admin_routes": bool(admin_keys) or is_loopback(args.host),
+            "allowed_hosts": HostAllowList.for_server(
+                args.host, args.port, [h for value in args.allowed_hosts for h in value.split(",")]
+            ),
+            "allowed_origins": tuple(
+                o.strip() for value in args.allowed_origins for o in value.split(",") if o.strip()
+            ),
+            "access_log_format": (
+                None if args.access_log_format == "off" else args.access_log_format
+            ),
+            "metrics": not args.no_metrics,
+            "docs": not args.no_docs,
+            "media_policy": MediaPolicy.create(
+                media_roots=args.allowed_media_root,
+                allow_remote=args.allow_remote_media,
+                remote_ports=ports,
+                max_media_bytes=args.max_media_bytes,
+                max_num_images=args.max_num_images,
+                fetch_timeout=args.media_fetch_timeout,
+            ),
+        }
     )
-    return {
-        "api_keys": keys,
-        "max_body_bytes": args.max_body_bytes,
-        "max_header_bytes": args.max_header_bytes,
-        "request_timeout": args.request_timeout,
-        "allowed_origins": origins,
-        "access_log_format": None if args.access_log_format == "off" else args.access_log_format,
-        "log_payloads": args.log_payloads,
-        "metrics": not args.no_metrics,
-        "docs": not args.no_docs,
-        "media_policy": policy,
-        "allowed_hosts": allowed_hosts,
-        "admin_keys": admin_keys,
-        "admin_routes": bool(admin_keys) or is_loopback(args.host),
-        "body_timeout": args.body_timeout,
-    }
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
@@ -225,15 +217,14 @@ def connection_limits(args: argparse.Namespace) -> ConnectionLimits:
     return ConnectionLimits(args.header_timeout, args.max_connections)
 
 
-def describe(options: dict[str, Any]) -> list[str]:
+def describe(options: ServerOptions) -> list[str]:
     """Startup lines about the operational settings (never the keys themselves)."""
     from inferd.server.admin import describe as describe_admin
 
-    keys = options["api_keys"]
-    hosts: HostAllowList = options["allowed_hosts"]
-    policy: MediaPolicy = options["media_policy"]
+    keys = options.api_keys
+    policy = options.media_policy
     auth = f"{len(keys)} API key(s) required" if keys else "none (no --api-key)"
-    limit = options["request_timeout"]
+    limit = options.request_timeout
     media = ["data:"]
     if policy.roots:
         media.append(f"file:// under {len(policy.roots)} root(s)")
@@ -241,11 +232,11 @@ def describe(options: dict[str, Any]) -> list[str]:
         media.append("http(s) from public addresses")
     return [
         f"auth       {auth}",
-        f"admin      {describe_admin(options['admin_keys'], options['admin_routes'])}",
-        f"hosts      {hosts.describe()}",
-        f"limits     body {options['max_body_bytes']} bytes, "
+        f"admin      {describe_admin(options.admin_keys, options.admin_routes)}",
+        f"hosts      {options.allowed_hosts.describe() if options.allowed_hosts else 'any'}",
+        f"limits     body {options.max_body_bytes} bytes, "
         f"timeout {'none' if limit is None else f'{limit:g}s'}, "
-        f"body within {options['body_timeout']:g}s",
+        f"body within {'none' if options.body_timeout is None else f'{options.body_timeout:g}s'}",
         f"media      {', '.join(media)}; at most {policy.max_num_images} images, "
         f"{policy.max_media_bytes} bytes each",
     ]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from inferd.engine.builder import ServedModel
 from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
+from inferd.server.options import ServerOptions
 from inferd.serving.loading import Servable
 from inferd.serving.registry import (
     ConflictError,
@@ -31,8 +32,12 @@ _NEEDS = {
 @dataclass(slots=True)
 class ServerState:
     registry: ModelRegistry
-    keepalive_seconds: float = 5.0
-    started: float = field(default=0.0)
+    options: ServerOptions = field(default_factory=ServerOptions)
+    started: float = 0.0
+
+    @property
+    def keepalive_seconds(self) -> float:
+        return self.options.keepalive_seconds
 
     @property
     def models(self) -> dict[str, ServedModel]:

@@ -119,7 +119,8 @@ def _head_timeout_response(pending: bytes, timeout: float) -> bytes:
         name, sep, value = line.partition(b":")
         if sep:
             headers.append((name.strip().lower(), value.strip()))
-    scope = {"type": "http", "path": path, "headers": headers}
+    request_id = uuid.uuid4().hex
+    scope = {"type": "http", "path": path, "headers": headers, "state": {"request_id": request_id}}
     message = f"the request head did not arrive within {timeout:g}s (--header-timeout)"
     body = json.dumps(error_body(scope, 408, message, code="header_timeout")).encode()
     head = (
@@ -127,7 +128,7 @@ def _head_timeout_response(pending: bytes, timeout: float) -> bytes:
         "content-type: application/json\r\n"
         f"content-length: {len(body)}\r\n"
         "connection: close\r\n"
-        f"x-request-id: {uuid.uuid4().hex}\r\n\r\n"
+        f"x-request-id: {request_id}\r\n\r\n"
     )
     return head.encode() + body
 

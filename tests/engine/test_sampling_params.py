@@ -15,11 +15,10 @@ from inferd.engine.sampling import SamplingParamError, SamplingParams
         ({"top_p": 1.5}, "top_p"),
         ({"top_k": -1}, "top_k"),
         ({"min_p": 1.5}, "min_p"),
-        ({"stop": ("a", "b", "c", "d", "e")}, "stop"),
         ({"stop": ("",)}, "stop"),
         ({"seed": -1}, "seed"),
+        ({"logprobs": -1}, "logprobs"),
         ({"prompt_logprobs": -1}, "prompt_logprobs"),
-        ({"prompt_logprobs": 21}, "prompt_logprobs"),
     ],
 )
 def test_out_of_range_values_name_the_parameter(kwargs: dict[str, object], param: str) -> None:
@@ -33,3 +32,9 @@ def test_greedy_when_temperature_zero_or_top_k_one() -> None:
     assert SamplingParams(temperature=0.0).greedy
     assert SamplingParams(top_k=1).greedy
     assert not SamplingParams(temperature=0.7).greedy
+
+
+def test_api_limits_are_not_the_engines() -> None:
+    """Stop-string and logprob counts are bounded by the HTTP API (server/api_limits.py)."""
+    params = SamplingParams(stop=tuple("abcdef"), logprobs=50, prompt_logprobs=50)
+    assert len(params.stop) == 6 and params.logprobs == 50

@@ -203,6 +203,12 @@ def _error(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def _envelope(body: Any, response: httpx.Response) -> dict[str, Any]:
+    """An Anthropic error body less its request_id, which is the response's x-request-id."""
+    assert body["request_id"] == response.headers["x-request-id"]
+    return {k: v for k, v in body.items() if k != "request_id"}
+
+
 ERRORS: list[tuple[str, Any, int, str, str]] = [
     (
         "invalid json",
@@ -354,7 +360,7 @@ def test_errors_use_anthropics_envelope(
     headers = {"content-type": "application/json", **VERSION}
     r = httpx.post(server.api + "/messages", content=content, headers=headers, timeout=30)
     assert r.status_code == status, r.text
-    assert r.json() == _error(kind, message.format(model=model))
+    assert _envelope(r.json(), r) == _error(kind, message.format(model=model))
 
 
 def test_context_overflow_is_an_anthropic_400(server: LiveServer, model: str) -> None:
@@ -374,18 +380,18 @@ def test_count_tokens_errors_and_sdk_exceptions(client: anthropic.Anthropic, mod
     with pytest.raises(anthropic.BadRequestError) as bad:
         client.messages.create(model=model, max_tokens=-5, messages=HI)  # type: ignore[arg-type]
     assert bad.value.status_code == 400
-    assert bad.value.body == _error(
+    assert _envelope(bad.value.body, bad.value.response) == _error(
         "invalid_request_error", "max_tokens: must be at least 0, got -5"
     )
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.count_tokens(model="claude-nope", messages=HI)  # type: ignore[arg-type]
-    assert missing.value.body == _error(
+    assert _envelope(missing.value.body, missing.value.response) == _error(
         "not_found_error",
         f"the model 'claude-nope' does not exist on this server; available: {model}",
     )
     with pytest.raises(anthropic.BadRequestError) as empty:
         client.messages.count_tokens(model=model, messages=[])
-    assert empty.value.body == _error(
+    assert _envelope(empty.value.body, empty.value.response) == _error(
         "invalid_request_error", "messages: must contain at least one message"
     )
 
@@ -393,13 +399,15 @@ def test_count_tokens_errors_and_sdk_exceptions(client: anthropic.Anthropic, mod
 def test_unknown_routes_answer_in_the_callers_envelope(server: LiveServer) -> None:
     r = httpx.get(server.api + "/nothing-here", headers=VERSION)
     assert r.status_code == 404
-    assert r.json() == _error("not_found_error", "no route GET /v1/nothing-here")
+    assert _envelope(r.json(), r) == _error("not_found_error", "no route GET /v1/nothing-here")
     r = httpx.get(server.api + "/nothing-here")
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
     assert set(r.json()["error"]) == {"message", "type", "param", "code"}
     r = httpx.get(server.api + "/messages", headers=VERSION)
     assert r.status_code == 405
-    assert r.json() == _error("invalid_request_error", "method GET is not allowed on /v1/messages")
+    assert _envelope(r.json(), r) == _error(
+        "invalid_request_error", "method GET is not allowed on /v1/messages"
+    )
 
 
 # -- the media policy applies to image and document blocks, as to chat's media parts --------------
@@ -484,7 +492,7 @@ def test_media_policy_answers_in_anthropics_envelope(
     body = {"model": model, "max_tokens": 4, "messages": _image(source(root))}
     r = httpx.post(live.api + route, json=body, headers=VERSION, timeout=60)
     assert r.status_code == 400, r.text
-    assert r.json() == _error("invalid_request_error", message.format(model=model))
+    assert _envelope(r.json(), r) == _error("invalid_request_error", message.format(model=model))
 
 
 def test_media_refusals_through_the_sdk(media_server: tuple[LiveServer, Path]) -> None:
@@ -498,7 +506,7 @@ def test_media_refusals_through_the_sdk(media_server: tuple[LiveServer, Path]) -
                 max_tokens=4,
                 messages=_image({"type": "url", "url": f"file://{root}/../serve.log"}),  # type: ignore[arg-type]
             )
-        assert info.value.body == _error(
+        assert _envelope(info.value.body, info.value.response) == _error(
             "invalid_request_error",
             "messages.0.content.1.source.url: the file path must not contain '..'",
         )

@@ -32,7 +32,8 @@ import pytest
 from inferd.cli import _parser, main
 from inferd.server.app import build_app
 from inferd.server.crosssite import HostAllowList, is_json
-from inferd.server.serve_args import app_options, describe
+from inferd.server.options import ServerOptions
+from inferd.server.serve_args import describe, server_options
 from tests.server.live import LiveServer, live_server
 
 ADMIN_KEY = "admin-key-7731"
@@ -76,7 +77,8 @@ def anthropic_error(resp: httpx.Response, status: int) -> dict[str, Any]:
     assert resp.status_code == status, resp.text
     assert REQUEST_ID.fullmatch(resp.headers["x-request-id"])
     body = resp.json()
-    assert body["type"] == "error" and set(body) == {"type", "error"}
+    assert body["type"] == "error" and set(body) == {"type", "error", "request_id"}
+    assert body["request_id"] == resp.headers["x-request-id"]
     assert set(body["error"]) == {"type", "message"}
     return dict(body["error"])
 
@@ -225,7 +227,9 @@ def test_build_app_checks_hosts_only_when_given_a_list() -> None:
             return await c.get("/health")
 
     assert asyncio.run(get(build_app([]))).status_code == 200
-    refused = asyncio.run(get(build_app([], allowed_hosts=["inferd.lan"])))
+    refused = asyncio.run(
+        get(build_app([], ServerOptions(allowed_hosts=HostAllowList.of(["inferd.lan"]))))
+    )
     assert openai_error(refused, 421)["code"] == "host_not_allowed"
 
 
@@ -246,24 +250,24 @@ def test_lifecycle_routes_take_only_the_admin_key(server: LiveServer, model: str
     assert_healthy(server, model)
 
 
-def _serve_options(host: str, *flags: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+def _serve_options(host: str, *flags: str, env: dict[str, str] | None = None) -> ServerOptions:
     args = _parser().parse_args(["serve", "--host", host, *flags])
-    return app_options(args, env or {})
+    return server_options(args, env or {})
 
 
 def test_lifecycle_routes_are_off_on_a_public_address_without_an_admin_key() -> None:
     public = _serve_options("0.0.0.0")
-    assert public["admin_routes"] is False
+    assert public.admin_routes is False
     assert "inferd  admin      lifecycle routes off (non-loopback bind, no --admin-key)" in [
         f"inferd  {line}" for line in describe(public)
     ]
-    assert _serve_options("127.0.0.1")["admin_routes"] is True
+    assert _serve_options("127.0.0.1").admin_routes is True
     keyed = _serve_options("0.0.0.0", env={"INFERD_ADMIN_KEYS": "k1, k2"})
-    assert keyed["admin_routes"] is True and keyed["admin_keys"] == ("k1", "k2")
+    assert keyed.admin_routes is True and keyed.admin_keys == ("k1", "k2")
     assert "admin      lifecycle routes need one of 2 admin key(s)" in describe(keyed)
 
     async def post(path: str) -> httpx.Response:
-        app = build_app([], **public)
+        app = build_app([], public)
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://127.0.0.1:1234") as c:
             return await c.post(path, json={"model_id": "m"})
@@ -334,6 +338,7 @@ def test_idle_and_half_sent_connections_are_cut(server: LiveServer, model: str) 
                     "message": f"the request head did not arrive within {TIMEOUT}s "
                     "(--header-timeout)",
                 },
+                "request_id": headers["x-request-id"],
             }
         for sock in bodies:
             status, headers, body = _response(_read_all(sock))
@@ -389,6 +394,7 @@ def test_connections_past_the_cap_get_503(server: LiveServer, model: str) -> Non
             "message": f"this server is at its limit of {MAX_CONNECTIONS} open connections "
             "(--max-connections); retry shortly",
         },
+        "request_id": headers["x-request-id"],
     }
     deadline = time.monotonic() + 30  # the held connections close on the server's side soon
     while (resp := httpx.get(server.api + "/models", timeout=30)).status_code == 503:
@@ -417,7 +423,10 @@ def test_transport_flags_are_checked_before_the_model_loads(
 
 
 def test_admin_and_api_keys_open_only_their_own_routes() -> None:
-    app = build_app([], api_keys=["api-key-1"], admin_keys=[ADMIN_KEY], access_log_format=None)
+    app = build_app(
+        [],
+        ServerOptions(api_keys=("api-key-1",), admin_keys=(ADMIN_KEY,), access_log_format=None),
+    )
 
     async def call(method: str, path: str, key: str) -> httpx.Response:
         transport = httpx.ASGITransport(app=app)

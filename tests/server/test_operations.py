@@ -1,18 +1,27 @@
-"""Operational settings in-process (no model needed): switches, validation, the metrics format."""
+"""Operational settings in-process (no model needed): options, switches, validation, metrics."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import subprocess
+import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from inferd.cli import main
+from inferd import __version__
+from inferd.cli import _parser, main
+from inferd.engine.outputs import RequestOutput
 from inferd.server.app import build_app
 from inferd.server.auth import keys_from_env
-from inferd.server.metrics import Counter, Gauge, Histogram, Registry, format_value
+from inferd.server.crosssite import HostAllowList
+from inferd.server.limits import RequestDeadline, RequestTimeoutError
+from inferd.server.options import ServerOptions
+from inferd.server.serve_args import server_options
 
 
 def _get(app: object, *paths: str) -> list[httpx.Response]:
@@ -27,7 +36,8 @@ def _get(app: object, *paths: str) -> list[httpx.Response]:
 def test_metrics_and_docs_can_be_switched_off() -> None:
     on = _get(build_app([]), "/metrics", "/docs", "/openapi.json")
     assert [r.status_code for r in on] == [200, 200, 200]
-    off = _get(build_app([], metrics=False, docs=False), "/metrics", "/docs", "/openapi.json")
+    options = ServerOptions(metrics=False, docs=False)
+    off = _get(build_app([], options), "/metrics", "/docs", "/openapi.json")
     assert [r.status_code for r in off] == [404, 404, 404]
     assert off[0].json()["error"]["message"] == "no route GET /metrics"
 
@@ -36,15 +46,53 @@ def test_metrics_and_docs_can_be_switched_off() -> None:
     ("kwargs", "message"),
     [
         ({"access_log_format": "xml"}, "access log format must be one of text, json"),
-        ({"allowed_origins": ["app.example"]}, "must be http(s)://host[:port]"),
-        ({"api_keys": [""]}, "must be non-empty"),
-        ({"api_keys": ["two words"]}, "printable ASCII without spaces"),
-        ({"api_keys": [" padded"]}, "no surrounding whitespace"),
+        ({"allowed_origins": ("app.example",)}, "must be http(s)://host[:port]"),
+        ({"allowed_origins": "https://app.example"}, "not one string"),
+        ({"api_keys": ("",)}, "must be non-empty"),
+        ({"api_keys": ("two words",)}, "printable ASCII without spaces"),
+        ({"api_keys": (" padded",)}, "no surrounding whitespace"),
+        ({"max_body_bytes": 0}, "--max-body-bytes must be at least 1"),
+        ({"request_timeout": 0.0}, "--request-timeout must be positive"),
+        ({"drain_timeout": -1.0}, "--drain-timeout must not be negative"),
+        ({"keepalive_seconds": 0.0}, "keepalive_seconds must be positive"),
     ],
 )
-def test_build_app_refuses_unsafe_settings(kwargs: dict[str, object], message: str) -> None:
+def test_server_options_refuse_unsafe_settings(kwargs: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=re.escape(message)):
-        build_app([], **kwargs)  # type: ignore[arg-type]
+        ServerOptions(**kwargs)  # type: ignore[arg-type]
+
+
+def test_server_options_from_the_serve_flags() -> None:
+    parser = _parser()
+    args = parser.parse_args(
+        [
+            *(
+                "serve",
+                "--api-key",
+                "k1",
+                "--allowed-origins",
+                "https://a.example,https://b.example",
+            ),
+            *("--request-timeout", "30", "--access-log-format", "off", "--no-docs"),
+            *("--default-model-id", "chat", "--auto-reload", "off", "--log-payloads", "p.jsonl"),
+        ]
+    )
+    options = server_options(args, {"INFERD_API_KEYS": "k2,k1"})
+    assert options == ServerOptions(
+        default_model="chat",
+        auto_reload=False,
+        api_keys=("k1", "k2"),
+        allowed_origins=("https://a.example", "https://b.example"),
+        request_timeout=30.0,
+        access_log_format=None,
+        log_payloads=Path("p.jsonl"),
+        docs=False,
+        media_policy=options.media_policy,
+        allowed_hosts=HostAllowList.for_server("127.0.0.1", 1234),
+    )
+    # `inferd serve` always checks Host (the loopback names and its own address)
+    loopback = HostAllowList.for_server("127.0.0.1", 1234)
+    assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions(allowed_hosts=loopback)
 
 
 @pytest.mark.parametrize(
@@ -76,36 +124,87 @@ def test_api_keys_from_the_environment() -> None:
         keys_from_env({"INFERD_API_KEYS": " , ,"})
 
 
-def test_the_exposition_format() -> None:
-    registry = Registry()
-    c = registry.add(Counter("t_requests_total", "Requests.", ["route"]))
-    g = registry.add(Gauge("t_in_flight", "In flight."))
-    h = registry.add(Histogram("t_seconds", "Latency.", ["model"], [0.1, 1]))
-    c.inc(2, ['/v1/"x"\\\n'])
-    g.inc()
-    g.dec(3)
-    h.observe(0.05, ["m"])
-    h.observe(0.5, ["m"], count=2)
-    h.observe(7, ["m"])
-    assert registry.render() == [
-        "# HELP t_requests_total Requests.",
-        "# TYPE t_requests_total counter",
-        't_requests_total{route="/v1/\\"x\\"\\\\\\n"} 2',
-        "# HELP t_in_flight In flight.",
-        "# TYPE t_in_flight gauge",
-        "t_in_flight -2",
-        "# HELP t_seconds Latency.",
-        "# TYPE t_seconds histogram",
-        't_seconds_bucket{model="m",le="0.1"} 1',
-        't_seconds_bucket{model="m",le="1"} 3',
-        't_seconds_bucket{model="m",le="+Inf"} 4',
-        't_seconds_sum{model="m"} 8.05',
-        't_seconds_count{model="m"} 4',
-    ]
-    with pytest.raises(ValueError, match="only goes up"):
-        c.inc(-1, ["x"])
-    with pytest.raises(ValueError, match="takes labels"):
-        c.inc(1)
-    with pytest.raises(ValueError, match="already registered"):
-        registry.add(Gauge("t_in_flight", "again"))
-    assert [format_value(v) for v in (3.0, 0.25, float("inf"))] == ["3", "0.25", "+Inf"]
+def _samples(body: str) -> dict[str, float]:
+    samples = {}
+    for line in body.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+HEALTH_200 = 'inferd_http_requests_total{method="GET",route="/health",status="200"}'
+
+
+def test_two_apps_in_one_process_count_apart() -> None:
+    first, second = build_app([]), build_app([])
+    *_, first_scrape = _get(first, "/health", "/health", "/health", "/metrics")
+    *_, second_scrape = _get(second, "/health", "/metrics")
+    assert first_scrape.headers["content-type"] == "text/plain; version=0.0.4; charset=utf-8"
+    assert _samples(first_scrape.text)[HEALTH_200] == 3
+    assert _samples(second_scrape.text)[HEALTH_200] == 1
+    assert _samples(second_scrape.text)["inferd_http_requests_in_flight"] == 1  # the scrape
+    for text in (first_scrape.text, second_scrape.text):
+        assert "# TYPE inferd_http_request_duration_seconds histogram" in text
+        assert "# TYPE inferd_kv_blocks_used gauge" in text  # engine series, no model loaded
+        assert f'inferd_build_info{{version="{__version__}"}}' in _samples(text)
+
+
+_WORKER = """
+import asyncio, sys
+import httpx
+from inferd.engine.outputs import RequestOutput
+from inferd.server.app import build_app
+from inferd.server.limits import RequestDeadline, RequestTimeoutError
+
+async def main(health: int, scrape: bool) -> None:
+    transport = httpx.ASGITransport(app=build_app([]))
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        for _ in range(health):
+            assert (await client.get("/health")).status_code == 200
+        if scrape:
+            print((await client.get("/metrics")).text)
+
+asyncio.run(main(int(sys.argv[1]), sys.argv[2] == "scrape"))
+"""
+
+
+def test_metrics_of_worker_processes_sum_in_a_multiprocess_directory(tmp_path: Path) -> None:
+    """With PROMETHEUS_MULTIPROC_DIR, a scrape of one worker counts every worker's requests."""
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+
+    def worker(health: int, scrape: bool) -> str:
+        argv = [sys.executable, "-c", _WORKER, str(health), "scrape" if scrape else "-"]
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    worker(2, scrape=False)
+    samples = _samples(worker(3, scrape=True))
+    assert samples[HEALTH_200] == 5
+    assert samples['inferd_http_request_duration_seconds_count{method="GET",route="/health"}'] == 5
+    assert list(tmp_path.glob("counter_*.db"))  # the values went through the directory
+
+
+def test_a_deadline_closes_the_stream_it_bounds_and_says_so() -> None:
+    """The engine stream is closed (its request aborted) when the deadline passes."""
+    closed = asyncio.Event()
+
+    async def stalled() -> AsyncIterator[RequestOutput]:
+        try:
+            yield RequestOutput("r", "a", (1,), None, num_prompt_tokens=3, num_output_tokens=1)
+            await asyncio.Event().wait()  # the next token never comes
+            yield RequestOutput("r", "b", (2,), "stop", num_prompt_tokens=3, num_output_tokens=2)
+        finally:
+            closed.set()
+
+    async def run() -> tuple[RequestDeadline, list[str]]:
+        deadline = RequestDeadline.after(0.05)
+        seen = []
+        with pytest.raises(RequestTimeoutError, match=re.escape("timed out after 0.05s")):
+            async for out in deadline.bound(stalled()):
+                seen.append(out.text)
+        return deadline, seen
+
+    deadline, seen = asyncio.run(run())
+    assert seen == ["a"] and deadline.expired and closed.is_set()

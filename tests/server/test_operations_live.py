@@ -82,7 +82,8 @@ def model(http: httpx.Client) -> str:
 
 
 def scrape(http: httpx.Client) -> dict[str, float]:
-    """Every sample of /metrics, keyed by its full name with labels."""
+    """Every sample of /metrics, keyed by its full name with labels (in name order, as
+    prometheus_client writes them)."""
     resp = http.get("/metrics")
     assert resp.status_code == 200
     assert resp.headers["content-type"].startswith("text/plain; version=0.0.4")
@@ -131,7 +132,8 @@ def openai_error(resp: httpx.Response) -> dict[str, Any]:
 
 def anthropic_error(resp: httpx.Response) -> dict[str, Any]:
     body = resp.json()
-    assert body["type"] == "error" and set(body) == {"type", "error"}
+    assert body["type"] == "error" and set(body) == {"type", "error", "request_id"}
+    assert body["request_id"] == resp.headers["x-request-id"]
     assert set(body["error"]) == {"type", "message"}
     return dict(body["error"])
 
@@ -196,6 +198,7 @@ def test_anthropic_sdk_sees_authentication_errors_in_its_envelope(ops: Ops, mode
                 "type": "authentication_error",
                 "message": "the API key is not valid for this server",
             },
+            "request_id": info.value.response.headers["x-request-id"],
         }
     with anthropic.Anthropic(
         base_url=ops.url, api_key=KEYS[0], max_retries=0, _strict_response_validation=True
@@ -574,13 +577,13 @@ def test_a_chat_is_counted_timed_and_logged_without_its_prompt(
 
     route = 'route="/v1/chat/completions"'
     assert delta(f'inferd_http_requests_total{{method="POST",{route},status="200"}}') == 2
-    assert delta(f'inferd_http_request_outcomes_total{{{route},outcome="complete"}}') == 2
+    assert delta(f'inferd_http_request_outcomes_total{{outcome="complete",{route}}}') == 2
     assert delta(f'inferd_http_request_duration_seconds_count{{method="POST",{route}}}') == 2
     assert delta(f'inferd_http_request_body_bytes_count{{method="POST",{route}}}') == 2
     assert delta(f'inferd_http_request_body_bytes_sum{{method="POST",{route}}}') > 0
     m = f'model="{model}"'
     assert delta(f"inferd_time_to_first_token_seconds_count{{{m}}}") == 2
-    assert delta(f'inferd_time_to_first_token_seconds_bucket{{{m},le="+Inf"}}') == 2
+    assert delta(f'inferd_time_to_first_token_seconds_bucket{{le="+Inf",{m}}}') == 2
     assert 0 < delta(f"inferd_inter_token_latency_seconds_count{{{m}}}") <= 2 * (6 - 1)
     assert delta(f"inferd_request_generation_tokens_total{{{m}}}") == 12
     assert delta(f"inferd_request_prompt_tokens_total{{{m}}}") == 2 * usage["prompt_tokens"]
@@ -672,7 +675,7 @@ def test_a_client_that_leaves_mid_stream_is_logged_as_disconnected(
     assert 0 < (end["completion_tokens"] or 0) < 400
     samples = scrape(http)
     outcome = 'outcome="client_disconnected"'
-    assert samples[f"inferd_http_request_outcomes_total{{{ROUTE},{outcome}}}"] >= 1
+    assert samples[f"inferd_http_request_outcomes_total{{{outcome},{ROUTE}}}"] >= 1
 
 
 def test_openapi_and_docs(http: httpx.Client) -> None:

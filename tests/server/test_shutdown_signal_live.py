@@ -210,9 +210,10 @@ def test_a_second_stop_cuts_at_once_and_a_cut_request_gets_a_503() -> None:
 
     from inferd.bench.process import free_port
     from inferd.server.app import build_app
+    from inferd.server.options import ServerOptions
     from inferd.server.shutdown import HttpServer
 
-    app = build_app([], access_log_format=None)
+    app = build_app([], ServerOptions(access_log_format=None))
     port = free_port()
     config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     http = HttpServer(config, app.state.drain, drain_timeout=600)

@@ -12,6 +12,7 @@ import pytest
 from inferd.engine.builder import ServedModel
 from inferd.server import sse
 from inferd.server.app import build_app
+from inferd.server.options import ServerOptions
 
 
 async def _post(app: object, body: dict[str, object]) -> httpx.Response:
@@ -25,7 +26,7 @@ def _events(text: str) -> list[str]:
 
 
 def test_keepalive_comments_flow_while_a_long_prompt_prefills(served_f32: ServedModel) -> None:
-    app = build_app([served_f32], keepalive_seconds=0.005)
+    app = build_app([served_f32], ServerOptions(keepalive_seconds=0.005))
     long_prompt = "The quick brown fox jumps over the lazy dog. " * 150
     body = {"messages": [{"role": "user", "content": long_prompt}], "max_tokens": 2, "stream": True}
     resp = asyncio.run(_post(app, body))

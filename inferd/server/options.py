@@ -1,0 +1,89 @@
+"""ServerOptions: every setting of the HTTP server, in one frozen value.
+
+Built once, by `inferd serve` from its flags (``serve_args.server_options``) or by an embedding
+app (``build_app(models, ServerOptions(api_keys=("...",)))``), and validated here whichever
+built it. Each field is one `inferd serve` flag of the same name (``--max-body-bytes`` is
+``max_body_bytes``), so adding a setting is a field here plus a flag in serve_args.py; a flag
+whose dest is a field's name needs no translation. Errors name the flag, as a CLI user and an
+embedder both find it in ``inferd serve --help``.
+
+The defaults are the safe choice: no API keys means open (bind to loopback), 16 MiB bodies,
+16 KiB heads, no CORS, no payload logging, no file or remote media.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from inferd.server.auth import validate_keys
+from inferd.server.crosssite import HostAllowList
+from inferd.server.defaults import (
+    ACCESS_LOG_FORMATS,
+    DEFAULT_BODY_TIMEOUT,
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+)
+from inferd.server.media import MediaPolicy
+from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
+
+
+@dataclass(frozen=True, slots=True)
+class ServerOptions:
+    # -- the models (used when build_app is given models; a ModelRegistry carries its own)
+    default_model: str | None = None  # answers model "default" or none (else the first loaded)
+    auto_reload: bool = True  # a request for an unloaded model reloads it (else 503)
+    drain_timeout: float = DEFAULT_DRAIN_TIMEOUT  # seconds unloading waits for running requests
+    # -- security and limits
+    api_keys: tuple[str, ...] = ()  # required on every route but /health and /ready
+    allowed_origins: tuple[str, ...] = ()  # CORS; "*" or http(s)://host[:port]
+    max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
+    max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES  # larger heads get 431
+    request_timeout: float | None = None  # seconds; 408 while reading the body, 504 after
+    body_timeout: float | None = DEFAULT_BODY_TIMEOUT  # seconds for a body (transport.py)
+    # None: no Host check (an embedder's names are its own); `inferd serve` always sets it.
+    # Given (HostAllowList.of(names)): other Hosts get 421 (crosssite.py).
+    allowed_hosts: HostAllowList | None = None
+    admin_keys: tuple[str, ...] = ()  # given: the lifecycle routes take only these keys
+    admin_routes: bool = True  # False: the lifecycle routes answer 404 (admin.py)
+    # -- observability
+    access_log_format: str | None = "text"  # text | json | None (off)
+    log_payloads: Path | None = None  # request bodies as JSON lines (debugging only)
+    metrics: bool = True  # GET /metrics
+    docs: bool = True  # /docs and /openapi.json
+    # -- streams
+    keepalive_seconds: float = 5.0  # an SSE comment after this long without an event
+    # -- media in requests
+    media_policy: MediaPolicy = field(default_factory=MediaPolicy)
+
+    def __post_init__(self) -> None:
+        # Sequences given as lists are kept as tuples, so the value stays immutable.
+        object.__setattr__(self, "api_keys", validate_keys(self.api_keys))
+        object.__setattr__(self, "admin_keys", validate_keys(self.admin_keys))
+        object.__setattr__(self, "allowed_origins", validate_origins(self.allowed_origins))
+        if self.log_payloads is not None:
+            object.__setattr__(self, "log_payloads", Path(self.log_payloads))
+        if self.max_body_bytes is not None and self.max_body_bytes < 1:
+            raise ValueError("--max-body-bytes must be at least 1")
+        if self.max_header_bytes is not None and self.max_header_bytes < 1024:
+            raise ValueError("--max-header-bytes must be at least 1024")
+        if self.request_timeout is not None and not self.request_timeout > 0:
+            raise ValueError("--request-timeout must be positive")
+        if self.body_timeout is not None and not self.body_timeout > 0:
+            raise ValueError("--body-timeout must be positive")
+        if not self.drain_timeout >= 0:
+            raise ValueError("--drain-timeout must not be negative")
+        if not self.keepalive_seconds > 0:
+            raise ValueError("keepalive_seconds must be positive")
+        if self.access_log_format not in (None, *ACCESS_LOG_FORMATS):
+            raise ValueError(f"access log format must be one of {', '.join(ACCESS_LOG_FORMATS)}")
+
+
+def validate_origins(origins: Sequence[str]) -> tuple[str, ...]:
+    if isinstance(origins, str):
+        raise ValueError("allowed origins must be a sequence of origins, not one string")
+    for origin in origins:
+        if origin != "*" and not origin.startswith(("http://", "https://")):
+            raise ValueError(f"allowed origin {origin!r} must be http(s)://host[:port]")
+    return tuple(origins)
