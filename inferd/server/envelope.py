@@ -15,7 +15,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
-from inferd.server.errors import APIError
+from inferd.server.errors import APIError, clip_message
 
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 
@@ -65,7 +65,7 @@ def error_body(
         kind = _ANTHROPIC_TYPES.get(
             status, "api_error" if status >= 500 else "invalid_request_error"
         )
-        return {"type": "error", "error": {"type": kind, "message": message}}
+        return {"type": "error", "error": {"type": kind, "message": clip_message(message)}}
     body = APIError(status, message, param=param, code=code).body()
     if status in _OPENAI_TYPES:
         body["error"]["type"] = _OPENAI_TYPES[status]

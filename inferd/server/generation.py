@@ -72,7 +72,7 @@ def sampling_params(
             min_p=body.min_p or 0.0,
             seed=choice_seed(seed, 0),
             stop=stop,
-            ignore_eos=body.ignore_eos,
+            ignore_eos=bool(body.ignore_eos),
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=(
