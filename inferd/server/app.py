@@ -67,6 +67,7 @@ def build_app(
     metrics: bool = True,
     docs: bool = True,
     media_policy: MediaPolicy | None = None,
+    allow_special_tokens_in_content: bool = False,
 ) -> FastAPI:
     """The server app, an ASGI app that may be mounted under any path of another app.
 
@@ -76,7 +77,8 @@ def build_app(
     gets 503; unloading drains for up to ``drain_timeout`` seconds. ``on_chunk`` / ``on_done``
     are stream hooks (see hooks.py). Operational options (see operations.py) default to the
     safe choice: no auth keys means open (bind to loopback), 16 MiB bodies, 16 KiB heads, no
-    CORS, no payload logging, no file or remote media."""
+    CORS, no payload logging, no file or remote media, and special-token text in messages read
+    as plain text (``allow_special_tokens_in_content`` lets it make control tokens)."""
     ops = operations(
         api_keys=api_keys,
         max_body_bytes=max_body_bytes,
@@ -97,6 +99,7 @@ def build_app(
         registry=registry,
         keepalive_seconds=keepalive_seconds,
         started=time.time(),
+        special_tokens_in_content=allow_special_tokens_in_content,
     )
     _routes(app, "/v1/chat/completions", model_ready(create_chat_completion, "chat"), ["POST"])
     _routes(app, "/v1/models", list_models, ["GET"])

@@ -51,6 +51,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="largest request head (request line + headers) (default: 16 KiB)",
     )
     g.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="let special-token text in messages (<|im_start|>...) become control tokens, so "
+        "message content can forge turns; off by default: only the chat template makes them",
+    )
+    g.add_argument(
         "--request-timeout",
         type=float,
         default=None,
@@ -155,6 +161,7 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         "metrics": not args.no_metrics,
         "docs": not args.no_docs,
         "media_policy": policy,
+        "allow_special_tokens_in_content": args.allow_special_tokens_in_content,
     }
 
 

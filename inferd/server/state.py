@@ -33,6 +33,8 @@ class ServerState:
     registry: ModelRegistry
     keepalive_seconds: float = 5.0
     started: float = field(default=0.0)
+    # --allow-special-tokens-in-content: message text may produce control tokens (off: plain)
+    special_tokens_in_content: bool = False
 
     @property
     def models(self) -> dict[str, ServedModel]:
