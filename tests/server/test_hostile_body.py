@@ -68,9 +68,11 @@ def test_unbounded_json_is_a_400_on_every_route(
 def test_paired_surrogates_are_one_character(server: LiveServer) -> None:
     """What json.dumps(ensure_ascii=True) sends for an emoji stays valid."""
     body = b'{"prompt": "\\ud83d\\ude00"}'
-    r = httpx.post(server.url + "/v1/tokenize", content=body, headers=JSON)
+    r = httpx.post(server.url + "/v1/tokenize", content=body, headers=JSON, timeout=60)
     assert r.status_code == 200
-    back = httpx.post(server.url + "/v1/detokenize", json={"tokens": r.json()["tokens"]})
+    back = httpx.post(
+        server.url + "/v1/detokenize", json={"tokens": r.json()["tokens"]}, timeout=60
+    )
     assert back.json() == {"prompt": "\U0001f600"}
 
 
@@ -100,7 +102,7 @@ def test_wrong_types_are_refused_naming_the_field(
     server: LiveServer, path: str, body: dict[str, Any], param: str
 ) -> None:
     anthropic = path.startswith("/v1/messages")
-    r = httpx.post(server.url + path, json=body, headers=ANTHROPIC if anthropic else {})
+    r = httpx.post(server.url + path, json=body, headers=ANTHROPIC if anthropic else {}, timeout=60)
     error = refused(r, 400, anthropic=anthropic, says=f"{param}: ")
     if not anthropic:
         assert error["param"] == param
@@ -164,7 +166,7 @@ def test_a_huge_value_is_not_echoed_back_whole(server: LiveServer, path: str) ->
     anthropic = path == "/v1/messages"
     name = "m" * 1_000_000
     body = {"model": name, "messages": HI, "max_tokens": 4}
-    r = httpx.post(server.url + path, json=body, headers=ANTHROPIC if anthropic else {})
+    r = httpx.post(server.url + path, json=body, headers=ANTHROPIC if anthropic else {}, timeout=60)
     error = refused(r, 404, anthropic=anthropic, says="does not exist")
     assert len(error["message"]) < MAX_MESSAGE_CHARS + 40
     assert "m" * 300 not in error["message"]
