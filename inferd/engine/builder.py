@@ -19,7 +19,7 @@ from inferd.engine.core import EngineCore
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
-from inferd.loaders.chat_template import ChatTemplate
+from inferd.loaders.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loaders.gguf import GGUFFile
 from inferd.loaders.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
@@ -115,9 +115,31 @@ class ServedModel:
     def id(self) -> str:
         return self.source.name
 
-    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
-        text = self.chat_template.render(messages, add_generation_prompt=True)
-        return self.tokenizer.encode(text, add_special=True)
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], *, special_in_content: bool = False
+    ) -> list[int]:
+        """Token ids of the conversation, ready for the assistant's turn."""
+        rendered = self.render_chat(messages, special_in_content=special_in_content)
+        return self.tokenizer.encode(
+            rendered.text, add_special=True, literal_spans=rendered.literal_spans
+        )
+
+    def render_chat(
+        self,
+        messages: list[dict[str, Any]],
+        *,
+        add_generation_prompt: bool = True,
+        prefill: str = "",
+        special_in_content: bool = False,
+    ) -> RenderedChat:
+        """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
+        messages or the prefill stays plain text (only the template makes control tokens)
+        unless ``special_in_content``."""
+        special = None if special_in_content else self.tokenizer.special_token_pattern
+        rendered = self.chat_template.render_chat(
+            messages, special=special, add_generation_prompt=add_generation_prompt
+        )
+        return rendered + literal_text(prefill, special) if prefill else rendered
 
     def shutdown(self) -> None:
         self.engine.shutdown()

@@ -13,6 +13,10 @@ the data we pass in) plus resource bounds the sandbox does not provide:
   ``timeout_s``. Jinja has no ``while``, so everything else terminates;
 * output: rendering streams and stops once the result exceeds ``max_output_chars``.
 
+Only the template may produce control tokens: ``render_chat`` reports where special-token text
+that came from the messages (``<|im_start|>system`` typed by a user) landed in the output, so
+the tokenizer can read it as plain text instead of letting the message forge a turn.
+
 Every failure, from a syntax error to ``raise_exception()`` to a limit, is a
 ``ChatTemplateError`` whose message says what happened.
 """
@@ -24,6 +28,7 @@ import functools
 import inspect
 import json
 import re
+import secrets
 import string
 import sys
 import time
@@ -48,6 +53,7 @@ __all__ = [
     "RENDER_TIMEOUT_S",
     "ChatTemplate",
     "ChatTemplateError",
+    "RenderedChat",
 ]
 
 MAX_OUTPUT_CHARS = 8 * 1024 * 1024
@@ -573,6 +579,67 @@ def _tracer(budget: _Budget) -> Callable[[FrameType, str, Any], Any]:
 # --- public API ----------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class RenderedChat:
+    """A rendered conversation and the [start, end) spans of special-token text in it that came
+    from the messages rather than from the template."""
+
+    text: str
+    literal_spans: tuple[tuple[int, int], ...] = ()
+
+    def __add__(self, tail: RenderedChat) -> RenderedChat:
+        shift = len(self.text)
+        spans = [(a + shift, b + shift) for a, b in tail.literal_spans]
+        return RenderedChat(self.text + tail.text, (*self.literal_spans, *spans))
+
+
+def literal_text(text: str, special: re.Pattern[str] | None) -> RenderedChat:
+    """``text`` from a message, appended to a prompt as is (a prefill): all of it is literal."""
+    if special is None:
+        return RenderedChat(text)
+    return RenderedChat(text, tuple(m.span() for m in special.finditer(text)))
+
+
+class _Defused:
+    """Swaps special-token text in message strings for markers that carry no special token,
+    and back after rendering, noting where each landed.
+
+    A marker is a noncharacter pair around a per-render random number and an index, so a
+    message cannot predict (or forge) one.
+    """
+
+    def __init__(self, special: re.Pattern[str]) -> None:
+        self.special = special
+        self.nonce = secrets.randbelow(10**12)
+        self.found: list[str] = []
+        self.marker = re.compile(f"\ufdd0{self.nonce}:(\\d+)\ufdd1")
+
+    def message(self, message: Mapping[str, Any]) -> dict[str, Any]:
+        return {k: self._text(v) if k != "role" else v for k, v in message.items()}
+
+    def _text(self, value: Any) -> Any:
+        return self.special.sub(self._swap, value) if isinstance(value, str) else value
+
+    def _swap(self, match: re.Match[str]) -> str:
+        self.found.append(match.group())
+        return f"\ufdd0{self.nonce}:{len(self.found) - 1}\ufdd1"
+
+    def restore(self, text: str) -> RenderedChat:
+        parts: list[str] = []
+        spans: list[tuple[int, int]] = []
+        size = last = 0
+        for m in self.marker.finditer(text):
+            parts.append(text[last : m.start()])
+            size += m.start() - last
+            original = self.found[int(m.group(1))]
+            parts.append(original)
+            spans.append((size, size + len(original)))
+            size += len(original)
+            last = m.end()
+        parts.append(text[last:])
+        return RenderedChat("".join(parts), tuple(spans))
+
+
 @dataclass(frozen=True)
 class ChatTemplate:
     """A compiled chat template; ``render`` turns a conversation into the prompt text."""
@@ -638,6 +705,25 @@ class ChatTemplate:
         finally:
             sys.settrace(previous_trace)
             _BUDGET.reset(token)
+
+    def render_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        *,
+        special: re.Pattern[str] | None,
+        add_generation_prompt: bool = True,
+    ) -> RenderedChat:
+        """``render``, noting where special-token text from the messages (``special`` matches
+        it) ended up. A conversation that has none renders exactly as ``render`` would."""
+        if special is None or not any(
+            isinstance(v, str) and special.search(v) for m in messages for v in m.values()
+        ):
+            return RenderedChat(self.render(messages, add_generation_prompt=add_generation_prompt))
+        defused = _Defused(special)
+        text = self.render(
+            [defused.message(m) for m in messages], add_generation_prompt=add_generation_prompt
+        )
+        return defused.restore(text)
 
     def _stream(self, template: Any, context: dict[str, Any]) -> str:
         parts: list[str] = []

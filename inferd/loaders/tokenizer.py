@@ -17,6 +17,8 @@ Token types (llama.cpp ``llama_token_type``): 1 normal, 2 unknown, 3 control,
 
 from __future__ import annotations
 
+import functools
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -174,15 +176,93 @@ class TokenizerBundle:
     model_type: str = "gpt2"
     add_space_prefix: bool = False
 
-    def encode(self, text: str, *, add_special: bool = False) -> list[int]:
-        """Token ids for ``text``; special-token text like ``<|im_start|>`` becomes that token.
+    def encode(
+        self,
+        text: str,
+        *,
+        add_special: bool = False,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> list[int]:
+        """Token ids for ``text``; special-token text like ``<|im_start|>`` becomes that token,
+        except inside ``literal_spans`` ([start, end) character ranges), where it is plain text.
 
         ``add_special`` prepends BOS when the model asks for it (``add_bos``).
         """
-        ids: list[int] = self.tokenizer.encode(text, add_special_tokens=False).ids
+        encoding = self.tokenizer.encode(text, add_special_tokens=False)
+        ids: list[int] = encoding.ids
+        if literal_spans:
+            ids = self._literal(text, ids, encoding.offsets, literal_spans)
         if add_special and self.add_bos and self.bos_token_id is not None:
             ids.insert(0, self.bos_token_id)
         return ids
+
+    def _literal(
+        self,
+        text: str,
+        ids: list[int],
+        offsets: Sequence[tuple[int, int]],
+        spans: Sequence[tuple[int, int]],
+    ) -> list[int]:
+        """``ids`` with every special token matched inside ``spans`` undone.
+
+        The tokenizer splits text at special tokens and encodes each piece between them on its
+        own, so the pieces around the special tokens that stay are re-encoded, with special-token
+        matching off, only where one was undone; everything else keeps its ids exactly.
+        """
+        special = self.special_token_ids
+        out: list[int] = []
+        piece: list[int] = []  # ids since the last special token kept
+        start = 0  # where that piece starts in text
+        forged = False
+        for token, (a, b) in zip(ids, offsets, strict=True):
+            if token not in special:
+                piece.append(token)
+            elif any(lo < b and a < hi for lo, hi in spans):
+                forged = True
+            else:
+                out.extend(self._plain_piece(text[start:a]) if forged else piece)
+                out.append(token)
+                piece, start, forged = [], b, False
+        out.extend(self._plain_piece(text[start:]) if forged else piece)
+        return out
+
+    def _plain_piece(self, text: str) -> list[int]:
+        ids: list[int] = self._plain_tokenizer.encode(text, add_special_tokens=False).ids
+        return ids
+
+    @functools.cached_property
+    def _plain_tokenizer(self) -> Tokenizer:
+        """A copy that reads special-token text as plain text (built on first use: ~1 s)."""
+        plain = Tokenizer.from_str(self.tokenizer.to_str())
+        plain.encode_special_tokens = True
+        return plain
+
+    @functools.cached_property
+    def special_token_ids(self) -> frozenset[int]:
+        """Ids the tokenizer matches as special text (``<|im_start|>``), never merges into."""
+        added = self.tokenizer.get_added_tokens_decoder()
+        return frozenset(i for i, t in added.items() if t.special)
+
+    @functools.cached_property
+    def special_token_pattern(self) -> re.Pattern[str] | None:
+        """Matches the text of every special token (longest first), or None when there is none."""
+        added = self.tokenizer.get_added_tokens_decoder().values()
+        texts = sorted({t.content for t in added if t.special and t.content}, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, texts))) if texts else None
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of text one token can stand for, or None when no such bound holds.
+
+        A token stands for at most its own bytes, and a character is at least one byte, so a
+        text of c characters needs at least c / (longest token in bytes) tokens, provided the
+        tokenizer drops no characters and cannot swallow a whole unknown word into one token:
+        byte-level or byte-fallback BPE whose normalizer and pre-tokenizer only add or swap
+        characters (the ones GGUF tokenizers and common tokenizer.json files use).
+        """
+        if self.model_type not in ("gpt2", "llama") or not _keeps_every_character(self.tokenizer):
+            return None
+        return max(1, max(map(len, self.token_bytes), default=1))
 
     def decode(self, ids: Sequence[int], *, skip_special: bool = True) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special)
@@ -197,6 +277,32 @@ class TokenizerBundle:
     def vocab_size(self) -> int:
         """Number of token ids in the GGUF vocabulary (the model's embedding rows)."""
         return len(self.token_bytes)
+
+
+# Normalizer and pre-tokenizer steps that never remove characters from the text.
+_KEEPING_NORMALIZERS = frozenset({"Sequence", "Prepend", "Replace"})
+_KEEPING_PRE_TOKENIZERS = frozenset({"Sequence", "ByteLevel", "Split", "Digits", "Metaspace"})
+
+
+def _keeps_every_character(tok: Tokenizer) -> bool:
+    model = tok.model
+    if not isinstance(model, BPE) or (model.unk_token is not None and not model.byte_fallback):
+        return False
+    steps = [
+        (tok.normalizer, "normalizers", _KEEPING_NORMALIZERS),
+        (tok.pre_tokenizer, "pretokenizers", _KEEPING_PRE_TOKENIZERS),
+    ]
+    for component, key, keeping in steps:
+        if component is None:
+            continue
+        spec = json.loads(component.__getstate__())
+        parts = [spec, *spec.get(key, [])]
+        for part in parts:
+            if part.get("type") not in keeping or part.get("behavior") == "Removed":
+                return False
+            if part.get("type") == "Replace" and not part.get("content"):
+                return False
+    return True
 
 
 # --- metadata parsing ---------------------------------------------------------------------------

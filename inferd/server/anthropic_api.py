@@ -14,7 +14,6 @@ access log, and the request timeout, which aborts the generation.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -25,7 +24,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.api_limits import check_sampling_limits
@@ -35,6 +33,7 @@ from inferd.server.generation import (
     ENGINE_ERRORS,
     SSE_HEADERS,
     admit,
+    chat_prompt_ids,
     collect,
     engine_error,
     start,
@@ -71,7 +70,7 @@ async def count_tokens(request: Request) -> Response:
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
         check_media_parts(body.messages, media_policy(request), model)
-        prompt = await _prompt(model, body)
+        prompt = await _prompt(model, body, state, check_length=False)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
         return _error(request, err)
@@ -86,7 +85,7 @@ async def _create_message(request: Request) -> Response:
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
     check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
-    prompt = await _prompt(model, body)
+    prompt = await _prompt(model, body, state)
     params = _sampling_params(body, model)
     admit(model, len(prompt), params, "messages")
     message: dict[str, Any] = {
@@ -163,7 +162,9 @@ def _reject_unsupported(body: _Prompted) -> None:
         )
 
 
-async def _prompt(model: ServedModel, body: _Prompted) -> list[int]:
+async def _prompt(
+    model: ServedModel, body: _Prompted, state: ServerState, *, check_length: bool = True
+) -> list[int]:
     """Token ids of the conversation, ending in the assistant's turn (or its prefill)."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
@@ -174,16 +175,13 @@ async def _prompt(model: ServedModel, body: _Prompted) -> list[int]:
     for i, m in enumerate(body.messages):
         messages.append({"role": m.role, "content": _text(m.content, f"messages.{i}.content")})
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
-
-    def render() -> list[int]:
-        text = model.chat_template.render(messages, add_generation_prompt=True) + prefill
-        return model.tokenizer.encode(text, add_special=True)
-
-    try:
-        return await asyncio.to_thread(render)
-    except ChatTemplateError as exc:
-        message = f"the chat template could not render these messages: {exc}"
-        raise bad_request(message, "messages") from None
+    return await chat_prompt_ids(
+        model,
+        messages,
+        prefill=prefill,
+        special_in_content=state.special_tokens_in_content,
+        check_length=check_length,
+    )
 
 
 def _text(content: str | list[dict[str, Any]], param: str) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from starlette.responses import JSONResponse
 from starlette.types import Scope
 
-from inferd.server.errors import APIError
+from inferd.server.errors import APIError, clip_message
 
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
 
@@ -70,7 +70,7 @@ def error_body(
         request_id = (scope.get("state") or {}).get("request_id")
         return {
             "type": "error",
-            "error": {"type": kind, "message": message},
+            "error": {"type": kind, "message": clip_message(message)},
             "request_id": request_id,
         }
     body = APIError(status, message, param=param, code=code).body()

@@ -1,4 +1,8 @@
-"""API errors in OpenAI's envelope: {"error": {"message", "type", "param", "code"}}."""
+"""API errors in OpenAI's envelope: {"error": {"message", "type", "param", "code"}}.
+
+Messages often quote what the caller sent (a model name, a role, a URL); ``clip_message``
+bounds every message here, once, so a 1 MB value is never echoed back whole.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from starlette.responses import JSONResponse
+
+MAX_MESSAGE_CHARS = 300  # longer messages keep their head and tail, so quote < ~200 of a value
+_HEAD_CHARS = 160
+_TAIL_CHARS = 80
 
 _TYPES = {
     400: "invalid_request_error",
@@ -30,6 +38,9 @@ class APIError(Exception):
     code: str | None = None
     headers: dict[str, str] | None = None
 
+    def __post_init__(self) -> None:
+        self.message = clip_message(self.message)
+
     @property
     def type(self) -> str:
         return _TYPES.get(self.status, "invalid_request_error")
@@ -50,3 +61,15 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def clip_message(message: str) -> str:
+    """``message``, or its head and tail around a note of how much was left out.
+
+    The head keeps what the message is about and the tail how it ends (often the hint of what
+    to send instead); a value quoted in between loses its middle.
+    """
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    cut = len(message) - _HEAD_CHARS - _TAIL_CHARS
+    return f"{message[:_HEAD_CHARS]}[... {cut} characters ...]{message[-_TAIL_CHARS:]}"

@@ -10,6 +10,10 @@ frees its KV blocks at the next step.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import ctypes.util
+import functools
+import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -20,6 +24,7 @@ from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineSt
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
@@ -31,6 +36,8 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 _MASK64 = 2**64 - 1
+# Texts this long leave the allocator holding their tokenizer's scratch memory; it is given back.
+_TRIM_AFTER_CHARS = 1 << 20
 
 
 def sampling_params(
@@ -61,7 +68,7 @@ def sampling_params(
             min_p=body.min_p or 0.0,
             seed=choice_seed(seed, 0),
             stop=stop,
-            ignore_eos=body.ignore_eos,
+            ignore_eos=bool(body.ignore_eos),
             presence_penalty=body.presence_penalty or 0.0,
             frequency_penalty=body.frequency_penalty or 0.0,
             repetition_penalty=(
@@ -121,6 +128,90 @@ def admit(
         model.engine.check_admission(num_prompt_tokens, params)
     except (AdmissionError, EngineBusyError, EngineStoppedError) as exc:
         raise engine_error(exc) from None
+
+
+def check_fits(model: ServedModel, num_chars: int, prompt_param: str) -> None:
+    """Refuse, before tokenizing, a prompt whose characters cannot fit the context.
+
+    A token stands for at most ``max_chars_per_token`` characters, so the prompt needs at least
+    num_chars / that many tokens: tokenizing a 7 MB prompt only to refuse it costs seconds of
+    CPU and gigabytes of memory.
+    """
+    per_token = model.tokenizer.max_chars_per_token
+    limit = model.engine.max_model_len
+    if per_token is None or math.ceil(num_chars / per_token) <= limit:
+        return
+    raise bad_request(
+        f"{prompt_param}: the prompt is {num_chars} characters, at least "
+        f"{math.ceil(num_chars / per_token)} tokens (a token of this model covers at most "
+        f"{per_token} characters); this model's context is {limit} tokens",
+        prompt_param,
+        code="context_length_exceeded",
+    )
+
+
+def encode_text(
+    model: ServedModel,
+    text: str,
+    *,
+    add_special: bool = True,
+    literal_spans: Sequence[tuple[int, int]] = (),
+) -> list[int]:
+    """Token ids of ``text`` (call off the event loop); memory a long text took is given back."""
+    ids = model.tokenizer.encode(text, add_special=add_special, literal_spans=literal_spans)
+    if len(text) >= _TRIM_AFTER_CHARS:
+        _malloc_trim()
+    return ids
+
+
+async def chat_prompt_ids(
+    model: ServedModel,
+    messages: list[dict[str, object]],
+    *,
+    special_in_content: bool,
+    prefill: str = "",
+    add_generation_prompt: bool = True,
+    add_special: bool = True,
+    check_length: bool = True,
+) -> list[int]:
+    """Render and tokenize a conversation on a worker thread; 400s for a template failure or
+    (``check_length``) a prompt too long to fit the context, found before tokenizing."""
+
+    def work() -> list[int]:
+        try:
+            rendered = model.render_chat(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                prefill=prefill,
+                special_in_content=special_in_content,
+            )
+        except ChatTemplateError as exc:
+            message = f"the chat template could not render these messages: {exc}"
+            raise bad_request(message, "messages") from None
+        if check_length:
+            check_fits(model, len(rendered.text), "messages")
+        return encode_text(
+            model, rendered.text, add_special=add_special, literal_spans=rendered.literal_spans
+        )
+
+    return await asyncio.to_thread(work)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return None
+    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
+
+
+def _malloc_trim() -> None:
+    """Hand freed heap pages back to the OS (glibc keeps them otherwise, per thread arena)."""
+    libc = _libc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def engine_error(exc: Exception) -> APIError:

@@ -14,7 +14,6 @@ makes a request for an unloaded model wait for its (re)load.
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,7 +26,7 @@ from inferd.engine.embedding import EmbeddingModel
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.media import TEXT_ONLY, model_modalities
-from inferd.server.protocol import parse_body
+from inferd.server.protocol import load_json, parse_body
 from inferd.server.state import ServerState, lifecycle_error
 from inferd.serving.registry import (
     ConflictError,
@@ -43,7 +42,7 @@ EMBEDDING_MODALITIES = {"input": ["text"], "output": ["embedding"]}
 
 
 class ModelOperation(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
     model_id: str = Field(min_length=1)
 
 
@@ -181,7 +180,7 @@ def model_ready(handler: Handler, kind: str) -> Handler:
             return await handler(request)  # the common case costs one scan
         try:
             slot = registry.get(_model_field(await request.body()))
-        except (UnknownModelError, ValueError):
+        except (UnknownModelError, ValueError, APIError):
             return await handler(request)  # the route's own 404 / 400
         if slot.kind == kind and slot.status is not ModelStatus.LOADED:
             try:
@@ -202,7 +201,7 @@ def model_ready(handler: Handler, kind: str) -> Handler:
 
 
 def _model_field(raw: bytes) -> str | None:
-    data = json.loads(raw)
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise ValueError("not an object")
     model = data.get("model")

@@ -6,7 +6,6 @@ with a seed derived from the request's, so every choice differs yet reproduces.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -18,7 +17,6 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
-from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.api_limits import check_n
 from inferd.server.errors import bad_request
@@ -26,6 +24,7 @@ from inferd.server.generation import (
     SSE_HEADERS,
     Generation,
     admit,
+    chat_prompt_ids,
     clamp,
     collect,
     for_choice,
@@ -49,11 +48,9 @@ async def create_chat_completion(request: Request) -> Response:
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
     n = check_n(body.n)
     params = _sampling_params(body, model)
-    try:
-        prompt = await asyncio.to_thread(model.chat_prompt, messages)
-    except ChatTemplateError as exc:
-        message = f"the chat template could not render these messages: {exc}"
-        raise bad_request(message, "messages") from None
+    prompt = await chat_prompt_ids(
+        model, messages, special_in_content=state.special_tokens_in_content
+    )
     if body.max_tokens is None and body.max_completion_tokens is None:
         room = model.engine.max_model_len - len(prompt)
         params = _replace_max_tokens(params, max(1, room))

@@ -11,6 +11,7 @@ since that is when its prompt logprobs are known.
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -28,8 +29,10 @@ from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
     admit,
+    check_fits,
     clamp,
     collect,
+    encode_text,
     for_choice,
     sampling_params,
     start,
@@ -56,7 +59,7 @@ async def create_completion(request: Request) -> Response:
     body = parse_body(await request.body(), CompletionRequest)
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
-    prompts = _prompts(body.prompt, model)
+    prompts = await asyncio.to_thread(_prompts, body.prompt, model)
     n = check_n(body.n, len(prompts))
     if body.best_of is not None and body.best_of != n:
         raise bad_request(
@@ -132,12 +135,12 @@ def _prompts(raw: Any, model: ServedModel) -> list[_Prompt]:
     if raw is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(raw, str):
-        return [_text_prompt(raw, model)]
+        return [_text_prompt(raw, model, "prompt")]
     if not isinstance(raw, list) or not raw:
         what = "an empty list" if raw == [] else type(raw).__name__
         raise bad_request(f"prompt must be {_PROMPT_SHAPES}, got {what}", "prompt")
     if all(isinstance(p, str) for p in raw):
-        return [_text_prompt(p, model) for p in raw]
+        return [_text_prompt(p, model, f"prompt.{i}") for i, p in enumerate(raw)]
     if all(_is_token_id(t) for t in raw):
         return [_token_prompt(raw, model, "prompt")]
     if all(isinstance(p, list) and all(_is_token_id(t) for t in p) for p in raw):
@@ -149,8 +152,11 @@ def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _text_prompt(text: str, model: ServedModel) -> _Prompt:
-    return _Prompt(model.tokenizer.encode(text, add_special=True), text)
+def _text_prompt(text: str, model: ServedModel, param: str) -> _Prompt:
+    """The raw prompt as the caller wrote it: special-token text in it is read as such (the
+    caller owns the whole prompt), but one too long for the context is refused untokenized."""
+    check_fits(model, len(text), param)
+    return _Prompt(encode_text(model, text), text)
 
 
 def _token_prompt(ids: list[int], model: ServedModel, param: str) -> _Prompt:

@@ -28,7 +28,7 @@ _SHAPES = "a string, a list of strings, a list of token ids or a list of token-i
 
 
 class EmbeddingRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str | None = None
     input: Any = None  # checked here, for messages that name the element at fault

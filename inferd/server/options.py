@@ -54,6 +54,10 @@ class ServerOptions:
     docs: bool = True  # /docs and /openapi.json
     # -- streams
     keepalive_seconds: float = 5.0  # an SSE comment after this long without an event
+    # -- prompts
+    # Special-token text inside message content makes control tokens (off: read as plain text,
+    # so content cannot forge turns; only the chat template makes control tokens).
+    allow_special_tokens_in_content: bool = False
     # -- media in requests
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
 

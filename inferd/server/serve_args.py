@@ -97,6 +97,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="largest request head (request line + headers) (default: 16 KiB)",
     )
     g.add_argument(
+        "--allow-special-tokens-in-content",
+        action="store_true",
+        help="let special-token text in messages (<|im_start|>...) become control tokens, so "
+        "message content can forge turns; off by default: only the chat template makes them",
+    )
+    g.add_argument(
         "--request-timeout",
         type=float,
         default=None,

@@ -40,6 +40,10 @@ class ServerState:
         return self.options.keepalive_seconds
 
     @property
+    def special_tokens_in_content(self) -> bool:
+        return self.options.allow_special_tokens_in_content
+
+    @property
     def models(self) -> dict[str, ServedModel]:
         """The loaded generative models by API id."""
         return {

@@ -15,9 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.engine.builder import ServedModel
-from inferd.loaders.chat_template import ChatTemplateError
 from inferd.server.errors import bad_request
-from inferd.server.generation import token_piece
+from inferd.server.generation import chat_prompt_ids, encode_text, token_piece
 from inferd.server.openai_chat import _message_dict
 from inferd.server.protocol import ChatMessage, _Lenient, parse_body
 from inferd.server.state import ServerState
@@ -44,20 +43,19 @@ async def tokenize(request: Request) -> Response:
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("send exactly one of prompt or messages", "prompt")
     if body.messages is not None:
-        messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
-        try:
-            text = await asyncio.to_thread(
-                model.chat_template.render,
-                messages,
-                add_generation_prompt=body.add_generation_prompt,
-            )
-        except ChatTemplateError as exc:
-            message = f"the chat template could not render these messages: {exc}"
-            raise bad_request(message, "messages") from None
+        ids = await chat_prompt_ids(
+            model,
+            [_message_dict(i, m) for i, m in enumerate(body.messages)],
+            special_in_content=state.special_tokens_in_content,
+            add_generation_prompt=body.add_generation_prompt,
+            add_special=body.add_special_tokens,
+            check_length=False,  # counting a prompt that is too long is what this route is for
+        )
     else:
         assert body.prompt is not None
-        text = body.prompt
-    ids = model.tokenizer.encode(text, add_special=body.add_special_tokens)
+        ids = await asyncio.to_thread(
+            encode_text, model, body.prompt, add_special=body.add_special_tokens
+        )
     out: dict[str, Any] = {
         "count": len(ids),
         "max_model_len": model.engine.max_model_len,
