@@ -7,6 +7,9 @@ from dataclasses import dataclass
 
 MAX_STOP_STRINGS = 4
 MAX_LOGPROBS = 20
+# Below this temperature sampling is greedy (as in vLLM): dividing logits by a tinier one
+# overflows float32 to inf, and softmax over infs is NaN (1e-40 used to pick the last token id).
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +84,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_TEMPERATURE or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:
