@@ -172,7 +172,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from inferd.engine import driver
+    from inferd.engine.driver import MainThreadDriver
     from inferd.server.app import build_app
     from inferd.server.serve_args import app_options, describe
     from inferd.serving.startup import registry_from_args
@@ -180,8 +180,10 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = app_options(args, os.environ)  # flag errors before the model loads
-    engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
-    registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
+    engines = MainThreadDriver()  # engines step on this (main) thread; HTTP runs beside it
+    registry, model_lines = registry_from_args(
+        args, cfg, engines
+    )  # -m loads now; --config in background
     url = f"http://{args.host}:{args.port}/v1"
     lines = [*model_lines, *describe(options), f"listening  {url}"]
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
@@ -215,7 +217,6 @@ def _serve(args: argparse.Namespace) -> int:
         server.should_exit = True
         http.join(10)
         registry.shutdown()
-        driver.deactivate()
     return 0 if server.started else 1
 
 
