@@ -15,7 +15,11 @@ from starlette.responses import JSONResponse, Response
 
 from inferd import __version__
 from inferd.server.anthropic_api import count_tokens, create_message
-from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
+from inferd.server.defaults import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_LOGPROBS_TOKENS,
+)
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.hooks import OnChunk, OnDone, StreamHooks, StreamHooksMiddleware
@@ -60,6 +64,7 @@ def build_app(
     api_keys: Sequence[str] = (),
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES,
     max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES,
+    max_logprobs_tokens: int = DEFAULT_MAX_LOGPROBS_TOKENS,
     request_timeout: float | None = None,
     allowed_origins: Sequence[str] = (),
     access_log_format: str | None = "text",
@@ -74,7 +79,8 @@ def build_app(
     ModelRegistry (see ``registry_of``); ``default_model`` answers "default" or no model (else
     the first to load). A request for an unloaded model reloads it when ``auto_reload``, else
     gets 503; unloading drains for up to ``drain_timeout`` seconds. ``on_chunk`` / ``on_done``
-    are stream hooks (see hooks.py). Operational options (see operations.py) default to the
+    are stream hooks (see hooks.py). ``max_logprobs_tokens`` bounds the (token, logprob) pairs
+    of one completions response (400 beyond). Operational options (see operations.py) default to the
     safe choice: no auth keys means open (bind to loopback), 16 MiB bodies, 16 KiB heads, no
     CORS, no payload logging, no file or remote media."""
     ops = operations(
@@ -97,6 +103,7 @@ def build_app(
         registry=registry,
         keepalive_seconds=keepalive_seconds,
         started=time.time(),
+        max_logprobs_tokens=max_logprobs_tokens,
     )
     _routes(app, "/v1/chat/completions", model_ready(create_chat_completion, "chat"), ["POST"])
     _routes(app, "/v1/models", list_models, ["GET"])

@@ -10,3 +10,6 @@ DEFAULT_MEDIA_FETCH_TIMEOUT = 10.0
 DEFAULT_REMOTE_MEDIA_PORTS = frozenset({80, 443})
 ACCESS_LOG_FORMATS = ("text", "json")
 API_KEYS_ENV = "INFERD_API_KEYS"
+# (token, logprob) pairs one completions response may carry: a full 8,192-token echo with 20
+# top logprobs is 172k; `echo` + `logprobs: 20` + `n: 16` on a 4,000-token prompt is 1.3M.
+DEFAULT_MAX_LOGPROBS_TOKENS = 262_144

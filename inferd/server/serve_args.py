@@ -12,6 +12,7 @@ from inferd.server.defaults import (
     API_KEYS_ENV,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_LOGPROBS_TOKENS,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_NUM_IMAGES,
     DEFAULT_MEDIA_FETCH_TIMEOUT,
@@ -49,6 +50,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=DEFAULT_MAX_HEADER_BYTES,
         help="largest request head (request line + headers) (default: 16 KiB)",
+    )
+    g.add_argument(
+        "--max-logprobs-tokens",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS_TOKENS,
+        metavar="N",
+        help="most (token, logprob) pairs one completions response may carry (n x scored "
+        f"tokens x (1 + logprobs)); more gets 400 (default: {DEFAULT_MAX_LOGPROBS_TOKENS})",
     )
     g.add_argument(
         "--request-timeout",
@@ -127,6 +136,8 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         raise ValueError("--max-body-bytes must be at least 1")
     if args.max_header_bytes < 1024:
         raise ValueError("--max-header-bytes must be at least 1024")
+    if args.max_logprobs_tokens < 1:
+        raise ValueError("--max-logprobs-tokens must be at least 1")
     if args.request_timeout is not None and args.request_timeout <= 0:
         raise ValueError("--request-timeout must be positive")
     try:
@@ -148,6 +159,7 @@ def app_options(args: argparse.Namespace, environ: Mapping[str, str]) -> dict[st
         "api_keys": keys,
         "max_body_bytes": args.max_body_bytes,
         "max_header_bytes": args.max_header_bytes,
+        "max_logprobs_tokens": args.max_logprobs_tokens,
         "request_timeout": args.request_timeout,
         "allowed_origins": origins,
         "access_log_format": None if args.access_log_format == "off" else args.access_log_format,

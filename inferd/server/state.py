@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from inferd.engine.builder import ServedModel
 from inferd.engine.embedding import EmbeddingModel
+from inferd.server.defaults import DEFAULT_MAX_LOGPROBS_TOKENS
 from inferd.server.errors import APIError
 from inferd.serving.loading import Servable
 from inferd.serving.registry import (
@@ -33,6 +34,7 @@ class ServerState:
     registry: ModelRegistry
     keepalive_seconds: float = 5.0
     started: float = field(default=0.0)
+    max_logprobs_tokens: int = DEFAULT_MAX_LOGPROBS_TOKENS  # per completions response
 
     @property
     def models(self) -> dict[str, ServedModel]:
