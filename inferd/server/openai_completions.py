@@ -113,12 +113,15 @@ async def create_completion(request: Request) -> Response:
         return Response(status_code=499)
     want_logprobs = body.logprobs is not None
     choices = []
+    echoed: dict[int, dict[str, Any]] = {}  # first choice of a prompt -> its echo's logprobs
     for index, (gen, echo) in enumerate(zip(gens, echoes, strict=True)):
         lps = _logprobs(model, gen.logprobs, len(echo)) if want_logprobs else None
-        prompt_scores = gens[index - index % n].prompt_logprobs  # from the prompt's first choice
+        first = index - index % n
+        prompt_scores = gens[first].prompt_logprobs  # only the prompt's first choice scores it
         if lps is not None and score_prompt and prompt_scores is not None:
-            echoed = _prompt_logprobs(model, prompt_ids[index], prompt_scores, len(echo))
-            lps = {key: echoed[key] + lps[key] for key in lps}
+            if first not in echoed:  # built once per prompt, shared by its n choices
+                echoed[first] = _prompt_logprobs(model, prompt_ids[index], prompt_scores, len(echo))
+            lps = {key: echoed[first][key] + lps[key] for key in lps}
         choices.append(
             {
                 "index": index,
@@ -268,6 +271,7 @@ async def _stream(
     echo_pending = [bool(e) and prompt_ids is not None for e in echoes]
     scores: dict[int, tuple[TokenLogprob | None, ...]] = {}  # first choice -> prompt logprobs
     held: dict[int, list[tuple[int, RequestOutput]]] = {}  # first choice -> waiting outputs
+    echoed: dict[int, dict[str, Any]] = {}  # first choice -> its echo's legacy logprobs
 
     def chunk(index: int, text: str, finish: str | None, lps: Any = None) -> bytes:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
@@ -292,8 +296,12 @@ async def _stream(
             echo_pending[index] = False
             prompt = None
             if prompt_ids is not None:
-                first = scores[index - index % n]
-                prompt = _prompt_logprobs(model, prompt_ids[index], first, len(echoes[index]))
+                first = index - index % n
+                if first not in echoed:  # built once per prompt, shared by its n choices
+                    echoed[first] = _prompt_logprobs(
+                        model, prompt_ids[index], scores[first], len(echoes[index])
+                    )
+                prompt = echoed[first]
             yield chunk(index, echoes[index], None, prompt)
         lps = None
         if out.logprobs is not None:
