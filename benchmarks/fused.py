@@ -13,8 +13,7 @@ import time
 
 from inferd.config import EngineConfig
 from inferd.engine.builder import load_model, resolve_source
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.request import Request
+from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
 from inferd.kernels import status, unfused
 
@@ -23,25 +22,25 @@ def main() -> None:
     print(status())
     print("| decodes | context | plain PyTorch | fused | ratio |\n|---|---|---|---|---|")
     for batch, repeat in ((1, 1), (1, 40), (16, 1)):
-        served = load_model(resolve_source("smollm2"), EngineConfig(dtype="bf16"), progress=False)
-        served.engine.shutdown()  # this script steps the core itself
-        core = served.engine.core
+        served = load_model(
+            resolve_source("smollm2"), EngineConfig(dtype="bf16"), progress=False, loop=CallerLoop()
+        )
+        engine = served.engine.engine  # this script steps the engine itself
         text = "Write a long story. " * repeat
         prompt = served.chat_prompt([{"role": "user", "content": text}])
         params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
         for i in range(batch):
-            detok = IncrementalDetokenizer(served.tokenizer.id_to_bytes)
-            core.add(Request(f"r{i}", list(prompt), params, frozenset(), detok))
+            engine.add_request(f"r{i}", prompt, params)
         for _ in range(4):  # prefill and warm-up
-            core.step()
+            engine.step()
         plain, fused = [], []
         for _ in range(25):
             with unfused():
                 start = time.perf_counter()
-                core.step()
+                engine.step()
                 plain.append(time.perf_counter() - start)
             start = time.perf_counter()
-            core.step()
+            engine.step()
             fused.append(time.perf_counter() - start)
         p, f = statistics.median(plain) * 1000, statistics.median(fused) * 1000
         print(f"| {batch} | ~{len(prompt) + 30} | {p:.1f} ms | {f:.1f} ms | {p / f:.2f}x |")

@@ -16,28 +16,27 @@ import torch
 
 from inferd.config import EngineConfig
 from inferd.engine.builder import load_model, resolve_source
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.request import Request
+from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
 
 
 def main(batch: int) -> None:
-    served = load_model(resolve_source("smollm2"), EngineConfig(dtype="bf16"), progress=False)
-    served.engine.shutdown()  # this script steps the core itself
-    core = served.engine.core
+    served = load_model(
+        resolve_source("smollm2"), EngineConfig(dtype="bf16"), progress=False, loop=CallerLoop()
+    )
+    engine = served.engine.engine  # this script steps the engine itself
     prompt = served.chat_prompt([{"role": "user", "content": "Write a long story."}])
     params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
     for i in range(batch):
-        detok = IncrementalDetokenizer(served.tokenizer.id_to_bytes)
-        core.add(Request(f"r{i}", list(prompt), params, frozenset(), detok))
+        engine.add_request(f"r{i}", prompt, params)
 
     def run(where: str, threads: int) -> None:
         torch.set_num_threads(threads)
         for _ in range(3):
-            core.step()
+            engine.step()
         start = time.perf_counter()
         for _ in range(20):
-            core.step()
+            engine.step()
         print(f"| {where} | {threads} | {(time.perf_counter() - start) / 20 * 1000:.1f} ms |")
 
     print(f"batch {batch}\n| thread | torch threads | step |\n|---|---|---|")

@@ -8,22 +8,41 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from inferd.api import ChatResult, Delta, EmbeddingResult, Engine, EngineError, ModelSpec
+    from inferd.engine.sampling import SamplingParams
+    from inferd.llm import LLM, CompletionOutput, RequestOutput
 
 # The Python API, imported on first use so that `import inferd` (and the CLI) stays light.
+_LAZY = {
+    "ChatResult": "inferd.api",
+    "CompletionOutput": "inferd.llm",
+    "Delta": "inferd.api",
+    "EmbeddingResult": "inferd.api",
+    "Engine": "inferd.api",
+    "EngineError": "inferd.api",
+    "LLM": "inferd.llm",
+    "ModelSpec": "inferd.api",
+    "RequestOutput": "inferd.llm",
+    "SamplingParams": "inferd.engine.sampling",
+}
 __all__ = [
+    "LLM",
     "ChatResult",
+    "CompletionOutput",
     "Delta",
     "EmbeddingResult",
     "Engine",
     "EngineError",
     "ModelSpec",
+    "RequestOutput",
+    "SamplingParams",
     "__version__",
 ]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        from inferd import api
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
 
-        return getattr(api, name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'inferd' has no attribute {name!r}")

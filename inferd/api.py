@@ -28,6 +28,7 @@ from typing import Any
 
 from inferd.config import EngineConfig
 from inferd.engine.builder import ServedModel
+from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.loading import Servable, expected_kind, load_spec
@@ -108,11 +109,14 @@ class Engine:
         on_progress: ProgressCallback | None = None,
         progress_bar: bool = False,
         load: bool = True,
+        loop: EngineLoop | None = None,
         **fields: Any,
     ) -> Engine:
         """An engine for a store name, a .gguf file or a model directory (or a ModelSpec);
         ``fields`` set ModelSpec fields (``alias``, ``dtype``, ``max_seq_len``, ``max_seqs``,
-        ``kind``, ``chat_template``...). Loading starts now unless ``load`` is False."""
+        ``kind``, ``chat_template``...). Loading starts now unless ``load`` is False.
+        ``loop`` steps the model (engine/driver.py): by default a thread of its own; pass a
+        ``MainThreadDriver`` and run it on the main thread to step there instead."""
         if isinstance(spec, ModelSpec):
             spec = replace(spec, **fields)
         else:
@@ -121,7 +125,7 @@ class Engine:
         slot = ModelSlot(
             spec.api_id,
             expected_kind(spec),
-            functools.partial(load_spec, spec, cfg, progress=progress_bar),
+            functools.partial(load_spec, spec, cfg, progress=progress_bar, loop=loop),
             label=spec.label,
             on_progress=on_progress,
         )

@@ -190,7 +190,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from inferd.engine import driver
+    from inferd.engine.driver import MainThreadDriver
     from inferd.server.app import build_app
     from inferd.server.serve_args import connection_limits, describe, server_options
     from inferd.server.shutdown import UVICORN_GRACE, HttpServer
@@ -201,8 +201,9 @@ def _serve(args: argparse.Namespace) -> int:
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = server_options(args, os.environ)  # flag errors before the model loads
     limits = connection_limits(args)
-    engines = driver.activate()  # engines step on this (main) thread; HTTP runs beside it
-    registry, model_lines = registry_from_args(args, cfg)  # -m loads now; --config in background
+    engines = MainThreadDriver()  # engines step on this (main) thread; HTTP runs beside it
+    # -m loads now; --config in the background
+    registry, model_lines = registry_from_args(args, cfg, engines)
     url = f"http://{args.host}:{args.port}/v1"
     lines = [*model_lines, *describe(options), f"listening  {url}"]
     print("\n".join(f"inferd  {line}" for line in lines), flush=True)
@@ -233,7 +234,6 @@ def _serve(args: argparse.Namespace) -> int:
         http.stop()
         http.join(args.drain_timeout + 30)
         registry.shutdown()
-        driver.deactivate()
     if http.report is not None:
         print(f"inferd  {http.report.summary()}", flush=True)
     return 0 if http.started else 1

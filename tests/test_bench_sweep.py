@@ -11,13 +11,14 @@ from inferd.bench.main import render
 from inferd.bench.sweep import SweepPoint, peak_rss_mb, run_point, sweep_points
 from inferd.config import EngineConfig
 from inferd.engine.builder import ServedModel, load_model, resolve_source
+from inferd.engine.driver import CallerLoop
 
 
 @pytest.fixture(scope="module")
 def served(smollm2_gguf: Path) -> Iterator[ServedModel]:
-    """The default model with default settings; its engine thread off (the sweep steps it)."""
-    model = load_model(resolve_source(str(smollm2_gguf)), EngineConfig(), progress=False)
-    model.engine.shutdown()
+    """The default model with default settings, stepped by the sweep (this thread)."""
+    source = resolve_source(str(smollm2_gguf))
+    model = load_model(source, EngineConfig(), progress=False, loop=CallerLoop())
     yield model
     model.shutdown()
 

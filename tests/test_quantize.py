@@ -173,7 +173,7 @@ def test_isq_through_the_engine(tmp_path: Path) -> None:
     )
     try:
         assert served.isq == "q4"
-        head = served.engine.core.runner.model.lm_head
+        head = served.engine.engine.model.lm_head
         assert head.packed_kind is PackedKind.INT8 and not head.dense
 
         async def run() -> list[int]:
@@ -238,7 +238,7 @@ def test_quantize_command_stores_and_a_restart_reuses_it(
     )
     try:
         assert served.isq == "q4"
-        assert not served.engine.core.runner.model.layers[0].mlp.down_proj.dense
+        assert not served.engine.engine.model.layers[0].mlp.down_proj.dense
     finally:
         served.shutdown()
 

@@ -95,9 +95,10 @@ def _sweep(args: argparse.Namespace, source: ModelSource) -> int:
     from inferd.bench.sweep import peak_rss_mb, run_point, sweep_points
     from inferd.config import EngineConfig
     from inferd.engine.builder import load_model
+    from inferd.engine.driver import CallerLoop
 
-    served = load_model(source, EngineConfig(isq=args.isq), progress=True)
-    served.engine.shutdown()  # the sweep steps the engine core on this thread
+    # The sweep steps the engine on this (main) thread, as `inferd serve` does.
+    served = load_model(source, EngineConfig(isq=args.isq), progress=True, loop=CallerLoop())
     results = [run_point(served, point) for point in sweep_points()]
     print(render(results, None))
     print(f"\npeak RSS of this process: {peak_rss_mb():.0f} MiB")

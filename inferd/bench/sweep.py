@@ -1,6 +1,6 @@
 """In-process sweeps of the engine: prompt length, generation length, concurrency.
 
-No HTTP and no engine thread: the engine core is stepped on this thread (the main thread, as
+No HTTP and no engine thread: the synchronous engine is stepped on this thread (the main thread, as
 under `inferd serve`), requests are admitted up to the point's concurrency, and every generated
 token is timed as the step that made it returns. The same figures as the HTTP workloads come out
 (TTFT and inter-token latency p50/p99, output tokens/s, requests/s), plus the process's peak RSS.
@@ -15,8 +15,6 @@ from dataclasses import dataclass
 
 from inferd.bench.stats import RequestTiming, Summary, summarize
 from inferd.engine.builder import ServedModel
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
 
 FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
@@ -40,8 +38,8 @@ def sweep_points() -> list[SweepPoint]:
 
 
 def run_point(served: ServedModel, point: SweepPoint) -> Summary:
-    """Run one point on ``served``'s engine core; its engine thread must be shut down."""
-    core = served.engine.core
+    """Run one point on ``served``'s engine, which must be stepped by its caller (CallerLoop)."""
+    engine = served.engine.engine
     text_ids = served.tokenizer.encode(FILLER * (point.prompt_tokens // 8 + 1))
     params = SamplingParams(max_tokens=point.max_tokens, temperature=0, ignore_eos=True)
     prompt = text_ids[: point.prompt_tokens]
@@ -52,13 +50,12 @@ def run_point(served: ServedModel, point: SweepPoint) -> Summary:
     while pending or running:
         while pending and running < point.concurrency:
             rid = f"sweep-{uuid.uuid4().hex}"
-            detok = IncrementalDetokenizer(served.tokenizer.id_to_bytes)
             # Its own cache salt: every prompt is computed, never found in the prefix cache.
-            core.add(Request(rid, list(prompt), params, frozenset(), detok, cache_salt=rid))
+            engine.add_request(rid, prompt, params, cache_salt=rid)
             pending -= 1
             timings[rid] = RequestTiming(started=time.perf_counter())
             running += 1
-        outputs = core.step()
+        outputs = engine.step()
         now = time.perf_counter()
         for out in outputs:
             timing = timings[out.request_id]

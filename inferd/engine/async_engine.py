@@ -1,11 +1,11 @@
-"""AsyncEngine: runs EngineCore.step() off the event loop and streams outputs into asyncio.
+"""AsyncEngine: an ``LLMEngine`` stepped off the event loop, its outputs streamed into asyncio.
 
-Steps run on the engine's own thread, or, under `inferd serve`, on the main thread through a
-``MainThreadDriver`` (engine/driver.py says why). Each request gets an asyncio.Queue. The
-stepping thread never touches the event loop's objects
-directly: it hands outputs over with ``call_soon_threadsafe``. Adds and aborts travel the other
-way through a locked inbox, applied between steps. Leaving ``generate`` early (client gone,
-task cancelled) aborts the request, which frees its KV blocks at the next step boundary.
+Steps run wherever the engine's loop owner runs them (engine/driver.py): the main thread under
+`inferd serve`, a thread of its own when embedded. Each request gets an asyncio.Queue. The
+stepping thread never touches the event loop's objects directly: it hands outputs over with
+``call_soon_threadsafe``. Adds and aborts travel the other way through a locked inbox, applied
+between steps. Leaving ``generate`` early (client gone, task cancelled) aborts the request, which
+frees its KV blocks at the next step boundary.
 """
 
 from __future__ import annotations
@@ -15,25 +15,25 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from inferd.engine.core import EngineCore
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.driver import active_driver
+from inferd.engine.driver import EngineLoop
+from inferd.engine.llm_engine import AdmissionError, LLMEngine, TextCodec
 from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
 
+__all__ = [
+    "AdmissionError",
+    "AsyncEngine",
+    "EngineBusyError",
+    "EngineStoppedError",
+    "RequestStream",
+    "TextCodec",
+]
+
 log = logging.getLogger(__name__)
-
-
-class AdmissionError(ValueError):
-    """A request the engine can never serve (too long for the context or the KV pool)."""
-
-    def __init__(self, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.param = param
 
 
 class EngineBusyError(RuntimeError):
@@ -44,68 +44,41 @@ class EngineStoppedError(RuntimeError):
     """The engine is shut down."""
 
 
-@dataclass(frozen=True, slots=True)
-class TextCodec:
-    """What the engine needs of a tokenizer to build requests."""
-
-    token_bytes: Callable[[int], bytes]
-    special_ids: frozenset[int]
-    eos_token_ids: frozenset[int]
-
-
 @dataclass(slots=True)
 class _Inbox:
+    wake: threading.Event
     lock: threading.Lock = field(default_factory=threading.Lock)
-    wake: threading.Event = field(default_factory=threading.Event)
     adds: list[Request] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
 
 
 class AsyncEngine:
-    def __init__(self, core: EngineCore, codec: TextCodec, max_waiting: int = 256) -> None:
-        self.core = core
-        self.codec = codec
+    def __init__(self, engine: LLMEngine, loop: EngineLoop, max_waiting: int = 256) -> None:
+        """``loop`` owns the stepping: this engine registers with it now."""
+        self.engine = engine
         self.max_waiting = max_waiting
-        self._inbox = _Inbox()
+        self._loop = loop
+        self._inbox = _Inbox(wake=loop.wake)
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}
         self._ids = itertools.count()
         self._stopped = threading.Event()
         self._retired = threading.Event()
-        self._driver = active_driver()
-        self._thread: threading.Thread | None = None
-        if self._driver is not None:  # the main thread steps this engine (see engine/driver.py)
-            self._inbox.wake = self._driver.wake
-            self._driver.register(self)
-        else:
-            self._thread = threading.Thread(target=self._run, name="inferd-engine", daemon=True)
-            self._thread.start()
+        loop.register(self)
+
+    @property
+    def codec(self) -> TextCodec:
+        return self.engine.codec
 
     @property
     def max_model_len(self) -> int:
-        return self.core.max_model_len
+        return self.engine.max_model_len
 
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """Raise before streaming starts if this request can never run or must wait."""
         if self._stopped.is_set():
             raise EngineStoppedError("the engine is shut down")
-        if num_prompt_tokens == 0:
-            raise AdmissionError("the prompt is empty after tokenization", "messages")
-        limit = self.core.max_model_len
-        if num_prompt_tokens + params.max_tokens > limit:
-            raise AdmissionError(
-                f"this model's maximum context length is {limit} tokens, but the request asks for "
-                f"{num_prompt_tokens} prompt tokens + {params.max_tokens} max_tokens = "
-                f"{num_prompt_tokens + params.max_tokens}; shorten the prompt or lower max_tokens",
-                "max_tokens",
-            )
-        capacity = self.core.scheduler.kv.capacity_tokens
-        if num_prompt_tokens + params.max_tokens > capacity:
-            raise AdmissionError(
-                f"the request needs {num_prompt_tokens + params.max_tokens} tokens of KV cache but "
-                f"the whole pool holds {capacity}; lower max_tokens or raise --kv-cache-tokens",
-                "max_tokens",
-            )
-        if len(self._queues) >= self.max_waiting + self.core.scheduler.config.max_num_seqs:
+        self.engine.check_request(num_prompt_tokens, params)
+        if len(self._queues) >= self.max_waiting + self.engine.scheduler_config.max_num_seqs:
             raise EngineBusyError("too many requests are waiting; retry shortly")
 
     def submit(
@@ -124,16 +97,7 @@ class AsyncEngine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
             raise AdmissionError(f"request id {rid!r} is already in flight")
-        request = Request(
-            request_id=rid,
-            prompt_token_ids=list(prompt_token_ids),
-            params=params,
-            eos_token_ids=self.codec.eos_token_ids,
-            cache_salt=cache_salt,
-            detokenizer=IncrementalDetokenizer(
-                self.codec.token_bytes, self.codec.special_ids, params.stop
-            ),
-        )
+        request = self.engine.build_request(rid, prompt_token_ids, params, cache_salt)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         with self._inbox.lock:
@@ -171,63 +135,41 @@ class AsyncEngine:
         self._inbox.wake.set()
 
     def stats(self) -> EngineStats:
-        sched = self.core.scheduler
-        return EngineStats(
-            running=len(sched.running),
-            waiting=len(sched.waiting),
-            kv_blocks_used=sched.kv.pool.num_used,
-            kv_blocks_total=sched.kv.pool.num_blocks - 1,
-            preemptions=sched.num_preemptions,
-            prompt_tokens=self.core.prompt_tokens,
-            generated_tokens=self.core.generated_tokens,
-            steps=self.core.steps,
-            last_step_seconds=self.core.last_step_seconds,
-            prefix_cache_queries=sched.kv.stats.queries,
-            prefix_cache_hits=sched.kv.stats.hits,
-        )
+        return self.engine.stats()
 
     def shutdown(self, timeout: float = 10.0) -> None:
+        """End every request still here and leave the loop owner."""
         self._stopped.set()
         self._inbox.wake.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        elif threading.current_thread() is threading.main_thread():
-            self._retire()  # the driver runs here, so no step can be in flight
+        if self._loop.on_loop_thread():
+            self._retire()  # the loop runs on this thread, so no step can be in flight
         else:
-            self._retired.wait(timeout)  # the driver retires it between two steps
+            self._retired.wait(timeout)  # the loop retires it between two steps
 
-    # -- engine thread -------------------------------------------------------------------
-    def _run(self) -> None:
-        while not self._stopped.is_set():
-            if not self.run_once():
-                self._inbox.wake.wait(timeout=0.5)
-                self._inbox.wake.clear()
-        self._deliver(self.core.fail_all("the engine shut down"))
-
+    # -- the loop owner's thread -------------------------------------------------------------
     def run_once(self) -> bool:
         """Apply queued adds and aborts, then one step if there is work; True if anything ran."""
         if self._stopped.is_set():
             self._retire()
             return True
         outputs = self._drain_inbox()
-        if not self.core.has_work:
+        if not self.engine.has_unfinished():
             self._deliver(outputs)
             return bool(outputs)
         try:
-            outputs += self.core.step()
+            outputs += self.engine.step()
         except Exception as exc:  # a broken step must not strand the waiting callers
             log.exception("engine step failed")
-            outputs += self.core.fail_all(f"engine error: {type(exc).__name__}: {exc}")
+            outputs += self.engine.fail_all(f"engine error: {type(exc).__name__}: {exc}")
         self._deliver(outputs)
         return True
 
     def _retire(self) -> None:
-        """Driver mode: leave the driver and end every request still here."""
+        """Leave the loop owner and end every request still here."""
         if self._retired.is_set():
             return
-        assert self._driver is not None
-        self._driver.unregister(self)
-        self._deliver(self.core.fail_all("the engine shut down"))
+        self._loop.unregister(self)
+        self._deliver(self.engine.fail_all("the engine shut down"))
         self._retired.set()
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -236,9 +178,9 @@ class AsyncEngine:
             aborts, self._inbox.aborts = self._inbox.aborts, []
         outputs: list[RequestOutput] = []
         for request in adds:
-            self.core.add(request)
+            self.engine.add_built(request)
         for rid in aborts:
-            out = self.core.abort(rid)
+            out = self.engine.abort(rid)
             if out is not None:
                 outputs.append(out)
         return outputs

@@ -16,7 +16,9 @@ from inferd import kernels
 from inferd.config import EngineConfig
 from inferd.engine.async_engine import AsyncEngine, TextCodec
 from inferd.engine.core import EngineCore
+from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.loaders.chat_template import ChatTemplate, RenderedChat, literal_text
@@ -151,23 +153,32 @@ def load_model(
     *,
     progress: bool = True,
     chat_template: str | None = None,
+    loop: EngineLoop | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``load_plain_model``).
 
-    ``chat_template``: Jinja source that replaces the model's own template."""
+    ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
+    the engine (engine/driver.py); by default a thread of its own."""
     started = time.perf_counter()
     if source.path.is_dir():
         from inferd.loaders.safetensors_model import load_plain_model
 
-        served = load_plain_model(source, cfg, progress=progress, chat_template=chat_template)
+        served = load_plain_model(
+            source, cfg, progress=progress, chat_template=chat_template, loop=loop
+        )
     else:
-        served = _load_gguf(source, cfg, progress=progress, chat_template=chat_template)
+        served = _load_gguf(source, cfg, progress=progress, chat_template=chat_template, loop=loop)
     log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
     return served
 
 
 def _load_gguf(
-    source: ModelSource, cfg: EngineConfig, *, progress: bool, chat_template: str | None
+    source: ModelSource,
+    cfg: EngineConfig,
+    *,
+    progress: bool,
+    chat_template: str | None,
+    loop: EngineLoop | None,
 ) -> ServedModel:
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -183,7 +194,7 @@ def _load_gguf(
     )
     if chat_template is not None:
         template = ChatTemplate(chat_template, template.bos_token, template.eos_token)
-    return assemble(source, cfg, model, mcfg, dtype, tokenizer, template, isq=isq)
+    return assemble(source, cfg, model, mcfg, dtype, tokenizer, template, isq=isq, loop=loop)
 
 
 def assemble(
@@ -197,9 +208,11 @@ def assemble(
     *,
     stop_ids: Sequence[int] = (),
     isq: Isq | None = None,
+    loop: EngineLoop | None = None,
 ) -> ServedModel:
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel.
-    ``stop_ids``: end-of-sequence ids beyond the tokenizer's EOS and the template's markers."""
+    ``stop_ids``: end-of-sequence ids beyond the tokenizer's EOS and the template's markers.
+    ``loop``: who steps the engine; by default a thread of its own."""
     kernels.fused()  # built now (once per machine), not in the middle of a first request
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
@@ -217,7 +230,11 @@ def assemble(
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
-    engine = AsyncEngine(EngineCore(runner, scheduler, max_len), codec, cfg.max_waiting)
+    engine = AsyncEngine(
+        LLMEngine(EngineCore(runner, scheduler, max_len), codec),
+        loop or ThreadLoop(),
+        cfg.max_waiting,
+    )
     return ServedModel(
         source=source,
         config=mcfg,

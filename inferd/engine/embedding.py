@@ -2,8 +2,9 @@
 
 Texts are tokenized with the model's ``tokenizer.json``; token-id inputs are taken as given.
 A batch is sorted by length and run in sub-batches padded to their longest member, so one
-long input does not make every short one pay for its padding. Forward passes run on the
-model's own worker thread, one at a time, never on the event loop.
+long input does not make every short one pay for its padding. Forward passes run where the
+model's loop owner steps it (engine/driver.py: the main thread under `inferd serve`, a thread of
+its own when embedded), one call per step, never on the event loop.
 
 Pooling follows the sentence-transformers files beside the weights: ``modules.json`` names a
 Pooling module (its ``config.json`` says cls / mean / max / mean-sqrt-len / last-token) and
@@ -13,12 +14,13 @@ whether a Normalize module follows. Without those files: mean pooling, then L2 n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from inferd.engine.builder import ModelSource
+from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.models.bert import BertConfig, BertModel, load_bert
 
 log = logging.getLogger(__name__)
@@ -96,10 +99,17 @@ class Pooling:
         return F.normalize(pooled, p=2, dim=-1) if self.normalize else pooled
 
 
+@dataclass(slots=True)
+class _EmbedJob:
+    inputs: Sequence[Sequence[int]]
+    event_loop: asyncio.AbstractEventLoop
+    future: asyncio.Future[list[list[float]]]
+
+
 @dataclass(eq=False)
 class EmbeddingModel:
-    """A loaded embedding model. ``embed`` is synchronous; ``embed_async`` runs it on the
-    model's worker thread. Both take token-id sequences (see ``tokenize``)."""
+    """A loaded embedding model. ``embed`` is synchronous; ``embed_async`` queues the call for
+    the model's loop owner (``loop``) to run. Both take token-id sequences (see ``tokenize``)."""
 
     kind: ClassVar[str] = "embedding"
     modalities: ClassVar[dict[str, list[str]]] = {"input": ["text"], "output": ["embedding"]}
@@ -113,13 +123,15 @@ class EmbeddingModel:
     created: int = field(default_factory=lambda: int(time.time()))
     max_input_tokens: int | None = None  # None: the model's position count
     sub_batch: int = SUB_BATCH
-    _worker: ThreadPoolExecutor = field(init=False, repr=False)
+    loop: EngineLoop = field(default_factory=lambda: ThreadLoop("inferd-embed"), repr=False)
+    _jobs: deque[_EmbedJob] = field(default_factory=deque, init=False, repr=False)
     _in_flight: int = field(default=0, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _closed: bool = field(default=False, init=False, repr=False)
+    _retired: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="inferd-embed")
+        self.loop.register(self)
 
     @property
     def id(self) -> str:
@@ -180,16 +192,38 @@ class EmbeddingModel:
         return out
 
     async def embed_async(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        event_loop = asyncio.get_running_loop()
+        job = _EmbedJob(inputs, event_loop, event_loop.create_future())
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"the embedding model {self.id} is shut down")
             self._in_flight += 1
+            self._jobs.append(job)
+        self.loop.wake.set()
         try:
-            loop = asyncio.get_running_loop()
-            return await loop.run_in_executor(self._worker, self.embed, inputs)
+            return await job.future
         finally:
             with self._lock:
                 self._in_flight -= 1
+
+    def run_once(self) -> bool:
+        """The loop owner's step: run one queued ``embed_async`` call; True if there was one."""
+        with self._lock:
+            if self._closed:
+                self._retire_locked()
+                return True
+            job = self._jobs.popleft() if self._jobs else None
+        if job is None:
+            return False
+        if job.future.cancelled():  # its caller left while it waited
+            return True
+        try:
+            result = self.embed(job.inputs)
+        except Exception as exc:  # the caller gets it; the loop goes on
+            _settle(job, exc)
+        else:
+            _settle(job, result)
+        return True
 
     def _forward(self, batch: Sequence[Sequence[int]]) -> list[list[float]]:
         longest = max(len(ids) for ids in batch)
@@ -204,10 +238,37 @@ class EmbeddingModel:
         rows: list[list[float]] = pooled.tolist()
         return rows
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Fail the queued calls and leave the loop owner (between two of its steps)."""
         with self._lock:
             self._closed = True
-        self._worker.shutdown(wait=True)
+            if self.loop.on_loop_thread():
+                self._retire_locked()
+        self.loop.wake.set()
+        self._retired.wait(timeout)
+
+    def _retire_locked(self) -> None:
+        if self._retired.is_set():
+            return
+        self.loop.unregister(self)
+        while self._jobs:
+            _settle(self._jobs.popleft(), RuntimeError(f"the embedding model {self.id} shut down"))
+        self._retired.set()
+
+
+def _settle(job: _EmbedJob, outcome: list[list[float]] | BaseException) -> None:
+    """Hand a result or an error to the job's event loop (from the loop owner's thread)."""
+
+    def done() -> None:
+        if job.future.done():
+            return
+        if isinstance(outcome, BaseException):
+            job.future.set_exception(outcome)
+        else:
+            job.future.set_result(outcome)
+
+    with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody waits
+        job.event_loop.call_soon_threadsafe(done)
 
 
 def is_embedding_directory(path: Path) -> bool:
@@ -223,9 +284,12 @@ def is_embedding_directory(path: Path) -> bool:
     return data.get("model_type") == "bert" or "BertModel" in archs
 
 
-def load_embedding_model(source: ModelSource, dtype: str = "auto") -> EmbeddingModel:
+def load_embedding_model(
+    source: ModelSource, dtype: str = "auto", loop: EngineLoop | None = None
+) -> EmbeddingModel:
     """Load the embedding model in directory ``source.path``; ``dtype`` auto means float32 (the
-    model is small, and float32 keeps vectors equal to the reference implementation's)."""
+    model is small, and float32 keeps vectors equal to the reference implementation's).
+    ``loop``: who runs its forward passes (engine/driver.py); by default a thread of its own."""
     from tokenizers import Tokenizer
 
     started = time.perf_counter()
@@ -249,4 +313,5 @@ def load_embedding_model(source: ModelSource, dtype: str = "auto") -> EmbeddingM
         tokenizer=tokenizer,
         pooling=pooling,
         dtype=torch_dtype,
+        loop=loop or ThreadLoop("inferd-embed"),
     )

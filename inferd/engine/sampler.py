@@ -82,7 +82,10 @@ def apply_logit_transforms(
 
 def _sample_row(logits: torch.Tensor, request: Request) -> int:
     p = request.params
-    logits = logits.float() / p.temperature
+    logits = logits.float()
+    # Shifted so the largest logit is 0: every value is <= 0 before the division, so no
+    # temperature the params allow (>= GREEDY_TEMPERATURE) can overflow it; softmax ignores shifts.
+    logits = (logits - logits.max()) / p.temperature
     if p.top_k > 0 and p.top_k < logits.shape[-1]:
         kth = torch.topk(logits, p.top_k).values[-1]
         logits = logits.masked_fill(logits < kth, float("-inf"))

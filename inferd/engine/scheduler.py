@@ -1,10 +1,20 @@
 """Token-budget scheduler: each step spends a token budget over running and waiting requests.
 
 Every request has ``num_computed_tokens`` chasing ``num_tokens``. A decode needs one token, a
-prompt needs many; a step gives each running request what it needs (capped by the budget), then
-admits waiting requests with what is left. Long prompts are therefore prefilled in chunks and
-never stall running decodes. When the KV pool runs dry, the newest running request is preempted:
-its blocks are freed and it is recomputed later from its tokens.
+prompt needs many. A step serves, in this order:
+
+1. every running decode (one token each), so long prompts never stall generation;
+2. running prefills, in chunks capped by the budget, less a reserve for waiting requests whose
+   whole prompt fits in one step (at most half the budget): a short request arriving while a
+   long prompt is being prefilled starts at the next step instead of after the long one;
+3. waiting requests in arrival order, with one fairness rule: only one *long* prefill (more
+   tokens than one step's budget) runs at a time. Other long ones keep their place in the
+   queue while shorter requests behind them are admitted, so a burst of long prompts (one API
+   request with ``n`` choices of a 4,000-token prompt) cannot fill every seat and the budget;
+   and the later copies of the same prompt find the first one's blocks in the prefix cache.
+
+When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
+is recomputed later from its tokens.
 """
 
 from __future__ import annotations
@@ -81,32 +91,61 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
-        for request in list(self.running):
+        decodes = [r for r in self.running if _remaining(r) == 1]
+        prefills = [r for r in self.running if _remaining(r) > 1]
+        budget = self._schedule_running(decodes, budget, chunks, preempted)
+        reserve = min(self._short_waiting_tokens(), budget // 2)
+        left = self._schedule_running(prefills, budget - reserve, chunks, preempted)
+        budget = left + reserve
+        long_in_flight = any(_remaining(r) > self.config.max_num_batched_tokens for r in prefills)
+        for request in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if long_in_flight and _remaining(request) > self.config.max_num_batched_tokens:
+                continue  # one long prefill at a time; it keeps its place in the queue
+            self.kv.attach_cached_prefix(request)
+            need = _remaining(request)
+            n = min(need, budget)
+            if not self.kv.allocate_slots(request, n):
+                self.kv.free(request)  # give back the shared prefix while it waits
+                request.num_computed_tokens = 0
+                break  # new work never evicts running work
+            self.waiting.remove(request)
+            request.status = RequestStatus.RUNNING
+            self.running.append(request)
+            chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
+            budget -= n
+            long_in_flight |= need > self.config.max_num_batched_tokens
+        return SchedulerOutput(tuple(chunks), tuple(preempted))
+
+    def _schedule_running(
+        self,
+        requests: list[Request],
+        budget: int,
+        chunks: list[ScheduledChunk],
+        preempted: list[str],
+    ) -> int:
+        """Chunks for ``requests`` (running ones) within ``budget``; returns what is left."""
+        for request in requests:
             if budget == 0:
                 break
             if request.status is not RequestStatus.RUNNING:
-                continue  # preempted earlier in this loop
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
+                continue  # preempted earlier in this step
+            n = min(_remaining(request), budget)
             if n == 0:
                 continue  # waiting for its sampled token to be appended
             if not self._make_room(request, n, preempted):
                 continue
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
-            self.kv.attach_cached_prefix(request)
-            n = min(request.num_tokens - request.num_computed_tokens, budget)
-            if not self.kv.allocate_slots(request, n):
-                self.kv.free(request)  # give back the shared prefix while it waits
-                request.num_computed_tokens = 0
-                break  # new work never evicts running work
-            self.waiting.popleft()
-            request.status = RequestStatus.RUNNING
-            self.running.append(request)
-            chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
-            budget -= n
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+        return budget
+
+    def _short_waiting_tokens(self) -> int:
+        """Tokens the waiting requests that fit one step would take, for the free seats."""
+        seats = self.config.max_num_seqs - len(self.running)
+        limit = self.config.max_num_batched_tokens
+        short = [_remaining(r) for r in self.waiting if _remaining(r) <= limit]
+        return sum(short[: max(seats, 0)])
 
     def _make_room(self, request: Request, n: int, preempted: list[str]) -> bool:
         while not self.kv.allocate_slots(request, n):
@@ -131,3 +170,8 @@ class Scheduler:
         for chunk in output.chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
             self.kv.cache_full_blocks(chunk.request)
+
+
+def _remaining(request: Request) -> int:
+    """Tokens of the request not computed yet (1 for a decode)."""
+    return request.num_tokens - request.num_computed_tokens

@@ -28,6 +28,7 @@ from inferd.quantize import Isq
 if TYPE_CHECKING:
     from inferd.config import EngineConfig
     from inferd.engine.builder import ModelSource, ServedModel
+    from inferd.engine.driver import EngineLoop
 
 log = logging.getLogger(__name__)
 
@@ -117,9 +118,11 @@ def load_plain_model(
     *,
     progress: bool = True,
     chat_template: str | None = None,
+    loop: EngineLoop | None = None,
 ) -> ServedModel:
     """A servable model from a HF directory (``chat_template``: Jinja source that replaces the
-    directory's own). The same ServedModel as ``builder.load_model`` returns for GGUF."""
+    directory's own; ``loop``: who steps the engine). The same ServedModel as
+    ``builder.load_model`` returns for GGUF."""
     from inferd.engine.builder import ModelSource, assemble, resolve_source
     from inferd.loaders.chat_template import CHATML_TEMPLATE, ChatTemplate
     from inferd.models.loader import resolve_dtype
@@ -153,4 +156,5 @@ def load_plain_model(
         template,
         stop_ids=generation_stop_ids(directory),
         isq=isq,
+        loop=loop,
     )

@@ -14,3 +14,6 @@ ADMIN_KEYS_ENV = "INFERD_ADMIN_KEYS"
 DEFAULT_HEADER_TIMEOUT = 20.0  # seconds for a whole request head
 DEFAULT_BODY_TIMEOUT = 30.0  # seconds for a body, plus a second per 32 KiB received
 DEFAULT_MAX_CONNECTIONS = 512
+# (token, logprob) pairs one completions response may carry: a full 8,192-token echo with 20
+# top logprobs is 172k; `echo` + `logprobs: 20` + `n: 16` on a 4,000-token prompt is 1.3M.
+DEFAULT_MAX_LOGPROBS_TOKENS = 262_144

@@ -5,8 +5,12 @@ each prompt gets ``n`` choices, numbered prompt-major (choice ``p * n + i``).
 
 ``echo`` with ``logprobs`` scores the prompt too (the engine's prompt logprobs): the choice's
 logprobs then cover prompt and completion tokens, the first prompt token with a null logprob
-and null top_logprobs as in OpenAI. Streamed, the echo goes out with the choice's first output,
-since that is when its prompt logprobs are known.
+and null top_logprobs as in OpenAI. The prompt is scored once, by its first choice; the other
+choices of that prompt repeat its scores. Streamed, a choice's echo goes out once the scores
+are known (its first output, or its first choice's), its later outputs held back until then.
+
+The response a request can cause is bounded: ``n`` x scored tokens x (1 + ``logprobs``)
+(token, logprob) pairs may not exceed the server's ``max_logprobs_tokens`` (400 beyond).
 """
 
 from __future__ import annotations
@@ -68,11 +72,19 @@ async def create_completion(request: Request) -> Response:
     max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
     params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
     score_prompt = bool(body.echo) and body.logprobs is not None
-    if score_prompt:
-        params = replace(params, prompt_logprobs=body.logprobs)
+    if body.logprobs is not None:
+        _check_response_size(
+            state.max_logprobs_tokens, prompts, n, max_tokens, body.logprobs, score_prompt
+        )
+    # Only each prompt's first choice scores it: the others repeat its prompt logprobs.
+    scored = replace(params, prompt_logprobs=body.logprobs) if score_prompt else params
     for prompt in prompts:
-        admit(model, len(prompt.token_ids), params, "prompt")
-    jobs = [(p.token_ids, for_choice(params, i)) for p in prompts for i in range(n)]
+        admit(model, len(prompt.token_ids), scored, "prompt")
+    jobs = [
+        (p.token_ids, for_choice(scored if i == 0 else params, i))
+        for p in prompts
+        for i in range(n)
+    ]
     streams = start(request, model, jobs)  # bounded by the deadline, observed by the timer
     echoes = [p.text if body.echo else "" for p in prompts for _ in range(n)]
     prompt_ids = [p.token_ids for p in prompts for _ in range(n)]
@@ -91,6 +103,7 @@ async def create_completion(request: Request) -> Response:
             streams,
             echoes,
             prompt_ids if score_prompt else None,
+            n,
             num_prompt_tokens,
             include_usage,
             state.keepalive_seconds,
@@ -101,11 +114,15 @@ async def create_completion(request: Request) -> Response:
         return Response(status_code=499)
     want_logprobs = body.logprobs is not None
     choices = []
+    echoed: dict[int, dict[str, Any]] = {}  # first choice of a prompt -> its echo's logprobs
     for index, (gen, echo) in enumerate(zip(gens, echoes, strict=True)):
         lps = _logprobs(model, gen.logprobs, len(echo)) if want_logprobs else None
-        if lps is not None and score_prompt and gen.prompt_logprobs is not None:
-            scored = _prompt_logprobs(model, prompt_ids[index], gen.prompt_logprobs, len(echo))
-            lps = {key: scored[key] + lps[key] for key in lps}
+        first = index - index % n
+        prompt_scores = gens[first].prompt_logprobs  # only the prompt's first choice scores it
+        if lps is not None and score_prompt and prompt_scores is not None:
+            if first not in echoed:  # built once per prompt, shared by its n choices
+                echoed[first] = _prompt_logprobs(model, prompt_ids[index], prompt_scores, len(echo))
+            lps = {key: echoed[first][key] + lps[key] for key in lps}
         choices.append(
             {
                 "index": index,
@@ -167,6 +184,22 @@ def _token_prompt(ids: list[int], model: ServedModel, param: str) -> _Prompt:
                 f"{param}: token id {token} is outside this model's vocabulary [0, {vocab})", param
             )
     return _Prompt(list(ids), model.tokenizer.decode(ids))
+
+
+def _check_response_size(
+    limit: int, prompts: Sequence[_Prompt], n: int, max_tokens: int, k: int, echo: bool
+) -> None:
+    """400 when the logprobs this request asks for could exceed ``limit`` pairs."""
+    scored = sum((len(p.token_ids) if echo else 0) + max_tokens for p in prompts)
+    pairs = n * scored * (1 + k)
+    if pairs > limit:
+        what = "echoed prompt and completion tokens" if echo else "completion tokens"
+        raise bad_request(
+            f"this request could return {pairs} (token, logprob) pairs: n={n} x {scored} "
+            f"{what} x (1 + logprobs={k}); this server allows at most {limit} per response "
+            "(--max-logprobs-tokens); lower n, logprobs or max_tokens, or leave out echo",
+            "logprobs",
+        )
 
 
 def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
@@ -231,13 +264,18 @@ async def _stream(
     streams: list[AsyncIterator[RequestOutput]],
     echoes: list[str],
     prompt_ids: list[list[int]] | None,
+    n: int,
     num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
 ) -> AsyncIterator[bytes]:
-    """``prompt_ids`` (one per choice) when the echo carries prompt logprobs."""
+    """``prompt_ids`` (one per choice) when the echo carries prompt logprobs; choice ``i``'s
+    come from choice ``i - i % n``, the first of its prompt."""
     offsets = [len(e) for e in echoes]
     echo_pending = [bool(e) and prompt_ids is not None for e in echoes]
+    scores: dict[int, tuple[TokenLogprob | None, ...]] = {}  # first choice -> prompt logprobs
+    held: dict[int, list[tuple[int, RequestOutput]]] = {}  # first choice -> waiting outputs
+    echoed: dict[int, dict[str, Any]] = {}  # first choice -> its echo's legacy logprobs
 
     def chunk(index: int, text: str, finish: str | None, lps: Any = None) -> bytes:
         choice = {"index": index, "text": text, "logprobs": lps, "finish_reason": finish}
@@ -247,13 +285,27 @@ async def _stream(
         return sse.event(body)
 
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
+        first = index - index % n
+        if out.prompt_logprobs is not None:
+            scores[first] = out.prompt_logprobs
+        if echo_pending[index] and first not in scores:
+            held.setdefault(first, []).append((index, out))  # its echo needs the scores
+            return
+        yield from emit(index, out)
+        for sibling, output in held.pop(first, []) if first in scores else []:
+            yield from emit(sibling, output)
+
+    def emit(index: int, out: RequestOutput) -> Iterator[bytes]:
         if echo_pending[index]:
             echo_pending[index] = False
             prompt = None
-            if prompt_ids is not None and out.prompt_logprobs is not None:
-                prompt = _prompt_logprobs(
-                    model, prompt_ids[index], out.prompt_logprobs, len(echoes[index])
-                )
+            if prompt_ids is not None:
+                first = index - index % n
+                if first not in echoed:  # built once per prompt, shared by its n choices
+                    echoed[first] = _prompt_logprobs(
+                        model, prompt_ids[index], scores[first], len(echoes[index])
+                    )
+                prompt = echoed[first]
             yield chunk(index, echoes[index], None, prompt)
         lps = None
         if out.logprobs is not None:

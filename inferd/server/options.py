@@ -24,6 +24,7 @@ from inferd.server.defaults import (
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_LOGPROBS_TOKENS,
 )
 from inferd.server.media import MediaPolicy
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
@@ -41,6 +42,8 @@ class ServerOptions:
     max_body_bytes: int | None = DEFAULT_MAX_BODY_BYTES  # larger bodies get 413
     max_header_bytes: int | None = DEFAULT_MAX_HEADER_BYTES  # larger heads get 431
     request_timeout: float | None = None  # seconds; 408 while reading the body, 504 after
+    # (token, logprob) pairs one completions response may carry; more gets 400
+    max_logprobs_tokens: int = DEFAULT_MAX_LOGPROBS_TOKENS
     body_timeout: float | None = DEFAULT_BODY_TIMEOUT  # seconds for a body (transport.py)
     # None: no Host check (an embedder's names are its own); `inferd serve` always sets it.
     # Given (HostAllowList.of(names)): other Hosts get 421 (crosssite.py).
@@ -72,6 +75,8 @@ class ServerOptions:
             raise ValueError("--max-body-bytes must be at least 1")
         if self.max_header_bytes is not None and self.max_header_bytes < 1024:
             raise ValueError("--max-header-bytes must be at least 1024")
+        if self.max_logprobs_tokens < 1:
+            raise ValueError("--max-logprobs-tokens must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:
             raise ValueError("--request-timeout must be positive")
         if self.body_timeout is not None and not self.body_timeout > 0:

@@ -17,6 +17,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_LOGPROBS_TOKENS,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_NUM_IMAGES,
     DEFAULT_MEDIA_FETCH_TIMEOUT,
@@ -101,6 +102,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="let special-token text in messages (<|im_start|>...) become control tokens, so "
         "message content can forge turns; off by default: only the chat template makes them",
+    )
+    g.add_argument(
+        "--max-logprobs-tokens",
+        type=int,
+        default=DEFAULT_MAX_LOGPROBS_TOKENS,
+        metavar="N",
+        help="most (token, logprob) pairs one completions response may carry (n x scored "
+        f"tokens x (1 + logprobs)); more gets 400 (default: {DEFAULT_MAX_LOGPROBS_TOKENS})",
     )
     g.add_argument(
         "--request-timeout",

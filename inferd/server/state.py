@@ -40,6 +40,10 @@ class ServerState:
         return self.options.keepalive_seconds
 
     @property
+    def max_logprobs_tokens(self) -> int:
+        return self.options.max_logprobs_tokens
+
+    @property
     def special_tokens_in_content(self) -> bool:
         return self.options.allow_special_tokens_in_content
 

@@ -21,7 +21,7 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
     info: dict[str, Any] = {"id": slot.id, "kind": slot.kind, "status": str(slot.status)}
     model = slot.model
     if isinstance(model, ServedModel):
-        linears = [m for m in model.engine.core.runner.model.modules() if isinstance(m, Linear)]
+        linears = [m for m in model.engine.engine.model.modules() if isinstance(m, Linear)]
         info |= {
             "architecture": model.config.architecture,
             "dtype": str(model.dtype).removeprefix("torch."),

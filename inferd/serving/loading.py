@@ -18,6 +18,7 @@ from typing import Literal, Protocol
 
 from inferd.config import EngineConfig
 from inferd.engine.builder import ModelSource, ServedModel, load_model, resolve_source
+from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel, is_embedding_directory, load_embedding_model
 from inferd.serving.spec import ModelSpec
 from inferd.store import CATALOG, ModelStore, StoreError
@@ -60,10 +61,17 @@ def expected_kind(spec: ModelSpec) -> ModelKind:
     return "chat"
 
 
-def load_spec(spec: ModelSpec, base: EngineConfig, *, progress: bool = False) -> Servable:
-    """Load ``spec``; engine settings not in the spec come from ``base``."""
+def load_spec(
+    spec: ModelSpec,
+    base: EngineConfig,
+    *,
+    progress: bool = False,
+    loop: EngineLoop | None = None,
+) -> Servable:
+    """Load ``spec``; engine settings not in the spec come from ``base``. ``loop`` steps the
+    model's engine (engine/driver.py); by default a thread of its own."""
     try:
-        return _load(spec, base, progress)
+        return _load(spec, base, progress, loop)
     except ModelLoadError:
         raise
     except (ValueError, StoreError) as exc:  # their messages say what is wrong
@@ -72,11 +80,11 @@ def load_spec(spec: ModelSpec, base: EngineConfig, *, progress: bool = False) ->
         raise ModelLoadError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _load(spec: ModelSpec, base: EngineConfig, progress: bool) -> Servable:
+def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop | None) -> Servable:
     source = resolve_spec_source(spec)
     kind = spec.kind if spec.kind != "auto" else _detect_kind(source.path)
     if kind == "Embedding":
-        return _load_embedding(spec, source)
+        return _load_embedding(spec, source, loop)
     if kind == "GGUF" and not source.path.is_file():
         raise ModelLoadError(f"{source.path}: a GGUF model must be a .gguf file")
     if kind == "Plain" and not source.path.is_dir():
@@ -91,16 +99,18 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool) -> Servable:
         max_num_seqs=spec.max_seqs or base.max_num_seqs,
         isq=spec.in_situ_quant or base.isq,
     )
-    return load_model(source, cfg, progress=progress, chat_template=spec.chat_template)
+    return load_model(source, cfg, progress=progress, chat_template=spec.chat_template, loop=loop)
 
 
-def _load_embedding(spec: ModelSpec, source: ModelSource) -> EmbeddingModel:
+def _load_embedding(
+    spec: ModelSpec, source: ModelSource, loop: EngineLoop | None
+) -> EmbeddingModel:
     if not source.path.is_dir():
         raise ModelLoadError(
             f"{source.path}: an Embedding model must be a directory (config.json, "
             "model.safetensors, tokenizer.json)"
         )
-    model = load_embedding_model(source, spec.dtype or "auto")
+    model = load_embedding_model(source, spec.dtype or "auto", loop)
     if spec.max_seq_len is not None:
         if spec.max_seq_len > model.config.max_position:
             raise ModelLoadError(

@@ -15,6 +15,7 @@ import functools
 
 from inferd.config import EngineConfig
 from inferd.engine.builder import ServedModel
+from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.registry import ModelRegistry, ModelSlot
@@ -23,17 +24,18 @@ from inferd.store import DEFAULT_MODEL
 
 
 def registry_from_args(
-    args: argparse.Namespace, cfg: EngineConfig
+    args: argparse.Namespace, cfg: EngineConfig, loop: EngineLoop
 ) -> tuple[ModelRegistry, list[str]]:
-    """The registry to serve, and startup lines about it. ValueError for bad flags or files."""
+    """The registry to serve, and startup lines about it. ValueError for bad flags or files.
+    ``loop`` steps every model's engine, reloaded ones included."""
     if args.drain_timeout < 0:
         raise ValueError("--drain-timeout must not be negative")
     policy = {"auto_reload": args.auto_reload == "on", "drain_timeout": args.drain_timeout}
     if args.config is None:
         spec = ModelSpec(model_id=args.model or DEFAULT_MODEL)
-        model = load_spec(spec, cfg, progress=True)
+        model = load_spec(spec, cfg, progress=True, loop=loop)
         slot = ModelSlot.of_loaded(model)
-        slot.load_fn = functools.partial(load_spec, spec, cfg)
+        slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
         registry = ModelRegistry([slot], default_id=args.default_model_id, **policy)
         return registry, _describe_model(model, cfg)
     if args.model is not None:
@@ -43,7 +45,7 @@ def registry_from_args(
         ModelSlot(
             spec.api_id,
             expected_kind(spec),
-            functools.partial(load_spec, spec, cfg),
+            functools.partial(load_spec, spec, cfg, loop=loop),
             label=spec.label,
         )
         for spec in specs

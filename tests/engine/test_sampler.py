@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.request import Request
 from inferd.engine.sampler import apply_logit_transforms, sample
-from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.engine.sampling import GREEDY_TEMPERATURE, SamplingParamError, SamplingParams
 
 
 def make_request(rid: str, prompt_len: int, **params: Any) -> Request:
@@ -197,3 +199,34 @@ def test_top_p_keeps_the_smallest_set_reaching_the_mass(spread: float) -> None:
     assert int((kept > 0).sum()) == size
     assert bool((kept[kept > 0] >= ordered[size - 1]).all())  # they are the likeliest ones
     assert torch.equal(kept[kept > 0], probs[kept > 0])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    temperature=st.floats(min_value=0.0, max_value=GREEDY_TEMPERATURE, exclude_min=True).filter(
+        lambda t: t < GREEDY_TEMPERATURE
+    ),
+    seed=st.integers(min_value=0, max_value=2**32),
+    top_p=st.sampled_from([1.0, 0.9, 0.5]),
+)
+def test_any_temperature_below_the_greedy_threshold_samples_greedily(
+    temperature: float, seed: int, top_p: float
+) -> None:
+    # Logits with a clear winner that is not the last id: dividing them by 1e-40 used to
+    # overflow to inf and draw the last vocabulary id.
+    logits = torch.randn(2, 64, generator=torch.Generator().manual_seed(seed)) * 10
+    requests = [
+        make_request(f"r{i}", 3, temperature=temperature, seed=seed, top_p=top_p, logprobs=2)
+        for i in range(2)
+    ]
+    out = sample(logits, requests)
+    assert out.token_ids == logits.argmax(dim=-1).tolist()
+    assert all(lp is not None and math.isfinite(lp.logprob) for lp in out.logprobs)
+
+
+def test_the_smallest_sampling_temperature_neither_overflows_nor_collapses() -> None:
+    # At exactly the threshold the row is sampled; huge logits still give a finite draw.
+    logits = _row([3.0e4, 2.9e4, -3.0e4, 1.0])
+    request = make_request("r", 1, temperature=GREEDY_TEMPERATURE, seed=0)
+    assert not request.params.greedy
+    assert sample(logits[None], [request]).token_ids == [0]

@@ -131,3 +131,45 @@ def test_random_arrivals_all_finish_and_blocks_return(
     assert not s.has_work and not pending
     assert s.kv.pool.num_used == 0
     assert len(finished) == sum(1 for p, m, _ in specs if p + m <= capacity)
+
+
+def test_a_short_request_is_not_stalled_by_a_burst_of_long_prompts() -> None:
+    # One API request with n=4 choices of a 40-token prompt (each longer than a step's budget
+    # of 16), then a short request: it starts at the next step, not after the long ones.
+    s = _scheduler(blocks=64, block_size=4, seqs=4, budget=16)
+    same = list(range(500, 540))
+    for i in range(4):
+        s.add(make_request(f"long{i}", 0, max_tokens=2, prompt=list(same)))
+    _run_step(s)
+    short = make_request("short", 5, max_tokens=2)
+    s.add(short)
+    out = s.schedule()
+    sizes = {c.request.request_id: c.num_tokens for c in out.chunks}
+    assert sizes.get("short") == 5  # admitted with its whole prompt in the first step
+    assert [r.request_id for r in s.running] == ["long0", "short"]  # one long prefill at a time
+    assert sizes["long0"] == 16 - 5  # the long prefill took what the short one left
+
+
+def test_later_copies_of_a_long_prompt_wait_for_the_first_and_reuse_its_blocks() -> None:
+    s = _scheduler(blocks=64, block_size=4, seqs=4, budget=16)
+    same = list(range(500, 540))
+    copies = [make_request(f"long{i}", 0, max_tokens=2, prompt=list(same)) for i in range(3)]
+    for request in copies:
+        s.add(request)
+    first_chunks: dict[str, int] = {}
+    computed = 0
+    while s.has_work:
+        out = s.schedule()
+        for chunk in out.chunks:
+            first_chunks.setdefault(chunk.request.request_id, chunk.start)
+            computed += chunk.num_tokens
+        s.advance(out)
+        for chunk in out.chunks:
+            if chunk.completes:
+                chunk.request.output_token_ids.append(7)
+                if len(chunk.request.output_token_ids) >= 2:
+                    s.finish(chunk.request, RequestStatus.FINISHED_LENGTH)
+    # The copies started where the first one's cached blocks ended, not from token 0.
+    assert first_chunks["long0"] == 0
+    assert first_chunks["long1"] >= 32 and first_chunks["long2"] >= 32
+    assert computed < 40 + 2 * 8 + 3 * 2  # one full prompt, two short tails, the decodes

@@ -41,17 +41,17 @@ def test_keepalive_comments_flow_while_a_long_prompt_prefills(served_f32: Served
 def test_engine_failure_mid_stream_sends_an_error_event_then_done(
     served_f32: ServedModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    runner = served_f32.engine.core.runner
+    engine = served_f32.engine.engine
     calls = {"n": 0}
-    real_execute = runner.execute
+    real_step = engine.step
 
-    def flaky(output):  # type: ignore[no-untyped-def]
+    def flaky():  # type: ignore[no-untyped-def]
         calls["n"] += 1
         if calls["n"] > 3:
             raise RuntimeError("simulated device fault")
-        return real_execute(output)
+        return real_step()
 
-    monkeypatch.setattr(runner, "execute", flaky)
+    monkeypatch.setattr(engine, "step", flaky)
     app = build_app([served_f32])
     body = {
         "messages": [{"role": "user", "content": "Tell a story."}],

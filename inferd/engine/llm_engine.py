@@ -1,0 +1,169 @@
+"""LLMEngine: the public synchronous engine API.
+
+    engine.add_request("a", prompt_token_ids, SamplingParams(max_tokens=16))
+    while engine.has_unfinished():
+        for out in engine.step():   # one scheduling step: a prefill chunk or decode per request
+            ...
+
+Nothing here starts a thread: whoever holds an ``LLMEngine`` steps it. ``AsyncEngine`` wraps one
+for asyncio callers (stepped by a loop owner, engine/driver.py), ``inferd.LLM`` and the
+in-process benchmarks step one themselves. Read-only properties give tools the facts they need
+(the model module, its config, the KV pool) without reaching into the engine's parts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from inferd.engine.core import EngineCore
+from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.outputs import EngineStats, RequestOutput
+from inferd.engine.request import Request
+from inferd.engine.sampling import SamplingParams
+from inferd.engine.scheduler import SchedulerConfig
+from inferd.models.config import ModelConfig
+from inferd.models.llama import LlamaForCausalLM
+
+
+class AdmissionError(ValueError):
+    """A request the engine can never serve (too long for the context or the KV pool)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True, slots=True)
+class TextCodec:
+    """What the engine needs of a tokenizer to build requests."""
+
+    token_bytes: Callable[[int], bytes]
+    special_ids: frozenset[int]
+    eos_token_ids: frozenset[int]
+
+
+class LLMEngine:
+    def __init__(self, core: EngineCore, codec: TextCodec) -> None:
+        self._core = core
+        self.codec = codec
+
+    # -- facts ------------------------------------------------------------------------------
+    @property
+    def max_model_len(self) -> int:
+        return self._core.max_model_len
+
+    @property
+    def model(self) -> LlamaForCausalLM:
+        """The model module the steps run (for inspection: its layers and kernels)."""
+        return self._core.runner.model
+
+    @property
+    def model_config(self) -> ModelConfig:
+        return self._core.runner.config
+
+    @property
+    def scheduler_config(self) -> SchedulerConfig:
+        return self._core.scheduler.config
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        """Tokens the whole KV pool holds: no request may need more."""
+        return self._core.scheduler.kv.capacity_tokens
+
+    @property
+    def last_step_seconds(self) -> float:
+        return self._core.last_step_seconds
+
+    # -- requests ---------------------------------------------------------------------------
+    def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> None:
+        """AdmissionError if a request of this size can never run here."""
+        if num_prompt_tokens == 0:
+            raise AdmissionError("the prompt is empty after tokenization", "messages")
+        limit = self.max_model_len
+        needed = num_prompt_tokens + params.max_tokens
+        if needed > limit:
+            raise AdmissionError(
+                f"this model's maximum context length is {limit} tokens, but the request asks for "
+                f"{num_prompt_tokens} prompt tokens + {params.max_tokens} max_tokens = "
+                f"{needed}; shorten the prompt or lower max_tokens",
+                "max_tokens",
+            )
+        capacity = self.kv_capacity_tokens
+        if needed > capacity:
+            raise AdmissionError(
+                f"the request needs {needed} tokens of KV cache but "
+                f"the whole pool holds {capacity}; lower max_tokens or raise --kv-cache-tokens",
+                "max_tokens",
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        *,
+        cache_salt: str | None = None,
+    ) -> None:
+        """Queue a request (checked first); its outputs come from later ``step`` calls.
+        ``cache_salt`` keeps its prefix-cache entries private to callers with the same salt."""
+        self.check_request(len(prompt_token_ids), params)
+        self._core.add(self.build_request(request_id, prompt_token_ids, params, cache_salt))
+
+    def build_request(
+        self,
+        request_id: str,
+        prompt_token_ids: Sequence[int],
+        params: SamplingParams,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """The engine's record of a request, for ``add_built`` on the stepping thread."""
+        return Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt_token_ids),
+            params=params,
+            eos_token_ids=self.codec.eos_token_ids,
+            cache_salt=cache_salt,
+            detokenizer=IncrementalDetokenizer(
+                self.codec.token_bytes, self.codec.special_ids, params.stop
+            ),
+        )
+
+    def add_built(self, request: Request) -> None:
+        """Queue a request from ``build_request`` (checked by the caller beforehand)."""
+        self._core.add(request)
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step: each scheduled request's new text and tokens (empty when idle)."""
+        return self._core.step()
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """End a request now and free its KV blocks; None when it is not in flight."""
+        return self._core.abort(request_id)
+
+    def fail_all(self, message: str) -> list[RequestOutput]:
+        """End every request with an error output (after a broken step, or at shutdown)."""
+        return self._core.fail_all(message)
+
+    def has_unfinished(self) -> bool:
+        return self._core.has_work
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._core.requests)
+
+    def stats(self) -> EngineStats:
+        core, sched = self._core, self._core.scheduler
+        return EngineStats(
+            running=len(sched.running),
+            waiting=len(sched.waiting),
+            kv_blocks_used=sched.kv.pool.num_used,
+            kv_blocks_total=sched.kv.pool.num_blocks - 1,
+            preemptions=sched.num_preemptions,
+            prompt_tokens=core.prompt_tokens,
+            generated_tokens=core.generated_tokens,
+            steps=core.steps,
+            last_step_seconds=core.last_step_seconds,
+            prefix_cache_queries=sched.kv.stats.queries,
+            prefix_cache_hits=sched.kv.stats.hits,
+        )
