@@ -60,6 +60,16 @@ def load_ops(dtype: torch.dtype) -> KernelOps:
     return FusedOps(compiled) if compiled is not None else PlainOps(_reason)
 
 
+def build_status() -> str:
+    """What a start would run, without building anything (for ``inferd doctor``)."""
+    if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
+        return "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
+    name = _extension_name()
+    if any((build_root() / name).glob(f"{name}*.so")):
+        return "fused CPU kernels (built for this CPU and source; f16 runs plain PyTorch ops)"
+    return "fused CPU kernels, built at the first start (~30-60 s: a C++ compiler and ninja)"
+
+
 def _load_once() -> CompiledKernels | None:
     global _tried
     if not _tried:
@@ -144,7 +154,7 @@ def _staged_source() -> tuple[str, Path]:
     or install of the same source one path, so none of them rebuilds what another built.
     """
     text = SOURCE.read_bytes()
-    name = f"inferd_decode_{_cpu_tag()}_{hashlib.sha256(text).hexdigest()[:8]}"
+    name = _extension_name()
     build = build_root() / name
     build.mkdir(parents=True, exist_ok=True)
     staged = build / SOURCE.name
@@ -153,6 +163,11 @@ def _staged_source() -> tuple[str, Path]:
         tmp.write_bytes(text)
         os.replace(tmp, staged)  # atomic: a concurrent start sees the old file or the new one
     return name, staged
+
+
+def _extension_name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+    return f"inferd_decode_{_cpu_tag()}_{digest}"
 
 
 def build_root() -> Path:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from inferd.kernels import FUSED_DTYPES, load_ops
+from inferd.kernels import FUSED_DTYPES, build_status, load_ops
 from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps
 from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention
@@ -216,3 +216,14 @@ def test_without_the_kernels_everything_runs_on_plain_ops(
     line, value = result.stdout.splitlines()
     assert line.startswith(reason)
     assert float(value) == pytest.approx(16.0, rel=1e-4)  # ones normalize to ones (eps aside)
+
+
+def test_doctor_says_what_a_start_would_run_without_building(
+    fused: KernelOps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert build_status().startswith("fused CPU kernels (built for this CPU and source")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert build_status().startswith("fused CPU kernels, built at the first start")
+    assert not any(tmp_path.iterdir())  # and nothing was built or staged
+    monkeypatch.setenv("INFERD_FUSED_KERNELS", "0")
+    assert build_status() == "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
