@@ -104,7 +104,7 @@ def _load() -> None:
             )
         _compiled = cast(CompiledKernels, module)
         _reason = ""
-    except Exception as exc:  # no compiler, no ninja, a broken toolchain: run unfused
+    except Exception as exc:  # no compiler, no ninja, a broken toolchain: run the plain ops
         lines = str(exc).strip().splitlines() or [""]
         first_error = next((line for line in lines if "error" in line), lines[-1])
         _reason = f"build failed: {type(exc).__name__}: {first_error.strip()}"
