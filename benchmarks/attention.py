@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from inferd.layers.attention import grouped_attention
+from inferd.kernels.plain import grouped_attention
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 

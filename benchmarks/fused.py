@@ -11,15 +11,19 @@ from __future__ import annotations
 import statistics
 import time
 
+import torch
+
 from inferd.config import EngineConfig
 from inferd.engine.builder import load_model, resolve_source
 from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
-from inferd.kernels import status, unfused
+from inferd.kernels import load_ops
+from inferd.kernels.plain import PlainOps
 
 
 def main() -> None:
-    print(status())
+    fused_ops = load_ops(torch.bfloat16)
+    print(fused_ops.description)
     print("| decodes | context | plain PyTorch | fused | ratio |\n|---|---|---|---|---|")
     for batch, repeat in ((1, 1), (1, 40), (16, 1)):
         served = load_model(
@@ -34,11 +38,13 @@ def main() -> None:
         for _ in range(4):  # prefill and warm-up
             engine.step()
         plain, fused = [], []
+        model = engine.model
         for _ in range(25):
-            with unfused():
-                start = time.perf_counter()
-                engine.step()
-                plain.append(time.perf_counter() - start)
+            model.use_kernels(PlainOps())
+            start = time.perf_counter()
+            engine.step()
+            plain.append(time.perf_counter() - start)
+            model.use_kernels(fused_ops)
             start = time.perf_counter()
             engine.step()
             fused.append(time.perf_counter() - start)

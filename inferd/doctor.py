@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from inferd import __version__
+from inferd import __version__, kernels
 
 # /proc/cpuinfo flags worth reporting, and what they mean for inferd.
 CPU_FLAGS = {
@@ -185,6 +185,7 @@ def choices(cpu: dict[str, Any]) -> dict[str, Any]:
             if bf16
             else "off (packed small-batch kernels are used with bf16 only)"
         ),
+        "fused_kernels": kernels.build_status(),
         "isq": "available: --isq q8 (int8 per row) | q4 (int4, groups of 32); kernels run in bf16",
         "attention": "paged KV cache, torch scaled_dot_product_attention (eager with soft-capping)",
     }
@@ -259,6 +260,7 @@ def format_text(info: dict[str, Any]) -> str:
     lines += [
         f"dtype      auto -> {ch['dtype']} ({ch['dtype_reason']})",
         f"kernels    matmul {ch['matmul']}; packed {ch['packed_kernels']}",
+        f"           decode ops: {ch['fused_kernels']}",
         f"           ISQ {ch['isq']}",
         f"attention  {ch['attention']}",
     ]

@@ -39,7 +39,15 @@ def test_doctor_json(smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]) -> 
 def test_doctor_text(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["doctor"]) == 0
     out = capsys.readouterr().out
-    for head in ("torch ", "cpu ", "threads ", "memory ", "store ", "dtype      auto -> "):
+    for head in (
+        "torch ",
+        "cpu ",
+        "threads ",
+        "memory ",
+        "store ",
+        "dtype      auto -> ",
+        " fused ",
+    ):
         assert head in out
 
 

@@ -213,7 +213,7 @@ def assemble(
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel.
     ``stop_ids``: end-of-sequence ids beyond the tokenizer's EOS and the template's markers.
     ``loop``: who steps the engine; by default a thread of its own."""
-    kernels.fused()  # built now (once per machine), not in the middle of a first request
+    model.use_kernels(kernels.load_ops(dtype))  # built now (once per machine), not mid-request
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
     num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block

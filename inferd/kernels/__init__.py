@@ -1,20 +1,24 @@
-"""Fused CPU kernels for the decode step (``decode.cpp``), compiled on first use.
+"""Kernel ops for the decode step, chosen once per model: fused C++ or plain PyTorch.
 
 A SmolLM2 decode step spent more time dispatching ~45 small PyTorch ops per layer than in its
-weight matmuls. Five kernels replace the chains that cost most: RMSNorm, RoPE of q and k
-together with the paged K/V write, one-query attention over the paged cache, SiLU(gate) * up,
-and a one-row int8 GEMV for the output head. Each is checked against the plain PyTorch path it
-replaces (tests/kernels/).
+weight matmuls. The kernels of ``decode.cpp`` replace the chains that cost most: RMSNorm, RoPE
+of q and k together with the paged K/V write, one-query attention over the paged cache,
+SiLU(gate) * up, and a one-row int8 GEMV for the output head. ``KernelOps`` (ops.py) is their
+typed interface; ``PlainOps`` (plain.py) is the PyTorch reference each kernel is checked
+against (tests/kernels/), ``FusedOps`` (fused.py) the compiled kernels. ``load_ops`` picks one
+for a model when its engine is assembled.
 
 The build runs once per machine and source through torch's extension loader (cached under
 ``~/.cache/torch_extensions/inferd``; it needs a C++ compiler and ninja). Where it cannot build,
-or with ``INFERD_FUSED_KERNELS=0``, every caller keeps the plain PyTorch ops and ``status()``
-says why.
+with ``INFERD_FUSED_KERNELS=0``, or for a dtype the kernels do not take, a model runs the plain
+ops and their description says why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import hashlib
 import logging
 import os
@@ -22,56 +26,62 @@ import shutil
 import sys
 import sysconfig
 import threading
+import time
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import torch
+
+from inferd.kernels.fused import CompiledKernels, FusedOps
+from inferd.kernels.ops import KernelOps
+from inferd.kernels.plain import PlainOps
 
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode.cpp")
+FUSED_DTYPES = (torch.float32, torch.bfloat16)
+# How long a start waits for another process's build of the same source before giving up on it
+# (a build takes ~30-60 s; a loaded machine may take a few times that).
+BUILD_WAIT_S = 600.0
 
 _lock = threading.Lock()
-_module: Any = None
+_compiled: CompiledKernels | None = None
 _tried = False
 _reason = "not loaded yet"
 
 
-def fused() -> Any:
-    """The compiled kernels module, or None where they are off or could not be built."""
-    if _tried:
-        return _module
-    with _lock:
-        if not _tried:
-            _load()
-    return _module
+def load_ops(dtype: torch.dtype) -> KernelOps:
+    """The ops a model computing in ``dtype`` runs on: the fused kernels where they build and
+    take the dtype, else the plain PyTorch ops, whose description says why."""
+    if dtype not in FUSED_DTYPES:
+        return PlainOps(f"the fused kernels take float32 and bfloat16, not {dtype}")
+    compiled = _load_once()
+    return FusedOps(compiled) if compiled is not None else PlainOps(_reason)
 
 
-def status() -> str:
-    """One line for startup and diagnostics: whether the fused kernels are in use."""
-    fused()
-    return "fused CPU kernels" if _module is not None else f"plain PyTorch ops ({_reason})"
+def build_status() -> str:
+    """What a start would run, without building anything (for ``inferd doctor``)."""
+    if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
+        return "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
+    name = _extension_name()
+    if any((build_root() / name).glob(f"{name}*.so")):
+        return "fused CPU kernels (built for this CPU and source; f16 runs plain PyTorch ops)"
+    return "fused CPU kernels, built at the first start (~30-60 s: a C++ compiler and ninja)"
 
 
-@contextmanager
-def unfused() -> Iterator[None]:
-    """Run the plain PyTorch ops inside this block (the reference the kernels are tested on)."""
-    global _module, _tried
-    fused()
-    saved = _module
-    _module = None
-    try:
-        yield
-    finally:
-        _module = saved
-        _tried = True
+def _load_once() -> CompiledKernels | None:
+    global _tried
+    if not _tried:
+        with _lock:
+            if not _tried:
+                _load()
+                _tried = True
+    return _compiled
 
 
 def _load() -> None:
-    global _module, _tried, _reason
-    _tried = True
+    global _compiled, _reason
     if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
         _reason = "INFERD_FUSED_KERNELS=0"
         return
@@ -81,22 +91,59 @@ def _load() -> None:
 
         name, source = _staged_source()
         log.info("loading fused CPU kernels (the first time on a machine builds them: ~30 s)")
-        _module = load(
-            name=name,
-            sources=[str(source)],
-            build_directory=str(source.parent),
-            # -ffast-math on the compile only (linking it would set flush-to-zero process-wide):
-            # it lets the exp and reduction loops vectorize.
-            extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
-            extra_ldflags=["-fopenmp"],
-            verbose=False,
-        )
+        with build_lock(source.parent, BUILD_WAIT_S):
+            module = load(
+                name=name,
+                sources=[str(source)],
+                build_directory=str(source.parent),
+                # -ffast-math on the compile only (linking it would set flush-to-zero
+                # process-wide): it lets the exp and reduction loops vectorize.
+                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_ldflags=["-fopenmp"],
+                verbose=False,
+            )
+        _compiled = cast(CompiledKernels, module)
         _reason = ""
-    except Exception as exc:  # no compiler, no ninja, a broken toolchain: run unfused
+    except Exception as exc:  # no compiler, no ninja, a broken toolchain: run the plain ops
         lines = str(exc).strip().splitlines() or [""]
         first_error = next((line for line in lines if "error" in line), lines[-1])
         _reason = f"build failed: {type(exc).__name__}: {first_error.strip()}"
         log.warning("fused decode kernels unavailable, using plain PyTorch ops: %s", _reason)
+
+
+@contextlib.contextmanager
+def build_lock(build: Path, wait_s: float) -> Iterator[None]:
+    """Hold the build directory for one process at a time, and clear a lock left behind.
+
+    torch's loader marks a build in progress with a ``lock`` file it deletes when done; a build
+    that was killed leaves the file, and every later start would wait for it forever. Every
+    start takes this ``flock`` before the loader runs, and the OS releases an ``flock`` when its
+    holder dies: whoever holds it finds any ``lock`` file stale and removes it. Waiting for a
+    live holder is bounded by ``wait_s`` (then TimeoutError).
+    """
+    deadline = time.monotonic() + wait_s
+    with open(build / "inferd-build.lock", "a") as handle:
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError as exc:
+                if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(
+                        f"another process has held the kernel build in {build} for over "
+                        f"{wait_s:.0f} s"
+                    ) from None
+                time.sleep(0.2)
+        try:
+            stale = build / "lock"
+            if stale.exists():
+                log.warning("removing %s, left by a kernel build that did not finish", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _staged_source() -> tuple[str, Path]:
@@ -107,9 +154,8 @@ def _staged_source() -> tuple[str, Path]:
     or install of the same source one path, so none of them rebuilds what another built.
     """
     text = SOURCE.read_bytes()
-    name = f"inferd_decode_{_cpu_tag()}_{hashlib.sha256(text).hexdigest()[:8]}"
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache/torch_extensions")
-    build = root / "inferd" / name
+    name = _extension_name()
+    build = build_root() / name
     build.mkdir(parents=True, exist_ok=True)
     staged = build / SOURCE.name
     if not staged.exists() or staged.read_bytes() != text:
@@ -117,6 +163,16 @@ def _staged_source() -> tuple[str, Path]:
         tmp.write_bytes(text)
         os.replace(tmp, staged)  # atomic: a concurrent start sees the old file or the new one
     return name, staged
+
+
+def _extension_name() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+    return f"inferd_decode_{_cpu_tag()}_{digest}"
+
+
+def build_root() -> Path:
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or Path.home() / ".cache/torch_extensions"
+    return Path(root) / "inferd"
 
 
 def _cpu_tag() -> str:

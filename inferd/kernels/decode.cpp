@@ -46,6 +46,54 @@ inline c10::BFloat16 from_f<c10::BFloat16>(float v) {
   return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
 }
 
+// Input checks: a kernel raises (a Python RuntimeError) on what it cannot take, and never reads
+// or writes outside its tensors. Index tensors are checked element by element; that is a pass
+// over a few hundred integers, next to kernels that read megabytes.
+void check_tensor(const torch::Tensor& t, const char* name, int64_t dims) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be a CPU tensor, not on ", t.device());
+  TORCH_CHECK(t.dim() == dims, name, " must have ", dims, " dimensions, not ", t.dim());
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_float(const torch::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16, name,
+              " must be float32 or bfloat16, not ", t.scalar_type());
+}
+
+void check_long(const torch::Tensor& t, const char* name, int64_t size) {
+  check_tensor(t, name, 1);
+  TORCH_CHECK(t.scalar_type() == at::kLong, name, " must be int64, not ", t.scalar_type());
+  TORCH_CHECK(t.size(0) == size, name, " has ", t.size(0), " entries for ", size, " rows");
+}
+
+// Every entry of an int64 tensor in [lo, hi).
+void check_range(const torch::Tensor& t, const char* name, int64_t lo, int64_t hi,
+                 const char* what) {
+  const int64_t* p = t.data_ptr<int64_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    TORCH_CHECK(p[i] >= lo && p[i] < hi, name, "[", i, "] = ", p[i], " is outside ", what, " [",
+                lo, ", ", hi, ")");
+  }
+}
+
+void check_caches(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                  const torch::Tensor& x) {
+  check_tensor(k_cache, "k_cache", 4);
+  check_tensor(v_cache, "v_cache", 4);
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ",
+              v_cache.sizes(), " differ in shape");
+  TORCH_CHECK(k_cache.scalar_type() == x.scalar_type() &&
+                  v_cache.scalar_type() == x.scalar_type(),
+              "the caches must have the dtype of the activations (", x.scalar_type(), ")");
+  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.size(2) > 0 && k_cache.size(3) > 0,
+              "empty cache shape ", k_cache.sizes());
+}
+
+void check_heads(int64_t heads, int64_t kv_heads) {
+  TORCH_CHECK(heads > 0 && heads % kv_heads == 0, heads,
+              " query heads are not a multiple of ", kv_heads, " KV heads");
+}
+
 // y = w * round(x * rsqrt(mean(x^2) + eps)): normalized in float32, rounded to the input type
 // before the weight, as the reference RMSNorm does.
 template <typename T>
@@ -70,9 +118,15 @@ void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float 
 }
 
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.scalar_type() == w.scalar_type());
-  auto y = torch::empty_like(x);
+  TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension");
+  check_tensor(x, "x", x.dim());
+  check_tensor(w, "weight", 1);
+  check_float(x, "x");
+  TORCH_CHECK(w.scalar_type() == x.scalar_type(), "weight is ", w.scalar_type(), ", x is ",
+              x.scalar_type());
   const int64_t h = x.size(-1);
+  TORCH_CHECK(h > 0 && w.size(0) == h, "weight has ", w.size(0), " entries for rows of ", h);
+  auto y = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
                             x.numel() / h, h, static_cast<float>(eps));
@@ -82,25 +136,27 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 
 // Rotate-half RoPE of q and k straight out of the fused QKV rows, k and v written into the
 // paged cache at their slots; returns the rotated queries [n, heads, dim].
-// cos, signed_sin: float32 tables [max_pos, dim], signed_sin with its first half negated.
+// cos, signed_sin: float32 tables [max_pos, rot], signed_sin with its first half negated; the
+// first rot channels of each head rotate, the rest pass through (partial rotary).
 template <typename T>
 void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const float* cos,
                const float* ssin, T* q, T* kc, T* vc, int64_t n, int64_t heads, int64_t kv_heads,
-               int64_t dim) {
-  const int64_t half = dim / 2, width = (heads + 2 * kv_heads) * dim;
+               int64_t dim, int64_t rot) {
+  const int64_t half = rot / 2, width = (heads + 2 * kv_heads) * dim;
   at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* row = qkv + r * width;
-      const float* c = cos + pos[r] * dim;
-      const float* s = ssin + pos[r] * dim;
+      const float* c = cos + pos[r] * rot;
+      const float* s = ssin + pos[r] * rot;
       for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
         const T* src = row + hd * dim;
         T* dst = hd < heads ? q + (r * heads + hd) * dim
                             : kc + (slots[r] * kv_heads + (hd - heads)) * dim;
-        for (int64_t i = 0; i < dim; ++i) {
+        for (int64_t i = 0; i < rot; ++i) {
           const int64_t j = i < half ? i + half : i - half;
           dst[i] = from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]);
         }
+        std::copy(src + rot, src + dim, dst + rot);
       }
       std::copy(row + (heads + kv_heads) * dim, row + width, vc + slots[r] * kv_heads * dim);
     }
@@ -111,18 +167,33 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
                             const torch::Tensor& slots, const torch::Tensor& cos,
                             const torch::Tensor& signed_sin, torch::Tensor k_cache,
                             torch::Tensor v_cache, int64_t heads) {
-  TORCH_CHECK(qkv.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
-  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat);
-  TORCH_CHECK(positions.scalar_type() == at::kLong && slots.scalar_type() == at::kLong);
+  check_tensor(qkv, "qkv", 2);
+  check_float(qkv, "qkv");
+  check_caches(k_cache, v_cache, qkv);
   const int64_t n = qkv.size(0), kv_heads = k_cache.size(2), dim = k_cache.size(3);
-  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim && qkv.scalar_type() == k_cache.scalar_type());
+  check_heads(heads, kv_heads);
+  TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv rows have ", qkv.size(1),
+              " values, not (", heads, " + 2 * ", kv_heads, ") heads of ", dim);
+  check_tensor(cos, "cos", 2);
+  check_tensor(signed_sin, "signed_sin", 2);
+  TORCH_CHECK(cos.scalar_type() == at::kFloat && signed_sin.scalar_type() == at::kFloat,
+              "the rotary tables must be float32");
+  TORCH_CHECK(cos.sizes() == signed_sin.sizes(), "cos ", cos.sizes(), " and signed_sin ",
+              signed_sin.sizes(), " differ in shape");
+  const int64_t rot = cos.size(1);
+  TORCH_CHECK(rot > 0 && rot % 2 == 0 && rot <= dim, "a rotary table of width ", rot,
+              " for heads of ", dim);
+  check_long(positions, "positions", n);
+  check_long(slots, "slots", n);
+  check_range(positions, "positions", 0, cos.size(0), "the rotary table");
+  check_range(slots, "slots", 0, k_cache.size(0) * k_cache.size(1), "the KV pool");
   auto q = torch::empty({n, heads, dim}, qkv.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write_kv", [&] {
     rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
                         slots.data_ptr<int64_t>(), cos.data_ptr<float>(),
                         signed_sin.data_ptr<float>(), q.data_ptr<scalar_t>(),
                         k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), n, heads,
-                        kv_heads, dim);
+                        kv_heads, dim, rot);
   });
   return q;
 }
@@ -178,11 +249,30 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                const torch::Tensor& lens, double scale, double softcap,
                                int64_t window) {
-  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous());
-  TORCH_CHECK(block_tables.is_contiguous() && block_tables.scalar_type() == at::kLong);
-  TORCH_CHECK(lens.scalar_type() == at::kLong && q.scalar_type() == k_cache.scalar_type());
+  check_tensor(q, "q", 3);
+  check_float(q, "q");
+  check_caches(k_cache, v_cache, q);
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
-  TORCH_CHECK(lens.size(0) == batch && block_tables.size(0) == batch && k_cache.size(3) == dim);
+  const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1);
+  check_heads(heads, k_cache.size(2));
+  TORCH_CHECK(k_cache.size(3) == dim, "heads of ", dim, " over a cache of heads of ",
+              k_cache.size(3));
+  check_tensor(block_tables, "block_tables", 2);
+  TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.size(0) == batch,
+              "block_tables must be int64 [", batch, ", max_blocks]");
+  check_long(lens, "lens", batch);
+  check_range(lens, "lens", 1, block_tables.size(1) * block_size + 1, "the block tables' keys");
+  TORCH_CHECK(window >= 0, "window ", window, " is negative");
+  // Only the blocks a sequence reaches are read; padding past them may hold anything.
+  const int64_t* tbl = block_tables.data_ptr<int64_t>();
+  const int64_t* len = lens.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t i = 0; i < (len[b] + block_size - 1) / block_size; ++i) {
+      const int64_t block = tbl[b * block_tables.size(1) + i];
+      TORCH_CHECK(block >= 0 && block < num_blocks, "block_tables[", b, ", ", i, "] = ", block,
+                  " is outside the KV pool [0, ", num_blocks, ")");
+    }
+  }
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
     decode_rows<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
@@ -214,7 +304,9 @@ void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
 }
 
 torch::Tensor silu_mul(const torch::Tensor& x) {
-  TORCH_CHECK(x.is_contiguous() && x.dim() == 2 && x.size(1) % 2 == 0);
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  TORCH_CHECK(x.size(1) % 2 == 0, "rows of ", x.size(1), " values do not split into gate | up");
   const int64_t inter = x.size(1) / 2;
   auto y = torch::empty({x.size(0), inter}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_mul", [&] {
@@ -247,10 +339,16 @@ void int8_linear_rows(const T* x, const int8_t* w, const T* scale, T* y, int64_t
 
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
                           const torch::Tensor& scale) {
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && scale.is_contiguous() && x.dim() == 2);
-  TORCH_CHECK(w.scalar_type() == at::kChar && scale.scalar_type() == x.scalar_type());
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  check_tensor(w, "weight", 2);
+  check_tensor(scale, "scale", 1);
+  TORCH_CHECK(w.scalar_type() == at::kChar, "weight must be int8, not ", w.scalar_type());
+  TORCH_CHECK(scale.scalar_type() == x.scalar_type(), "scale is ", scale.scalar_type(), ", x is ",
+              x.scalar_type());
   const int64_t rows = x.size(0), k = x.size(1), n = w.size(0);
-  TORCH_CHECK(w.size(1) == k && scale.size(0) == n);
+  TORCH_CHECK(w.size(1) == k && scale.size(0) == n, "weight ", w.sizes(), " and scale ",
+              scale.sizes(), " for rows of ", k);
   auto y = torch::empty({rows, n}, x.options());
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int8_linear", [&] {
     int8_linear_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<int8_t>(),

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferd.kernels import fused
+from inferd.layers.kernel_user import KernelUser
 
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
@@ -58,7 +58,7 @@ class PackedKind(enum.Enum):
     INT8 = "int8"
 
 
-class Linear(nn.Linear):
+class Linear(nn.Linear, KernelUser):
     """``nn.Linear`` (no bias unless asked) with an optional low-bit kernel for small batches.
 
     After ``use_packed_only`` (in-situ quantization) the packed kernel serves every batch and
@@ -135,14 +135,9 @@ class Linear(nn.Linear):
         # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
-            # torch's direct binding: ~1 us less per call than torch.ops.aten's Python wrapper.
-            out = torch._weight_int4pack_mm_for_cpu(xk, self._packed, INT4_GROUP, self._scales)
-        elif xk.shape[0] == 1 and (kernels := fused()) is not None and xk.is_contiguous():
-            # One row (a lone decode's output head): the fused GEMV streams the int8 weights
-            # 1.8x faster than torch's kernel, which wins again from 4 rows.
-            out = kernels.int8_linear(xk, self._packed, self._scales)
+            out = self.ops.int4_linear(xk, self._packed, self._scales, INT4_GROUP)
         else:
-            out = torch._weight_int8pack_mm(xk, self._packed, self._scales)
+            out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from inferd.kernels.ops import Rotation
+
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
@@ -73,21 +75,3 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos[positions].unsqueeze(1).to(dtype)  # [num_tokens, 1, head_dim]
         signed_sin = self.signed_sin[positions].unsqueeze(1).to(dtype)
         return Rotation(cos, signed_sin, positions, self.cos, self.signed_sin)
-
-
-@dataclass(frozen=True, slots=True)
-class Rotation:
-    cos: torch.Tensor
-    signed_sin: torch.Tensor
-    # What the fused kernel reads instead: positions and the float32 tables they index.
-    positions: torch.Tensor
-    cos_table: torch.Tensor
-    signed_sin_table: torch.Tensor
-
-    def apply(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [num_tokens, heads, head_dim] (any number of heads: q and k may go together).
-
-        ``x * cos + rotate_half(x) * sin`` in three kernels: the half swap is one flip.
-        """
-        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
-        return torch.addcmul(x * self.cos, swapped, self.signed_sin)

@@ -13,9 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inferd.kernels.ops import Rotation
 from inferd.layers.attention import AttentionMetadata
 from inferd.layers.norm import RMSNorm
-from inferd.layers.rotary import Rotation
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
 

@@ -12,31 +12,25 @@ checkpoint tensors are a loader matter). Gemma 2 subclasses it (models/gemma.py)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from inferd.kernels import fused
-from inferd.layers.attention import (
-    AttentionMetadata,
-    attend_paged,
-    paged_attention,
-    sliding_window_metadata,
-)
+from inferd.kernels.ops import KernelOps, Rotation
+from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_window_metadata
+from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
-from inferd.layers.rotary import RotaryEmbedding, Rotation
+from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(nn.Module, KernelUser):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
         self.num_kv_heads = cfg.num_kv_heads
         self.head_dim = cfg.head_dim
-        self.rotary_dim = cfg.rotary_size
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
         # Int8 rows here cost most of their error (KL 0.011 of 0.017 on SmolLM2): bf16 here.
@@ -56,43 +50,27 @@ class LlamaAttention(nn.Module):
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
         qkv = self.qkv_proj(x)
-        kernels = fused()
-        if kernels is not None and self.q_norm is None and self.rotary_dim == self.head_dim:
-            # One kernel rotates q and k and writes k, v at their slots.
-            q = kernels.rope_write_kv(
-                qkv,
-                rotation.positions,
-                meta.slot_mapping,
-                rotation.cos_table,
-                rotation.signed_sin_table,
-                cache[0],
-                cache[1],
-                self.num_heads,
-            )
-            out = attend_paged(q, cache[0], cache[1], meta, self.scale, softcap=self.softcap)
-            return self.o_proj(out.reshape(-1, self.q_size))
-        n, qk_size = qkv.shape[0], self.q_size + self.kv_size
-        v = qkv[:, qk_size:].view(n, self.num_kv_heads, self.head_dim)
-        qk = qkv[:, :qk_size].view(n, self.num_heads + self.num_kv_heads, self.head_dim)
         if self.q_norm is not None and self.k_norm is not None:
-            q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
-            qk = torch.cat((self.q_norm(q), self.k_norm(k)), dim=1)
-        # Queries and keys are rotated together: one set of kernels instead of two.
-        q, k = self._rotate(qk, rotation).split([self.num_heads, self.num_kv_heads], dim=1)
-        out = paged_attention(q, k, v, cache[0], cache[1], meta, self.scale, softcap=self.softcap)
+            qkv = self._norm_qk(qkv, self.q_norm, self.k_norm)
+        k_cache, v_cache = cache
+        q = self.ops.rope_write_kv(
+            qkv, rotation, meta.slot_mapping, k_cache, v_cache, self.num_heads
+        )
+        out = attend_paged(self.ops, q, k_cache, v_cache, meta, self.scale, softcap=self.softcap)
         return self.o_proj(out.reshape(-1, self.q_size))
 
-    def _rotate(self, x: torch.Tensor, rotation: Rotation) -> torch.Tensor:
-        if self.rotary_dim == self.head_dim:
-            return rotation.apply(x)
-        d = self.rotary_dim  # partial rotary: the rest of each head passes through
-        return torch.cat((rotation.apply(x[..., :d]), x[..., d:]), dim=-1)
+    def _norm_qk(self, qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
+        """Per-head RMSNorm of q and k (Qwen3), before the rotation."""
+        n = qkv.shape[0]
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q_norm(q.view(n, self.num_heads, self.head_dim))
+        k = k_norm(k.view(n, self.num_kv_heads, self.head_dim))
+        return torch.cat((q.flatten(1), k.flatten(1), v), dim=-1)
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(nn.Module, KernelUser):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.intermediate = cfg.intermediate_size
         self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
         # SiLU(gate) * up has outlier channels that per-row int8 rounds badly (+1.1% vs +0.4%
         # perplexity with it on SmolLM2): bf16 at mid batches.
@@ -101,12 +79,8 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
-        kernels = fused()
-        if kernels is not None and not self.gelu:
-            return self.down_proj(kernels.silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        act = self.ops.gelu_tanh_mul(gate_up) if self.gelu else self.ops.silu_mul(gate_up)
+        return self.down_proj(act)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -124,7 +98,7 @@ class LlamaDecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_norm(x))
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(nn.Module, KernelUser):
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.config = cfg
@@ -136,6 +110,12 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, int8_activations=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+
+    def use_kernels(self, ops: KernelOps) -> None:
+        """Run every layer on ``ops`` (picked once, when the engine is assembled: ``load_ops``)."""
+        for module in self.modules():
+            if isinstance(module, KernelUser):
+                module.ops = ops
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return LlamaDecoderLayer(cfg)

@@ -11,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.engine.builder import ServedModel
-from inferd.kernels import status as kernels_status
 from inferd.layers.linear import Linear, PackedKind
 from inferd.server.state import ServerState
 from inferd.serving.registry import ModelSlot
@@ -21,7 +20,8 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
     info: dict[str, Any] = {"id": slot.id, "kind": slot.kind, "status": str(slot.status)}
     model = slot.model
     if isinstance(model, ServedModel):
-        linears = [m for m in model.engine.engine.model.modules() if isinstance(m, Linear)]
+        decoder = model.engine.engine.model
+        linears = [m for m in decoder.modules() if isinstance(m, Linear)]
         info |= {
             "architecture": model.config.architecture,
             "dtype": str(model.dtype).removeprefix("torch."),
@@ -36,7 +36,7 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
                 "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
                 "dense_dropped": sum(not m.dense for m in linears),
                 "int8_activation_rows": sum(m.serves_int8_activations for m in linears),
-                "fused": kernels_status(),
+                "fused": decoder.ops.description,
             },
         }
     elif model is not None:

@@ -64,7 +64,7 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
     dtype += f", isq {isq}" if isq else ""
     import torch  # here, not at module level: `inferd --help` must not wait for torch
 
-    from inferd.kernels import status as kernels_status
+    from inferd.kernels import load_ops
 
     compute = f"compute    cpu  dtype {dtype}  threads {torch.get_num_threads()}"
     head = [
@@ -90,7 +90,7 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
         compute,
-        f"kernels    {kernels_status()}",
+        f"kernels    {load_ops(model.dtype).description}",
         f"limits     max seqs {model.engine_config.max_num_seqs}, context "
         f"{model.engine.max_model_len}, batch tokens {cfg.max_num_batched_tokens}, "
         f"KV cache {model.kv_cache_tokens} tokens",

@@ -12,6 +12,7 @@ import torch
 from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParams
+from tests.kernels.choice import OPS_NAMES, ops_named
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
 
@@ -37,11 +38,21 @@ async def _wait_idle(served: ServedModel) -> None:
         await asyncio.sleep(0.02)
 
 
-def test_greedy_32_tokens_equal_transformers(served_f32: ServedModel, hf_smollm2: Any) -> None:
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
+def test_greedy_32_tokens_equal_transformers(
+    served_f32: ServedModel, hf_smollm2: Any, ops_name: str
+) -> None:
     prompt = served_f32.chat_prompt(STORY)
-    outputs = asyncio.run(
-        _generate(served_f32, prompt, SamplingParams(max_tokens=32, temperature=0))
-    )
+    decoder = served_f32.engine.core.runner.model
+    chosen = decoder.ops
+    assert chosen.description == "fused CPU kernels"  # what the engine picked for f32
+    decoder.use_kernels(ops_named(ops_name))  # no request is running: the engine is idle
+    try:
+        outputs = asyncio.run(
+            _generate(served_f32, prompt, SamplingParams(max_tokens=32, temperature=0))
+        )
+    finally:
+        decoder.use_kernels(chosen)
     with torch.inference_mode():
         ref = hf_smollm2.generate(
             torch.tensor([prompt]),

@@ -1,4 +1,5 @@
-"""The fused decode kernels against the plain PyTorch ops they replace."""
+"""The fused kernel ops against the plain PyTorch ops they replace, over the head sizes and
+grouped-query ratios of the models inferd serves; and the choice between the two."""
 
 from __future__ import annotations
 
@@ -9,22 +10,25 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from inferd.kernels import fused, status, unfused
-from inferd.layers.attention import (
-    AttentionMetadata,
-    attend_paged,
-    gather_blocks,
-    grouped_attention,
-    write_kv,
-)
+from inferd.kernels import FUSED_DTYPES, build_status, load_ops
+from inferd.kernels.fused import FusedOps
+from inferd.kernels.ops import KernelOps
+from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention
 from inferd.layers.linear import Linear, PackedKind
-from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
+from tests.kernels.choice import ops_named
 
 DTYPES = [torch.float32, torch.bfloat16]
-HEADS, KV_HEADS, DIM, BS = 6, 2, 16, 4
+HEAD_DIMS = [64, 128, 256]
+GQA_RATIOS = [1, 4, 8]  # query heads per KV head
+KV_HEADS, BS = 2, 4
+PLAIN = PlainOps()
+
+
+@pytest.fixture(scope="module")
+def fused() -> KernelOps:
+    return ops_named("fused")
 
 
 def _tol(dtype: torch.dtype) -> dict[str, float]:
@@ -33,66 +37,104 @@ def _tol(dtype: torch.dtype) -> dict[str, float]:
 
 def test_the_kernels_build_here() -> None:
     # CI machines have a compiler: a build failure must show, not fall back silently.
-    assert fused() is not None, status()
-    assert status() == "fused CPU kernels"
+    for dtype in FUSED_DTYPES:
+        ops = load_ops(dtype)
+        assert isinstance(ops, FusedOps), ops.description
+        assert ops.description == "fused CPU kernels"
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rms_norm(dtype: torch.dtype) -> None:
-    torch.manual_seed(0)
-    norm = RMSNorm(96, 1e-5).to(dtype)
-    norm.weight.data = torch.randn(96).to(dtype)
-    x = (torch.randn(5, 96) * 3).to(dtype)
-    with unfused():
-        expected = norm(x)
-    torch.testing.assert_close(norm(x), expected, **_tol(dtype))
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_rope_and_kv_write(dtype: torch.dtype) -> None:
-    torch.manual_seed(1)
-    rotary = RotaryEmbedding(DIM, 64, inverse_frequencies(DIM, 10000.0, RopeScaling()))
-    n = 3
-    qkv = torch.randn(n, (HEADS + 2 * KV_HEADS) * DIM).to(dtype)
-    positions, slots = torch.tensor([0, 17, 40]), torch.tensor([9, 2, 30])
-    rotation = rotary.at(positions, dtype)
-    caches = [torch.zeros(8, BS, KV_HEADS, DIM, dtype=dtype) for _ in range(4)]
-    q = fused().rope_write_kv(
-        qkv,
-        positions,
-        slots,
-        rotation.cos_table,
-        rotation.signed_sin_table,
-        caches[0],
-        caches[1],
-        HEADS,
+def test_float16_models_run_the_plain_ops_and_say_why() -> None:
+    ops = load_ops(torch.float16)
+    assert isinstance(ops, PlainOps) and not isinstance(ops, FusedOps)
+    assert ops.description == (
+        "plain PyTorch ops (the fused kernels take float32 and bfloat16, not torch.float16)"
     )
-    # The reference: rotate q and k with the PyTorch ops, then write k and v at the slots.
-    q_ref, k_ref, v_ref = qkv.split([HEADS * DIM, KV_HEADS * DIM, KV_HEADS * DIM], dim=-1)
-    q_ref = rotation.apply(q_ref.reshape(n, HEADS, DIM))
-    k_ref = rotation.apply(k_ref.reshape(n, KV_HEADS, DIM))
-    meta = AttentionMetadata(slots, None, None, None, ())
-    write_kv(caches[2], caches[3], k_ref, v_ref.reshape(n, KV_HEADS, DIM), meta)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 576, 2048])
+def test_rms_norm(fused: KernelOps, dtype: torch.dtype, hidden: int) -> None:
+    torch.manual_seed(0)
+    weight = torch.randn(hidden).to(dtype)
+    x = (torch.randn(5, hidden) * 3).to(dtype)
+    torch.testing.assert_close(
+        fused.rms_norm(x, weight, 1e-5), PLAIN.rms_norm(x, weight, 1e-5), **_tol(dtype)
+    )
+    # Per-head q/k norms see a strided view of the QKV rows.
+    heads = x.view(5, -1, 32)[:, ::2]
+    torch.testing.assert_close(
+        fused.rms_norm(heads, weight[:32], 1e-5),
+        PLAIN.rms_norm(heads, weight[:32], 1e-5),
+        **_tol(dtype),
+    )
+
+
+def _rotary(dim: int, max_position: int = 64) -> RotaryEmbedding:
+    return RotaryEmbedding(dim, max_position, inverse_frequencies(dim, 10000.0, RopeScaling()))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_rope_and_kv_write(fused: KernelOps, dtype: torch.dtype, ratio: int, head_dim: int) -> None:
+    _check_rope(fused, dtype, ratio * KV_HEADS, head_dim, rotary_dim=head_dim)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_partial_rotary_passes_the_rest_of_each_head_through(
+    fused: KernelOps, dtype: torch.dtype
+) -> None:
+    _check_rope(fused, dtype, 8, 96, rotary_dim=32)  # Phi-3's share of a head
+
+
+def _check_rope(
+    fused: KernelOps, dtype: torch.dtype, heads: int, head_dim: int, rotary_dim: int
+) -> None:
+    torch.manual_seed(1)
+    n = 3
+    qkv = torch.randn(n, (heads + 2 * KV_HEADS) * head_dim).to(dtype)
+    positions, slots = torch.tensor([0, 17, 63]), torch.tensor([9, 2, 31])
+    rotation = _rotary(rotary_dim).at(positions, dtype)
+    caches = [torch.zeros(8, BS, KV_HEADS, head_dim, dtype=dtype) for _ in range(4)]
+    q = fused.rope_write_kv(qkv, rotation, slots, caches[0], caches[1], heads)
+    q_ref = PLAIN.rope_write_kv(qkv, rotation, slots, caches[2], caches[3], heads)
     torch.testing.assert_close(q, q_ref, **_tol(dtype))
     torch.testing.assert_close(caches[0], caches[2], **_tol(dtype))
     assert torch.equal(caches[1], caches[3])  # v is copied as is
+    assert caches[0].count_nonzero() == n * KV_HEADS * head_dim  # only the three slots
+    if rotary_dim < head_dim:  # the channels past the rotary share are q's, untouched
+        q_in = qkv[:, : heads * head_dim].view(n, heads, head_dim)
+        assert torch.equal(q[..., rotary_dim:], q_in[..., rotary_dim:])
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("softcap", "window"), [(None, 0), (20.0, 0), (None, 5)])
-def test_decode_attention(dtype: torch.dtype, softcap: float | None, window: int) -> None:
+def _decode_case(
+    dtype: torch.dtype, heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     torch.manual_seed(2)
-    k_cache = torch.randn(12, BS, KV_HEADS, DIM).to(dtype)
-    v_cache = torch.randn(12, BS, KV_HEADS, DIM).to(dtype)
+    k_cache = torch.randn(12, BS, KV_HEADS, head_dim).to(dtype)
+    v_cache = torch.randn(12, BS, KV_HEADS, head_dim).to(dtype)
     tables = torch.tensor([[3, 9, 0, 0], [1, 4, 7, 2], [11, 0, 0, 0]])  # scattered, padded
-    positions = torch.tensor([6, 15, 2])
-    # The reference: keys at or before each position (and within the window), by gathered
-    # blocks and the plain grouped attention.
+    lens = torch.tensor([7, 16, 3])
+    q = torch.randn(3, heads, head_dim).to(dtype)
+    return q, k_cache, v_cache, tables, lens
+
+
+def _reference_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    softcap: float | None,
+    window: int,
+) -> torch.Tensor:
+    """Keys before each length (and within the window), by gathered blocks and the grouped
+    attention in float32."""
     keys = torch.arange(tables.shape[1] * BS)[None, :]
-    p = positions[:, None]
-    mask = (keys <= p) & (keys > p - window) if window else keys <= p
-    q = torch.randn(3, HEADS, DIM).to(dtype)
-    expected = grouped_attention(
+    mask = keys < lens[:, None]
+    if window:
+        mask &= keys >= lens[:, None] - window
+    return grouped_attention(
         q.unsqueeze(2).float(),
         gather_blocks(k_cache, tables).float(),
         gather_blocks(v_cache, tables).float(),
@@ -100,35 +142,50 @@ def test_decode_attention(dtype: torch.dtype, softcap: float | None, window: int
         0.3,
         softcap,
     ).squeeze(2)
-    meta = AttentionMetadata(
-        torch.zeros(3, dtype=torch.long), torch.arange(3), tables, positions + 1, (), window
-    )
-    out = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
-    with unfused():
-        plain = attend_paged(q, k_cache, v_cache, meta, 0.3, softcap=softcap)
-    torch.testing.assert_close(out.float(), expected, **_tol(dtype))
-    torch.testing.assert_close(plain.float(), expected, **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_decode_attention(fused: KernelOps, dtype: torch.dtype, ratio: int, head_dim: int) -> None:
+    q, k_cache, v_cache, tables, lens = _decode_case(dtype, ratio * KV_HEADS, head_dim)
+    expected = _reference_decode(q, k_cache, v_cache, tables, lens, None, 0)
+    for ops in (fused, PLAIN):
+        out = ops.decode_attention(q, k_cache, v_cache, tables, lens, 0.3, None, 0)
+        torch.testing.assert_close(out.float(), expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("softcap", "window"), [(20.0, 0), (None, 5), (2.0, 3)])
+def test_decode_attention_softcap_and_window(
+    fused: KernelOps, dtype: torch.dtype, softcap: float | None, window: int
+) -> None:
+    q, k_cache, v_cache, tables, lens = _decode_case(dtype, 4 * KV_HEADS, 64)
+    expected = _reference_decode(q, k_cache, v_cache, tables, lens, softcap, window)
+    for ops in (fused, PLAIN):
+        out = ops.decode_attention(q, k_cache, v_cache, tables, lens, 0.3, softcap, window)
+        torch.testing.assert_close(out.float(), expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
     torch.manual_seed(3)
     x = (torch.randn(4, 2 * 40) * 4).to(dtype)
-    gate, up = x.split(40, dim=-1)
-    torch.testing.assert_close(fused().silu_mul(x), F.silu(gate) * up, **_tol(dtype))
+    torch.testing.assert_close(fused.silu_mul(x), PLAIN.silu_mul(x), **_tol(dtype))
+    torch.testing.assert_close(fused.gelu_tanh_mul(x), PLAIN.gelu_tanh_mul(x), **_tol(dtype))
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_int8_linear_of_one_row(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("rows", [1, 3])
+def test_int8_linear(fused: KernelOps, dtype: torch.dtype, rows: int) -> None:
     torch.manual_seed(4)
     layer = Linear(96, 80).to(dtype)
-    weight = torch.randn(80, 96)
-    layer.pack(PackedKind.INT8, source=weight)
-    x = torch.randn(1, 96).to(dtype)
-    with unfused():
-        expected = layer(x)  # torch's int8 kernel
-    torch.testing.assert_close(layer(x), expected, **_tol(dtype))
+    layer.pack(PackedKind.INT8, source=torch.randn(80, 96))
     assert layer.packed_kind is PackedKind.INT8
+    x = torch.randn(rows, 96).to(dtype)
+    expected = layer(x)  # torch's int8 kernel: a layer runs the plain ops until given others
+    layer.ops = fused
+    torch.testing.assert_close(layer(x), expected, **_tol(dtype))
 
 
 @pytest.mark.parametrize(
@@ -143,10 +200,13 @@ def test_without_the_kernels_everything_runs_on_plain_ops(
 ) -> None:
     script = (
         "import torch\n"
-        "from inferd.kernels import status\n"
+        "from inferd.kernels import load_ops\n"
         "from inferd.layers.norm import RMSNorm\n"
-        "print(status())\n"
-        "print(RMSNorm(8, 1e-5)(torch.ones(2, 8)).sum().item())\n"
+        "ops = load_ops(torch.float32)\n"
+        "print(ops.description)\n"
+        "norm = RMSNorm(8, 1e-5)\n"
+        "norm.ops = ops\n"
+        "print(norm(torch.ones(2, 8)).sum().item())\n"
     )
     run_env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), **env}
     result = subprocess.run(
@@ -156,3 +216,14 @@ def test_without_the_kernels_everything_runs_on_plain_ops(
     line, value = result.stdout.splitlines()
     assert line.startswith(reason)
     assert float(value) == pytest.approx(16.0, rel=1e-4)  # ones normalize to ones (eps aside)
+
+
+def test_doctor_says_what_a_start_would_run_without_building(
+    fused: KernelOps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert build_status().startswith("fused CPU kernels (built for this CPU and source")
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert build_status().startswith("fused CPU kernels, built at the first start")
+    assert not any(tmp_path.iterdir())  # and nothing was built or staged
+    monkeypatch.setenv("INFERD_FUSED_KERNELS", "0")
+    assert build_status() == "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"

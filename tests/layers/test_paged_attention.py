@@ -6,14 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferd.layers.attention import (
-    AttentionMetadata,
-    PrefillChunk,
-    chunk_mask,
-    decode_mask,
-    grouped_attention,
-    paged_attention,
-)
+from inferd.kernels.plain import decode_mask, grouped_attention, write_kv
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, attend_paged, chunk_mask
+from tests.kernels.choice import OPS_NAMES, ops_named
 
 HEADS, KV_HEADS, DIM, BS = 6, 2, 16, 4
 
@@ -28,8 +23,9 @@ def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int) ->
     return out.transpose(0, 1)
 
 
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype) -> None:
+def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype, ops_name: str) -> None:
     torch.manual_seed(0)
     # Three sequences: two decoding (lengths 7 and 13), one prefilling tokens 5..10 of 11.
     lengths, firsts = [7, 13, 11], [6, 12, 5]
@@ -58,7 +54,8 @@ def test_mixed_batch_matches_contiguous_reference(dtype: torch.dtype) -> None:
         decode_lens=torch.tensor([7, 13]),
         prefills=(PrefillChunk(2, 6, 5, tbl[2], chunk_mask(5, 6)),),
     )
-    out = paged_attention(q, k, v, k_cache, v_cache, meta, scale=0.25).float()
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = attend_paged(ops_named(ops_name), q, k_cache, v_cache, meta, scale=0.25).float()
     expected = torch.cat(
         [
             _reference(

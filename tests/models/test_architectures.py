@@ -19,6 +19,7 @@ from inferd.loaders.gguf import GGUFFile
 from inferd.loaders.safetensors_model import load_plain_model, load_safetensors_model
 from inferd.models.config import ModelConfigError, config_from_hf
 from inferd.models.loader import load_gguf_model
+from tests.kernels.choice import OPS_NAMES, ops_named
 from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import ARCHITECTURES, SLIDING_WINDOW, save_tiny, write_gguf
 
@@ -48,10 +49,14 @@ def _hf_greedy(hf: Any, ids: list[int], n: int) -> list[int]:
     return list(out[0, len(ids) :].tolist())
 
 
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_logits_match_transformers(arch: str, tiny: dict[str, tuple[Path, Any]]) -> None:
+def test_logits_match_transformers(
+    arch: str, ops_name: str, tiny: dict[str, tuple[Path, Any]]
+) -> None:
     directory, hf = tiny[arch]
     model, cfg = load_safetensors_model(directory, torch.float32, progress=False)
+    model.use_kernels(ops_named(ops_name))
     assert cfg.architecture == arch
     ids = [(7 * i + 3) % cfg.vocab_size for i in range(3 * SLIDING_WINDOW + 5)]
     ref = _hf_logits(hf, ids)
@@ -59,9 +64,10 @@ def test_logits_match_transformers(arch: str, tiny: dict[str, tuple[Path, Any]])
         torch.testing.assert_close(full_forward(model, ids, block_size), ref, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_engine_greedy_equals_transformers_generate(
-    arch: str, tiny: dict[str, tuple[Path, Any]]
+    arch: str, ops_name: str, tiny: dict[str, tuple[Path, Any]]
 ) -> None:
     directory, hf = tiny[arch]
     served = load_plain_model(
@@ -70,6 +76,8 @@ def test_engine_greedy_equals_transformers_generate(
         progress=False,
     )
     try:
+        # The engine picked the fused ops; the decoder is switched before any request runs.
+        served.engine.core.runner.model.use_kernels(ops_named(ops_name))
         prompt = served.chat_prompt(PROMPT)
         short = prompt[: SLIDING_WINDOW + 3]
         params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)

@@ -12,6 +12,7 @@ from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loaders.gguf import GGUFFile
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.loader import load_gguf_model
+from tests.kernels.choice import OPS_NAMES, ops_named
 
 PROMPTS = [
     "The capital of France is",
@@ -68,10 +69,16 @@ def _reference(hf: Any, ids: list[int]) -> torch.Tensor:
         return hf(torch.tensor([ids])).logits[0].float()
 
 
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_f32_logits_match_transformers(
-    prompt: str, ours_f32: LlamaForCausalLM, hf_smollm2: Any, hf_smollm2_tokenizer: Any
+    prompt: str,
+    ops_name: str,
+    ours_f32: LlamaForCausalLM,
+    hf_smollm2: Any,
+    hf_smollm2_tokenizer: Any,
 ) -> None:
+    ours_f32.use_kernels(ops_named(ops_name))
     ids = hf_smollm2_tokenizer(prompt)["input_ids"]
     ours, ref = full_forward(ours_f32, ids), _reference(hf_smollm2, ids)
     assert ours.shape == ref.shape

@@ -1,0 +1,157 @@
+"""The kernel ops in plain PyTorch: the reference the fused kernels are tested against, and what
+runs where those cannot (no compiler, ``INFERD_FUSED_KERNELS=0``, a dtype they do not take)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferd.kernels.ops import KernelOps, Rotation
+
+SMALL_DECODE_KEYS = 256  # up to here a lone decode attends in float32 (see decode_attention)
+
+
+class PlainOps(KernelOps):
+    def __init__(self, reason: str = "the reference ops") -> None:
+        self.reason = reason  # why these run rather than the fused kernels
+
+    @property
+    def description(self) -> str:
+        return f"plain PyTorch ops ({self.reason})"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one aten kernel; same arithmetic as below
+            return F.rms_norm(x, weight.shape, weight, eps)
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x32.to(x.dtype)
+
+    def rope_write_kv(
+        self,
+        qkv: torch.Tensor,
+        rotation: Rotation,
+        slots: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        num_heads: int,
+    ) -> torch.Tensor:
+        n, (kv_heads, head_dim) = qkv.shape[0], k_cache.shape[2:]
+        qk_size = (num_heads + kv_heads) * head_dim
+        v = qkv[:, qk_size:].view(n, kv_heads, head_dim)
+        qk = qkv[:, :qk_size].view(n, num_heads + kv_heads, head_dim)
+        # Queries and keys are rotated together: one set of kernels instead of two.
+        if rotation.dim == head_dim:
+            qk = rotation.apply(qk)
+        else:  # partial rotary: the rest of each head passes through
+            qk = torch.cat((rotation.apply(qk[..., : rotation.dim]), qk[..., rotation.dim :]), -1)
+        q, k = qk.split([num_heads, kv_heads], dim=1)
+        write_kv(k_cache, v_cache, k, v, slots)
+        return q
+
+    def decode_attention(
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        block_tables: torch.Tensor,
+        lens: torch.Tensor,
+        scale: float,
+        softcap: float | None,
+        window: int,
+    ) -> torch.Tensor:
+        """Grouped matmuls, because CPU SDPA is slow at one query (5x at 16 sequences, 2-5x for
+        one sequence past 256 keys); for one sequence with few keys in float32, where the
+        matmuls cost less than bf16 ones that small (benchmarks/attention.py)."""
+        batch, max_blocks = block_tables.shape
+        num_keys = max_blocks * k_cache.shape[1]
+        small = batch == 1 and num_keys <= SMALL_DECODE_KEYS
+        dtype = torch.float32 if small else q.dtype
+        keys = gather_blocks(k_cache, block_tables, dtype)  # [D, kv_heads, L, head_dim]
+        values = gather_blocks(v_cache, block_tables, dtype)
+        mask = decode_mask(lens, num_keys, window)
+        out = grouped_attention(q.unsqueeze(2).to(dtype), keys, values, mask, scale, softcap)
+        return out.squeeze(2).to(q.dtype)  # [D, heads, head_dim]
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        return F.gelu(gate, approximate="tanh") * up
+
+    def int4_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group: int
+    ) -> torch.Tensor:
+        # torch's direct binding: ~1 us less per call than torch.ops.aten's Python wrapper.
+        return torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
+
+    def int8_linear(
+        self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
+    ) -> torch.Tensor:
+        return torch._weight_int8pack_mm(x, weight, scales)
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slots: torch.Tensor,
+) -> None:
+    # The pool seen as one row per slot: a single index_copy_ per tensor.
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+
+
+def gather_blocks(
+    cache: torch.Tensor, block_tables: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim].
+
+    Contiguous (and cast to ``dtype`` in the same copy): the CPU matmuls that read it cost
+    1.2-1.6x more on the transposed view, copy included (benchmarks/attention.py).
+    """
+    batch, max_blocks = block_tables.shape
+    _, block_size, num_kv_heads, head_dim = cache.shape
+    blocks = cache.index_select(0, block_tables.reshape(-1))
+    blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, head_dim)
+    return blocks.transpose(1, 2).to(dtype or cache.dtype, memory_format=torch.contiguous_format)
+
+
+def grouped_attention(
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scale: float,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Attention with query heads grouped over their shared KV head (no repeated K/V copies)."""
+    batch, heads, n, dim = q.shape
+    kv_heads = keys.shape[1]
+    qg = q.reshape(batch, kv_heads, heads // kv_heads * n, dim)  # [B, kv, group * n, d]
+    scores = torch.matmul(qg, keys.transpose(-1, -2)).float() * scale
+    scores = scores.view(batch, kv_heads, heads // kv_heads, n, -1)
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
+    if mask is not None:  # [.., n, T] -> broadcast over the kv and group dims
+        m = mask if mask.dim() == 2 else mask.reshape(mask.shape[0], 1, 1, n, -1)
+        scores = scores.masked_fill(~m, float("-inf"))
+    probs = scores.softmax(-1).to(values.dtype).view(batch, kv_heads, -1, scores.shape[-1])
+    return torch.matmul(probs, values).view(batch, heads, n, dim)
+
+
+def decode_mask(lens: torch.Tensor, num_keys: int, window: int = 0) -> torch.Tensor | None:
+    """Keys each decode may see, [num_decodes, 1, 1, num_keys]: the first ``lens`` of its
+    padded row, and of those only the last ``window`` when one is set. None when all may."""
+    if bool((lens == num_keys).all()) and (window == 0 or window >= num_keys):
+        return None
+    keys = torch.arange(num_keys)[None, :]
+    visible = keys < lens[:, None]
+    if window:
+        visible &= keys >= lens[:, None] - window
+    return visible[:, None, None, :]
+
+
+PLAIN_OPS = PlainOps()
