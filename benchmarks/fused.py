@@ -12,11 +12,12 @@ import statistics
 import time
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import load_model, resolve_source
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
 from inferd.kernels import status, unfused
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 
 
 def main() -> None:

@@ -22,14 +22,15 @@ import torch
 from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import store_info
-from inferd.engine.builder import load_model, resolve_source
 from inferd.layers.linear import Linear, PackedKind, int8_activation_rows, pack_int4, pack_int8
-from inferd.loaders.gguf import GGUFFile
-from inferd.loaders.safetensors_model import load_safetensors_model
-from inferd.loaders.tokenizer import tokenizer_from_gguf
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_model import load_safetensors_model
+from inferd.loading.quantize import Isq, QuantizeError, isq_for, linear_modules, quantize_weight
+from inferd.loading.tokenizer import tokenizer_from_gguf
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.loader import load_gguf_model
-from inferd.quantize import Isq, QuantizeError, isq_for, linear_modules, quantize_weight
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import save_tiny
 

@@ -14,10 +14,10 @@ import uuid
 from dataclasses import dataclass
 
 from inferd.bench.stats import RequestTiming, Summary, summarize
-from inferd.engine.builder import ServedModel
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel
 
 FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
 

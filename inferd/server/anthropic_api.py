@@ -22,10 +22,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.loaders.chat_template import ChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.envelope import error_body, error_response
@@ -42,6 +41,7 @@ from inferd.server.media import check_media_parts, media_policy
 from inferd.server.metrics import RequestTimeoutError, request_timer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 _NON_TEXT_BLOCKS = (
     "image",

@@ -17,12 +17,12 @@ from dataclasses import dataclass, field, replace
 from starlette.requests import Request
 
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.server import sse
 from inferd.server.errors import APIError, bad_request
 from inferd.server.protocol import SamplingFields
+from inferd.serving.served import ServedModel
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # choices per request, over all prompts

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
-from inferd import __version__
 from inferd.engine.outputs import RequestOutput
+from inferd.version import __version__
 
 if TYPE_CHECKING:
     from inferd.server.state import ServerState

@@ -15,10 +15,9 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
-from inferd.loaders.chat_template import ChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
@@ -39,6 +38,7 @@ from inferd.server.media import check_media_parts, media_policy
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -14,13 +14,13 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.builder import ServedModel
-from inferd.loaders.chat_template import ChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError
 from inferd.server.errors import bad_request
 from inferd.server.generation import token_piece
 from inferd.server.openai_chat import _message_dict
 from inferd.server.protocol import ChatMessage, _Lenient, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 
 class TokenizeRequest(_Lenient):

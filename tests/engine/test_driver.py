@@ -8,8 +8,9 @@ from pathlib import Path
 
 from inferd.config import EngineConfig
 from inferd.engine import driver
-from inferd.engine.builder import ServedModel, load_model, resolve_source
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel, load_model
+from inferd.source import resolve_source
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0)
 

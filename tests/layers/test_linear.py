@@ -16,8 +16,8 @@ from inferd.layers.linear import (
     dequantize_packed,
     int8_activation_rows,
 )
-from inferd.loaders.gguf import GGUFFile
-from inferd.models.loader import load_gguf_model
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
 from tests.models.test_llama_parity import full_forward
 
 

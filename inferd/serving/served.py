@@ -1,0 +1,146 @@
+"""A loaded model and the engine around it (KV cache, scheduler, runner): what the server
+answers for. ``load_model`` takes a source through ``loading.model.load`` and ``assemble``s the
+engine, sizing the KV cache from the engine config and the memory the machine has."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from inferd import kernels
+from inferd.config import EngineConfig
+from inferd.engine.async_engine import AsyncEngine, TextCodec
+from inferd.engine.core import EngineCore
+from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.runner import ModelRunner
+from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.loading.chat_template import ChatTemplate
+from inferd.loading.model import LoadedModel, load
+from inferd.loading.tokenizer import TokenizerBundle
+from inferd.models.config import ModelConfig
+from inferd.source import ModelSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 8192
+
+
+@dataclass(slots=True)
+class ServedModel:
+    """A loaded model and everything the server needs to answer for it."""
+
+    kind: ClassVar[str] = "chat"  # generates text; EmbeddingModel's kind is "embedding"
+
+    source: ModelSource
+    config: ModelConfig
+    dtype: torch.dtype
+    tokenizer: TokenizerBundle
+    chat_template: ChatTemplate
+    engine: AsyncEngine
+    engine_config: EngineConfig
+    kv_cache_tokens: int
+    created: int
+    isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+
+    @property
+    def id(self) -> str:
+        return self.source.name
+
+    def chat_prompt(self, messages: list[dict[str, Any]]) -> list[int]:
+        text = self.chat_template.render(messages, add_generation_prompt=True)
+        return self.tokenizer.encode(text, add_special=True)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def load_model(
+    source: ModelSource | str | Path,
+    cfg: EngineConfig,
+    *,
+    progress: bool = True,
+    chat_template: str | None = None,
+) -> ServedModel:
+    """A .gguf file or a Hugging Face directory, loaded and served by an engine built from
+    ``cfg``. ``chat_template``: Jinja source that replaces the model's own template."""
+    started = time.perf_counter()
+    if cfg.seed is not None:
+        torch.manual_seed(cfg.seed)
+    loaded = load(
+        source,
+        dtype=cfg.dtype,
+        isq=cfg.isq,
+        packed_kernels=cfg.packed_kernels,
+        progress=progress,
+        chat_template=chat_template,
+    )
+    served = assemble(loaded, cfg)
+    log.info("loaded %s in %.1fs", served.id, time.perf_counter() - started)
+    return served
+
+
+def assemble(loaded: LoadedModel, cfg: EngineConfig) -> ServedModel:
+    """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel."""
+    kernels.fused()  # built now (once per machine), not in the middle of a first request
+    mcfg, dtype, tokenizer, template = (
+        loaded.config,
+        loaded.dtype,
+        loaded.tokenizer,
+        loaded.chat_template,
+    )
+    max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
+    kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
+    num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
+    runner = ModelRunner(loaded.model, mcfg, num_blocks, cfg.block_size, dtype)
+    scheduler = Scheduler(
+        SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
+        KVCacheManager(
+            num_blocks,
+            cfg.block_size,
+            prefix_caching=cfg.prefix_caching,
+            model_key=loaded.source.digest,
+        ),
+    )
+    stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
+    eos = {i for i in [tokenizer.eos_token_id, *stops, *loaded.stop_ids] if i is not None}
+    codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
+    engine = AsyncEngine(EngineCore(runner, scheduler, max_len), codec, cfg.max_waiting)
+    return ServedModel(
+        source=loaded.source,
+        config=mcfg,
+        dtype=dtype,
+        tokenizer=tokenizer,
+        chat_template=template,
+        engine=engine,
+        engine_config=cfg,
+        kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
+        created=int(time.time()),
+        isq=loaded.isq.method if loaded.isq is not None else None,
+    )
+
+
+def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -> int:
+    if cfg.kv_cache_tokens is not None:
+        tokens = cfg.kv_cache_tokens
+    else:
+        per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
+        budget_mb = cfg.kv_cache_mb or min(512, _available_mb() // 10)
+        tokens = budget_mb * 2**20 // per_token
+    return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
+
+
+def _available_mb() -> int:
+    """Memory the OS can give without swapping (MemAvailable), or a modest guess elsewhere."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return 4096
