@@ -66,8 +66,9 @@ def load_model(
     progress: bool = True,
     chat_template: str | None = None,
 ) -> ServedModel:
-    """A .gguf file or a Hugging Face directory, loaded and served by an engine built from
-    ``cfg``. ``chat_template``: Jinja source that replaces the model's own template."""
+    """A .gguf file, or a Hugging Face directory (``loading.model.load``).
+
+    ``chat_template``: Jinja source that replaces the model's own template."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -80,38 +81,39 @@ def load_model(
         chat_template=chat_template,
     )
     served = assemble(loaded, cfg)
-    log.info("loaded %s in %.1fs", served.id, time.perf_counter() - started)
+    log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)
     return served
 
 
 def assemble(loaded: LoadedModel, cfg: EngineConfig) -> ServedModel:
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel."""
-    kernels.fused()  # built now (once per machine), not in the middle of a first request
-    mcfg, dtype, tokenizer, template = (
-        loaded.config,
-        loaded.dtype,
+    source, model, mcfg, dtype = loaded.source, loaded.model, loaded.config, loaded.dtype
+    tokenizer, template, stop_ids, isq = (
         loaded.tokenizer,
         loaded.chat_template,
+        loaded.stop_ids,
+        loaded.isq,
     )
+    kernels.fused()  # built now (once per machine), not in the middle of a first request
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
     num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
-    runner = ModelRunner(loaded.model, mcfg, num_blocks, cfg.block_size, dtype)
+    runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
         KVCacheManager(
             num_blocks,
             cfg.block_size,
             prefix_caching=cfg.prefix_caching,
-            model_key=loaded.source.digest,
+            model_key=source.digest,
         ),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
-    eos = {i for i in [tokenizer.eos_token_id, *stops, *loaded.stop_ids] if i is not None}
+    eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
     engine = AsyncEngine(EngineCore(runner, scheduler, max_len), codec, cfg.max_waiting)
     return ServedModel(
-        source=loaded.source,
+        source=source,
         config=mcfg,
         dtype=dtype,
         tokenizer=tokenizer,
@@ -120,7 +122,7 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig) -> ServedModel:
         engine_config=cfg,
         kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
         created=int(time.time()),
-        isq=loaded.isq.method if loaded.isq is not None else None,
+        isq=isq.method if isq is not None else None,
     )
 
 
