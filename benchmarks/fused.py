@@ -14,11 +14,12 @@ import time
 import torch
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import load_model, resolve_source
 from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
 from inferd.kernels import load_ops
 from inferd.kernels.plain import PlainOps
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 
 
 def main() -> None:

@@ -15,9 +15,10 @@ import time
 import torch
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import load_model, resolve_source
 from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 
 
 def main(batch: int) -> None:

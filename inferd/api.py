@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel
 from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.engine.sampling import SamplingParams
@@ -41,6 +40,7 @@ from inferd.serving.registry import (
     UnavailableError,
     UnloadReport,
 )
+from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file
 
 __all__ = [

@@ -10,13 +10,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from inferd import __version__
 from inferd.config import EngineConfig
 from inferd.server.serve_args import add_serve_args
 from inferd.serving.args import add_model_set_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
 from inferd.tools_cli import add_model_tool_args, add_tool_commands, print_quantized
 from inferd.tools_cli import model_id as tool_model_id
+from inferd.version import __version__
 
 log = logging.getLogger("inferd")
 
@@ -175,8 +175,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 
 
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from inferd.engine.builder import ServedModel
     from inferd.serving.loading import load_spec
+    from inferd.serving.served import ServedModel
     from inferd.serving.spec import ModelSpec
 
     model_id = tool_model_id(args) or DEFAULT_MODEL

@@ -21,7 +21,7 @@ class EngineConfig:
     seed: int | None = None
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
-    isq: str | None = None  # in-situ quantization of every projection: q8 | q4 (inferd/quantize.py)
+    isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):

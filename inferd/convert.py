@@ -16,13 +16,13 @@ from typing import Any
 
 import torch
 
-from inferd.loaders.chat_template import ChatTemplate
-from inferd.loaders.gguf import GGUFFile
-from inferd.loaders.tokenizer import TokenizerBundle, tokenizer_from_gguf
+from inferd.loading.chat_template import ChatTemplate
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_layout import hf_plan
+from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import HF_ARCHITECTURES, ModelConfig, ModelConfigError
-from inferd.models.hf_layout import hf_plan
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.loader import load_gguf_model
 
 SAVE_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

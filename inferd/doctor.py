@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from inferd import __version__, kernels
+from inferd import kernels
+from inferd.version import __version__
 
 # /proc/cpuinfo flags worth reporting, and what they mean for inferd.
 CPU_FLAGS = {
@@ -119,7 +120,7 @@ def cuda_devices() -> list[dict[str, Any]]:
 def store_info(home: Path | None = None) -> dict[str, Any]:
     """The store's models (from their manifests: no file is re-hashed) and quantized entries."""
     from inferd.hf_cache import hub_cache
-    from inferd.quantize import list_quantized
+    from inferd.loading.quantize import list_quantized
     from inferd.store import ModelStore
 
     store = ModelStore(home)
@@ -165,7 +166,7 @@ def store_info(home: Path | None = None) -> dict[str, Any]:
 
 def choices(cpu: dict[str, Any]) -> dict[str, Any]:
     """What inferd would pick on this host, and why."""
-    from inferd.models.loader import resolve_dtype
+    from inferd.loading.model import resolve_dtype
 
     dtype = resolve_dtype("auto")
     bf16 = dtype == torch.bfloat16

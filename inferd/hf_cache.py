@@ -62,7 +62,7 @@ class Snapshot:
 
     @property
     def digest(self) -> str:
-        """One digest over the files (``builder.directory_digest``'s rule), or the single
+        """One digest over the files (``source.directory_digest``'s rule), or the single
         .gguf file's own sha256 when that file is the model."""
         if self.entry != self.path:
             return self.files[self.entry.relative_to(self.path).as_posix()]

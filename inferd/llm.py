@@ -25,13 +25,13 @@ from typing import Any
 from tqdm import tqdm
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel
 from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.outputs import RequestOutput as StepOutput
 from inferd.engine.outputs import TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.loading import load_spec
+from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "Usage"]

@@ -97,7 +97,7 @@ def model_id(args: argparse.Namespace) -> str | None:
 
 def print_quantized(home: Path) -> None:
     """`inferd models`' lines for the quantized entries of the store."""
-    from inferd.quantize import list_quantized
+    from inferd.loading.quantize import list_quantized
 
     for folder, q in list_quantized(home):
         size = sum((folder / rel).stat().st_size for rel in q.files if (folder / rel).is_file())
@@ -109,7 +109,7 @@ def print_quantized(home: Path) -> None:
 
 def _convert(args: argparse.Namespace) -> int:
     from inferd.convert import ConvertError, convert_gguf
-    from inferd.engine.builder import resolve_source
+    from inferd.source import resolve_source
 
     source = resolve_source(args.model)
     if not source.path.is_file():
@@ -121,8 +121,9 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
-    from inferd.engine.builder import resolve_source
-    from inferd.quantize import find_quantized, quantize_to_store
+    from inferd.loading.quantize import find_quantized
+    from inferd.quantize_tool import quantize_to_store
+    from inferd.source import resolve_source
 
     source = resolve_source(model_id(args) or DEFAULT_MODEL)
     existing = find_quantized(source.digest, args.isq)

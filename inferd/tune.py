@@ -48,7 +48,7 @@ class ModelShape:
 
 def model_shape(source: str) -> ModelShape:
     """Read ``source``'s shape without loading weights (a store name is not pulled)."""
-    from inferd.engine.builder import resolve_source
+    from inferd.source import resolve_source
     from inferd.store import CATALOG, ModelStore, StoreError
 
     if source in CATALOG and not Path(source).exists():
@@ -64,7 +64,7 @@ def model_shape(source: str) -> ModelShape:
 
 
 def _gguf_shape(source: str, path: Path) -> ModelShape:
-    from inferd.loaders.gguf import GGUFFile
+    from inferd.loading.gguf import GGUFFile
     from inferd.models.config import config_from_gguf
 
     gguf = GGUFFile(path)
@@ -81,8 +81,8 @@ def _gguf_shape(source: str, path: Path) -> ModelShape:
 
 
 def _plain_shape(source: str, path: Path) -> ModelShape:
-    from inferd.loaders.safetensors import SafetensorsCheckpoint
-    from inferd.loaders.safetensors_model import read_model_config
+    from inferd.loading.hf_model import read_model_config
+    from inferd.loading.safetensors import SafetensorsCheckpoint
 
     checkpoint = SafetensorsCheckpoint(path)
     cfg = read_model_config(path, checkpoint)
@@ -114,7 +114,7 @@ def recommend(
     dtype: torch.dtype | None = None,
 ) -> dict[str, Any]:
     """The estimate (see the module docstring); host facts default to this machine's."""
-    from inferd.models.loader import resolve_dtype
+    from inferd.loading.model import resolve_dtype
 
     mem = memory_info()
     available = available_mb if available_mb is not None else mem["available_mb"] or 4096

@@ -10,7 +10,7 @@ from inferd.config import EngineConfig
 from inferd.store import DEFAULT_MODEL, ModelStore
 
 if TYPE_CHECKING:
-    from inferd.engine.builder import ServedModel
+    from inferd.serving.served import ServedModel
 
 
 @pytest.fixture(scope="session")
@@ -47,7 +47,8 @@ def hf_smollm2_tokenizer(smollm2_gguf: Path) -> Any:
 @pytest.fixture(scope="session")
 def served_f32(smollm2_gguf: Path) -> Iterator[ServedModel]:
     """Our full stack on the default model in float32, shared by engine tests."""
-    from inferd.engine.builder import load_model, resolve_source
+    from inferd.serving.served import load_model
+    from inferd.source import resolve_source
 
     served = load_model(
         resolve_source(str(smollm2_gguf)),

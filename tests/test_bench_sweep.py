@@ -10,8 +10,9 @@ import pytest
 from inferd.bench.main import render
 from inferd.bench.sweep import SweepPoint, peak_rss_mb, run_point, sweep_points
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel, load_model, resolve_source
 from inferd.engine.driver import CallerLoop
+from inferd.serving.served import ServedModel, load_model
+from inferd.source import resolve_source
 
 
 @pytest.fixture(scope="module")

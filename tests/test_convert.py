@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from inferd.cli import main
-from inferd.loaders.gguf import GGUFFile
-from inferd.loaders.safetensors_model import load_safetensors_model, load_tokenizer
-from inferd.loaders.tokenizer import tokenizer_from_gguf
-from inferd.models.loader import load_gguf_model
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_model import load_safetensors_model, load_tokenizer
+from inferd.loading.tokenizer import tokenizer_from_gguf
 from tests.models.test_llama_parity import PROMPTS, full_forward
 
 

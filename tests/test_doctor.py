@@ -13,9 +13,10 @@ import torch
 from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import CPU_FLAGS, cpu_info
-from inferd.engine.builder import load_model, resolve_source
 from inferd.server.app import build_app
+from inferd.serving.served import load_model
 from inferd.serving.spec import load_models_file
+from inferd.source import resolve_source
 from inferd.store import ModelStore
 from inferd.tune import model_shape, recommend
 from tests.models.tiny import save_tiny

@@ -13,9 +13,10 @@ import httpx
 import pytest
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import load_model, resolve_source
 from inferd.hf_cache import is_repo_id, resolve_snapshot, split_revision
 from inferd.server.app import build_app
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 from inferd.store import StoreError
 from tests.models.tiny import save_tiny
 

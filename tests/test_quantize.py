@@ -22,14 +22,16 @@ import torch
 from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import store_info
-from inferd.engine.builder import load_model, resolve_source
+from inferd.kernels import int8_dot_products_exact
 from inferd.layers.linear import Linear, PackedKind, int8_activation_rows, pack_int4, pack_int8
-from inferd.loaders.gguf import GGUFFile
-from inferd.loaders.safetensors_model import load_safetensors_model
-from inferd.loaders.tokenizer import tokenizer_from_gguf
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_model import load_safetensors_model
+from inferd.loading.quantize import Isq, QuantizeError, isq_for, linear_modules, quantize_weight
+from inferd.loading.tokenizer import tokenizer_from_gguf
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.loader import load_gguf_model
-from inferd.quantize import Isq, QuantizeError, isq_for, linear_modules, quantize_weight
+from inferd.serving.served import load_model
+from inferd.source import resolve_source
 from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import save_tiny
 
@@ -88,6 +90,7 @@ def test_q4_perplexity_within_measured_bound(perplexities: dict[str | None, floa
     assert abs(perplexities["q4"] / perplexities[None] - 1) < 0.01, perplexities
 
 
+@pytest.mark.skipif(not int8_dot_products_exact(), reason="int8-row path is off on this CPU")
 def test_int8_rows_of_batched_decodes_stay_close_to_dense_bf16(
     smollm2_gguf: Path, text_ids: list[int]
 ) -> None:

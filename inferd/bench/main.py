@@ -23,7 +23,7 @@ from inferd.bench.stats import Summary
 from inferd.bench.workloads import WORKLOADS
 
 if TYPE_CHECKING:
-    from inferd.engine.builder import ModelSource
+    from inferd.source import ModelSource
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
@@ -59,7 +59,7 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from inferd.engine.builder import resolve_source
+    from inferd.source import resolve_source
 
     source = resolve_source(args.model)
     gguf = source.path
@@ -94,8 +94,8 @@ def main(args: argparse.Namespace) -> int:
 def _sweep(args: argparse.Namespace, source: ModelSource) -> int:
     from inferd.bench.sweep import peak_rss_mb, run_point, sweep_points
     from inferd.config import EngineConfig
-    from inferd.engine.builder import load_model
     from inferd.engine.driver import CallerLoop
+    from inferd.serving.served import load_model
 
     # The sweep steps the engine on this (main) thread, as `inferd serve` does.
     served = load_model(source, EngineConfig(isq=args.isq), progress=True, loop=CallerLoop())

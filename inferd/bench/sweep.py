@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass
 
 from inferd.bench.stats import RequestTiming, Summary, summarize
-from inferd.engine.builder import ServedModel
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel
 
 FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
 

@@ -28,9 +28,9 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from inferd.engine.builder import ModelSource
 from inferd.engine.driver import EngineLoop, ThreadLoop
-from inferd.models.bert import BertConfig, BertModel, load_bert
+from inferd.models.bert import BertConfig, BertModel
+from inferd.source import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -269,49 +269,3 @@ def _settle(job: _EmbedJob, outcome: list[list[float]] | BaseException) -> None:
 
     with contextlib.suppress(RuntimeError):  # the caller's event loop is closed: nobody waits
         job.event_loop.call_soon_threadsafe(done)
-
-
-def is_embedding_directory(path: Path) -> bool:
-    """Whether ``path`` looks like a sentence-embedding model directory we can load."""
-    cfg = path / "config.json"
-    if not path.is_dir() or not cfg.is_file():
-        return False
-    try:
-        data = json.loads(cfg.read_text())
-    except ValueError:
-        return False
-    archs = data.get("architectures") or []
-    return data.get("model_type") == "bert" or "BertModel" in archs
-
-
-def load_embedding_model(
-    source: ModelSource, dtype: str = "auto", loop: EngineLoop | None = None
-) -> EmbeddingModel:
-    """Load the embedding model in directory ``source.path``; ``dtype`` auto means float32 (the
-    model is small, and float32 keeps vectors equal to the reference implementation's).
-    ``loop``: who runs its forward passes (engine/driver.py); by default a thread of its own."""
-    from tokenizers import Tokenizer
-
-    started = time.perf_counter()
-    path = source.path
-    if not is_embedding_directory(path):
-        raise ValueError(f"{path}: not an embedding model directory (a BERT config.json)")
-    torch_dtype = {"auto": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
-    tok_file = path / "tokenizer.json"
-    if not tok_file.is_file():
-        raise ValueError(f"{path}: no tokenizer.json beside the weights")
-    tokenizer = Tokenizer.from_file(str(tok_file))
-    tokenizer.no_truncation()
-    tokenizer.no_padding()
-    model = load_bert(path, torch_dtype)
-    pooling = Pooling.from_directory(path)
-    log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
-    return EmbeddingModel(
-        source=source,
-        config=model.config,
-        model=model,
-        tokenizer=tokenizer,
-        pooling=pooling,
-        dtype=torch_dtype,
-        loop=loop or ThreadLoop("inferd-embed"),
-    )

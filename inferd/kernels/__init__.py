@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import logging
 import os
@@ -175,14 +176,27 @@ def build_root() -> Path:
     return Path(root) / "inferd"
 
 
-def _cpu_tag() -> str:
-    """torch's capability name plus a short digest of the CPU's feature flags."""
-    flags = ""
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (/proc/cpuinfo), empty where they cannot be read."""
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("flags"):
-                flags = line
-                break
+                return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def int8_dot_products_exact() -> bool:
+    """Whether fbgemm's int8 x int8 kernels sum products exactly here: with VNNI (AVX-512 VNNI,
+    AVX-VNNI) or AMX they accumulate in int32, while plain AVX2/AVX-512 pair products through
+    vpmaddubsw, which saturates at int16 (on SmolLM2's projections that cost 5% relative error
+    per row, and KL 0.024 against dense bf16 instead of 0.007)."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
+
+
+def _cpu_tag() -> str:
+    """torch's capability name plus a short digest of the CPU's feature flags."""
+    flags = " ".join(sorted(cpu_flags()))
     digest = hashlib.sha256(flags.encode()).hexdigest()[:8]
     return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 

@@ -15,7 +15,8 @@ compute-bound while bf16 still pays for reading twice the bytes, so a third copy
 int8 weights times int8 activations (fbgemm's VNNI kernel), each activation row scaled by its own
 max first. llama.cpp quantizes activations for every matmul; here only batched decodes do (the
 runner opens ``int8_activation_rows`` for steps without prompt tokens, so prompts keep
-weight-only precision), and the layers where int8 rows cost most (the QKV and down
+weight-only precision; only on CPUs whose int8 dot products are exact, with VNNI or AMX:
+``kernels.int8_dot_products_exact``), and the layers where int8 rows cost most (the QKV and down
 projections, the output head) opt out: on SmolLM2 the rest add KL 0.007 against dense bf16 with
 no measurable perplexity change (tests/test_quantize.py), and a 16-row step took ~9% less time
 (54 vs 59 ms, before the fused kernels).
@@ -34,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd.kernels import int8_dot_products_exact
 from inferd.layers.kernel_user import KernelUser
 
 INT4_GROUP = 32
@@ -91,7 +93,7 @@ class Linear(nn.Linear, KernelUser):
             self._packed, self._scales = pack_int8(w, self.weight.dtype)
         self.packed_kind = kind
         self.small_batch = small_batch
-        if self.int8_activations:
+        if self.int8_activations and int8_dot_products_exact():
             self._int8_mm = prepack_int8_activations(w)
 
     def use_packed_only(self, kind: PackedKind, packed: torch.Tensor, scales: torch.Tensor) -> None:

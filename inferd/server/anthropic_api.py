@@ -21,7 +21,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.server import sse
@@ -42,6 +41,7 @@ from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import check_media_parts, media_policy
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 _NON_TEXT_BLOCKS = (
     "image",

@@ -12,7 +12,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd import __version__
 from inferd.server.anthropic_api import count_tokens, create_message
 from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
@@ -37,12 +36,13 @@ from inferd.server.state import ServerState
 from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
 from inferd.serving.registry import registry_of
+from inferd.version import __version__
 
 if TYPE_CHECKING:
     from inferd.api import Engine
-    from inferd.engine.builder import ServedModel
     from inferd.engine.embedding import EmbeddingModel
     from inferd.serving.registry import ModelRegistry, ModelSlot
+    from inferd.serving.served import ServedModel
 
 Handler = Callable[[Request], Awaitable[Response]]
 

@@ -21,16 +21,16 @@ from dataclasses import dataclass, field, replace
 from starlette.requests import Request
 
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.loaders.chat_template import ChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
 from inferd.server.limits import request_deadline
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
+from inferd.serving.served import ServedModel
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -22,8 +22,8 @@ from urllib.parse import urljoin, urlsplit
 
 import h11
 
-from inferd import __version__
 from inferd.server.defaults import DEFAULT_REMOTE_MEDIA_PORTS
+from inferd.version import __version__
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network

@@ -35,9 +35,9 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inferd import __version__
 from inferd.engine.outputs import RequestOutput
 from inferd.server.streams import close_stream
+from inferd.version import __version__
 
 if TYPE_CHECKING:
     from inferd.server.state import ServerState

@@ -21,7 +21,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.embedding import EmbeddingModel
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
@@ -35,6 +34,7 @@ from inferd.serving.registry import (
     UnavailableError,
     UnknownModelError,
 )
+from inferd.serving.served import ServedModel
 
 Handler = Callable[[Request], Awaitable[Response]]
 

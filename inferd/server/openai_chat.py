@@ -14,7 +14,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
@@ -37,6 +36,7 @@ from inferd.server.generation import (
 from inferd.server.media import check_media_parts, media_policy
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 
 async def create_chat_completion(request: Request) -> Response:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
@@ -17,6 +16,7 @@ from inferd.serving.registry import (
     UnavailableError,
     UnknownModelError,
 )
+from inferd.serving.served import ServedModel
 
 # What each kind of model answers, and what a route wants, for the 400 a mismatch gets.
 _SERVES = {

@@ -10,10 +10,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.builder import ServedModel
 from inferd.layers.linear import Linear, PackedKind
 from inferd.server.state import ServerState
 from inferd.serving.registry import ModelSlot
+from inferd.serving.served import ServedModel
 
 
 def _model_info(slot: ModelSlot) -> dict[str, Any]:

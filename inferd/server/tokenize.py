@@ -14,12 +14,12 @@ from pydantic import Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.builder import ServedModel
 from inferd.server.errors import bad_request
 from inferd.server.generation import chat_prompt_ids, encode_text, token_piece
 from inferd.server.openai_chat import _message_dict
 from inferd.server.protocol import ChatMessage, _Lenient, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.served import ServedModel
 
 
 class TokenizeRequest(_Lenient):

@@ -6,22 +6,30 @@ Kinds of served model:
 - ``embedding``: a sentence-embedding model (``EmbeddingModel``): /v1/embeddings.
 
 A spec's kind (GGUF, Plain, Embedding, or auto for `-m`) picks the loader: GGUF files and
-Plain (Hugging Face safetensors) directories load through ``builder.load_model``, embedding
-directories through ``load_embedding_model``.
+Plain (Hugging Face safetensors) directories load through ``served.load_model`` (which calls
+``loading.model.load``), embedding directories through ``load_embedding_model``.
 """
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Literal, Protocol
 
+import torch
+
 from inferd.config import EngineConfig
-from inferd.engine.builder import ModelSource, ServedModel, load_model, resolve_source
-from inferd.engine.driver import EngineLoop
-from inferd.engine.embedding import EmbeddingModel, is_embedding_directory, load_embedding_model
+from inferd.engine.driver import EngineLoop, ThreadLoop
+from inferd.engine.embedding import EmbeddingModel, Pooling
+from inferd.loading.bert import is_embedding_directory, load_bert
+from inferd.serving.served import ServedModel, load_model
 from inferd.serving.spec import ModelSpec
+from inferd.source import ModelSource, resolve_source
 from inferd.store import CATALOG, ModelStore, StoreError
+
+log = logging.getLogger(__name__)
 
 ModelKind = Literal["chat", "embedding"]
 Servable = ServedModel | EmbeddingModel
@@ -149,3 +157,36 @@ def _detect_kind(path: Path) -> str:
     if path.is_dir():
         return "Embedding" if is_embedding_directory(path) else "Plain"
     return "GGUF"
+
+
+def load_embedding_model(
+    source: ModelSource, dtype: str = "auto", loop: EngineLoop | None = None
+) -> EmbeddingModel:
+    """Load the embedding model in directory ``source.path``; ``dtype`` auto means float32 (the
+    model is small, and float32 keeps vectors equal to the reference implementation's).
+    ``loop``: who runs its forward passes (engine/driver.py); by default a thread of its own."""
+    from tokenizers import Tokenizer
+
+    started = time.perf_counter()
+    path = source.path
+    if not is_embedding_directory(path):
+        raise ValueError(f"{path}: not an embedding model directory (a BERT config.json)")
+    torch_dtype = {"auto": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    tok_file = path / "tokenizer.json"
+    if not tok_file.is_file():
+        raise ValueError(f"{path}: no tokenizer.json beside the weights")
+    tokenizer = Tokenizer.from_file(str(tok_file))
+    tokenizer.no_truncation()
+    tokenizer.no_padding()
+    model = load_bert(path, torch_dtype)
+    pooling = Pooling.from_directory(path)
+    log.info("loaded %s in %.1fs", source.name, time.perf_counter() - started)
+    return EmbeddingModel(
+        source=source,
+        config=model.config,
+        model=model,
+        tokenizer=tokenizer,
+        pooling=pooling,
+        dtype=torch_dtype,
+        loop=loop or ThreadLoop("inferd-embed"),
+    )

@@ -26,9 +26,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from inferd.engine.builder import ServedModel
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
 from inferd.serving.loading import ModelKind, Servable
+from inferd.serving.served import ServedModel
 
 log = logging.getLogger(__name__)
 

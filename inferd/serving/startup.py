@@ -14,11 +14,11 @@ import argparse
 import functools
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel
 from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.registry import ModelRegistry, ModelSlot
+from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file
 from inferd.store import DEFAULT_MODEL
 

@@ -8,10 +8,11 @@ import threading
 from pathlib import Path
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel, load_model, resolve_source
 from inferd.engine.driver import CallerLoop, MainThreadDriver
-from inferd.engine.embedding import load_embedding_model
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.loading import load_embedding_model
+from inferd.serving.served import ServedModel, load_model
+from inferd.source import resolve_source
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0)
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel
 from tests.kernels.choice import OPS_NAMES, ops_named
 
 STORY = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]

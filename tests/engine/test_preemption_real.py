@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from inferd.config import EngineConfig
-from inferd.engine.builder import ServedModel, load_model, resolve_source
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel, load_model
+from inferd.source import resolve_source
 
 
 @pytest.fixture(scope="module")

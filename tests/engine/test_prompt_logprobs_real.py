@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from inferd.engine.builder import ServedModel
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel
 
 TOLERANCE = 1e-3
 TOP = 4

@@ -9,6 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inferd.kernels import int8_dot_products_exact
+from inferd.layers import linear as linear_module
 from inferd.layers.linear import (
     INT8_ACTIVATION_MAX_ROWS,
     Linear,
@@ -16,8 +18,8 @@ from inferd.layers.linear import (
     dequantize_packed,
     int8_activation_rows,
 )
-from inferd.loaders.gguf import GGUFFile
-from inferd.models.loader import load_gguf_model
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
 from tests.models.test_llama_parity import full_forward
 
 
@@ -58,6 +60,18 @@ def test_small_batches_use_the_packed_kernel_and_large_ones_the_dense(kind: Pack
     torch.testing.assert_close(layer(large), F.linear(large, weight))
 
 
+def test_int8_rows_only_where_int8_dot_products_are_exact(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without VNNI/AMX, fbgemm's int8 products saturate, so no layer takes the int8-row path."""
+    weight = torch.randn(96, 128, generator=torch.Generator().manual_seed(0))
+    monkeypatch.setattr(linear_module, "int8_dot_products_exact", lambda: False)
+    assert not _linear(weight, PackedKind.INT4, torch.bfloat16).serves_int8_activations
+    monkeypatch.setattr(linear_module, "int8_dot_products_exact", lambda: True)
+    assert _linear(weight, PackedKind.INT4, torch.bfloat16).serves_int8_activations
+
+
+@pytest.mark.skipif(not int8_dot_products_exact(), reason="int8-row path is off on this CPU")
 @pytest.mark.parametrize("rows", [9, INT8_ACTIVATION_MAX_ROWS])
 def test_mid_batches_multiply_int8_weights_by_int8_rows(rows: int) -> None:
     torch.manual_seed(0)

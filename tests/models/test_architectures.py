@@ -15,10 +15,11 @@ import torch
 from inferd.config import EngineConfig
 from inferd.convert import hf_config_dict
 from inferd.engine.sampling import SamplingParams
-from inferd.loaders.gguf import GGUFFile
-from inferd.loaders.safetensors_model import load_plain_model, load_safetensors_model
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.config import ModelConfigError, config_from_hf
-from inferd.models.loader import load_gguf_model
+from inferd.serving.served import load_model
 from tests.kernels.choice import OPS_NAMES, ops_named
 from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import ARCHITECTURES, SLIDING_WINDOW, save_tiny, write_gguf
@@ -70,7 +71,7 @@ def test_engine_greedy_equals_transformers_generate(
     arch: str, ops_name: str, tiny: dict[str, tuple[Path, Any]]
 ) -> None:
     directory, hf = tiny[arch]
-    served = load_plain_model(
+    served = load_model(
         directory,
         EngineConfig(dtype="f32", block_size=4, kv_cache_tokens=512, max_num_seqs=4),
         progress=False,

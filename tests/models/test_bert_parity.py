@@ -14,14 +14,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from inferd.engine.builder import resolve_source
-from inferd.engine.embedding import (
-    EmbeddingInputError,
-    EmbeddingModel,
-    Pooling,
-    load_embedding_model,
-)
-from inferd.loaders.safetensors import SafetensorsCheckpoint, SafetensorsError
+from inferd.engine.embedding import EmbeddingInputError, EmbeddingModel, Pooling
+from inferd.loading.safetensors import SafetensorsCheckpoint, SafetensorsError
+from inferd.serving.loading import load_embedding_model
+from inferd.source import resolve_source
 
 TEXTS = [
     "Hello world",

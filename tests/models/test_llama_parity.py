@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.loaders.gguf import GGUFFile
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.loader import load_gguf_model
 from tests.kernels.choice import OPS_NAMES, ops_named
 
 PROMPTS = [

@@ -14,8 +14,8 @@ import openai
 import pytest
 
 from inferd.cli import _parser
-from inferd.engine.builder import ServedModel
 from inferd.server.serve_args import server_options
+from inferd.serving.served import ServedModel
 from tests.server.hostile import ANTHROPIC, assert_healthy, hostile_server
 from tests.server.live import LiveServer
 

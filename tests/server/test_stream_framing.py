@@ -9,10 +9,10 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from inferd.engine.builder import ServedModel
 from inferd.server import sse
 from inferd.server.app import build_app
 from inferd.server.options import ServerOptions
+from inferd.serving.served import ServedModel
 
 
 async def _post(app: object, body: dict[str, object]) -> httpx.Response:

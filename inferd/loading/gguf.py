@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderField, ReaderTensor
 
-from inferd.loaders.dequant import dequantize
+from inferd.loading.dequant import dequantize
 
 __all__ = ["GGUFError", "GGUFFile", "GGUFTensorInfo", "GGUFTensorNotFound"]
 

@@ -29,7 +29,6 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -43,9 +42,6 @@ from inferd.layers.linear import (
     int8_codes,
 )
 from inferd.store import default_home, sha256_file
-
-if TYPE_CHECKING:
-    from inferd.engine.builder import ModelSource
 
 log = logging.getLogger(__name__)
 
@@ -292,31 +288,3 @@ def isq_for(method: str | None, source_digest: str, home: Path | None = None) ->
     folder, manifest = found
     log.info("using quantized weights from %s (%s)", folder, method)
     return Isq(method, stored=load_quantized(folder, manifest))
-
-
-def quantize_to_store(
-    source: ModelSource, method: str, *, home: Path | None = None, progress: bool = True
-) -> tuple[Path, QuantizedManifest]:
-    """``inferd quantize``: quantize ``source``'s projections and keep them in the store."""
-    from inferd.loaders.gguf import GGUFFile
-    from inferd.loaders.safetensors_model import load_safetensors_model
-    from inferd.models.loader import load_gguf_model
-
-    isq = Isq(method, collect=True)
-    dtype = torch.bfloat16  # only the quantized weights are kept; they come from float32
-    if source.path.is_dir():
-        _, cfg = load_safetensors_model(
-            source.path, dtype, progress=progress, packed_kernels=False, isq=isq
-        )
-    else:
-        _, cfg = load_gguf_model(
-            GGUFFile(source.path), dtype, progress=progress, packed_kernels=False, isq=isq
-        )
-    return save_quantized(
-        isq.quantized,
-        source_name=source.name,
-        source_digest=source.digest,
-        method=method,
-        architecture=cfg.architecture,
-        home=home,
-    )

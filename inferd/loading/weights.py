@@ -17,9 +17,9 @@ from tqdm import tqdm
 
 from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.rotary import RotaryEmbedding
+from inferd.loading.quantize import Isq
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.llama import LlamaForCausalLM
-from inferd.quantize import Isq
 
 
 def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:

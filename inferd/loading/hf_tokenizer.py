@@ -21,7 +21,7 @@ from typing import Any
 
 from tokenizers import Tokenizer
 
-from inferd.loaders.tokenizer import (
+from inferd.loading.tokenizer import (
     _BYTE_TOKEN,
     _SPM_SPACE,
     TokenizerBundle,

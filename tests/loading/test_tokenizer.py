@@ -11,7 +11,7 @@ import gguf
 import pytest
 from tokenizers import Regex, Tokenizer, pre_tokenizers
 
-from inferd.loaders.tokenizer import TokenizerBundle, TokenizerError, tokenizer_from_gguf
+from inferd.loading.tokenizer import TokenizerBundle, TokenizerError, tokenizer_from_gguf
 
 CORPUS: dict[str, str] = {
     "english": "The quick brown fox jumps over the lazy dog. It's 5 o'clock; we'll see!",

@@ -11,8 +11,9 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, trainers
 
 from inferd.config import EngineConfig
-from inferd.loaders.hf_tokenizer import chat_template_source, tokenizer_from_hf
-from inferd.loaders.safetensors_model import generation_stop_ids, load_plain_model
+from inferd.loading.hf_model import generation_stop_ids
+from inferd.loading.hf_tokenizer import chat_template_source, tokenizer_from_hf
+from inferd.serving.served import load_model
 from tests.models.tiny import CHATML, CORPUS, VOCAB, save_tiny, write_tokenizer
 
 TEXTS = [
@@ -138,9 +139,7 @@ def test_generation_config_stops_reach_the_engine(tmp_path: Path) -> None:
     save_tiny("llama", tmp_path)
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 5, 7]}))
     assert generation_stop_ids(tmp_path) == [2, 5, 7]
-    served = load_plain_model(
-        tmp_path, EngineConfig(dtype="f32", kv_cache_tokens=64), progress=False
-    )
+    served = load_model(tmp_path, EngineConfig(dtype="f32", kv_cache_tokens=64), progress=False)
     try:
         assert {2, 5, 7} <= served.engine.codec.eos_token_ids
         assert served.chat_template.source == CHATML

@@ -10,25 +10,13 @@ from gguf import GGMLQuantizationType
 
 from inferd.layers.linear import PackedKind
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loaders.gguf import GGUFFile
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.quantize import Isq
+from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.weights import WeightSource, build_empty, fill
-from inferd.quantize import Isq
 
 log = logging.getLogger(__name__)
-
-DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    """``auto`` takes bf16 where the CPU computes it natively (AVX512-BF16/AMX), else f32."""
-    if name == "auto":
-        capability = torch.backends.cpu.get_cpu_capability()
-        return torch.bfloat16 if capability in ("AVX512", "AVX512_BF16", "AMX") else torch.float32
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}")
-    return DTYPES[name]
 
 
 def unpermute_rope(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -52,7 +40,7 @@ def load_gguf_model(
     isq: Isq | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16 only);
-    ``isq`` quantizes every projection instead (see inferd/quantize.py)."""
+    ``isq`` quantizes every projection instead (see loading/quantize.py)."""
     infos = {info.name: info for info in gguf.tensor_infos()}
     names = set(infos)
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)

@@ -2,8 +2,8 @@
 (one file, or shards with ``model.safetensors.index.json``), ``tokenizer.json``,
 ``tokenizer_config.json`` (or ``chat_template.jinja``) and ``generation_config.json``.
 
-``load_safetensors_model`` builds the decoder (weights only); ``load_plain_model`` builds the
-servable model, engine included, as ``builder.load_model`` does for a GGUF file.
+``load_safetensors_model`` builds the decoder (weights only); ``loading.model.load`` adds the
+tokenizer, chat template and stop ids, as it does for a GGUF file.
 """
 
 from __future__ import annotations
@@ -11,24 +11,19 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loaders.hf_tokenizer import chat_template_source, read_json, tokenizer_from_hf
-from inferd.loaders.safetensors import SafetensorsCheckpoint
-from inferd.loaders.tokenizer import TokenizerBundle
-from inferd.models.config import ModelConfig, ModelConfigError, config_from_hf
-from inferd.models.hf_layout import checkpoint_prefix, hf_plan
+from inferd.loading.hf_layout import checkpoint_prefix, hf_plan
+from inferd.loading.hf_tokenizer import read_json, tokenizer_from_hf
+from inferd.loading.quantize import Isq
+from inferd.loading.safetensors import SafetensorsCheckpoint
+from inferd.loading.tokenizer import TokenizerBundle
+from inferd.loading.weights import WeightSource, build_empty, fill
+from inferd.models.config import HF_MODEL_TYPES, ModelConfig, ModelConfigError, config_from_hf
 from inferd.models.llama import LlamaForCausalLM
-from inferd.models.weights import WeightSource, build_empty, fill
-from inferd.quantize import Isq
-
-if TYPE_CHECKING:
-    from inferd.config import EngineConfig
-    from inferd.engine.builder import ModelSource, ServedModel
-    from inferd.engine.driver import EngineLoop
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +33,6 @@ GENERATION_CONFIG = "generation_config.json"
 
 def is_plain_model_directory(path: Path) -> bool:
     """A directory with a config.json naming a decoder architecture we run."""
-    from inferd.models.config import HF_MODEL_TYPES
-
     return path.is_dir() and read_json(path / CONFIG_FILE).get("model_type") in HF_MODEL_TYPES
 
 
@@ -109,52 +102,4 @@ def load_tokenizer(directory: Path, cfg: ModelConfig) -> TokenizerBundle:
     stops = generation_stop_ids(directory)
     return tokenizer_from_hf(
         directory, vocab_size=cfg.vocab_size, eos_token_id=stops[0] if stops else None
-    )
-
-
-def load_plain_model(
-    source: ModelSource | str | Path,
-    cfg: EngineConfig,
-    *,
-    progress: bool = True,
-    chat_template: str | None = None,
-    loop: EngineLoop | None = None,
-) -> ServedModel:
-    """A servable model from a HF directory (``chat_template``: Jinja source that replaces the
-    directory's own; ``loop``: who steps the engine). The same ServedModel as
-    ``builder.load_model`` returns for GGUF."""
-    from inferd.engine.builder import ModelSource, assemble, resolve_source
-    from inferd.loaders.chat_template import CHATML_TEMPLATE, ChatTemplate
-    from inferd.models.loader import resolve_dtype
-    from inferd.quantize import isq_for
-
-    if not isinstance(source, ModelSource):
-        source = resolve_source(str(source))
-    directory = source.path
-    if not directory.is_dir():
-        raise ModelConfigError(f"{directory}: a Plain model must be a directory")
-    if cfg.seed is not None:
-        torch.manual_seed(cfg.seed)
-    dtype = resolve_dtype(cfg.dtype)
-    isq = isq_for(cfg.isq, source.digest)
-    model, mcfg = load_safetensors_model(
-        directory, dtype, progress=progress, packed_kernels=cfg.packed_kernels, isq=isq
-    )
-    tokenizer = load_tokenizer(directory, mcfg)
-    template_source = chat_template or chat_template_source(directory)
-    if template_source is None:
-        log.warning("%s has no chat template; using ChatML", directory)
-        template_source = CHATML_TEMPLATE
-    template = ChatTemplate(template_source, tokenizer.bos_token or "", tokenizer.eos_token or "")
-    return assemble(
-        source,
-        cfg,
-        model,
-        mcfg,
-        dtype,
-        tokenizer,
-        template,
-        stop_ids=generation_stop_ids(directory),
-        isq=isq,
-        loop=loop,
     )

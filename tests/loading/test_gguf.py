@@ -1,4 +1,4 @@
-"""inferd.loaders.gguf: the real SmolLM2 file, small synthetic files, and bad inputs."""
+"""inferd.loading.gguf: the real SmolLM2 file, small synthetic files, and bad inputs."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import torch
 from gguf import GGMLQuantizationType, GGUFEndian, GGUFReader, GGUFValueType, GGUFWriter
 from gguf import quants as gguf_quants
 
-from inferd.loaders.gguf import GGUFError, GGUFFile, GGUFTensorInfo, GGUFTensorNotFound
+from inferd.loading.gguf import GGUFError, GGUFFile, GGUFTensorInfo, GGUFTensorNotFound
 
 Q = GGMLQuantizationType
 

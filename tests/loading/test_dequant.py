@@ -1,4 +1,4 @@
-"""inferd.loaders.dequant against gguf-py's numpy reference (gguf.quants.dequantize)."""
+"""inferd.loading.dequant against gguf-py's numpy reference (gguf.quants.dequantize)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, ReaderTensor
 from gguf import quants as gguf_quants
 
-from inferd.loaders import dequant
-from inferd.loaders.dequant import SUPPORTED_TYPES, UnsupportedTensorType, dequantize
+from inferd.loading import dequant
+from inferd.loading.dequant import SUPPORTED_TYPES, UnsupportedTensorType, dequantize
 
 Q = GGMLQuantizationType
 

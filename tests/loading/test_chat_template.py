@@ -13,7 +13,7 @@ from typing import Any
 import gguf
 import pytest
 
-from inferd.loaders.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "Hi! Où est la gare? 你好 👋"}

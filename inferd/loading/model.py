@@ -1,0 +1,115 @@
+"""One path from a model source to a loaded model, for a GGUF file and a Hugging Face
+directory alike: the decoder with its weights, its config, tokenizer, chat template, extra stop
+ids, the ISQ request it was loaded under, and the source with its digest."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
+from inferd.loading.gguf import GGUFFile
+from inferd.loading.gguf_model import load_gguf_model
+from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
+from inferd.loading.hf_tokenizer import chat_template_source
+from inferd.loading.quantize import Isq, isq_for
+from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
+from inferd.models.config import ModelConfig
+from inferd.models.llama import LlamaForCausalLM
+from inferd.source import ModelSource, resolve_source
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    """A decoder ready for an engine, and what is needed to talk to it."""
+
+    source: ModelSource  # its digest keys the KV prefix cache and the stored ISQ weights
+    model: LlamaForCausalLM
+    config: ModelConfig
+    dtype: torch.dtype
+    tokenizer: TokenizerBundle
+    chat_template: ChatTemplate
+    stop_ids: tuple[int, ...] = ()  # EOS ids beyond the tokenizer's and the template's markers
+    isq: Isq | None = None
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    """``auto`` takes bf16 where the CPU computes it natively (AVX512-BF16/AMX), else f32."""
+    if name == "auto":
+        capability = torch.backends.cpu.get_cpu_capability()
+        return torch.bfloat16 if capability in ("AVX512", "AVX512_BF16", "AMX") else torch.float32
+    if name not in DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load(
+    source: ModelSource | str | Path,
+    *,
+    dtype: str = "auto",
+    isq: str | None = None,
+    packed_kernels: bool = True,
+    progress: bool = True,
+    chat_template: str | None = None,
+) -> LoadedModel:
+    """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
+    as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
+    ``packed_kernels``: int4/int8 copies for small batches (bf16 only); ``chat_template``:
+    Jinja source that replaces the model's own template."""
+    if not isinstance(source, ModelSource):
+        source = resolve_source(str(source))
+    torch_dtype = resolve_dtype(dtype)
+    request = isq_for(isq, source.digest)
+    if source.path.is_dir():
+        return _load_hf(source, torch_dtype, request, packed_kernels, progress, chat_template)
+    return _load_gguf(source, torch_dtype, request, packed_kernels, progress, chat_template)
+
+
+def _load_gguf(
+    source: ModelSource,
+    dtype: torch.dtype,
+    isq: Isq | None,
+    packed_kernels: bool,
+    progress: bool,
+    chat_template: str | None,
+) -> LoadedModel:
+    gguf = GGUFFile(source.path)
+    model, cfg = load_gguf_model(
+        gguf, dtype, progress=progress, packed_kernels=packed_kernels, isq=isq
+    )
+    tokenizer = tokenizer_from_gguf(gguf.metadata)
+    template = ChatTemplate.from_metadata(
+        gguf.metadata, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token
+    )
+    if chat_template is not None:
+        template = ChatTemplate(chat_template, template.bos_token, template.eos_token)
+    return LoadedModel(source, model, cfg, dtype, tokenizer, template, isq=isq)
+
+
+def _load_hf(
+    source: ModelSource,
+    dtype: torch.dtype,
+    isq: Isq | None,
+    packed_kernels: bool,
+    progress: bool,
+    chat_template: str | None,
+) -> LoadedModel:
+    directory = source.path
+    model, cfg = load_safetensors_model(
+        directory, dtype, progress=progress, packed_kernels=packed_kernels, isq=isq
+    )
+    tokenizer = load_tokenizer(directory, cfg)
+    template_source = chat_template or chat_template_source(directory)
+    if template_source is None:
+        log.warning("%s has no chat template; using ChatML", directory)
+        template_source = CHATML_TEMPLATE
+    template = ChatTemplate(template_source, tokenizer.bos_token or "", tokenizer.eos_token or "")
+    stop_ids = tuple(generation_stop_ids(directory))
+    return LoadedModel(source, model, cfg, dtype, tokenizer, template, stop_ids, isq)
