@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# Where a setting is left unset (None), what the engine derives it from is capped here.
+DEFAULT_MAX_MODEL_LEN = 8192  # tokens of context at most, unless --max-seq-len says more
+DEFAULT_KV_CACHE_MB_CAP = 512  # the KV pool's default: a tenth of free RAM, at most this
+
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:

@@ -27,10 +27,10 @@ from typing import Any
 
 import torch
 
+from inferd.config import DEFAULT_MAX_MODEL_LEN
 from inferd.doctor import cpu_info, memory_info
 from inferd.models.config import ModelConfig
 
-DEFAULT_MAX_MODEL_LEN = 8192
 HEADROOM_MB = 512
 BLOCK_SIZE = 16
 ISQ_BYTES = {"q8": 1.0, "q4": 0.625}  # per projection weight, scales included

@@ -53,10 +53,10 @@ class _Inbox:
 
 
 class AsyncEngine:
-    def __init__(self, engine: LLMEngine, loop: EngineLoop, max_waiting: int = 256) -> None:
+    def __init__(self, engine: LLMEngine, loop: EngineLoop) -> None:
         """``loop`` owns the stepping: this engine registers with it now."""
         self.engine = engine
-        self.max_waiting = max_waiting
+        self.max_waiting = engine.scheduler_config.max_waiting
         self._loop = loop
         self._inbox = _Inbox(wake=loop.wake)
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue[RequestOutput]]] = {}

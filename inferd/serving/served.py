@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from inferd import kernels
-from inferd.config import EngineConfig
+from inferd.config import DEFAULT_KV_CACHE_MB_CAP, DEFAULT_MAX_MODEL_LEN, EngineConfig
 from inferd.engine.async_engine import AsyncEngine, TextCodec
 from inferd.engine.core import EngineCore
 from inferd.engine.driver import EngineLoop, ThreadLoop
@@ -28,8 +28,6 @@ from inferd.models.config import ModelConfig
 from inferd.source import ModelSource
 
 log = logging.getLogger(__name__)
-
-DEFAULT_MAX_MODEL_LEN = 8192
 
 
 @dataclass(slots=True)
@@ -141,7 +139,6 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
     engine = AsyncEngine(
         LLMEngine(EngineCore(runner, scheduler, max_len), codec),
         loop or ThreadLoop(),
-        cfg.max_waiting,
     )
     return ServedModel(
         source=source,
@@ -162,7 +159,7 @@ def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -
         tokens = cfg.kv_cache_tokens
     else:
         per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
-        budget_mb = cfg.kv_cache_mb or min(512, _available_mb() // 10)
+        budget_mb = cfg.kv_cache_mb or min(DEFAULT_KV_CACHE_MB_CAP, _available_mb() // 10)
         tokens = budget_mb * 2**20 // per_token
     return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
 
