@@ -43,7 +43,7 @@ def test_greedy_32_tokens_equal_transformers(
     served_f32: ServedModel, hf_smollm2: Any, ops_name: str
 ) -> None:
     prompt = served_f32.chat_prompt(STORY)
-    decoder = served_f32.engine.core.runner.model
+    decoder = served_f32.engine.engine.model
     chosen = decoder.ops
     assert chosen.description == "fused CPU kernels"  # what the engine picked for f32
     decoder.use_kernels(ops_named(ops_name))  # no request is running: the engine is idle

@@ -165,7 +165,6 @@ def test_sampled_frequencies_follow_the_transformed_distribution() -> None:
         ({"repetition_penalty": 0.0}, "repetition_penalty"),
         ({"logit_bias": ((5, 101.0),)}, "logit_bias"),
         ({"logit_bias": ((-1, 1.0),)}, "logit_bias"),
-        ({"logprobs": 21}, "logprobs"),
         ({"logprobs": -1}, "logprobs"),
     ],
 )

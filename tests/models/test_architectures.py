@@ -78,7 +78,7 @@ def test_engine_greedy_equals_transformers_generate(
     )
     try:
         # The engine picked the fused ops; the decoder is switched before any request runs.
-        served.engine.core.runner.model.use_kernels(ops_named(ops_name))
+        served.engine.engine.model.use_kernels(ops_named(ops_name))
         prompt = served.chat_prompt(PROMPT)
         short = prompt[: SLIDING_WINDOW + 3]
         params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
