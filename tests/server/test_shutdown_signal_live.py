@@ -197,6 +197,7 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
     assert json.loads(events[-1].removeprefix("data: ")) == {
         "type": "error",
         "error": {"type": "overloaded_error", "message": CUT_MESSAGE},
+        "request_id": anthropic_stream.request_id,
     }
     assert plain.status == 503 and plain.request_id == "plain-1"
     assert plain.body == {"error": error | {"code": "server_shutting_down"}}
