@@ -10,7 +10,13 @@ import signal
 import sys
 from collections.abc import Sequence
 
-from inferd.config import EngineConfig
+from inferd.config import (
+    DEFAULT_KV_CACHE_MB,
+    DEFAULT_MAX_MODEL_LEN,
+    DTYPES,
+    KV_RAM_FRACTION,
+    EngineConfig,
+)
 from inferd.server.serve_args import add_serve_args
 from inferd.serving.args import add_model_set_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
@@ -93,8 +99,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--dtype",
         default=d.dtype,
-        choices=["auto", "bf16", "f32"],
-        help="compute dtype (auto: bf16 where the CPU has native bf16, else f32)",
+        choices=DTYPES,
+        help="compute dtype (auto: bf16 where the CPU has native bf16, else f32; f16 runs the "
+        "plain PyTorch ops, not the fused kernels)",
     )
     p.add_argument(
         "--max-seqs",
@@ -106,7 +113,9 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--max-seq-len",
         type=int,
         default=d.max_model_len,
-        help="context length limit (default: the model's, at most 8192)",
+        help=f"context length limit: at most the model's trained positions (more only where its "
+        f"rope scaling allows) (default: the model's, at most {DEFAULT_MAX_MODEL_LEN}, lowered to "
+        f"what the KV cache holds)",
     )
     p.add_argument(
         "--max-num-batched-tokens",
@@ -129,7 +138,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--kv-cache-mb",
         type=int,
         default=d.kv_cache_mb,
-        help="KV cache size in MiB (default: a tenth of free RAM, at most 512 MiB)",
+        help=f"KV cache size in MiB (default: one full context, or {DEFAULT_KV_CACHE_MB} MiB if "
+        f"that is more, within {KV_RAM_FRACTION:.0%} of the RAM free after the weights)",
     )
     p.add_argument(
         "--block-size",

@@ -9,25 +9,32 @@ from dataclasses import dataclass
 
 # Where a setting is left unset (None), what the engine derives it from is capped here.
 DEFAULT_MAX_MODEL_LEN = 8192  # tokens of context at most, unless --max-seq-len says more
-DEFAULT_KV_CACHE_MB_CAP = 512  # the KV pool's default: a tenth of free RAM, at most this
+# The KV pool's default (serving/sizing.py): one full context, or this many MiB if that is more,
+# within this fraction of the RAM free after the weights; a pool that cannot hold one full
+# context lowers the served context to what it holds.
+DEFAULT_KV_CACHE_MB = 512
+KV_RAM_FRACTION = 0.5
+DTYPES = ("auto", "bf16", "f16", "f32")  # compute dtypes; auto: bf16 with native bf16, else f32
 
 
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
-    dtype: str = "auto"  # auto | bf16 | f32
+    dtype: str = "auto"  # one of DTYPES
     max_num_seqs: int = 16
     max_model_len: int | None = None  # None: the model's context, capped at 8192
     max_num_batched_tokens: int = 512
     max_waiting: int = 256
     block_size: int = 16
     kv_cache_tokens: int | None = None  # None: from kv_cache_mb
-    kv_cache_mb: int | None = None  # None: a tenth of free RAM, at most 512 MiB
+    kv_cache_mb: int | None = None  # None: sized from the context and free RAM (sizing.py)
     seed: int | None = None
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
 
     def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

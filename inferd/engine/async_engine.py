@@ -73,6 +73,10 @@ class AsyncEngine:
     def max_model_len(self) -> int:
         return self.engine.max_model_len
 
+    def room(self, num_prompt_tokens: int) -> int:
+        """The most tokens a request with this prompt may generate (``LLMEngine.room``)."""
+        return self.engine.room(num_prompt_tokens)
+
     def check_admission(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """Raise before streaming starts if this request can never run or must wait."""
         if self._stopped.is_set():

@@ -75,12 +75,24 @@ class LLMEngine:
     def last_step_seconds(self) -> float:
         return self._core.last_step_seconds
 
+    def room(self, num_prompt_tokens: int) -> int:
+        """The most tokens a request with this prompt may generate: what the context and the
+        whole KV pool leave after it (0: the prompt itself does not fit). A request that gives
+        no max_tokens gets this much."""
+        return max(0, min(self.max_model_len, self.kv_capacity_tokens) - num_prompt_tokens)
+
     # -- requests ---------------------------------------------------------------------------
     def check_request(self, num_prompt_tokens: int, params: SamplingParams) -> None:
         """AdmissionError if a request of this size can never run here."""
         if num_prompt_tokens == 0:
             raise AdmissionError("the prompt is empty after tokenization", "messages")
         limit = self.max_model_len
+        if self.room(num_prompt_tokens) == 0:  # param None: the caller names its prompt field
+            raise AdmissionError(
+                f"the prompt is {num_prompt_tokens} tokens, which leaves no room to generate: "
+                f"this model's maximum context length is {limit} tokens and its KV pool holds "
+                f"{self.kv_capacity_tokens}; shorten the prompt"
+            )
         needed = num_prompt_tokens + params.max_tokens
         if needed > limit:
             raise AdmissionError(

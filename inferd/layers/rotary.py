@@ -61,14 +61,28 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, inv_freq: torch.Tensor) -> None:
         super().__init__()
         self.head_dim = head_dim
-        t = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(t, inv_freq)  # [max_position, head_dim / 2]
+        self.inv_freq = inv_freq
         self.cos: torch.Tensor
         self.signed_sin: torch.Tensor
+        self._build(max_position)
+
+    def _build(self, max_position: int) -> None:
+        t = torch.arange(max_position, dtype=torch.float32, device=self.inv_freq.device)
+        freqs = torch.outer(t, self.inv_freq)  # [max_position, head_dim / 2]
         self.register_buffer("cos", torch.cat((freqs, freqs), dim=-1).cos(), persistent=False)
         # The first half negated: rotate_half(x) * sin == swap_halves(x) * signed_sin.
         signed = torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
         self.register_buffer("signed_sin", signed, persistent=False)
+
+    @property
+    def max_position(self) -> int:
+        return self.cos.shape[0]
+
+    def cover(self, max_position: int) -> None:
+        """Grow the tables to ``max_position`` rows (a context that rope scaling allows past
+        the trained positions); positions past the tables are refused by the kernels."""
+        if max_position > self.max_position:
+            self._build(max_position)
 
     def at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """The rotation for these positions, computed once per step and shared by all layers."""

@@ -126,7 +126,11 @@ def admit(
         raise bad_request(f"{prompt_param}: the prompt is empty after tokenization", prompt_param)
     try:
         model.engine.check_admission(num_prompt_tokens, params)
-    except (AdmissionError, EngineBusyError, EngineStoppedError) as exc:
+    except AdmissionError as exc:  # without a param the prompt itself is too long
+        raise bad_request(
+            str(exc), exc.param or prompt_param, code="context_length_exceeded"
+        ) from None
+    except (EngineBusyError, EngineStoppedError) as exc:
         raise engine_error(exc) from None
 
 

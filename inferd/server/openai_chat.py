@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -17,7 +18,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
-from inferd.server.api_limits import check_n
+from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -51,9 +52,7 @@ async def create_chat_completion(request: Request) -> Response:
     prompt = await chat_prompt_ids(
         model, messages, special_in_content=state.special_tokens_in_content
     )
-    if body.max_tokens is None and body.max_completion_tokens is None:
-        room = model.engine.max_model_len - len(prompt)
-        params = _replace_max_tokens(params, max(1, room))
+    params = _bounded_max_tokens(body, params, model.engine.room(len(prompt)), n, state)
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     streams = start(request, model, [(prompt, for_choice(params, i)) for i in range(n)])
@@ -164,10 +163,24 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
     )
 
 
-def _replace_max_tokens(params: SamplingParams, max_tokens: int) -> SamplingParams:
-    from dataclasses import replace
-
-    return replace(params, max_tokens=max_tokens)
+def _bounded_max_tokens(
+    body: ChatCompletionRequest, params: SamplingParams, room: int, n: int, state: ServerState
+) -> SamplingParams:
+    """Without max_tokens, a reply may take the room the prompt leaves (in the context and the
+    KV pool), within the logprobs bound; with it, logprobs beyond the bound are a 400."""
+    ask = None
+    if params.logprobs is not None:
+        advice = "lower n, top_logprobs or max_completion_tokens"
+        ask = LogprobsAsk(n, params.logprobs, "top_logprobs", advice)
+    limit = state.max_logprobs_tokens
+    if body.max_tokens is not None or body.max_completion_tokens is not None:
+        if ask is not None:
+            check_logprobs_size(limit, ask, params.max_tokens, "completion tokens")
+        return params
+    max_tokens = room if ask is None else min(room, ask.most_tokens(limit))
+    if ask is not None and max_tokens < 1:
+        check_logprobs_size(limit, ask, 1, "completion tokens")  # not even one token fits
+    return replace(params, max_tokens=max(1, max_tokens))  # room 0: admission says why
 
 
 class _Completion:

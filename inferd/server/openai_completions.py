@@ -27,7 +27,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.server import sse
-from inferd.server.api_limits import check_n
+from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -69,7 +69,10 @@ async def create_completion(request: Request) -> Response:
         raise bad_request(
             f"best_of={body.best_of} is not supported; leave it out or set it equal to n", "best_of"
         )
-    max_tokens = DEFAULT_MAX_TOKENS if body.max_tokens is None else body.max_tokens
+    max_tokens = body.max_tokens
+    if max_tokens is None:  # OpenAI's default, within what the longest prompt leaves
+        room = min(model.engine.room(len(p.token_ids)) for p in prompts)
+        max_tokens = max(1, min(DEFAULT_MAX_TOKENS, room))  # room 0: admission says why
     params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
     score_prompt = bool(body.echo) and body.logprobs is not None
     if body.logprobs is not None:
@@ -191,15 +194,9 @@ def _check_response_size(
 ) -> None:
     """400 when the logprobs this request asks for could exceed ``limit`` pairs."""
     scored = sum((len(p.token_ids) if echo else 0) + max_tokens for p in prompts)
-    pairs = n * scored * (1 + k)
-    if pairs > limit:
-        what = "echoed prompt and completion tokens" if echo else "completion tokens"
-        raise bad_request(
-            f"this request could return {pairs} (token, logprob) pairs: n={n} x {scored} "
-            f"{what} x (1 + logprobs={k}); this server allows at most {limit} per response "
-            "(--max-logprobs-tokens); lower n, logprobs or max_tokens, or leave out echo",
-            "logprobs",
-        )
+    advice = "lower n, logprobs or max_tokens, or leave out echo"
+    what = "echoed prompt and completion tokens" if echo else "completion tokens"
+    check_logprobs_size(limit, LogprobsAsk(n, k, "logprobs", advice), scored, what)
 
 
 def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:

@@ -171,7 +171,12 @@ def load_embedding_model(
     path = source.path
     if not is_embedding_directory(path):
         raise ValueError(f"{path}: not an embedding model directory (a BERT config.json)")
-    torch_dtype = {"auto": torch.float32, "f32": torch.float32, "bf16": torch.bfloat16}[dtype]
+    torch_dtype = {
+        "auto": torch.float32,
+        "f32": torch.float32,
+        "bf16": torch.bfloat16,
+        "f16": torch.float16,
+    }[dtype]
     tok_file = path / "tokenizer.json"
     if not tok_file.is_file():
         raise ValueError(f"{path}: no tokenizer.json beside the weights")

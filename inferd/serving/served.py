@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 import torch
 
 from inferd import kernels
-from inferd.config import DEFAULT_KV_CACHE_MB_CAP, DEFAULT_MAX_MODEL_LEN, EngineConfig
+from inferd.config import EngineConfig
 from inferd.engine.async_engine import AsyncEngine, TextCodec
 from inferd.engine.core import EngineCore
 from inferd.engine.driver import EngineLoop, ThreadLoop
@@ -21,10 +21,12 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.models.config import ModelConfig
+from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
 
 log = logging.getLogger(__name__)
@@ -45,6 +47,7 @@ class ServedModel:
     engine_config: EngineConfig
     kv_cache_tokens: int
     created: int
+    sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
 
     @property
@@ -119,10 +122,23 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         loaded.stop_ids,
         loaded.isq,
     )
+    # The weights are in: what RAM is free now is what the KV pool may take a part of.
+    sizing = decide(
+        kv_shape(mcfg, dtype.itemsize),
+        available_bytes=available_bytes(),
+        max_seq_len=cfg.max_model_len,
+        kv_cache_tokens=cfg.kv_cache_tokens,
+        kv_cache_mb=cfg.kv_cache_mb,
+        block_size=cfg.block_size,
+    )
+    if sizing.lowered_from is not None:
+        log.warning("%s: %s", source.name, sizing.reason)
+    max_len = sizing.max_seq_len
+    for module in model.modules():  # rope scaling may allow positions past the trained ones
+        if isinstance(module, RotaryEmbedding):
+            module.cover(max_len)
     model.use_kernels(kernels.load_ops(dtype))  # built now (once per machine), not mid-request
-    max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
-    kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
-    num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
+    num_blocks = sizing.pool_tokens // cfg.block_size + 1  # +1: the reserved null block
     runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
@@ -150,27 +166,6 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         engine_config=cfg,
         kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
         created=int(time.time()),
+        sizing=sizing,
         isq=isq.method if isq is not None else None,
     )
-
-
-def _kv_cache_tokens(cfg: EngineConfig, mcfg: ModelConfig, dtype: torch.dtype) -> int:
-    if cfg.kv_cache_tokens is not None:
-        tokens = cfg.kv_cache_tokens
-    else:
-        per_token = mcfg.kv_bytes_per_token * dtype.itemsize // 4
-        budget_mb = cfg.kv_cache_mb or min(DEFAULT_KV_CACHE_MB_CAP, _available_mb() // 10)
-        tokens = budget_mb * 2**20 // per_token
-    return max(cfg.block_size, tokens // cfg.block_size * cfg.block_size)
-
-
-def _available_mb() -> int:
-    """Memory the OS can give without swapping (MemAvailable), or a modest guess elsewhere."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) // 1024
-    except OSError:
-        pass
-    return 4096

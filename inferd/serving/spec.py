@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from inferd.config import DTYPES
 from inferd.store import CATALOG
 
 KINDS = ("GGUF", "Plain", "Embedding")
-DTYPES = ("auto", "bf16", "f32")
 _SOURCE_FIELDS = ("model_id", "quantized_model_id", "quantized_filename", "tok_model_id")
 _SETTINGS = (
     "alias",

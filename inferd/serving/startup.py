@@ -81,17 +81,23 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
             f"embedding  {model.dimensions} dims, {pooling} pooling"
             f"{', normalized' if model.pooling.normalize else ''}",
             compute,
-            f"limits     {model.max_model_len} tokens per input",
+            f"engine     {model.max_model_len} tokens per input",
         ]
     assert isinstance(model, ServedModel)
     c = model.config
+    sizing = (
+        model.sizing.reason
+        if model.sizing is not None
+        else f"context {model.engine.max_model_len}; KV cache {model.kv_cache_tokens} tokens"
+    )
     return [
         *head,
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
         compute,
         f"kernels    {load_ops(model.dtype).description}",
-        f"limits     max seqs {model.engine_config.max_num_seqs}, context "
-        f"{model.engine.max_model_len}, batch tokens {cfg.max_num_batched_tokens}, "
-        f"KV cache {model.kv_cache_tokens} tokens",
+        # One line for the engine's limits (the server's own are the "limits" line): the
+        # context, the pool and why, lowered context included.
+        f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "
+        f"{cfg.max_num_batched_tokens}, {sizing}",
     ]

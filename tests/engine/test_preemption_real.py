@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from inferd.config import EngineConfig
+from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.served import ServedModel, load_model
 from inferd.source import resolve_source
@@ -52,5 +53,25 @@ def test_preempted_requests_finish_with_their_solo_text_and_free_everything(
 def test_request_larger_than_the_pool_is_refused_at_admission(tiny_pool: ServedModel) -> None:
     from inferd.engine.async_engine import AdmissionError
 
-    with pytest.raises(AdmissionError, match="whole pool holds 160"):
+    # The pool holds 160 tokens, so the served context is lowered to 160 at startup.
+    assert tiny_pool.engine.max_model_len == 160 and tiny_pool.sizing is not None
+    assert tiny_pool.sizing.lowered_from == 8192
+    with pytest.raises(AdmissionError, match="maximum context length is 160 tokens"):
         tiny_pool.engine.check_admission(100, SamplingParams(max_tokens=100))
+    with pytest.raises(AdmissionError, match="the prompt is 160 tokens, which leaves no room"):
+        tiny_pool.engine.check_admission(160, SamplingParams(max_tokens=1))
+
+
+def test_a_request_given_the_room_runs_to_the_end_of_the_context(tiny_pool: ServedModel) -> None:
+    """What a server gives a request without max_tokens: the room the prompt leaves."""
+    prompt = [1000 + i for i in range(150)]
+    room = tiny_pool.engine.room(len(prompt))
+    assert room == 10 and tiny_pool.engine.room(160) == 0 and tiny_pool.engine.room(170) == 0
+
+    async def run() -> list[RequestOutput]:
+        params = SamplingParams(max_tokens=room, temperature=0.0)
+        return [o async for o in tiny_pool.engine.generate(prompt, params)]
+
+    outputs = asyncio.run(run())
+    assert sum(len(o.token_ids) for o in outputs) == room
+    assert outputs[-1].finish_reason == "length"

@@ -1,0 +1,164 @@
+"""The context and KV-pool sizing (serving/sizing.py) on the configs of real models: the
+decisions are arithmetic on a model's shape and the RAM left after its weights."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from inferd.config import DEFAULT_KV_CACHE_MB, KV_RAM_FRACTION
+from inferd.models.config import config_from_hf
+from inferd.serving.sizing import GIB, MIB, KVShape, SizingError, decide, kv_shape
+from tests.serving.configs import (
+    FOUR,
+    GEMMA_2_9B,
+    LLAMA_3_1_8B,
+    LLAMA_3_8B,
+    MISTRAL_7B,
+    QWEN2_5_7B,
+    dense_weight_bytes,
+)
+
+BF16 = 2
+# transformers' convention for linear scaling: max_position_embeddings stays the original.
+LINEAR_X2 = {
+    **LLAMA_3_8B,
+    "max_position_embeddings": 4096,
+    "rope_scaling": {"type": "linear", "factor": 2.0},
+}
+
+
+def shape(hf: dict[str, Any], dtype_bytes: int = BF16) -> KVShape:
+    return kv_shape(config_from_hf(hf), dtype_bytes)
+
+
+@pytest.mark.parametrize(
+    ("hf", "per_token"),
+    [
+        (LLAMA_3_8B, 2 * 32 * 8 * 128 * 2),  # 128 KiB
+        (MISTRAL_7B, 2 * 32 * 8 * 128 * 2),
+        (QWEN2_5_7B, 2 * 28 * 4 * 128 * 2),  # 56 KiB
+        (GEMMA_2_9B, 2 * 42 * 8 * 256 * 2),  # 336 KiB: head_dim 256, not hidden / heads
+    ],
+)
+def test_kv_bytes_per_token_from_the_config(hf: dict[str, Any], per_token: int) -> None:
+    assert shape(hf).bytes_per_token == per_token
+    assert shape(hf, 4).bytes_per_token == 2 * per_token
+
+
+def test_the_issue_case_now_fits_one_full_context() -> None:
+    """Llama-3-8B in bf16 with RAM to spare: the old default (512 MiB) held 4,096 tokens, half
+    the 8,192-token context a request without max_tokens asks for."""
+    s = decide(shape(LLAMA_3_8B), available_bytes=8 * GIB)
+    assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (8192, 8192, None)
+    assert s.pool_bytes == GIB
+    assert "context 8192" in s.reason and "one full context" in s.reason
+
+
+def test_too_little_ram_lowers_the_context_and_says_so() -> None:
+    s = decide(shape(LLAMA_3_8B), available_bytes=1 * GIB)  # half of it: 512 MiB
+    assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (4096, 4096, 8192)
+    assert "context 4096, lowered from 8192" in s.reason
+    assert "1.0 GiB of RAM free after the weights" in s.reason
+
+
+def test_gemma_2_lowered_to_whole_blocks() -> None:
+    # Half of 4 GiB over 336 KiB a token is 6241.5 tokens: 390 blocks of 16.
+    s = decide(shape(GEMMA_2_9B), available_bytes=4 * GIB)
+    assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (6240, 6240, 8192)
+
+
+def test_a_small_context_gets_the_default_pool_beyond_it() -> None:
+    # Qwen2.5-7B's 8,192-token context is 448 MiB of KV: the pool is the 512 MiB default.
+    s = decide(shape(QWEN2_5_7B), available_bytes=8 * GIB)
+    assert s.max_seq_len == 8192
+    assert s.pool_tokens == DEFAULT_KV_CACHE_MB * MIB // (2 * 28 * 4 * 128 * 2) // 16 * 16 == 9360
+
+
+def test_max_seq_len_grows_the_default_pool_within_the_ram() -> None:
+    s = decide(shape(MISTRAL_7B), available_bytes=16 * GIB, max_seq_len=32768)
+    assert (s.max_seq_len, s.pool_tokens, s.pool_bytes) == (32768, 32768, 4 * GIB)
+    with pytest.raises(
+        SizingError,
+        match=r"--max-seq-len 32768 needs 32768 tokens of KV cache "
+        r"\(4\.0 GiB\), but the pool holds 16384",
+    ):
+        decide(shape(MISTRAL_7B), available_bytes=4 * GIB, max_seq_len=32768)
+
+
+@pytest.mark.parametrize(
+    ("hf", "asked", "limit", "scaling"),
+    [
+        (LLAMA_3_8B, 8193, 8192, None),
+        (GEMMA_2_9B, 16384, 8192, None),
+        (LLAMA_3_1_8B, 131073, 131072, "llama3 x8"),
+        (LINEAR_X2, 8193, 8192, "linear x2"),
+    ],
+)
+def test_max_seq_len_past_the_positions_is_refused_with_the_limit(
+    hf: dict[str, Any], asked: int, limit: int, scaling: str | None
+) -> None:
+    kv = shape(hf)
+    assert kv.position_limit == limit
+    refused = rf"--max-seq-len {asked} .* give at most {limit}"
+    with pytest.raises(SizingError, match=refused) as info:
+        decide(kv, available_bytes=64 * GIB, max_seq_len=asked)
+    assert (scaling in str(info.value)) if scaling else "rope scaling" not in str(info.value)
+    assert decide(kv, available_bytes=256 * GIB, max_seq_len=limit).max_seq_len == limit
+
+
+def test_an_explicit_pool_lowers_the_default_context() -> None:
+    s = decide(shape(LLAMA_3_8B), available_bytes=64 * GIB, kv_cache_tokens=2010)
+    assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (2000, 2000, 8192)
+    assert "set by --kv-cache-tokens" in s.reason
+    s = decide(shape(LLAMA_3_8B), available_bytes=64 * GIB, kv_cache_mb=256)
+    assert (s.max_seq_len, s.pool_tokens) == (2048, 2048)
+    with pytest.raises(SizingError, match=r"--max-seq-len 4096 needs 4096 tokens .* holds 2048"):
+        decide(shape(LLAMA_3_8B), available_bytes=64 * GIB, kv_cache_mb=256, max_seq_len=4096)
+
+
+def test_no_ram_for_a_useful_context_is_refused() -> None:
+    with pytest.raises(SizingError, match="fewer than 256; free memory, or set --kv-cache-mb"):
+        decide(shape(GEMMA_2_9B), available_bytes=100 * MIB)
+
+
+def sized_on(name: str, ram_gib: int) -> str:
+    """One row of the decision table: a machine of ``ram_gib`` with the dense bf16 weights in."""
+    hf = FOUR[name]
+    free = max(0, ram_gib * GIB - dense_weight_bytes(hf))
+    try:
+        s = decide(shape(hf), available_bytes=free)
+    except SizingError:
+        return "refused"
+    return f"context {s.max_seq_len}, pool {s.pool_tokens}"
+
+
+@pytest.mark.parametrize("name", sorted(FOUR))
+@pytest.mark.parametrize("ram_gib", [8, 16, 64])
+def test_the_decision_on_a_machine(name: str, ram_gib: int) -> None:
+    """Whatever the RAM, the pool stays within its share of what the weights leave, holds the
+    served context, and holds a full 8,192-token context whenever that share allows."""
+    hf = FOUR[name]
+    kv = shape(hf)
+    free = max(0, ram_gib * GIB - dense_weight_bytes(hf))
+    share = int(free * KV_RAM_FRACTION)
+    full = 8192 * kv.bytes_per_token
+    try:
+        s = decide(kv, available_bytes=free)
+    except SizingError:
+        assert share < 256 * kv.bytes_per_token  # refused only when no useful context fits
+        return
+    assert s.pool_bytes <= share and s.pool_tokens >= s.max_seq_len
+    assert s.max_seq_len == 8192 if share >= full else s.lowered_from == 8192
+    assert s.pool_bytes >= min(full, share - 16 * kv.bytes_per_token)
+
+
+def test_decision_table_at_16_and_64_gib() -> None:
+    """Dense bf16 weights: 8B-class models barely fit in 16 GiB, and Gemma-2-9B does not."""
+    table = {(n, r): sized_on(n, r) for n in FOUR for r in (16, 64)}
+    assert table[("Llama-3-8B", 16)] == "context 4256, pool 4256"  # 1.04 GiB left
+    assert table[("Mistral-7B-v0.1", 16)] == "context 8192, pool 8192"
+    assert table[("Gemma-2-9B", 16)] == "refused"
+    for name in FOUR:
+        assert table[(name, 64)].startswith("context 8192")
