@@ -139,7 +139,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         type=int,
         default=d.kv_cache_mb,
         help=f"KV cache size in MiB (default: one full context, or {DEFAULT_KV_CACHE_MB} MiB if "
-        f"that is more, within {KV_RAM_FRACTION:.0%} of the RAM free after the weights)",
+        f"that is more, within {KV_RAM_FRACTION:.0%}% of the RAM free after the weights)",
     )
     p.add_argument(
         "--block-size",

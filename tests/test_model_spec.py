@@ -138,7 +138,7 @@ def test_chat_templates_from_text_file_and_tokenizer_config(tmp_path: Path) -> N
         ),
         (
             {"a": {"GGUF": {"model_id": "x"}, "dtype": "fp16"}},
-            "a.dtype: expected one of auto, bf16, f32, got 'fp16'",
+            "a.dtype: expected one of auto, bf16, f16, f32, got 'fp16'",
         ),
         (
             {"a": {"GGUF": {"model_id": "x", "dtype": "f32"}, "dtype": "f32"}},
