@@ -71,3 +71,19 @@ def test_f16_samples_with_logprobs(served_f16: ServedModel) -> None:
     assert all(math.isfinite(lp.logprob) and lp.logprob <= 0 and len(lp.top) == 3 for lp in lps)
     again = [t for o in _run(served_f16, prompt, params) for t in o.token_ids]
     assert again == [t for o in outputs for t in o.token_ids]  # a seed repeats in f16 too
+
+
+def test_f16_embeddings_match_f32(minilm_dir: Path) -> None:
+    from inferd.serving.loading import load_embedding_model
+
+    source = resolve_source(str(minilm_dir))
+    models = [load_embedding_model(source, dtype) for dtype in ("f16", "f32")]
+    try:
+        ids = models[1].tokenize(["The cat sat on the mat.", "A dog ran in the park."])
+        f16, f32 = (torch.tensor(asyncio.run(m.embed_async(ids))) for m in models)
+        assert models[0].dtype == torch.float16
+        cosine = torch.nn.functional.cosine_similarity(f16, f32)
+        assert bool((cosine > 0.999).all()), cosine
+    finally:
+        for m in models:
+            m.shutdown()
