@@ -222,7 +222,7 @@ class Engine:
         (``max_tokens``, ``temperature``, ``top_p``, ``stop``, ``seed``...)."""
         model = await self._chat_model()
         ids = await self._prompt_ids(model, messages, prompt)
-        params = _params(params, sampling)
+        params = _params(params, sampling, model.engine.room(len(ids)))
         model.engine.check_admission(len(ids), params)
         rid = f"api-{uuid.uuid4().hex[:12]}"
         async for out in model.engine.generate(ids, params, request_id=rid):
@@ -240,7 +240,7 @@ class Engine:
         """The whole reply to chat ``messages``."""
         model = await self._chat_model()
         ids = await self._prompt_ids(model, messages, None)
-        params = _params(params, sampling)
+        params = _params(params, sampling, model.engine.room(len(ids)))
         model.engine.check_admission(len(ids), params)
         parts: list[str] = []
         finish, completion = "stop", 0
@@ -297,11 +297,15 @@ class Engine:
         return [int(t) for t in prompt]
 
 
-def _params(params: SamplingParams | None, sampling: dict[str, Any]) -> SamplingParams:
+def _params(params: SamplingParams | None, sampling: dict[str, Any], room: int) -> SamplingParams:
+    """The request's params; without max_tokens, SamplingParams' default within the ``room``
+    the prompt leaves (at least 1: a prompt that leaves none is refused at admission)."""
     if "stop" in sampling and isinstance(sampling["stop"], str):
         sampling["stop"] = (sampling["stop"],)
     elif "stop" in sampling:
         sampling["stop"] = tuple(sampling["stop"])
     if params is None:
+        if "max_tokens" not in sampling:
+            sampling["max_tokens"] = max(1, min(SamplingParams().max_tokens, room))
         return SamplingParams(**sampling)
     return replace(params, **sampling)
