@@ -87,12 +87,6 @@ class LLMEngine:
         if num_prompt_tokens == 0:
             raise AdmissionError("the prompt is empty after tokenization", "messages")
         limit = self.max_model_len
-        if self.room(num_prompt_tokens) == 0:  # param None: the caller names its prompt field
-            raise AdmissionError(
-                f"the prompt is {num_prompt_tokens} tokens, which leaves no room to generate: "
-                f"this model's maximum context length is {limit} tokens and its KV pool holds "
-                f"{self.kv_capacity_tokens}; shorten the prompt"
-            )
         needed = num_prompt_tokens + params.max_tokens
         if needed > limit:
             raise AdmissionError(

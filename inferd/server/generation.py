@@ -126,12 +126,24 @@ def admit(
         raise bad_request(f"{prompt_param}: the prompt is empty after tokenization", prompt_param)
     try:
         model.engine.check_admission(num_prompt_tokens, params)
-    except AdmissionError as exc:  # without a param the prompt itself is too long
-        raise bad_request(
-            str(exc), exc.param or prompt_param, code="context_length_exceeded"
-        ) from None
-    except (EngineBusyError, EngineStoppedError) as exc:
+    except (AdmissionError, EngineBusyError, EngineStoppedError) as exc:
         raise engine_error(exc) from None
+
+
+def room_for(model: ServedModel, num_prompt_tokens: int, prompt_param: str) -> int:
+    """The tokens a request without max_tokens may generate: what its prompt leaves of the
+    context and the KV pool. A 400 naming the prompt when it leaves none (then no max_tokens
+    could help)."""
+    room = model.engine.room(num_prompt_tokens)
+    if room == 0 and num_prompt_tokens > 0:
+        raise bad_request(
+            f"{prompt_param}: the prompt is {num_prompt_tokens} tokens, which leaves no room to "
+            f"generate: this model's maximum context length is {model.engine.max_model_len} "
+            f"tokens; shorten the prompt",
+            prompt_param,
+            code="context_length_exceeded",
+        )
+    return room
 
 
 def check_fits(model: ServedModel, num_chars: int, prompt_param: str) -> None:

@@ -28,6 +28,7 @@ from inferd.server.generation import (
     clamp,
     collect,
     for_choice,
+    room_for,
     sampling_params,
     start,
     stream_events,
@@ -52,7 +53,7 @@ async def create_chat_completion(request: Request) -> Response:
     prompt = await chat_prompt_ids(
         model, messages, special_in_content=state.special_tokens_in_content
     )
-    params = _bounded_max_tokens(body, params, model.engine.room(len(prompt)), n, state)
+    params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     streams = start(request, model, [(prompt, for_choice(params, i)) for i in range(n)])
@@ -164,7 +165,12 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
 
 
 def _bounded_max_tokens(
-    body: ChatCompletionRequest, params: SamplingParams, room: int, n: int, state: ServerState
+    body: ChatCompletionRequest,
+    params: SamplingParams,
+    model: ServedModel,
+    num_prompt_tokens: int,
+    n: int,
+    state: ServerState,
 ) -> SamplingParams:
     """Without max_tokens, a reply may take the room the prompt leaves (in the context and the
     KV pool), within the logprobs bound; with it, logprobs beyond the bound are a 400."""
@@ -177,10 +183,11 @@ def _bounded_max_tokens(
         if ask is not None:
             check_logprobs_size(limit, ask, params.max_tokens, "completion tokens")
         return params
+    room = room_for(model, num_prompt_tokens, "messages")
     max_tokens = room if ask is None else min(room, ask.most_tokens(limit))
     if ask is not None and max_tokens < 1:
         check_logprobs_size(limit, ask, 1, "completion tokens")  # not even one token fits
-    return replace(params, max_tokens=max(1, max_tokens))  # room 0: admission says why
+    return replace(params, max_tokens=max_tokens)
 
 
 class _Completion:

@@ -37,6 +37,7 @@ from inferd.server.generation import (
     collect,
     encode_text,
     for_choice,
+    room_for,
     sampling_params,
     start,
     stream_events,
@@ -71,8 +72,11 @@ async def create_completion(request: Request) -> Response:
         )
     max_tokens = body.max_tokens
     if max_tokens is None:  # OpenAI's default, within what the longest prompt leaves
-        room = min(model.engine.room(len(p.token_ids)) for p in prompts)
-        max_tokens = max(1, min(DEFAULT_MAX_TOKENS, room))  # room 0: admission says why
+        param = "prompt" if len(prompts) == 1 else "prompt.{i}"
+        room = min(
+            room_for(model, len(p.token_ids), param.format(i=i)) for i, p in enumerate(prompts)
+        )
+        max_tokens = min(DEFAULT_MAX_TOKENS, room)
     params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
     score_prompt = bool(body.echo) and body.logprobs is not None
     if body.logprobs is not None:
