@@ -7,8 +7,8 @@ Run from the repository root (after ``inferd pull gemma3``)::
 It stores ``tests/models/data/gemma3_reference.pt`` (well under 2 MB): for each prompt of
 ``PROMPTS`` its token ids (transformers' tokenizer, BOS first), the top-1024 logits and the
 logsumexp (which sums over the whole vocabulary) of the last position, the top-16 logits of
-every position and transformers' greedy continuation; and the perplexity of ``PERPLEXITY_TEXT``. The test
-(tests/models/test_gemma3_parity.py) compares inferd's forward pass against them, so the
+every position and transformers' greedy continuation; and the perplexity of
+``PERPLEXITY_TEXT``. The test (tests/models/test_gemma3_parity.py) compares inferd's forward pass against them, so the
 comparison needs no transformers model at test time (loading one takes most of a minute here).
 """
 
@@ -106,7 +106,8 @@ def main() -> None:
         },
         FIXTURE,
     )
-    print(f"wrote {FIXTURE} ({FIXTURE.stat().st_size} bytes); {len(text_ids)} tokens, ppl {ppl:.4f}")
+    size = FIXTURE.stat().st_size
+    print(f"wrote {FIXTURE} ({size} bytes); {len(text_ids)} tokens, ppl {ppl:.4f}")
 
 
 if __name__ == "__main__":
