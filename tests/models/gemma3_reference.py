@@ -8,8 +8,8 @@ It stores ``tests/models/data/gemma3_reference.pt`` (well under 2 MB): for each 
 ``PROMPTS`` its token ids (transformers' tokenizer, BOS first), the top-1024 logits and the
 logsumexp (which sums over the whole vocabulary) of the last position, the top-16 logits of
 every position and transformers' greedy continuation; and the perplexity of
-``PERPLEXITY_TEXT``. The test (tests/models/test_gemma3_parity.py) compares inferd's forward pass against them, so the
-comparison needs no transformers model at test time (loading one takes most of a minute here).
+``PERPLEXITY_TEXT``. The test (tests/models/test_gemma3_parity.py) compares inferd's forward
+pass against them, so it needs no transformers model (loading one takes most of a minute).
 """
 
 from __future__ import annotations
