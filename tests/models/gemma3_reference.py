@@ -71,8 +71,7 @@ def main() -> None:
         str(path.parent), gguf_file=path.name, dtype=torch.float32
     ).eval()
     text_cfg = getattr(hf.config, "text_config", hf.config)
-    print({k: getattr(text_cfg, k, None) for k in ("sliding_window", "layer_types", "rope_theta",
-          "rope_local_base_freq", "rope_parameters", "query_pre_attn_scalar")})
+    print("sliding window", text_cfg.sliding_window, "layers", text_cfg.layer_types)
     prompts: list[dict[str, Any]] = []
     with torch.inference_mode():
         for prompt in PROMPTS:
@@ -80,6 +79,7 @@ def main() -> None:
             logits = hf(torch.tensor([ids])).logits[0].float()
             top = logits.topk(TOP_K, dim=-1)
             last = logits[-1].topk(LAST_TOP_K)
+            greedy = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
             prompts.append(
                 {
                     "prompt": prompt,
@@ -89,9 +89,7 @@ def main() -> None:
                     "last_logsumexp": float(torch.logsumexp(logits[-1].double(), dim=0)),
                     "topk_ids": top.indices.to(torch.int32),
                     "topk_logits": top.values,
-                    "greedy": hf.generate(
-                        torch.tensor([ids]), max_new_tokens=8, do_sample=False
-                    )[0, len(ids) :].tolist(),
+                    "greedy": greedy[0, len(ids) :].tolist(),
                 }
             )
         text_ids = tok(perplexity_text())["input_ids"]

@@ -28,7 +28,7 @@ HANDWRITTEN = [
     "1234567890 3.14159 1,000,000 007 -42e-3",
     "Émile a écrit 三个字 🙂👍🏽 — «ok»",
     "Привет, мир! مرحبا بالعالم שלום नमस्ते こんにちは 안녕하세요",
-    "<b>html</b> &amp; {json: [1, 2], \"k\": null}",
+    '<b>html</b> &amp; {json: [1, 2], "k": null}',
     "a\u00a0b\u200bc\u2028d",
     "ℌ𝔢𝔩𝔩𝔬 ﬁ ½ ™ ©",
     "<start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n",
