@@ -7,7 +7,7 @@ Run from the repository root (after ``inferd pull gemma3``)::
 It stores ``tests/models/data/gemma3_reference.pt`` (well under 2 MB): for each prompt of
 ``PROMPTS`` its token ids (transformers' tokenizer, BOS first), the top-1024 logits and the
 logsumexp (which sums over the whole vocabulary) of the last position, the top-16 logits of
-every position and transformers' greedy continuation; and the perplexity of
+every position and transformers' greedy continuation (ids and text); and the perplexity of
 ``PERPLEXITY_TEXT``. The test (tests/models/test_gemma3_parity.py) compares inferd's forward
 pass against them, so it needs no transformers model (loading one takes most of a minute).
 """
@@ -90,6 +90,7 @@ def main() -> None:
                     "topk_ids": top.indices.to(torch.int32),
                     "topk_logits": top.values,
                     "greedy": greedy[0, len(ids) :].tolist(),
+                    "greedy_text": tok.decode(greedy[0, len(ids) :], skip_special_tokens=True),
                 }
             )
         text_ids = tok(perplexity_text())["input_ids"]
