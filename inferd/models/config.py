@@ -67,6 +67,13 @@ class ModelConfig:
         return self.sliding_window if layer in self.sliding_layers else None
 
     @property
+    def uniform_window(self) -> int | None:
+        """The sliding window when every layer uses it (then the KV cache may drop what falls
+        behind it), else None."""
+        every = len(self.sliding_layers) == self.num_layers
+        return self.sliding_window if every and self.sliding_window is not None else None
+
+    @property
     def rotary_size(self) -> int:
         return self.rotary_dim or self.head_dim
 
