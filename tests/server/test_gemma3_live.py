@@ -5,6 +5,7 @@ chat without a template is a 400 naming ``--chat-template FILE``, and with the f
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,8 @@ import httpx
 import pytest
 import torch
 
+from inferd.bench.http import run_http
+from inferd.bench.workloads import Workload
 from tests.models.gemma3_reference import FIXTURE
 from tests.server.live import LiveServer, live_server
 
@@ -88,3 +91,12 @@ def test_chat_works_with_a_template_file(
         plain = httpx.post(live.url + "/tokenize", json={"prompt": rendered}, timeout=30)
         assert ids == plain.json()["tokens"] and out["usage"]["prompt_tokens"] == len(ids)
         assert ids.count(2) == 1  # the template's BOS text, and no second one added
+
+
+def test_bench_drives_a_base_model_with_plain_prompts(base_server: LiveServer) -> None:
+    """`inferd bench` on gemma3 sends text workloads to /v1/completions (chat would be a 400)."""
+    workload = Workload("two text streams", requests=2, concurrency=2, max_tokens=4, text=True)
+    summary = asyncio.run(run_http(base_server.api, "default", workload))
+    assert summary.incomplete == 0 and summary.tokens_per_second > 0
+    chat = Workload("chat", requests=1, concurrency=1, max_tokens=4)
+    assert asyncio.run(run_http(base_server.api, "default", chat)).incomplete == 1
