@@ -31,6 +31,7 @@ lint: $(STAMP)
 
 test: pull lint
 	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
+	$(VENV)/bin/inferd pull gemma3   # the second real model (tests/models/*gemma3*)
 	$(PY) -m pytest -q
 
 # Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).

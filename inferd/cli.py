@@ -97,6 +97,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     add_model_tool_args(p)  # --isq, --revision
     p.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        default=None,
+        help="the chat template to use (a Jinja file, or a tokenizer_config.json), replacing the "
+        "model's own; needed for chat with a model that has none (a base model)",
+    )
+    p.add_argument(
         "--dtype",
         default=d.dtype,
         choices=DTYPES,
@@ -187,10 +194,12 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from inferd.serving.loading import load_spec
     from inferd.serving.served import ServedModel
-    from inferd.serving.spec import ModelSpec
+    from inferd.serving.spec import ModelSpec, read_chat_template
 
     model_id = tool_model_id(args) or DEFAULT_MODEL
-    model = load_spec(ModelSpec(model_id=model_id), _engine_config(args), progress=True)
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    spec = ModelSpec(model_id=model_id, chat_template=template)
+    model = load_spec(spec, _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
         model.shutdown()
         raise ValueError(f"{model.id} is an embedding model; `inferd run` needs a chat model")

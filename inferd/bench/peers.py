@@ -15,8 +15,8 @@ from typing import Any
 from inferd.bench.stats import RequestTiming, Summary, summarize
 from inferd.bench.workloads import Workload
 
-# A peer turns (messages, max_tokens) into a stream of text deltas, one per token.
-StreamFn = Callable[[list[dict[str, str]], int], Iterator[str]]
+# A peer turns (messages, or a plain prompt, and max_tokens) into text deltas, one per token.
+StreamFn = Callable[[list[dict[str, str]] | str, int], Iterator[str]]
 
 
 def llama_cpp_peer(gguf: Path, threads: int) -> StreamFn:
@@ -24,7 +24,14 @@ def llama_cpp_peer(gguf: Path, threads: int) -> StreamFn:
 
     llm: Any = Llama(model_path=str(gguf), n_ctx=4096, n_threads=threads, verbose=False)
 
-    def stream(messages: list[dict[str, str]], max_tokens: int) -> Iterator[str]:
+    def stream(messages: list[dict[str, str]] | str, max_tokens: int) -> Iterator[str]:
+        if isinstance(messages, str):  # a base model: plain completion
+            for chunk in llm.create_completion(
+                prompt=messages, max_tokens=max_tokens, temperature=0, stream=True
+            ):
+                if chunk["choices"][0]["text"]:
+                    yield chunk["choices"][0]["text"]
+            return
         chunks = llm.create_chat_completion(
             messages=messages,
             max_tokens=max_tokens,
@@ -48,7 +55,9 @@ def mistralrs_peer(gguf: Path) -> StreamFn:
     )
     runner = Runner(which=which)
 
-    def stream(messages: list[dict[str, str]], max_tokens: int) -> Iterator[str]:
+    def stream(messages: list[dict[str, str]] | str, max_tokens: int) -> Iterator[str]:
+        if isinstance(messages, str):
+            raise ValueError("the mistral.rs peer measures chat only")
         request = ChatCompletionRequest(
             model="default", messages=messages, max_tokens=max_tokens, temperature=0.0, stream=True
         )
@@ -70,9 +79,12 @@ def transformers_peer(gguf: Path) -> StreamFn:
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.bfloat16
     ).eval()
 
-    def stream(messages: list[dict[str, str]], max_tokens: int) -> Iterator[str]:
-        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        ids: Any = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    def stream(messages: list[dict[str, str]] | str, max_tokens: int) -> Iterator[str]:
+        if isinstance(messages, str):  # a base model: the text itself, after BOS
+            ids: Any = tok(messages, return_tensors="pt")["input_ids"]
+        else:
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
         streamer = TextIteratorStreamer(tok, skip_prompt=True, skip_special_tokens=True)
         kwargs: dict[str, Any] = {
             "input_ids": ids,
@@ -109,7 +121,7 @@ def run_serial(stream: StreamFn, workload: Workload, engine: str) -> Summary:
     started = time.perf_counter()
     for index in range(min(workload.requests, SERIAL_SAMPLE)):
         timing = RequestTiming(started=time.perf_counter())
-        for _ in stream(workload.messages(index), workload.max_tokens):
+        for _ in stream(workload.request(index), workload.max_tokens):
             now = time.perf_counter()
             if timing.first_token is None:
                 timing.first_token = now

@@ -29,6 +29,16 @@ class Workload:
     max_tokens: int
     system: str | None = None
     user_repeat: int = 1  # repeat the user text to make a long prompt
+    # Plain-text prompts to /v1/completions instead of chat: for base models, which have no
+    # chat template (Gemma 3 270M); the text is the messages' contents, one paragraph each.
+    text: bool = False
+
+    def request(self, index: int) -> list[dict[str, str]] | str:
+        """What one request sends: the messages, or (``text``) the prompt."""
+        return self.prompt(index) if self.text else self.messages(index)
+
+    def prompt(self, index: int) -> str:
+        return "\n\n".join(m["content"] for m in self.messages(index))
 
     def messages(self, index: int) -> list[dict[str, str]]:
         topic = TOPICS[index % len(TOPICS)]

@@ -11,6 +11,14 @@ where the extra keys carry everything else that changes the keys and values (the
 identity, the request's cache salt). A new request reuses the longest chain of cached blocks
 that matches its prompt. Freed blocks keep their content and stay findable until the pool hands
 them out again, least recently freed first.
+
+Sliding windows: when every layer of the model attends only to the last ``window`` keys
+(Mistral, Phi-3 with a window), a block whose every position lies behind the window of the
+request's next token is never read again; it is given back at once and its entry in the
+request's block list becomes ``NULL_BLOCK`` (attention masks those positions anyway), so a
+request holds at most ``window + chunk`` tokens of KV however long it runs, and admission counts
+only that. A model that mixes sliding and global layers (Gemma 2 and 3) keeps every block: the
+pool is shared by all layers, and the global layers read every position.
 """
 
 from __future__ import annotations
@@ -123,9 +131,20 @@ class KVCacheManager:
     """Grows, shares and frees the block lists of requests."""
 
     def __init__(
-        self, num_blocks: int, block_size: int, *, prefix_caching: bool = True, model_key: str = ""
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        prefix_caching: bool = True,
+        model_key: str = "",
+        window: int | None = None,
     ) -> None:
+        """``window``: set when every layer slides (``ModelConfig.uniform_window``): blocks
+        behind it are freed as requests advance."""
+        if window is not None and window < 1:
+            raise ValueError("the sliding window must hold at least one key")
         self.block_size = block_size
+        self.window = window
         self.pool = BlockPool(num_blocks)
         self.prefix_caching = prefix_caching
         self.model_key = model_key
@@ -137,6 +156,15 @@ class KVCacheManager:
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
+
+    def tokens_held(self, num_tokens: int, chunk: int) -> int:
+        """The most KV (in tokens, whole blocks) a request of ``num_tokens`` holds at once when
+        it advances at most ``chunk`` tokens a step: all of it, or under a sliding window the
+        window behind the step's first token plus the chunk, one partial block on each side."""
+        held = self.blocks_for(num_tokens)
+        if self.window is not None:
+            held = min(held, self.blocks_for(self.window - 1 + chunk) + 1)
+        return held * self.block_size
 
     def attach_cached_prefix(self, request: Request) -> int:
         """Give a fresh request the cached blocks of its longest known prefix.
@@ -167,10 +195,14 @@ class KVCacheManager:
             return
         full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
         for index, block_hash in enumerate(self._hashes(request, full)):
-            self.pool.register(request.block_ids[index], block_hash)
+            block = request.block_ids[index]
+            if block != NULL_BLOCK:  # freed behind the window: nothing left to register
+                self.pool.register(block, block_hash)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
-        """Make room for the next ``num_new_tokens`` of ``request``; False if the pool is short."""
+        """Make room for the next ``num_new_tokens`` of ``request``; False if the pool is short.
+        Under a sliding window, the blocks the next token can no longer see are freed first."""
+        self._free_behind_window(request)
         needed = self.blocks_for(request.num_computed_tokens + num_new_tokens)
         missing = needed - len(request.block_ids)
         if missing <= 0:
@@ -182,8 +214,20 @@ class KVCacheManager:
         return True
 
     def free(self, request: Request) -> None:
-        self.pool.release(request.block_ids)
+        self.pool.release([b for b in request.block_ids if b != NULL_BLOCK])
         request.block_ids = []
+
+    def _free_behind_window(self, request: Request) -> None:
+        """Give back the blocks wholly before the first key the next token sees."""
+        if self.window is None:
+            return
+        first_visible = request.num_computed_tokens - self.window + 1
+        dead = min(max(first_visible, 0) // self.block_size, len(request.block_ids))
+        ids = request.block_ids
+        released = [b for b in ids[:dead] if b != NULL_BLOCK]
+        if released:
+            self.pool.release(released)
+            ids[:dead] = [NULL_BLOCK] * dead
 
     def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the request's first ``num_blocks`` full blocks (memoized)."""

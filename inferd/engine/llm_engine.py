@@ -96,9 +96,11 @@ class LLMEngine:
                 "max_tokens",
             )
         capacity = self.kv_capacity_tokens
-        if needed > capacity:
+        kv = self._core.scheduler.kv
+        held = kv.tokens_held(needed, self.scheduler_config.max_num_batched_tokens)
+        if held > capacity:
             raise AdmissionError(
-                f"the request needs {needed} tokens of KV cache but "
+                f"the request needs {held} tokens of KV cache but "
                 f"the whole pool holds {capacity}; lower max_tokens or raise --kv-cache-tokens",
                 "max_tokens",
             )

@@ -53,6 +53,7 @@ __all__ = [
     "RENDER_TIMEOUT_S",
     "ChatTemplate",
     "ChatTemplateError",
+    "NoChatTemplateError",
     "RenderedChat",
 ]
 
@@ -92,6 +93,19 @@ _END_OF_TURN_MARKERS = (
 
 class ChatTemplateError(ValueError):
     """The chat template could not be compiled or rendered."""
+
+
+NO_TEMPLATE_MESSAGE = (
+    "this model has no chat template (a base model): use /v1/completions, or give the server "
+    "one with `inferd serve --chat-template FILE` (chat_template in a --config file)"
+)
+
+
+class NoChatTemplateError(ChatTemplateError):
+    """The model brings no chat template and none was given: chat is refused."""
+
+    def __init__(self) -> None:
+        super().__init__(NO_TEMPLATE_MESSAGE)
 
 
 # --- limits --------------------------------------------------------------------------------------
@@ -649,6 +663,9 @@ class ChatTemplate:
     eos_token: str = ""
     max_output_chars: int = field(default=MAX_OUTPUT_CHARS, repr=False)
     timeout_s: float = field(default=RENDER_TIMEOUT_S, repr=False)
+    # The model file has no template: ``source`` is ChatML only for tools that read it (convert),
+    # and rendering refuses, since guessing a format a base model never saw yields nonsense.
+    missing: bool = False
 
     def __post_init__(self) -> None:
         _compile(self.source)  # fail at load time, not at the first request
@@ -657,11 +674,16 @@ class ChatTemplate:
     def from_metadata(
         cls, metadata: Mapping[str, Any], *, bos_token: str | None, eos_token: str | None
     ) -> ChatTemplate:
-        """The GGUF's ``tokenizer.chat_template``, or ChatML when the file has none."""
+        """The GGUF's ``tokenizer.chat_template``; when the file has none, a ``missing`` one
+        (rendering it raises ``NoChatTemplateError``)."""
         source = metadata.get("tokenizer.chat_template")
-        if not isinstance(source, str) or not source.strip():
-            source = CHATML_TEMPLATE
-        return cls(source=source, bos_token=bos_token or "", eos_token=eos_token or "")
+        missing = not isinstance(source, str) or not source.strip()
+        return cls(
+            source=CHATML_TEMPLATE if missing else str(source),
+            bos_token=bos_token or "",
+            eos_token=eos_token or "",
+            missing=missing,
+        )
 
     def render(
         self,
@@ -675,6 +697,8 @@ class ChatTemplate:
         ``extra`` becomes template variables (``tools``, ``documents``, ...) and may override
         ``bos_token`` / ``eos_token``.
         """
+        if self.missing:
+            raise NoChatTemplateError()
         template = _compile(self.source)
         context: dict[str, Any] = {"bos_token": self.bos_token, "eos_token": self.eos_token}
         context.update(extra)

@@ -89,7 +89,8 @@ def _packed_kind(qtypes: Iterable[GGMLQuantizationType]) -> PackedKind:
 
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
-    only (its converter alone permutes them); Gemma 2 norms are stored as ``1 + w``; Phi-3
+    only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
+    ``1 + w``; Phi-3
     keeps q/k/v in one ``attn_qkv`` and gate/up in one ``ffn_up``."""
 
     def keep(t: torch.Tensor, _: str) -> torch.Tensor:
@@ -101,7 +102,7 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
         heads = cfg.num_heads if name.endswith("attn_q.weight") else cfg.num_kv_heads
         return unpermute_rope(t, heads)
 
-    gemma = cfg.architecture == "gemma2"
+    gemma = cfg.architecture in ("gemma2", "gemma3")
 
     def norm(t: torch.Tensor, _: str) -> torch.Tensor:
         return t - 1 if gemma else t
@@ -127,8 +128,8 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
             biases = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
             plan[m + "self_attn.qkv_proj.bias"] = (biases, keep)
         if cfg.qk_norm:
-            plan[m + "self_attn.q_norm.weight"] = ([b + "attn_q_norm.weight"], keep)
-            plan[m + "self_attn.k_norm.weight"] = ([b + "attn_k_norm.weight"], keep)
+            plan[m + "self_attn.q_norm.weight"] = ([b + "attn_q_norm.weight"], norm)
+            plan[m + "self_attn.k_norm.weight"] = ([b + "attn_k_norm.weight"], norm)
         plan[m + "self_attn.o_proj.weight"] = ([b + "attn_output.weight"], keep)
         if gemma:
             plan[m + "post_attention_norm.weight"] = ([b + "post_attention_norm.weight"], norm)

@@ -186,14 +186,17 @@ class TokenizerBundle:
         """Token ids for ``text``; special-token text like ``<|im_start|>`` becomes that token,
         except inside ``literal_spans`` ([start, end) character ranges), where it is plain text.
 
-        ``add_special`` prepends BOS when the model asks for it (``add_bos``).
+        ``add_special`` prepends BOS when the model asks for it (``add_bos``) and the text does
+        not already begin with it.
         """
         encoding = self.tokenizer.encode(text, add_special_tokens=False)
         ids: list[int] = encoding.ids
         if literal_spans:
             ids = self._literal(text, ids, encoding.offsets, literal_spans)
-        if add_special and self.add_bos and self.bos_token_id is not None:
-            ids.insert(0, self.bos_token_id)
+        bos = self.bos_token_id
+        # A chat template that writes the BOS text itself (Gemma's do) must not get a second.
+        if add_special and self.add_bos and bos is not None and (not ids or ids[0] != bos):
+            ids.insert(0, bos)
         return ids
 
     def _literal(

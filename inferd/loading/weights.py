@@ -16,7 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inferd.layers.linear import Linear, PackedKind
-from inferd.layers.rotary import RotaryEmbedding
+from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.llama import LlamaForCausalLM
@@ -27,6 +27,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma2ForCausalLM
 
         return Gemma2ForCausalLM
+    if cfg.architecture == "gemma3":
+        from inferd.models.gemma import Gemma3ForCausalLM
+
+        return Gemma3ForCausalLM
     return LlamaForCausalLM
 
 
@@ -36,6 +40,9 @@ def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) ->
         rotary = RotaryEmbedding(cfg.rotary_size, 1, inv_freq.to("meta"))
         model = model_class(cfg)(cfg, rotary).to(dtype)
     model.rotary = RotaryEmbedding(cfg.rotary_size, cfg.max_position, inv_freq)
+    if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers: plain RoPE, own base
+        local = inverse_frequencies(cfg.rotary_size, cfg.rope_local_theta, RopeScaling())
+        model.local_rotary = RotaryEmbedding(cfg.rotary_size, cfg.max_position, local)
     return model
 
 

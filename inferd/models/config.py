@@ -43,6 +43,8 @@ class ModelConfig:
     final_softcap: float | None = None  # Gemma 2: tanh soft-capping of the logits
     attention_scale: float | None = None  # None: head_dim ** -0.5
     hidden_act: str = "silu"  # silu (SwiGLU) | gelu_tanh (GeGLU)
+    # Gemma 3: sliding-window layers rotate with their own base (None: ``rope_theta``).
+    rope_local_theta: float | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -65,6 +67,13 @@ class ModelConfig:
         return self.sliding_window if layer in self.sliding_layers else None
 
     @property
+    def uniform_window(self) -> int | None:
+        """The sliding window when every layer uses it (then the KV cache may drop what falls
+        behind it), else None."""
+        every = len(self.sliding_layers) == self.num_layers
+        return self.sliding_window if every and self.sliding_window is not None else None
+
+    @property
     def rotary_size(self) -> int:
         return self.rotary_dim or self.head_dim
 
@@ -75,7 +84,11 @@ class ModelConfig:
 
 
 # GGUF architectures (``general.architecture``) we read, in llama.cpp's layout for each.
-GGUF_ARCHITECTURES = frozenset({*LLAMA_FAMILY, "qwen2", "qwen3", "gemma2", "phi3"})
+GGUF_ARCHITECTURES = frozenset({*LLAMA_FAMILY, "qwen2", "qwen3", "gemma2", "gemma3", "phi3"})
+
+# Gemma 3 interleaves five sliding-window layers with one global layer.
+GEMMA3_SLIDING_PATTERN = 6
+GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
 def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> ModelConfig:
@@ -109,9 +122,14 @@ def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> Mod
         sliding = tuple(range(0, layers, 2))
     elif window is not None and arch == "phi3":
         sliding = tuple(range(layers))
+    elif window is not None and arch == "gemma3":
+        sliding = _gemma3_sliding(meta, layers)
     gemma = arch == "gemma2"
-    # llama.cpp scales Gemma 2 queries by 1/sqrt(head size), except for the 27B (46 layers)
-    gemma_scale = (hidden / heads if layers == 46 else head_dim) ** -0.5
+    gemma_family = arch in ("gemma2", "gemma3")
+    # llama.cpp scales Gemma queries by 1/sqrt(head size), except for the 27Bs (Gemma 2: 46
+    # layers, Gemma 3: 62), whose query_pre_attn_scalar is hidden / heads.
+    big = layers == (46 if arch == "gemma2" else 62)
+    gemma_scale = (hidden / heads if big else head_dim) ** -0.5
     return ModelConfig(
         architecture=arch,
         vocab_size=int(vocab),
@@ -127,7 +145,7 @@ def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> Mod
         max_position=int(key("context_length", 2048)),
         tie_word_embeddings=not has_output_tensor,
         attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         rotary_dim=rotary_dim,
         sliding_window=window if sliding else None,
         sliding_layers=sliding,
@@ -135,9 +153,24 @@ def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> Mod
         final_softcap=_float_or_none(meta.get(f"{arch}.final_logit_softcapping"))
         if gemma
         else None,
-        attention_scale=gemma_scale if gemma else None,
-        hidden_act="gelu_tanh" if gemma else "silu",
+        attention_scale=gemma_scale if gemma_family else None,
+        hidden_act="gelu_tanh" if gemma_family else "silu",
+        rope_local_theta=float(meta.get(f"{arch}.rope.freq_base_swa", GEMMA3_LOCAL_ROPE_BASE))
+        if arch == "gemma3"
+        else None,
     )
+
+
+def _gemma3_sliding(meta: Mapping[str, Any], layers: int) -> tuple[int, ...]:
+    """Gemma 3's sliding layers: from ``sliding_window_pattern`` when the file has it (newer
+    converters write one bool per layer), else every layer but each sixth, as llama.cpp does."""
+    pattern = meta.get("gemma3.attention.sliding_window_pattern")
+    if isinstance(pattern, (list, tuple)):
+        if len(pattern) != layers:
+            raise ModelConfigError(f"gemma3 sliding_window_pattern has {len(pattern)} entries")
+        return tuple(i for i, sliding in enumerate(pattern) if sliding)
+    period = int(pattern) if pattern is not None else GEMMA3_SLIDING_PATTERN
+    return tuple(i for i in range(layers) if (i + 1) % period != 0)
 
 
 def _rope_scaling(meta: Mapping[str, Any], arch: str) -> RopeScaling:

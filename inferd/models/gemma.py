@@ -1,4 +1,4 @@
-"""Gemma 2: the Llama decoder plus what Gemma changes.
+"""Gemma 2 and Gemma 3 (text): the Llama decoder plus what Gemma changes.
 
 - RMSNorm scales by ``1 + w`` (weights stored as offsets from one) and multiplies in float32;
 - four norms per layer: around attention and around the MLP (sandwich), not just before each;
@@ -6,6 +6,9 @@
 - GeGLU (tanh-approximated GELU) MLP, attention scale ``query_pre_attn_scalar ** -0.5``;
 - tanh soft-capping of attention scores and of the final logits;
 - sliding-window attention on alternate layers (the window comes from ``ModelConfig``).
+
+Gemma 3 keeps all that but drops both soft-caps, adds per-head q/k norms, interleaves five
+sliding layers with one global one, and rotates its sliding layers with a smaller RoPE base.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import torch
 from torch import nn
 
 from inferd.kernels.ops import Rotation
-from inferd.layers.attention import AttentionMetadata
+from inferd.layers.attention import AttentionMetadata, sliding_window_metadata
 from inferd.layers.norm import RMSNorm
+from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
 
@@ -63,3 +67,53 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         logits = self.lm_head(hidden).float()
         cap = self.config.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+
+class Gemma3Attention(LlamaAttention):
+    """Gemma 2 attention without score soft-capping, plus per-head q/k norms in Gemma's
+    ``1 + w`` form (Gemma 3)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.rms_norm_eps)
+
+
+class Gemma3DecoderLayer(Gemma2DecoderLayer):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__(cfg)
+        self.self_attn = Gemma3Attention(cfg)
+
+
+class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    """Gemma 3 (text): Gemma 2's layers with q/k norms, no soft-capping, and two rotations:
+    sliding-window layers use ``rope_local_theta``, global layers ``rope_theta``.
+
+    ``local_rotary`` is set by the loader (``loading/weights.build_empty``) beside ``rotary``.
+    """
+
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__(cfg, rotary)
+        self.local_rotary = rotary
+
+    def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
+        return Gemma3DecoderLayer(cfg)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor:
+        x = self.embed(input_ids)
+        global_rotation = self.rotary.at(positions, x.dtype)
+        local_rotation = self.local_rotary.at(positions, x.dtype)
+        window = self.config.sliding_window
+        window_meta = sliding_window_metadata(meta, window) if window is not None else meta
+        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
+            if self.config.window_of(i) is not None:
+                x = layer(x, local_rotation, window_meta, cache)
+            else:
+                x = layer(x, global_rotation, meta, cache)
+        return self.norm(x)

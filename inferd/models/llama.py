@@ -6,7 +6,7 @@ rows belong to whom and where their KV lives.
 
 The same decoder runs the close relatives, switched by ``ModelConfig`` fields: Qwen2 (q/k/v
 biases), Qwen3 (per-head q/k RMSNorm), Mistral (sliding window), Phi-3 (partial rotary; its fused
-checkpoint tensors are a loader matter). Gemma 2 subclasses it (models/gemma.py).
+checkpoint tensors are a loader matter). Gemma 2 and 3 subclass it (models/gemma.py).
 """
 
 from __future__ import annotations

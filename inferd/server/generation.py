@@ -23,7 +23,7 @@ from starlette.requests import Request
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.loading.chat_template import ChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
@@ -201,6 +201,8 @@ async def chat_prompt_ids(
                 prefill=prefill,
                 special_in_content=special_in_content,
             )
+        except NoChatTemplateError as exc:
+            raise bad_request(str(exc), "messages") from None
         except ChatTemplateError as exc:
             message = f"the chat template could not render these messages: {exc}"
             raise bad_request(message, "messages") from None

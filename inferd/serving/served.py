@@ -147,6 +147,7 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
             cfg.block_size,
             prefix_caching=cfg.prefix_caching,
             model_key=source.digest,
+            window=mcfg.uniform_window,
         ),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]

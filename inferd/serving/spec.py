@@ -297,6 +297,16 @@ def _setting(
     return value
 
 
+def read_chat_template(value: str) -> str:
+    """``--chat-template``: Jinja source, a template file or a tokenizer_config.json, as the
+    ``chat_template`` field of a models file takes it. ValueError when it cannot be read."""
+    problems: list[str] = []
+    template = _template(value, Path.cwd(), "--chat-template", problems)
+    if template is None:
+        raise ValueError("; ".join(problems))
+    return template
+
+
 def _template(value: str, base: Path, path: str, problems: list[str]) -> str | None:
     """A chat template given as Jinja source, a template file, or a tokenizer_config.json."""
     if "{{" in value or "{%" in value:

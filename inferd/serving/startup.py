@@ -19,7 +19,7 @@ from inferd.engine.embedding import EmbeddingModel
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
-from inferd.serving.spec import ModelSpec, load_models_file
+from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
 from inferd.store import DEFAULT_MODEL
 
 
@@ -31,8 +31,10 @@ def registry_from_args(
     if args.drain_timeout < 0:
         raise ValueError("--drain-timeout must not be negative")
     policy = {"auto_reload": args.auto_reload == "on", "drain_timeout": args.drain_timeout}
+    template_flag = getattr(args, "chat_template", None)
     if args.config is None:
-        spec = ModelSpec(model_id=args.model or DEFAULT_MODEL)
+        template = read_chat_template(template_flag) if template_flag is not None else None
+        spec = ModelSpec(model_id=args.model or DEFAULT_MODEL, chat_template=template)
         model = load_spec(spec, cfg, progress=True, loop=loop)
         slot = ModelSlot.of_loaded(model)
         slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
@@ -40,6 +42,8 @@ def registry_from_args(
         return registry, _describe_model(model, cfg)
     if args.model is not None:
         raise ValueError("give -m or --config, not both")
+    if template_flag is not None:
+        raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
     specs = load_models_file(args.config)
     slots = [
         ModelSlot(

@@ -13,7 +13,12 @@ from typing import Any
 import gguf
 import pytest
 
-from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate, ChatTemplateError
+from inferd.loading.chat_template import (
+    CHATML_TEMPLATE,
+    ChatTemplate,
+    ChatTemplateError,
+    NoChatTemplateError,
+)
 
 SYSTEM = {"role": "system", "content": "You are terse."}
 USER = {"role": "user", "content": "Hi! Où est la gare? 你好 👋"}
@@ -109,9 +114,17 @@ def test_smollm2_default_system_prompt(smollm2_template: ChatTemplate) -> None:
     )
 
 
-def test_chatml_fallback_when_metadata_has_no_template() -> None:
+def test_metadata_without_a_template_refuses_to_render_and_names_the_flag() -> None:
     template = ChatTemplate.from_metadata({}, bos_token=None, eos_token=None)
-    assert template.source == CHATML_TEMPLATE
+    assert template.missing and template.source == CHATML_TEMPLATE  # ChatML for convert only
+    with pytest.raises(NoChatTemplateError, match="--chat-template FILE"):
+        template.render([USER])
+    with pytest.raises(NoChatTemplateError):
+        template.render_chat([USER], special=None)
+
+
+def test_chatml_renders_as_transformers_does() -> None:
+    template = ChatTemplate(CHATML_TEMPLATE)
     assert template.render([USER], add_generation_prompt=False) == (
         f"<|im_start|>user\n{USER['content']}<|im_end|>\n"
     )
