@@ -24,7 +24,7 @@ class EngineConfig:
     kv_cache_mb: int | None = None  # None: a tenth of free RAM, at most 512 MiB
     seed: int | None = None
     prefix_caching: bool = True
-    packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
+    packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
 
     def __post_init__(self) -> None:

@@ -6,6 +6,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -315,23 +319,117 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
   return y;
 }
 
-// y = x @ (w * scale)^T for a few rows: int8 weights [n, k] with a scale per output row. Bound by
-// reading the weights, so each weight row is streamed once for all input rows.
-template <typename T>
-void int8_linear_rows(const T* x, const int8_t* w, const T* scale, T* y, int64_t rows, int64_t n,
-                      int64_t k) {
-  std::vector<float> xf(rows * k);
-  for (int64_t i = 0; i < rows * k; ++i) xf[i] = load_f(x, i);
-  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+// Weight-only GEMV / small GEMM: bound by streaming the weights, so each weight row is read once
+// for all input rows (up to 4 at a time, from L1 after the first) and dequantized in registers.
+// Activations are float32 inside (bf16 ones are widened first: a few KB); one task per block of
+// output rows.
+constexpr int64_t ROW_TILE = 4;
+constexpr int64_t INT4_GROUP = 32;
+
+std::vector<float> widen(const torch::Tensor& x) {
+  std::vector<float> xf(x.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "widen", [&] {
+    const scalar_t* p = x.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < x.numel(); ++i) xf[i] = load_f(p, i);
+  });
+  return xf;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 bytes_to_ps(__m128i b) {  // the low 8 unsigned bytes as floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+#endif
+
+// One output row o of the int4 kernel for `rows` (<= ROW_TILE) input rows: codes as packed by
+// inferd.layers.linear.pack_int4_rows (byte j of a group: column j low nibble, j + 16 high),
+// w = code * scale + min per group, so x . w = sum_g scale_g * (x_g . codes_g) + min_g * sum(x_g).
+inline void int4_row(const float* x, const float* xsum, const uint8_t* w, const float* sm,
+                     float* out, int64_t rows, int64_t k) {
+  const int64_t groups = k / INT4_GROUP;
+  float bias[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < rows; ++r) bias[r] += sm[2 * g + 1] * xsum[r * groups + g];
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256 acc[ROW_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                          _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + g * 16));
+    const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+    const __m256 w0 = bytes_to_ps(lo), w1 = bytes_to_ps(_mm_srli_si128(lo, 8));
+    const __m256 w2 = bytes_to_ps(hi), w3 = bytes_to_ps(_mm_srli_si128(hi, 8));
+    const __m256 scale = _mm256_set1_ps(sm[2 * g]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xg = x + r * k + g * INT4_GROUP;
+      const __m256 d0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1,
+                                        _mm256_mul_ps(_mm256_loadu_ps(xg), w0));
+      const __m256 d1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3,
+                                        _mm256_mul_ps(_mm256_loadu_ps(xg + 16), w2));
+      acc[r] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), scale, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) out[r] = hsum(acc[r]) + bias[r];
+#else
+  for (int64_t r = 0; r < rows; ++r) {
+    float total = bias[r];
+    for (int64_t g = 0; g < groups; ++g) {
+      float d = 0.f;
+      for (int64_t j = 0; j < 16; ++j) {
+        const uint8_t b = w[g * 16 + j];
+        d += x[r * k + g * INT4_GROUP + j] * static_cast<float>(b & 0x0F) +
+             x[r * k + g * INT4_GROUP + 16 + j] * static_cast<float>(b >> 4);
+      }
+      total += sm[2 * g] * d;
+    }
+    out[r] = total;
+  }
+#endif
+}
+
+// One output row of the int8 kernel (one scale per row) for `rows` (<= ROW_TILE) input rows.
+inline void int8_row(const float* x, const int8_t* w, float scale, float* out, int64_t rows,
+                     int64_t k) {
+  int64_t i = 0;
+  float tail[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
+#if defined(__AVX2__) && defined(__FMA__)
+  // Two accumulators per row: the loop-carried FMA latency, not the loads, would bound one.
+  __m256 a0[ROW_TILE], a1[ROW_TILE];
+  for (int64_t r = 0; r < ROW_TILE; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  for (; i + 16 <= k; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i));
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    for (int64_t r = 0; r < rows; ++r) {
+      a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i), w0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i + 8), w1, a1[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) tail[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+#endif
+  for (; i < k; ++i)
+    for (int64_t r = 0; r < rows; ++r) tail[r] += x[r * k + i] * static_cast<float>(w[i]);
+  for (int64_t r = 0; r < rows; ++r) out[r] = tail[r] * scale;
+}
+
+// y[r, o] for all rows in tiles of ROW_TILE, parallel over blocks of output rows; `row_fn`
+// computes one output row for one tile into out[0..rows).
+template <typename T, typename RowFn>
+void weight_only_rows(int64_t rows, int64_t n, T* y, RowFn row_fn) {
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    float out[ROW_TILE];
     for (int64_t o = begin; o < end; ++o) {
-      const int8_t* wr = w + o * k;
-      const float sc = load_f(scale, o);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = xf.data() + r * k;
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < k; ++i) acc += xr[i] * static_cast<float>(wr[i]);
-        y[r * n + o] = from_f<T>(acc * sc);
+      for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
+        const int64_t tile = std::min(ROW_TILE, rows - r0);
+        row_fn(o, r0, tile, out);
+        for (int64_t r = 0; r < tile; ++r) y[(r0 + r) * n + o] = from_f<T>(out[r]);
       }
     }
   });
@@ -350,9 +448,49 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
   TORCH_CHECK(w.size(1) == k && scale.size(0) == n, "weight ", w.sizes(), " and scale ",
               scale.sizes(), " for rows of ", k);
   auto y = torch::empty({rows, n}, x.options());
+  const std::vector<float> xf = widen(x);
+  const std::vector<float> sf = widen(scale);
+  const int8_t* wp = w.data_ptr<int8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int8_linear", [&] {
-    int8_linear_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<int8_t>(),
-                               scale.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, k);
+    weight_only_rows<scalar_t>(rows, n, y.data_ptr<scalar_t>(),
+                               [&](int64_t o, int64_t r0, int64_t tile, float* out) {
+                                 int8_row(xf.data() + r0 * k, wp + o * k, sf[o], out, tile, k);
+                               });
+  });
+  return y;
+}
+
+// x @ w^T for int4 weights in inferd's row layout (inferd.layers.linear.pack_int4_rows):
+// packed uint8 [n, k / 2], scales_and_mins float32 [n, k / 32, 2].
+torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                               const torch::Tensor& scales_and_mins) {
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  check_tensor(packed, "packed", 2);
+  check_tensor(scales_and_mins, "scales_and_mins", 3);
+  TORCH_CHECK(packed.scalar_type() == at::kByte, "packed must be uint8, not ",
+              packed.scalar_type());
+  TORCH_CHECK(scales_and_mins.scalar_type() == at::kFloat, "scales_and_mins must be float32");
+  const int64_t rows = x.size(0), k = x.size(1), n = packed.size(0);
+  TORCH_CHECK(k % INT4_GROUP == 0, "rows of ", k, " values are not whole groups of 32");
+  TORCH_CHECK(packed.size(1) * 2 == k, "packed ", packed.sizes(), " for rows of ", k);
+  TORCH_CHECK(scales_and_mins.size(0) == n && scales_and_mins.size(1) == k / INT4_GROUP &&
+                  scales_and_mins.size(2) == 2,
+              "scales_and_mins ", scales_and_mins.sizes(), " for ", n, " rows of ", k);
+  const int64_t groups = k / INT4_GROUP;
+  auto y = torch::empty({rows, n}, x.options());
+  const std::vector<float> xf = widen(x);
+  std::vector<float> xsum(rows * groups, 0.f);  // sum of each group of each row: the min's term
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < k; ++i) xsum[r * groups + i / INT4_GROUP] += xf[r * k + i];
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sm = scales_and_mins.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_rows_linear", [&] {
+    weight_only_rows<scalar_t>(
+        rows, n, y.data_ptr<scalar_t>(), [&](int64_t o, int64_t r0, int64_t tile, float* out) {
+          int4_row(xf.data() + r0 * k, xsum.data() + r0 * groups, wp + o * (k / 2),
+                   sm + o * groups * 2, out, tile, k);
+        });
   });
   return y;
 }
@@ -368,4 +506,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("decode_attention", &decode_attention, release());
   m.def("silu_mul", &silu_mul, release());
   m.def("int8_linear", &int8_linear, release());
+  m.def("int4_rows_linear", &int4_rows_linear, release());
 }

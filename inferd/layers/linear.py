@@ -56,7 +56,8 @@ def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
 
 
 class PackedKind(enum.Enum):
-    INT4 = "int4"
+    INT4 = "int4"  # torch's CPU int4 pack (bf16 activations)
+    INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
     INT8 = "int8"
 
 
@@ -86,7 +87,12 @@ class Linear(nn.Linear, KernelUser):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
-        if kind is PackedKind.INT4 and int4_packable(w.shape[0], w.shape[1]):
+        if kind is PackedKind.INT4 and self.weight.dtype == torch.float32 and w.shape[1] % 32 == 0:
+            # torch's int4 kernel is ~10x slower than dense with float32 activations (AVX2
+            # machines, whose models run float32): inferd's kernel takes its own layout.
+            kind = PackedKind.INT4_ROWS
+            self._packed, self._scales = pack_int4_rows(w)
+        elif kind is PackedKind.INT4 and int4_packable(w.shape[0], w.shape[1]):
             self._packed, self._scales = pack_int4(w, self.weight.dtype)
         else:
             kind = PackedKind.INT8
@@ -138,6 +144,8 @@ class Linear(nn.Linear, KernelUser):
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
             out = self.ops.int4_linear(xk, self._packed, self._scales, INT4_GROUP)
+        elif self.packed_kind is PackedKind.INT4_ROWS:
+            out = self.ops.int4_rows_linear(xk, self._packed, self._scales)
         else:
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
@@ -195,6 +203,18 @@ def prepack_int8_activations(w: torch.Tensor) -> torch.ScriptObject | None:
 
 def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return int4_kernel_tensors(*int4_codes(w), dtype)
+
+
+def pack_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (uint8 [out, in/2], float32 scales_and_mins [out, in/32, 2]).
+
+    Byte j of a group holds column j in its low nibble and column j + 16 in its high one, so a
+    kernel unpacks a group of 32 with one mask and one shift (``kernels.decode.cpp``).
+    """
+    codes, scale, lo = int4_codes(w)
+    groups = codes.view(w.shape[0], -1, 2, INT4_GROUP // 2)
+    packed = groups[:, :, 0] | (groups[:, :, 1] << 4)
+    return packed.reshape(w.shape[0], -1).contiguous(), torch.stack([scale, lo], -1).contiguous()
 
 
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
