@@ -113,9 +113,10 @@ class FusedOps(PlainOps):
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
-        if x.shape[0] == 1 or x.dtype == torch.float32:
+        if x.shape[0] == 1 or x.dtype == torch.float32 or x.shape[1] % 32:
             # One row (a lone decode's output head) in bf16: the fused GEMV streams the int8
             # weights 1.8x faster than torch's kernel, which wins again from 4 rows. In float32
-            # torch's kernel is ~10x slower than dense at every small batch.
+            # torch's kernel is ~10x slower than dense at every small batch; and with rows not
+            # a multiple of 32 long it reads past them (bf16: garbage that varies by run).
             return self.compiled.int8_linear(x.contiguous(), weight, scales)
         return super().int8_linear(x, weight, scales)
