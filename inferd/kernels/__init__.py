@@ -93,14 +93,20 @@ def load_ops(dtype: torch.dtype) -> KernelOps:
     if dtype not in FUSED_DTYPES:
         return PlainOps(f"the fused kernels take float32 and bfloat16, not {dtype}")
     compiled = _load_once()
-    return FusedOps(compiled) if compiled is not None else PlainOps(_reason)
+    if compiled is None:
+        return PlainOps(_reason)
+    isa = kernel_isa()
+    return FusedOps(compiled, isa.name if isa is not None else "baseline")
 
 
 def build_status() -> str:
     """What a start would run, without building anything (for ``inferd doctor``)."""
     if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
         return "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
-    name, isa = _extension_name(), kernel_isa()
+    try:
+        name, isa = _extension_name(), kernel_isa()
+    except ValueError as exc:  # a bad INFERD_KERNEL_ISA: a start would run the plain ops
+        return f"plain PyTorch ops (build failed: {exc})"
     target = isa.name if isa is not None else "no SIMD target"
     if any((build_root() / name).glob(f"{name}*.so")):
         return f"fused CPU kernels, {target} build (built for this source; f16 runs plain ops)"

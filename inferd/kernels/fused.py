@@ -55,9 +55,10 @@ class CompiledKernels(Protocol):
 
 
 class FusedOps(PlainOps):
-    def __init__(self, compiled: CompiledKernels) -> None:
+    def __init__(self, compiled: CompiledKernels, isa: str) -> None:
         super().__init__(reason="")
         self.compiled = compiled
+        self.isa = isa  # the build target (kernels.ISAS; inferd doctor names it)
 
     @property
     def description(self) -> str:
