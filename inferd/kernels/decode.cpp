@@ -203,7 +203,9 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
 }
 
 // One query per sequence over its paged keys, one task per (sequence, query head) so that even
-// a single sequence spreads over the threads. softcap > 0: scores become softcap *
+// a single sequence spreads over the threads. Kept as the baseline of
+// benchmarks/kernels_attention.py (decode_attention's `grouped` = false); the grouped kernel below
+// runs the model. softcap > 0: scores become softcap *
 // tanh(s / softcap); window > 0: only the last `window` keys are visible.
 template <typename T>
 void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
@@ -249,10 +251,116 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
   });
 }
 
+// The same attention, each KV head's rows read once for all the query heads of its group (a
+// per-query-head task reads them `group` times: 4x the traffic at 32/8 heads). One task per
+// (sequence, KV head, chunk of keys): a long context is split into chunks so that a single
+// sequence still spreads over the threads, each chunk keeping its own softmax max, sum and
+// weighted values, merged per query head afterwards.
+constexpr int64_t MIN_CHUNK_KEYS = 128;
+constexpr int64_t MAX_CHUNK_KEYS = 256;
+
+template <typename T>
+void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* tables,
+                         const int64_t* lens, T* out, int64_t batch, int64_t max_blocks,
+                         int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
+                         float scale, float softcap, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  // Chunks per (sequence, KV head): enough tasks for 4 per thread, none under MIN_CHUNK_KEYS.
+  int64_t longest = 1;
+  for (int64_t b = 0; b < batch; ++b)
+    longest = std::max(longest, window > 0 ? std::min(lens[b], window) : lens[b]);
+  const int64_t wanted = (4 * at::get_num_threads() + batch * kv_heads - 1) / (batch * kv_heads);
+  const int64_t chunks = std::max<int64_t>(
+      (longest + MAX_CHUNK_KEYS - 1) / MAX_CHUNK_KEYS,
+      std::min(wanted, (longest + MIN_CHUNK_KEYS - 1) / MIN_CHUNK_KEYS));
+  // Per (sequence, KV head, chunk, query head of the group): max, sum, then dim weighted values.
+  const int64_t stride = dim + 2;
+  std::vector<float> partial(batch * kv_heads * chunks * group * stride);
+  at::parallel_for(0, batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), scores, acc(dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task % chunks, kh = (task / chunks) % kv_heads;
+      const int64_t b = task / (chunks * kv_heads), len = lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t span = (len - first + chunks - 1) / chunks;
+      const int64_t lo = first + c * span, hi = std::min(len, lo + span);
+      float* part = partial.data() + task * group * stride;
+      const int64_t* table = tables + b * max_blocks;
+      for (int64_t g = 0; g < group; ++g) {
+        const T* qh = q + (b * heads + kh * group + g) * dim;
+        for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = load_f(qh, i) * scale;
+        part[g * stride] = -std::numeric_limits<float>::max();
+        part[g * stride + 1] = 0.f;
+        std::fill(part + g * stride + 2, part + (g + 1) * stride, 0.f);
+      }
+      if (hi <= lo) continue;  // an empty chunk: weight 0 in the merge
+      const int64_t n = hi - lo;
+      scores.resize(n);
+      // Query head by query head over the chunk: the first reads its K and V rows from memory,
+      // the rest of the group from cache (a chunk is at most MAX_CHUNK_KEYS rows).
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = qf.data() + g * dim;
+        float peak = -std::numeric_limits<float>::max();
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t slot = table[t / block_size] * block_size + t % block_size;
+          const T* k = kc + (slot * kv_heads + kh) * dim;
+          float sc = 0.f;
+#pragma omp simd reduction(+ : sc)
+          for (int64_t i = 0; i < dim; ++i) sc += qg[i] * load_f(k, i);
+          if (softcap > 0.f) sc = softcap * std::tanh(sc / softcap);
+          scores[t - lo] = sc;
+          peak = std::max(peak, sc);
+        }
+        float total = 0.f;
+        for (float& e : scores) {
+          e = std::exp(e - peak);
+          total += e;
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t slot = table[t / block_size] * block_size + t % block_size;
+          const T* v = vc + (slot * kv_heads + kh) * dim;
+          const float p = scores[t - lo];
+#pragma omp simd
+          for (int64_t i = 0; i < dim; ++i) acc[i] += p * load_f(v, i);
+        }
+        part[g * stride] = peak;
+        part[g * stride + 1] = total;
+        std::copy(acc.begin(), acc.end(), part + g * stride + 2);
+      }
+    }
+  });
+  // Merge each query head's chunks: weights exp(max_c - max) rescale sums and values alike.
+  at::parallel_for(0, batch * heads, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads, kh = h / group, g = h % group;
+      const float* base = partial.data() + ((b * kv_heads + kh) * chunks) * group * stride;
+      float peak = -std::numeric_limits<float>::max();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = base + (c * group + g) * stride;
+        if (part[1] > 0.f) peak = std::max(peak, part[0]);
+      }
+      float total = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = base + (c * group + g) * stride;
+        if (part[1] <= 0.f) continue;
+        const float w = std::exp(part[0] - peak);
+        total += w * part[1];
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) acc[i] += w * part[2 + i];
+      }
+      T* o = out + bh * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = from_f<T>(acc[i] / total);
+    }
+  });
+}
+
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                const torch::Tensor& lens, double scale, double softcap,
-                               int64_t window) {
+                               int64_t window, bool grouped = true) {
   check_tensor(q, "q", 3);
   check_float(q, "q");
   check_caches(k_cache, v_cache, q);
@@ -279,11 +387,11 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   }
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
-    decode_rows<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                          v_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int64_t>(),
-                          lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch,
-                          block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
-                          static_cast<float>(scale), static_cast<float>(softcap), window);
+    const auto rows = grouped ? decode_rows_grouped<scalar_t> : decode_rows<scalar_t>;
+    rows(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+         block_tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
+         batch, block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
+         static_cast<float>(scale), static_cast<float>(softcap), window);
   });
   return out;
 }
@@ -503,7 +611,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   m.def("rms_norm", &rms_norm, release());
   m.def("rope_write_kv", &rope_write_kv, release());
-  m.def("decode_attention", &decode_attention, release());
+  m.def("decode_attention", &decode_attention, release(), py::arg("q"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("block_tables"), py::arg("lens"), py::arg("scale"),
+        py::arg("softcap"), py::arg("window"), py::arg("grouped") = true);
   m.def("silu_mul", &silu_mul, release());
   m.def("int8_linear", &int8_linear, release());
   m.def("int4_rows_linear", &int4_rows_linear, release());

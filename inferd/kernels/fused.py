@@ -41,6 +41,7 @@ class CompiledKernels(Protocol):
         scale: float,
         softcap: float,
         window: int,
+        grouped: bool = True,  # False: one task per query head (the benchmark's baseline)
     ) -> torch.Tensor: ...
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor: ...

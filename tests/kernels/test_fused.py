@@ -168,6 +168,36 @@ def test_decode_attention_softcap_and_window(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (9, 3), (32, 8)])
+@pytest.mark.parametrize(("softcap", "window"), [(None, 0), (30.0, 0), (None, 300)])
+def test_decode_attention_over_long_contexts(
+    fused: KernelOps,
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    softcap: float | None,
+    window: int,
+) -> None:
+    """Long enough that the grouped kernel splits each KV head's keys into chunks and merges
+    their softmax sums; beside it a sequence too short to fill every chunk."""
+    torch.manual_seed(6)
+    block, dim, lens = 16, 64, torch.tensor([1000, 3, 517])
+    blocks = 70
+    k_cache = torch.randn(3 * blocks, block, kv_heads, dim).to(dtype)
+    v_cache = torch.randn(3 * blocks, block, kv_heads, dim).to(dtype)
+    tables = torch.randperm(3 * blocks).view(3, blocks)  # scattered blocks
+    q = torch.randn(3, heads, dim).to(dtype)
+    expected = PLAIN.decode_attention(q, k_cache, v_cache, tables, lens, 0.125, softcap, window)
+    out = fused.decode_attention(q, k_cache, v_cache, tables, lens, 0.125, softcap, window)
+    torch.testing.assert_close(out.float(), expected.float(), **_tol(dtype))
+    assert isinstance(fused, FusedOps)  # and the per-query-head kernel, the benchmark's baseline
+    per_head = fused.compiled.decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.125, softcap or 0.0, window, False
+    )
+    torch.testing.assert_close(per_head.float(), expected.float(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
     torch.manual_seed(3)
     x = (torch.randn(4, 2 * 40) * 4).to(dtype)
