@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from inferd import kernels
 
@@ -117,3 +118,10 @@ def test_the_avx2_default_path_stays_close_to_dense_float32(smollm2_gguf: Path) 
     drift = [abs(got - want) for got, want, _ in pairs]
     assert agreement >= 0.95, agreement
     assert sum(drift) / len(drift) < 0.06 and max(drift) < 0.5, (sum(drift) / len(drift), drift)
+
+
+def test_float32_models_take_packed_copies_only_on_the_avx2_build() -> None:
+    isa = kernels.kernel_isa()
+    assert kernels.packs_weights(torch.bfloat16)
+    assert kernels.packs_weights(torch.float32) == (isa is not None and isa.name == "avx2")
+    assert not kernels.packs_weights(torch.float16)
