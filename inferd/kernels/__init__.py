@@ -58,8 +58,8 @@ class Isa:
     cflags: tuple[str, ...]
 
 
-# Best first. AVX-512 without BF16/VNNI (Skylake-X) builds the AVX2 target: the AVX-512 one is
-# where bf16 is native, which is what decides the dtype (loading.model.resolve_dtype).
+# Best first. AVX-512 without BF16/VNNI (Skylake-X) builds the AVX2 target (its kernels take bf16
+# too); the dtype follows torch's capability (loading.model.resolve_dtype), so it stays bf16 there.
 ISAS = (
     Isa(
         "avx512",
