@@ -29,7 +29,7 @@ class EngineConfig:
     kv_cache_mb: int | None = None  # None: sized from the context and free RAM (sizing.py)
     seed: int | None = None
     prefix_caching: bool = True
-    packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
+    packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
 
     def __post_init__(self) -> None:

@@ -10,7 +10,8 @@ here, collected without loading a model.
 - the model store (each manifest's digest, size, and the quantized entries) and the Hugging
   Face cache location;
 - what inferd would choose: the dtype for ``--dtype auto``, the matmul kernels (dense, the int4 /
-  int8 small-batch copies, ISQ), attention.
+  int8 small-batch copies, ISQ), attention; and what each kernel ISA gets (``isa_table``), with
+  the one this machine runs marked.
 """
 
 from __future__ import annotations
@@ -164,6 +165,48 @@ def store_info(home: Path | None = None) -> dict[str, Any]:
     }
 
 
+# What each build target of the kernels (kernels.ISAS, and none) gets: the auto dtype, the
+# matmuls, the small-batch copies and the decode ops. "avx512" is AVX-512 with BF16 and VNNI.
+ISA_TABLE: tuple[dict[str, str], ...] = (
+    {
+        "isa": "avx512",
+        "needs": "AVX-512 F/BW/VL + BF16 + VNNI",
+        "dtype": "bf16",
+        "matmul": "dense bf16 (oneDNN) for prompts and batches over 32 rows",
+        "packed": "int4/int8 weight-only (torch's kernels, bf16 activations) for <= 8 rows; "
+        "int8 x int8 rows (fbgemm VNNI) for 9..32",
+        "decode_ops": "fused kernels, avx512 build",
+    },
+    {
+        "isa": "avx2",
+        "needs": "AVX2 + FMA + F16C",
+        "dtype": "f32",
+        "matmul": "dense f32 (MKL/oneDNN) for prompts and batches over 8 rows",
+        "packed": "int4/int8 weight-only (inferd's AVX2 kernels, f32 activations) for <= 8 rows; "
+        "int8 x int8 rows for 9..32 only with AVX-VNNI/AMX (exact int8 dot products)",
+        "decode_ops": "fused kernels, avx2 build",
+    },
+    {
+        "isa": "baseline",
+        "needs": "neither",
+        "dtype": "f32",
+        "matmul": "dense f32",
+        "packed": "off",
+        "decode_ops": "fused kernels, baseline build (scalar loops)",
+    },
+)
+
+
+def isa_table() -> list[dict[str, Any]]:
+    """``ISA_TABLE`` with the row this machine runs marked (``"this_machine": True``)."""
+    try:
+        isa = kernels.kernel_isa()
+        current = isa.name if isa is not None else "baseline"
+    except ValueError:  # a bad INFERD_KERNEL_ISA: no row is this machine's
+        current = ""
+    return [{**row, "this_machine": row["isa"] == current} for row in ISA_TABLE]
+
+
 def choices(cpu: dict[str, Any]) -> dict[str, Any]:
     """What inferd would pick on this host, and why."""
     from inferd.loading.model import resolve_dtype
@@ -172,19 +215,30 @@ def choices(cpu: dict[str, Any]) -> dict[str, Any]:
     bf16 = dtype == torch.bfloat16
     capability = cpu["torch_capability"]
     native_bf16 = cpu["features"].get("avx512_bf16") or cpu["features"].get("amx_bf16")
+    table = isa_table()
+    isa = next((row["isa"] for row in table if row["this_machine"]), "?")
+    forced = kernels.forced_isa()
+    packed_f32 = isa == "avx2" and kernels.build_status().startswith("fused")
     return {
         "dtype": "bf16" if bf16 else "f32",
         "dtype_reason": (
             f"torch CPU capability {capability}: bf16 matmuls are fast"
             if bf16
-            else f"torch CPU capability {capability}: no fast bf16, so float32"
+            else f"torch CPU capability {capability}"
+            + (f", kernels forced to {forced}" if forced else "")
+            + ": no fast bf16, so float32"
         ),
         "native_bf16": bool(native_bf16),
+        "kernel_isa": isa + (" (forced by INFERD_KERNEL_ISA)" if forced else ""),
+        "isa_table": table,
         "matmul": "dense bf16 (oneDNN)" if bf16 else "dense f32 (MKL/oneDNN)",
         "packed_kernels": (
             "int4/int8 weight copies for batches of at most 8 rows (decode)"
             if bf16
-            else "off (packed small-batch kernels are used with bf16 only)"
+            else "int4/int8 weight copies for batches of at most 8 rows (decode; inferd's AVX2 "
+            "kernels, f32 activations)"
+            if packed_f32
+            else "off (no AVX2 kernels here for packed float32 weights)"
         ),
         "fused_kernels": kernels.build_status(),
         "isq": "available: --isq q8 (int8 per row) | q4 (int4, groups of 32); kernels run in bf16",
@@ -264,8 +318,23 @@ def format_text(info: dict[str, Any]) -> str:
         f"           decode ops: {ch['fused_kernels']}",
         f"           ISQ {ch['isq']}",
         f"attention  {ch['attention']}",
+        f"isa        this machine: {ch['kernel_isa']}; what each kernel ISA gets:",
+        *_isa_lines(ch["isa_table"]),
     ]
     return "\n".join(lines)
+
+
+def _isa_lines(table: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for row in table:
+        mark = "*" if row["this_machine"] else " "
+        lines += [
+            f"         {mark} {row['isa']:<8} ({row['needs']}): dtype {row['dtype']}; "
+            f"decode ops: {row['decode_ops']}",
+            f"             matmul {row['matmul']}",
+            f"             packed {row['packed']}",
+        ]
+    return lines
 
 
 def _yes(value: object) -> str:

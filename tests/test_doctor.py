@@ -13,6 +13,7 @@ import torch
 from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import CPU_FLAGS, cpu_info
+from inferd.kernels import kernel_isa
 from inferd.server.app import build_app
 from inferd.serving.served import load_model
 from inferd.serving.spec import load_models_file
@@ -35,6 +36,31 @@ def test_doctor_json(smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]) -> 
     (smol,) = [m for m in info["store"]["models"] if m["name"] == "smollm2"]
     assert smol["digest"] == f"sha256:{manifest.digest}" and smol["complete"]
     assert info["choices"]["dtype"] in ("bf16", "f32")
+    table = info["choices"]["isa_table"]
+    assert [row["isa"] for row in table] == ["avx512", "avx2", "baseline"]
+    (mine,) = [row for row in table if row["this_machine"]]
+    isa = kernel_isa()
+    assert mine["isa"] == (isa.name if isa else "baseline")
+    assert info["choices"]["kernel_isa"] == mine["isa"]
+    # The dtype each ISA gets is the one auto picks here, and so are the packed copies.
+    assert mine["dtype"] == info["choices"]["dtype"]
+    assert ("inferd's AVX2" in info["choices"]["packed_kernels"]) == (mine["isa"] == "avx2")
+
+
+def test_doctor_under_the_forced_avx2_kernels(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What an AVX2 machine would be told: f32, inferd's packed kernels, the avx2 build."""
+    monkeypatch.setenv("INFERD_KERNEL_ISA", "avx2")
+    assert main(["doctor"]) == 0
+    out = capsys.readouterr().out
+    assert "dtype      auto -> f32" in out
+    assert "this machine: avx2 (forced by INFERD_KERNEL_ISA)" in out
+    assert "* avx2     (AVX2 + FMA + F16C): dtype f32" in out
+    assert "decode ops: fused CPU kernels, avx2 build" in out
+    monkeypatch.setenv("INFERD_KERNEL_ISA", "sse9")  # a bad name: said, not a crash
+    assert main(["doctor"]) == 0
+    assert "plain PyTorch ops (build failed: INFERD_KERNEL_ISA='sse9'" in capsys.readouterr().out
 
 
 def test_doctor_text(capsys: pytest.CaptureFixture[str]) -> None:

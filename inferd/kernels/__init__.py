@@ -8,8 +8,11 @@ typed interface; ``PlainOps`` (plain.py) is the PyTorch reference each kernel is
 against (tests/kernels/), ``FusedOps`` (fused.py) the compiled kernels. ``load_ops`` picks one
 for a model when its engine is assembled.
 
-The build runs once per machine and source through torch's extension loader (cached under
-``~/.cache/torch_extensions/inferd``; it needs a C++ compiler and ninja). Where it cannot build,
+The build targets an instruction set (``ISAS``): ``avx512`` (AVX-512 with BF16 and VNNI) or
+``avx2`` (AVX2, FMA, F16C), the best the CPU has, or the one ``INFERD_KERNEL_ISA`` names (so an
+AVX-512 machine can build and test what an AVX2 one runs). It runs once per ISA and source
+through torch's extension loader (cached under ``~/.cache/torch_extensions/inferd``; it needs a
+C++ compiler and ninja). Where it cannot build,
 with ``INFERD_FUSED_KERNELS=0``, or for a dtype the kernels do not take, a model runs the plain
 ops and their description says why.
 """
@@ -29,6 +32,7 @@ import sysconfig
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
@@ -42,6 +46,37 @@ log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("decode.cpp")
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
+ISA_ENV = "INFERD_KERNEL_ISA"
+
+
+@dataclass(frozen=True, slots=True)
+class Isa:
+    """One build target of ``decode.cpp``: the CPU flags it needs and the compiler's."""
+
+    name: str
+    needs: frozenset[str]
+    cflags: tuple[str, ...]
+
+
+# Best first. AVX-512 without BF16/VNNI (Skylake-X) builds the AVX2 target (its kernels take bf16
+# too); the dtype follows torch's capability (loading.model.resolve_dtype), so it stays bf16 there.
+ISAS = (
+    Isa(
+        "avx512",
+        frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "avx512_vnni", "fma", "f16c"}),
+        (
+            "-mavx512f",
+            "-mavx512bw",
+            "-mavx512vl",
+            "-mavx512bf16",
+            "-mavx512vnni",
+            "-mavx2",
+            "-mfma",
+            "-mf16c",
+        ),
+    ),
+    Isa("avx2", frozenset({"avx2", "fma", "f16c"}), ("-mavx2", "-mfma", "-mf16c")),
+)
 # How long a start waits for another process's build of the same source before giving up on it
 # (a build takes ~30-60 s; a loaded machine may take a few times that).
 BUILD_WAIT_S = 600.0
@@ -58,17 +93,61 @@ def load_ops(dtype: torch.dtype) -> KernelOps:
     if dtype not in FUSED_DTYPES:
         return PlainOps(f"the fused kernels take float32 and bfloat16, not {dtype}")
     compiled = _load_once()
-    return FusedOps(compiled) if compiled is not None else PlainOps(_reason)
+    if compiled is None:
+        return PlainOps(_reason)
+    isa = kernel_isa()
+    return FusedOps(compiled, isa.name if isa is not None else "baseline")
 
 
 def build_status() -> str:
     """What a start would run, without building anything (for ``inferd doctor``)."""
     if os.environ.get("INFERD_FUSED_KERNELS", "1") == "0":
         return "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
-    name = _extension_name()
+    try:
+        name, isa = _extension_name(), kernel_isa()
+    except ValueError as exc:  # a bad INFERD_KERNEL_ISA: a start would run the plain ops
+        return f"plain PyTorch ops (build failed: {exc})"
+    target = isa.name if isa is not None else "no SIMD target"
     if any((build_root() / name).glob(f"{name}*.so")):
-        return "fused CPU kernels (built for this CPU and source; f16 runs plain PyTorch ops)"
-    return "fused CPU kernels, built at the first start (~30-60 s: a C++ compiler and ninja)"
+        return f"fused CPU kernels, {target} build (built for this source; f16 runs plain ops)"
+    return f"fused CPU kernels, {target} build at the first start (~30-60 s: C++ compiler, ninja)"
+
+
+def packs_weights(dtype: torch.dtype) -> bool:
+    """Whether a model in ``dtype`` gets int4/int8 weight copies for small batches: bf16 always
+    (torch's weight-only kernels take bf16 well), float32 where the kernels are the AVX2 build
+    and built (float32 is the auto dtype there, and torch's kernels are ~10x slower than dense
+    with float32 activations, so only inferd's run them)."""
+    if dtype == torch.bfloat16:
+        return True
+    isa = kernel_isa()
+    return (
+        dtype == torch.float32
+        and isa is not None
+        and isa.name == "avx2"
+        and (_load_once() is not None)
+    )
+
+
+def forced_isa() -> str | None:
+    """The ISA ``INFERD_KERNEL_ISA`` forces, if any (lower case)."""
+    return os.environ.get(ISA_ENV, "").strip().lower() or None
+
+
+def kernel_isa() -> Isa | None:
+    """The ISA the kernels are built for: ``INFERD_KERNEL_ISA`` where set (it must be one this
+    CPU runs), else the best of ``ISAS`` the CPU has; None where it has none of them (the build
+    then targets the plain x86-64/arm64 baseline)."""
+    forced = forced_isa()
+    if forced:
+        isa = next((i for i in ISAS if i.name == forced), None)
+        if isa is None:
+            raise ValueError(f"{ISA_ENV}={forced!r}: choose one of {[i.name for i in ISAS]}")
+        if not isa.needs <= cpu_flags():
+            lacks = sorted(isa.needs - cpu_flags())
+            raise ValueError(f"{ISA_ENV}={forced}: this CPU lacks {lacks}")
+        return isa
+    return next((i for i in ISAS if i.needs <= cpu_flags()), None)
 
 
 def _load_once() -> CompiledKernels | None:
@@ -99,7 +178,7 @@ def _load() -> None:
                 build_directory=str(source.parent),
                 # -ffast-math on the compile only (linking it would set flush-to-zero
                 # process-wide): it lets the exp and reduction loops vectorize.
-                extra_cflags=["-O3", "-march=native", "-fopenmp", "-ffast-math"],
+                extra_cflags=["-O3", *_isa_cflags(), "-fopenmp", "-ffast-math"],
                 extra_ldflags=["-fopenmp"],
                 verbose=False,
             )
@@ -150,8 +229,8 @@ def build_lock(build: Path, wait_s: float) -> Iterator[None]:
 def _staged_source() -> tuple[str, Path]:
     """The extension's name and a copy of its source in the build directory.
 
-    The name carries the CPU's features (the build is ``-march=native``, and a home directory
-    may be shared by different machines) and the source's digest; the copy gives every checkout
+    The name carries the ISA and the source's digest (a home directory may be shared by
+    different machines; each builds and keeps its own ISA's); the copy gives every checkout
     or install of the same source one path, so none of them rebuilds what another built.
     """
     text = SOURCE.read_bytes()
@@ -167,8 +246,15 @@ def _staged_source() -> tuple[str, Path]:
 
 
 def _extension_name() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
-    return f"inferd_decode_{_cpu_tag()}_{digest}"
+    flags = " ".join(_isa_cflags()).encode()
+    digest = hashlib.sha256(SOURCE.read_bytes() + flags).hexdigest()[:8]
+    isa = kernel_isa()
+    return f"inferd_decode_{isa.name if isa else 'baseline'}_{digest}"
+
+
+def _isa_cflags() -> tuple[str, ...]:
+    isa = kernel_isa()
+    return isa.cflags if isa is not None else ()
 
 
 def build_root() -> Path:
@@ -192,13 +278,6 @@ def int8_dot_products_exact() -> bool:
     vpmaddubsw, which saturates at int16 (on SmolLM2's projections that cost 5% relative error
     per row, and KL 0.024 against dense bf16 instead of 0.007)."""
     return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
-def _cpu_tag() -> str:
-    """torch's capability name plus a short digest of the CPU's feature flags."""
-    flags = " ".join(sorted(cpu_flags()))
-    digest = hashlib.sha256(flags.encode()).hexdigest()[:8]
-    return f"{torch.backends.cpu.get_cpu_capability().lower()}_{digest}"
 
 
 def _ensure_ninja_on_path() -> None:

@@ -6,6 +6,10 @@
 
 #include <ATen/Parallel.h>
 
+#if defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -199,7 +203,9 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
 }
 
 // One query per sequence over its paged keys, one task per (sequence, query head) so that even
-// a single sequence spreads over the threads. softcap > 0: scores become softcap *
+// a single sequence spreads over the threads. Kept as the baseline of
+// benchmarks/kernels_attention.py (decode_attention's `grouped` = false); the grouped kernel below
+// runs the model. softcap > 0: scores become softcap *
 // tanh(s / softcap); window > 0: only the last `window` keys are visible.
 template <typename T>
 void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
@@ -245,10 +251,116 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
   });
 }
 
+// The same attention, each KV head's rows read once for all the query heads of its group (a
+// per-query-head task reads them `group` times: 4x the traffic at 32/8 heads). One task per
+// (sequence, KV head, chunk of keys): a long context is split into chunks so that a single
+// sequence still spreads over the threads, each chunk keeping its own softmax max, sum and
+// weighted values, merged per query head afterwards.
+constexpr int64_t MIN_CHUNK_KEYS = 128;
+constexpr int64_t MAX_CHUNK_KEYS = 256;
+
+template <typename T>
+void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* tables,
+                         const int64_t* lens, T* out, int64_t batch, int64_t max_blocks,
+                         int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
+                         float scale, float softcap, int64_t window) {
+  const int64_t group = heads / kv_heads;
+  // Chunks per (sequence, KV head): enough tasks for 4 per thread, none under MIN_CHUNK_KEYS.
+  int64_t longest = 1;
+  for (int64_t b = 0; b < batch; ++b)
+    longest = std::max(longest, window > 0 ? std::min(lens[b], window) : lens[b]);
+  const int64_t wanted = (4 * at::get_num_threads() + batch * kv_heads - 1) / (batch * kv_heads);
+  const int64_t chunks = std::max<int64_t>(
+      (longest + MAX_CHUNK_KEYS - 1) / MAX_CHUNK_KEYS,
+      std::min(wanted, (longest + MIN_CHUNK_KEYS - 1) / MIN_CHUNK_KEYS));
+  // Per (sequence, KV head, chunk, query head of the group): max, sum, then dim weighted values.
+  const int64_t stride = dim + 2;
+  std::vector<float> partial(batch * kv_heads * chunks * group * stride);
+  at::parallel_for(0, batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), scores, acc(dim);
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t c = task % chunks, kh = (task / chunks) % kv_heads;
+      const int64_t b = task / (chunks * kv_heads), len = lens[b];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t span = (len - first + chunks - 1) / chunks;
+      const int64_t lo = first + c * span, hi = std::min(len, lo + span);
+      float* part = partial.data() + task * group * stride;
+      const int64_t* table = tables + b * max_blocks;
+      for (int64_t g = 0; g < group; ++g) {
+        const T* qh = q + (b * heads + kh * group + g) * dim;
+        for (int64_t i = 0; i < dim; ++i) qf[g * dim + i] = load_f(qh, i) * scale;
+        part[g * stride] = -std::numeric_limits<float>::max();
+        part[g * stride + 1] = 0.f;
+        std::fill(part + g * stride + 2, part + (g + 1) * stride, 0.f);
+      }
+      if (hi <= lo) continue;  // an empty chunk: weight 0 in the merge
+      const int64_t n = hi - lo;
+      scores.resize(n);
+      // Query head by query head over the chunk: the first reads its K and V rows from memory,
+      // the rest of the group from cache (a chunk is at most MAX_CHUNK_KEYS rows).
+      for (int64_t g = 0; g < group; ++g) {
+        const float* qg = qf.data() + g * dim;
+        float peak = -std::numeric_limits<float>::max();
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t slot = table[t / block_size] * block_size + t % block_size;
+          const T* k = kc + (slot * kv_heads + kh) * dim;
+          float sc = 0.f;
+#pragma omp simd reduction(+ : sc)
+          for (int64_t i = 0; i < dim; ++i) sc += qg[i] * load_f(k, i);
+          if (softcap > 0.f) sc = softcap * std::tanh(sc / softcap);
+          scores[t - lo] = sc;
+          peak = std::max(peak, sc);
+        }
+        float total = 0.f;
+        for (float& e : scores) {
+          e = std::exp(e - peak);
+          total += e;
+        }
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (int64_t t = lo; t < hi; ++t) {
+          const int64_t slot = table[t / block_size] * block_size + t % block_size;
+          const T* v = vc + (slot * kv_heads + kh) * dim;
+          const float p = scores[t - lo];
+#pragma omp simd
+          for (int64_t i = 0; i < dim; ++i) acc[i] += p * load_f(v, i);
+        }
+        part[g * stride] = peak;
+        part[g * stride + 1] = total;
+        std::copy(acc.begin(), acc.end(), part + g * stride + 2);
+      }
+    }
+  });
+  // Merge each query head's chunks: weights exp(max_c - max) rescale sums and values alike.
+  at::parallel_for(0, batch * heads, 16, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads, kh = h / group, g = h % group;
+      const float* base = partial.data() + ((b * kv_heads + kh) * chunks) * group * stride;
+      float peak = -std::numeric_limits<float>::max();
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = base + (c * group + g) * stride;
+        if (part[1] > 0.f) peak = std::max(peak, part[0]);
+      }
+      float total = 0.f;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        const float* part = base + (c * group + g) * stride;
+        if (part[1] <= 0.f) continue;
+        const float w = std::exp(part[0] - peak);
+        total += w * part[1];
+#pragma omp simd
+        for (int64_t i = 0; i < dim; ++i) acc[i] += w * part[2 + i];
+      }
+      T* o = out + bh * dim;
+      for (int64_t i = 0; i < dim; ++i) o[i] = from_f<T>(acc[i] / total);
+    }
+  });
+}
+
 torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_cache,
                                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                                const torch::Tensor& lens, double scale, double softcap,
-                               int64_t window) {
+                               int64_t window, bool grouped = true) {
   check_tensor(q, "q", 3);
   check_float(q, "q");
   check_caches(k_cache, v_cache, q);
@@ -275,11 +387,11 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   }
   auto out = torch::empty_like(q);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
-    decode_rows<scalar_t>(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(),
-                          v_cache.data_ptr<scalar_t>(), block_tables.data_ptr<int64_t>(),
-                          lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch,
-                          block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
-                          static_cast<float>(scale), static_cast<float>(softcap), window);
+    const auto rows = grouped ? decode_rows_grouped<scalar_t> : decode_rows<scalar_t>;
+    rows(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
+         block_tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
+         batch, block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
+         static_cast<float>(scale), static_cast<float>(softcap), window);
   });
   return out;
 }
@@ -315,23 +427,117 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
   return y;
 }
 
-// y = x @ (w * scale)^T for a few rows: int8 weights [n, k] with a scale per output row. Bound by
-// reading the weights, so each weight row is streamed once for all input rows.
-template <typename T>
-void int8_linear_rows(const T* x, const int8_t* w, const T* scale, T* y, int64_t rows, int64_t n,
-                      int64_t k) {
-  std::vector<float> xf(rows * k);
-  for (int64_t i = 0; i < rows * k; ++i) xf[i] = load_f(x, i);
-  at::parallel_for(0, n, 256, [&](int64_t begin, int64_t end) {
+// Weight-only GEMV / small GEMM: bound by streaming the weights, so each weight row is read once
+// for all input rows (up to 4 at a time, from L1 after the first) and dequantized in registers.
+// Activations are float32 inside (bf16 ones are widened first: a few KB); one task per block of
+// output rows.
+constexpr int64_t ROW_TILE = 4;
+constexpr int64_t INT4_GROUP = 32;
+
+std::vector<float> widen(const torch::Tensor& x) {
+  std::vector<float> xf(x.numel());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "widen", [&] {
+    const scalar_t* p = x.data_ptr<scalar_t>();
+    for (int64_t i = 0; i < x.numel(); ++i) xf[i] = load_f(p, i);
+  });
+  return xf;
+}
+
+#if defined(__AVX2__) && defined(__FMA__)
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+inline __m256 bytes_to_ps(__m128i b) {  // the low 8 unsigned bytes as floats
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b));
+}
+#endif
+
+// One output row o of the int4 kernel for `rows` (<= ROW_TILE) input rows: codes as packed by
+// inferd.layers.linear.pack_int4_rows (byte j of a group: column j low nibble, j + 16 high),
+// w = code * scale + min per group, so x . w = sum_g scale_g * (x_g . codes_g) + min_g * sum(x_g).
+inline void int4_row(const float* x, const float* xsum, const uint8_t* w, const float* sm,
+                     float* out, int64_t rows, int64_t k) {
+  const int64_t groups = k / INT4_GROUP;
+  float bias[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
+  for (int64_t g = 0; g < groups; ++g)
+    for (int64_t r = 0; r < rows; ++r) bias[r] += sm[2 * g + 1] * xsum[r * groups + g];
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m128i low = _mm_set1_epi8(0x0F);
+  __m256 acc[ROW_TILE] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
+                          _mm256_setzero_ps()};
+  for (int64_t g = 0; g < groups; ++g) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + g * 16));
+    const __m128i lo = _mm_and_si128(b, low), hi = _mm_and_si128(_mm_srli_epi16(b, 4), low);
+    const __m256 w0 = bytes_to_ps(lo), w1 = bytes_to_ps(_mm_srli_si128(lo, 8));
+    const __m256 w2 = bytes_to_ps(hi), w3 = bytes_to_ps(_mm_srli_si128(hi, 8));
+    const __m256 scale = _mm256_set1_ps(sm[2 * g]);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xg = x + r * k + g * INT4_GROUP;
+      const __m256 d0 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 8), w1,
+                                        _mm256_mul_ps(_mm256_loadu_ps(xg), w0));
+      const __m256 d1 = _mm256_fmadd_ps(_mm256_loadu_ps(xg + 24), w3,
+                                        _mm256_mul_ps(_mm256_loadu_ps(xg + 16), w2));
+      acc[r] = _mm256_fmadd_ps(_mm256_add_ps(d0, d1), scale, acc[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) out[r] = hsum(acc[r]) + bias[r];
+#else
+  for (int64_t r = 0; r < rows; ++r) {
+    float total = bias[r];
+    for (int64_t g = 0; g < groups; ++g) {
+      float d = 0.f;
+      for (int64_t j = 0; j < 16; ++j) {
+        const uint8_t b = w[g * 16 + j];
+        d += x[r * k + g * INT4_GROUP + j] * static_cast<float>(b & 0x0F) +
+             x[r * k + g * INT4_GROUP + 16 + j] * static_cast<float>(b >> 4);
+      }
+      total += sm[2 * g] * d;
+    }
+    out[r] = total;
+  }
+#endif
+}
+
+// One output row of the int8 kernel (one scale per row) for `rows` (<= ROW_TILE) input rows.
+inline void int8_row(const float* x, const int8_t* w, float scale, float* out, int64_t rows,
+                     int64_t k) {
+  int64_t i = 0;
+  float tail[ROW_TILE] = {0.f, 0.f, 0.f, 0.f};
+#if defined(__AVX2__) && defined(__FMA__)
+  // Two accumulators per row: the loop-carried FMA latency, not the loads, would bound one.
+  __m256 a0[ROW_TILE], a1[ROW_TILE];
+  for (int64_t r = 0; r < ROW_TILE; ++r) a0[r] = a1[r] = _mm256_setzero_ps();
+  for (; i + 16 <= k; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i));
+    const __m256 w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    for (int64_t r = 0; r < rows; ++r) {
+      a0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i), w0, a0[r]);
+      a1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(x + r * k + i + 8), w1, a1[r]);
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) tail[r] = hsum(_mm256_add_ps(a0[r], a1[r]));
+#endif
+  for (; i < k; ++i)
+    for (int64_t r = 0; r < rows; ++r) tail[r] += x[r * k + i] * static_cast<float>(w[i]);
+  for (int64_t r = 0; r < rows; ++r) out[r] = tail[r] * scale;
+}
+
+// y[r, o] for all rows in tiles of ROW_TILE, parallel over blocks of output rows; `row_fn`
+// computes one output row for one tile into out[0..rows).
+template <typename T, typename RowFn>
+void weight_only_rows(int64_t rows, int64_t n, T* y, RowFn row_fn) {
+  at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
+    float out[ROW_TILE];
     for (int64_t o = begin; o < end; ++o) {
-      const int8_t* wr = w + o * k;
-      const float sc = load_f(scale, o);
-      for (int64_t r = 0; r < rows; ++r) {
-        const float* xr = xf.data() + r * k;
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < k; ++i) acc += xr[i] * static_cast<float>(wr[i]);
-        y[r * n + o] = from_f<T>(acc * sc);
+      for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
+        const int64_t tile = std::min(ROW_TILE, rows - r0);
+        row_fn(o, r0, tile, out);
+        for (int64_t r = 0; r < tile; ++r) y[(r0 + r) * n + o] = from_f<T>(out[r]);
       }
     }
   });
@@ -350,9 +556,49 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
   TORCH_CHECK(w.size(1) == k && scale.size(0) == n, "weight ", w.sizes(), " and scale ",
               scale.sizes(), " for rows of ", k);
   auto y = torch::empty({rows, n}, x.options());
+  const std::vector<float> xf = widen(x);
+  const std::vector<float> sf = widen(scale);
+  const int8_t* wp = w.data_ptr<int8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int8_linear", [&] {
-    int8_linear_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<int8_t>(),
-                               scale.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), rows, n, k);
+    weight_only_rows<scalar_t>(rows, n, y.data_ptr<scalar_t>(),
+                               [&](int64_t o, int64_t r0, int64_t tile, float* out) {
+                                 int8_row(xf.data() + r0 * k, wp + o * k, sf[o], out, tile, k);
+                               });
+  });
+  return y;
+}
+
+// x @ w^T for int4 weights in inferd's row layout (inferd.layers.linear.pack_int4_rows):
+// packed uint8 [n, k / 2], scales_and_mins float32 [n, k / 32, 2].
+torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                               const torch::Tensor& scales_and_mins) {
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  check_tensor(packed, "packed", 2);
+  check_tensor(scales_and_mins, "scales_and_mins", 3);
+  TORCH_CHECK(packed.scalar_type() == at::kByte, "packed must be uint8, not ",
+              packed.scalar_type());
+  TORCH_CHECK(scales_and_mins.scalar_type() == at::kFloat, "scales_and_mins must be float32");
+  const int64_t rows = x.size(0), k = x.size(1), n = packed.size(0);
+  TORCH_CHECK(k % INT4_GROUP == 0, "rows of ", k, " values are not whole groups of 32");
+  TORCH_CHECK(packed.size(1) * 2 == k, "packed ", packed.sizes(), " for rows of ", k);
+  TORCH_CHECK(scales_and_mins.size(0) == n && scales_and_mins.size(1) == k / INT4_GROUP &&
+                  scales_and_mins.size(2) == 2,
+              "scales_and_mins ", scales_and_mins.sizes(), " for ", n, " rows of ", k);
+  const int64_t groups = k / INT4_GROUP;
+  auto y = torch::empty({rows, n}, x.options());
+  const std::vector<float> xf = widen(x);
+  std::vector<float> xsum(rows * groups, 0.f);  // sum of each group of each row: the min's term
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t i = 0; i < k; ++i) xsum[r * groups + i / INT4_GROUP] += xf[r * k + i];
+  const uint8_t* wp = packed.data_ptr<uint8_t>();
+  const float* sm = scales_and_mins.data_ptr<float>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_rows_linear", [&] {
+    weight_only_rows<scalar_t>(
+        rows, n, y.data_ptr<scalar_t>(), [&](int64_t o, int64_t r0, int64_t tile, float* out) {
+          int4_row(xf.data() + r0 * k, xsum.data() + r0 * groups, wp + o * (k / 2),
+                   sm + o * groups * 2, out, tile, k);
+        });
   });
   return y;
 }
@@ -365,7 +611,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   m.def("rms_norm", &rms_norm, release());
   m.def("rope_write_kv", &rope_write_kv, release());
-  m.def("decode_attention", &decode_attention, release());
+  m.def("decode_attention", &decode_attention, release(), py::arg("q"), py::arg("k_cache"),
+        py::arg("v_cache"), py::arg("block_tables"), py::arg("lens"), py::arg("scale"),
+        py::arg("softcap"), py::arg("window"), py::arg("grouped") = true);
   m.def("silu_mul", &silu_mul, release());
   m.def("int8_linear", &int8_linear, release());
+  m.def("int4_rows_linear", &int4_rows_linear, release());
 }

@@ -1,7 +1,7 @@
 """The kernel ops on the compiled kernels of ``decode.cpp`` (built by ``inferd.kernels``).
 
-Ops without a kernel (GeGLU, int4 weights) are the plain ones, and so is the int8 linear past one
-row, where torch's kernel wins again.
+Ops without a kernel (GeGLU, torch-packed int4 weights) are the plain ones, and so is the bf16 int8
+linear past one row, where torch's kernel wins again.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class CompiledKernels(Protocol):
         scale: float,
         softcap: float,
         window: int,
+        grouped: bool = True,  # False: one task per query head (the benchmark's baseline)
     ) -> torch.Tensor: ...
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor: ...
@@ -49,11 +50,16 @@ class CompiledKernels(Protocol):
         self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor: ...
 
+    def int4_rows_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor
+    ) -> torch.Tensor: ...
+
 
 class FusedOps(PlainOps):
-    def __init__(self, compiled: CompiledKernels) -> None:
+    def __init__(self, compiled: CompiledKernels, isa: str) -> None:
         super().__init__(reason="")
         self.compiled = compiled
+        self.isa = isa  # the build target (kernels.ISAS; inferd doctor names it)
 
     @property
     def description(self) -> str:
@@ -101,11 +107,18 @@ class FusedOps(PlainOps):
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.compiled.silu_mul(gate_up.contiguous())
 
+    def int4_rows_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor
+    ) -> torch.Tensor:
+        return self.compiled.int4_rows_linear(x.contiguous(), packed, scales_and_mins)
+
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
-        if x.shape[0] == 1:
-            # One row (a lone decode's output head): the fused GEMV streams the int8 weights
-            # 1.8x faster than torch's kernel, which wins again from 4 rows.
+        if x.shape[0] == 1 or x.dtype == torch.float32 or x.shape[1] % 32:
+            # One row (a lone decode's output head) in bf16: the fused GEMV streams the int8
+            # weights 1.8x faster than torch's kernel, which wins again from 4 rows. In float32
+            # torch's kernel is ~10x slower than dense at every small batch; and with rows not
+            # a multiple of 32 long it reads past them (bf16: garbage that varies by run).
             return self.compiled.int8_linear(x.contiguous(), weight, scales)
         return super().int8_linear(x, weight, scales)

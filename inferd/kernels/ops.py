@@ -108,6 +108,13 @@ class KernelOps(ABC):
         """x @ w^T for int4 weights in torch's CPU pack (``linear.int4_kernel_tensors``)."""
 
     @abstractmethod
+    def int4_rows_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor
+    ) -> torch.Tensor:
+        """x @ w^T for int4 weights in inferd's row layout (``linear.pack_int4_rows``): packed
+        uint8 [out, in/2], float32 scale and min per group of 32 [out, in/32, 2]."""
+
+    @abstractmethod
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:

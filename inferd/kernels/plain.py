@@ -86,10 +86,25 @@ class PlainOps(KernelOps):
         # torch's direct binding: ~1 us less per call than torch.ops.aten's Python wrapper.
         return torch._weight_int4pack_mm_for_cpu(x, packed, group, scales_and_zeros)
 
+    def int4_rows_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor
+    ) -> torch.Tensor:
+        return F.linear(x, unpack_int4_rows(packed, scales_and_mins).to(x.dtype))
+
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
         return torch._weight_int8pack_mm(x, weight, scales)
+
+
+def unpack_int4_rows(packed: torch.Tensor, scales_and_mins: torch.Tensor) -> torch.Tensor:
+    """The float32 weight [out, in] of ``linear.pack_int4_rows``'s layout: the reference (a
+    dense copy per call: only for tests and machines without the compiled kernels)."""
+    out = packed.shape[0]
+    groups = packed.view(out, -1, 1, 16)
+    codes = torch.cat((groups & 0x0F, groups >> 4), dim=2).view(out, -1, 32).float()
+    w = codes * scales_and_mins[..., :1] + scales_and_mins[..., 1:]
+    return w.view(out, -1)
 
 
 def write_kv(

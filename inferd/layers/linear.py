@@ -16,10 +16,11 @@ int8 weights times int8 activations (fbgemm's VNNI kernel), each activation row 
 max first. llama.cpp quantizes activations for every matmul; here only batched decodes do (the
 runner opens ``int8_activation_rows`` for steps without prompt tokens, so prompts keep
 weight-only precision; only on CPUs whose int8 dot products are exact, with VNNI or AMX:
-``kernels.int8_dot_products_exact``), and the layers where int8 rows cost most (the QKV and down
-projections, the output head) opt out: on SmolLM2 the rest add KL 0.007 against dense bf16 with
-no measurable perplexity change (tests/test_quantize.py), and a 16-row step took ~9% less time
-(54 vs 59 ms, before the fused kernels).
+``kernels.int8_dot_products_exact``), and the layers where int8 rows cost most opt out: the QKV
+and down projections and the output head (with gate/up and the attention output on int8 rows,
+SmolLM2 had KL 0.007 against dense bf16 and a 16-row step took ~9% less time, 54 vs 59 ms before
+the fused kernels), and since then gate/up too, whose rows cost greedy top-1 agreement with f32
+(~0.94 instead of 0.975: tests/server/test_default_quality_live.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
 
 
 class PackedKind(enum.Enum):
-    INT4 = "int4"
+    INT4 = "int4"  # torch's CPU int4 pack (bf16 activations)
+    INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
     INT8 = "int8"
 
 
@@ -86,7 +88,12 @@ class Linear(nn.Linear, KernelUser):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
-        if kind is PackedKind.INT4 and int4_packable(w.shape[0], w.shape[1]):
+        if kind is PackedKind.INT4 and self.weight.dtype == torch.float32 and w.shape[1] % 32 == 0:
+            # torch's int4 kernel is ~10x slower than dense with float32 activations (AVX2
+            # machines, whose models run float32): inferd's kernel takes its own layout.
+            kind = PackedKind.INT4_ROWS
+            self._packed, self._scales = pack_int4_rows(w)
+        elif kind is PackedKind.INT4 and int4_packable(w.shape[0], w.shape[1]):
             self._packed, self._scales = pack_int4(w, self.weight.dtype)
         else:
             kind = PackedKind.INT8
@@ -138,6 +145,8 @@ class Linear(nn.Linear, KernelUser):
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
             out = self.ops.int4_linear(xk, self._packed, self._scales, INT4_GROUP)
+        elif self.packed_kind is PackedKind.INT4_ROWS:
+            out = self.ops.int4_rows_linear(xk, self._packed, self._scales)
         else:
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
@@ -195,6 +204,18 @@ def prepack_int8_activations(w: torch.Tensor) -> torch.ScriptObject | None:
 
 def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     return int4_kernel_tensors(*int4_codes(w), dtype)
+
+
+def pack_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (uint8 [out, in/2], float32 scales_and_mins [out, in/32, 2]).
+
+    Byte j of a group holds column j in its low nibble and column j + 16 in its high one, so a
+    kernel unpacks a group of 32 with one mask and one shift (``kernels.decode.cpp``).
+    """
+    codes, scale, lo = int4_codes(w)
+    groups = codes.view(w.shape[0], -1, 2, INT4_GROUP // 2)
+    packed = groups[:, :, 0] | (groups[:, :, 1] << 4)
+    return packed.reshape(w.shape[0], -1).contiguous(), torch.stack([scale, lo], -1).contiguous()
 
 
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -39,7 +39,8 @@ def load_gguf_model(
     packed_kernels: bool = True,
     isq: Isq | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16 only);
+    """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16; f32
+    on AVX2);
     ``isq`` quantizes every projection instead (see loading/quantize.py)."""
     infos = {info.name: info for info in gguf.tensor_infos()}
     names = set(infos)

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from inferd.kernels import forced_isa
 from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
@@ -41,10 +42,13 @@ class LoadedModel:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """``auto`` takes bf16 where the CPU computes it natively (AVX512-BF16/AMX), else f32."""
+    """``auto`` takes bf16 where torch computes it fast (AVX-512, AMX), else f32 (with int4/int8
+    weight copies where the kernels are the AVX2 build: ``kernels.packs_weights``). Forcing the
+    AVX2 kernels (``INFERD_KERNEL_ISA=avx2``) runs the machine as an AVX2 one: f32."""
     if name == "auto":
         capability = torch.backends.cpu.get_cpu_capability()
-        return torch.bfloat16 if capability in ("AVX512", "AVX512_BF16", "AMX") else torch.float32
+        fast_bf16 = capability in ("AVX512", "AVX512_BF16", "AMX")
+        return torch.bfloat16 if fast_bf16 and forced_isa() != "avx2" else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}")
     return DTYPES[name]
@@ -61,7 +65,7 @@ def load(
 ) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
     as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
-    ``packed_kernels``: int4/int8 copies for small batches (bf16 only); ``chat_template``:
+    ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template."""
     if not isinstance(source, ModelSource):
         source = resolve_source(str(source))

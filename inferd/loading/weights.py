@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from inferd import kernels
 from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
@@ -68,7 +69,7 @@ def fill(
 ) -> None:
     """Fill ``model`` from ``sources``; every parameter must be covered."""
     cfg = model.config
-    pack = packed_kernels and dtype == torch.bfloat16
+    pack = packed_kernels and kernels.packs_weights(dtype)
     bar = tqdm(total=total, desc="load weights", unit="tensor", disable=not progress)
     with torch.no_grad(), bar:
         for src in sources:

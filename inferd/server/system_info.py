@@ -32,7 +32,9 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
             "max_seqs": model.engine_config.max_num_seqs,
             "kernels": {
                 "linear_layers": len(linears),
-                "packed_int4": sum(m.packed_kind is PackedKind.INT4 for m in linears),
+                "packed_int4": sum(
+                    m.packed_kind in (PackedKind.INT4, PackedKind.INT4_ROWS) for m in linears
+                ),
                 "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
                 "dense_dropped": sum(not m.dense for m in linears),
                 "int8_activation_rows": sum(m.serves_int8_activations for m in linears),

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from inferd.kernels import FUSED_DTYPES, build_status, load_ops
+from inferd.kernels import FUSED_DTYPES, build_status, kernel_isa, load_ops
 from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps
-from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention
-from inferd.layers.linear import Linear, PackedKind
+from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention, unpack_int4_rows
+from inferd.layers.linear import Linear, PackedKind, pack_int4_rows
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from tests.kernels.choice import ops_named
 
@@ -168,6 +168,36 @@ def test_decode_attention_softcap_and_window(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("heads", "kv_heads"), [(4, 1), (9, 3), (32, 8)])
+@pytest.mark.parametrize(("softcap", "window"), [(None, 0), (30.0, 0), (None, 300)])
+def test_decode_attention_over_long_contexts(
+    fused: KernelOps,
+    dtype: torch.dtype,
+    heads: int,
+    kv_heads: int,
+    softcap: float | None,
+    window: int,
+) -> None:
+    """Long enough that the grouped kernel splits each KV head's keys into chunks and merges
+    their softmax sums; beside it a sequence too short to fill every chunk."""
+    torch.manual_seed(6)
+    block, dim, lens = 16, 64, torch.tensor([1000, 3, 517])
+    blocks = 70
+    k_cache = torch.randn(3 * blocks, block, kv_heads, dim).to(dtype)
+    v_cache = torch.randn(3 * blocks, block, kv_heads, dim).to(dtype)
+    tables = torch.randperm(3 * blocks).view(3, blocks)  # scattered blocks
+    q = torch.randn(3, heads, dim).to(dtype)
+    expected = PLAIN.decode_attention(q, k_cache, v_cache, tables, lens, 0.125, softcap, window)
+    out = fused.decode_attention(q, k_cache, v_cache, tables, lens, 0.125, softcap, window)
+    torch.testing.assert_close(out.float(), expected.float(), **_tol(dtype))
+    assert isinstance(fused, FusedOps)  # and the per-query-head kernel, the benchmark's baseline
+    per_head = fused.compiled.decode_attention(
+        q, k_cache, v_cache, tables, lens, 0.125, softcap or 0.0, window, False
+    )
+    torch.testing.assert_close(per_head.float(), expected.float(), **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
     torch.manual_seed(3)
     x = (torch.randn(4, 2 * 40) * 4).to(dtype)
@@ -176,16 +206,61 @@ def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 3])
-def test_int8_linear(fused: KernelOps, dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize("rows", [1, 3, 8])
+@pytest.mark.parametrize("in_features", [96, 104])  # 104: a tail past the 16-wide steps
+def test_int8_linear(fused: KernelOps, dtype: torch.dtype, rows: int, in_features: int) -> None:
     torch.manual_seed(4)
-    layer = Linear(96, 80).to(dtype)
-    layer.pack(PackedKind.INT8, source=torch.randn(80, 96))
+    layer = Linear(in_features, 80).to(dtype)
+    layer.pack(PackedKind.INT8, source=torch.randn(80, in_features))
     assert layer.packed_kind is PackedKind.INT8
-    x = torch.randn(rows, 96).to(dtype)
-    expected = layer(x)  # torch's int8 kernel: a layer runs the plain ops until given others
+    x = torch.randn(rows, in_features).to(dtype)
+    assert layer._packed is not None and layer._scales is not None
+    weight = layer._packed.float() * layer._scales.float()[:, None]
+    # The weight it encodes, not torch's kernel: that one reads past rows of 104 in bf16 (its
+    # output changes from run to run there), so the fused ops never hand it such rows.
+    expected = (x.float() @ weight.T).to(dtype)
     layer.ops = fused
     torch.testing.assert_close(layer(x), expected, **_tol(dtype))
+    if in_features % 32 == 0:  # and torch's kernel where it is sound
+        torch.testing.assert_close(layer(x), PLAIN.int8_linear(x, layer._packed, layer._scales))
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8])
+@pytest.mark.parametrize("out_features", [80, 101])
+def test_int4_rows_linear(fused: KernelOps, rows: int, out_features: int) -> None:
+    """A float32 model's int4 copy: inferd's row layout, against the weight it encodes."""
+    torch.manual_seed(5)
+    w = torch.randn(out_features, 96)
+    layer = Linear(96, out_features)
+    layer.pack(PackedKind.INT4, source=w)
+    assert layer.packed_kind is PackedKind.INT4_ROWS
+    x = torch.randn(rows, 96)
+    expected = x @ unpack_int4_rows(*int4_row_tensors(layer)).T
+    assert (unpack_int4_rows(*int4_row_tensors(layer)) - w).abs().max() < 0.3  # int4 of N(0, 1)
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)  # plain ops
+    layer.ops = fused
+    torch.testing.assert_close(layer(x), expected, atol=1e-4, rtol=1e-4)
+    bf16 = x.bfloat16()  # bf16 activations are widened first
+    torch.testing.assert_close(
+        fused.int4_rows_linear(bf16, *int4_row_tensors(layer)).float(),
+        bf16.float() @ unpack_int4_rows(*int4_row_tensors(layer)).T,
+        **_tol(torch.bfloat16),
+    )
+
+
+def int4_row_tensors(layer: Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    assert layer._packed is not None and layer._scales is not None
+    return layer._packed, layer._scales
+
+
+def test_int4_rows_kernel_refuses_what_it_cannot_take(fused: KernelOps) -> None:
+    packed, sm = pack_int4_rows(torch.randn(16, 64))
+    with pytest.raises(RuntimeError, match="for rows of"):
+        fused.int4_rows_linear(torch.randn(2, 96), packed, sm)
+    with pytest.raises(RuntimeError, match="whole groups of 32"):
+        fused.int4_rows_linear(torch.randn(2, 48), packed[:, :24].contiguous(), sm)
+    with pytest.raises(RuntimeError, match="float32"):
+        fused.int4_rows_linear(torch.randn(2, 64), packed, sm.bfloat16())
 
 
 @pytest.mark.parametrize(
@@ -221,9 +296,11 @@ def test_without_the_kernels_everything_runs_on_plain_ops(
 def test_doctor_says_what_a_start_would_run_without_building(
     fused: KernelOps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert build_status().startswith("fused CPU kernels (built for this CPU and source")
+    isa = kernel_isa()
+    assert isa is not None
+    assert build_status().startswith(f"fused CPU kernels, {isa.name} build (built for this source")
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert build_status().startswith("fused CPU kernels, built at the first start")
+    assert build_status().startswith(f"fused CPU kernels, {isa.name} build at the first start")
     assert not any(tmp_path.iterdir())  # and nothing was built or staged
     monkeypatch.setenv("INFERD_FUSED_KERNELS", "0")
     assert build_status() == "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
