@@ -26,6 +26,9 @@ class EngineConfig:
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16 only)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
+    # Bit-identical output for a request and seed whatever else runs: batch-invariant kernels
+    # (dense rows, one-query attention for every row; engine/runner.py), at a speed cost.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):

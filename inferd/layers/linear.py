@@ -20,6 +20,11 @@ weight-only precision; only on CPUs whose int8 dot products are exact, with VNNI
 projections, the output head) opt out: on SmolLM2 the rest add KL 0.007 against dense bf16 with
 no measurable perplexity change (tests/test_quantize.py), and a 16-row step took ~9% less time
 (54 vs 59 ms, before the fused kernels).
+
+Each kernel alone is batch-invariant (a row's output bits do not depend on the other rows), but
+the choice between them is not, so a step with prompt rows runs every row dense
+(``dense_rows``): a prompt's logits then do not depend on how it was chunked or on how much of
+it the prefix cache held (README: "Determinism").
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ DEFAULT_SMALL_BATCH = 8
 INT8_ACTIVATION_MAX_ROWS = 32
 
 _int8_rows_allowed: ContextVar[bool] = ContextVar("int8_rows_allowed", default=False)
+_dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
 
 
 @contextmanager
@@ -53,6 +59,23 @@ def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
         yield
     finally:
         _int8_rows_allowed.reset(token)
+
+
+@contextmanager
+def dense_rows(active: bool = True) -> Iterator[None]:
+    """Every row through the dense weight inside this block, whatever the batch size.
+
+    The dense kernel (oneDNN bf16) and the int4 one each give a row the same bits whatever
+    rows run beside it (tests/layers/test_linear.py checks it); only switching between them
+    with the batch size changes a row's numerics. Prompt rows run here, so a prompt's logits
+    do not depend on its chunking or on a prefix-cache hit; ``--deterministic`` runs every row
+    here.
+    """
+    token = _dense_rows.set(active)
+    try:
+        yield
+    finally:
+        _dense_rows.reset(token)
 
 
 class PackedKind(enum.Enum):
@@ -115,6 +138,8 @@ class Linear(nn.Linear, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.dense and _dense_rows.get():
+            return F.linear(x, self.weight, self.bias)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
         if (

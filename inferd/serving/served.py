@@ -123,7 +123,9 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
     max_len = cfg.max_model_len or min(mcfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_tokens = _kv_cache_tokens(cfg, mcfg, dtype)
     num_blocks = kv_tokens // cfg.block_size + 1  # +1: the reserved null block
-    runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
+    runner = ModelRunner(
+        model, mcfg, num_blocks, cfg.block_size, dtype, deterministic=cfg.deterministic
+    )
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
         KVCacheManager(
