@@ -135,9 +135,12 @@ class ModelRunner:
             ids.extend(req.token_at(p) for p in span)
             positions.extend(span)
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in span)
-            if chunk.num_tokens == 1 or self.deterministic:
+            prompt_chunk = chunk.start < req.num_prompt_tokens
+            if self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk):
                 # Deterministic: each row a one-query decode at its position (its keys are
-                # written before attention runs), the same sums whatever the chunking.
+                # written before attention runs), the same sums whatever the chunking. A prompt
+                # row otherwise always attends through the prefill tiles, even alone (a retry
+                # whose prompt the prefix cache held recomputes just the last prompt token).
                 for i, p in enumerate(span):
                     decode_rows.append(row + i)
                     decode_tables.append(req.block_ids[: p // bs + 1])
