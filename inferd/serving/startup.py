@@ -90,7 +90,8 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
         compute,
-        f"kernels    {load_ops(model.dtype).description}",
+        f"kernels    {load_ops(model.dtype).description}"
+        f"{'  deterministic (batch-invariant)' if cfg.deterministic else ''}",
         f"limits     max seqs {model.engine_config.max_num_seqs}, context "
         f"{model.engine.max_model_len}, batch tokens {cfg.max_num_batched_tokens}, "
         f"KV cache {model.kv_cache_tokens} tokens",
