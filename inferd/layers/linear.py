@@ -65,9 +65,9 @@ def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
 def dense_rows(active: bool = True) -> Iterator[None]:
     """Every row through the dense weight inside this block, whatever the batch size.
 
-    The dense kernel (oneDNN bf16) and the int4 one each give a row the same bits whatever
-    rows run beside it (tests/layers/test_linear.py checks it); only switching between them
-    with the batch size changes a row's numerics. Prompt rows run here, so a prompt's logits
+    The dense kernel (oneDNN bf16; a lone row padded to two, ``_invariant_dense``) gives a row
+    the same bits whatever rows run beside it (tests/layers/test_linear.py checks it); switching
+    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a prompt's logits
     do not depend on its chunking or on a prefix-cache hit; ``--deterministic`` runs every row
     here.
     """
@@ -139,7 +139,7 @@ class Linear(nn.Linear, KernelUser):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if self.dense and _dense_rows.get():
-            return F.linear(x, self.weight, self.bias)
+            return _invariant_dense(x, self.weight, self.bias)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
         if (
@@ -167,6 +167,20 @@ class Linear(nn.Linear, KernelUser):
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+def _invariant_dense(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear`` whose row results do not depend on the number of rows.
+
+    oneDNN's bf16 matmul gives a row the same bits for every batch of 2 rows or more, but a lone
+    row takes a matrix-vector kernel that sums long rows (1536 inputs: SmolLM2's down projection)
+    in another order, about one time in ten; so a lone row runs beside a zero row.
+    """
+    if x.shape[0] != 1:
+        return F.linear(x, weight, bias)
+    return F.linear(torch.cat((x, torch.zeros_like(x))), weight, bias)[:1]
 
 
 def int4_packable(out_features: int, in_features: int) -> bool:
