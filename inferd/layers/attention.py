@@ -17,7 +17,10 @@ prompt row attended in one big call and in a chunk of 8 came out with different 
 greedy reply changed with ``max_num_batched_tokens``. Given the same keys (and mask) SDPA gives a
 query row the same bits whichever other queries come along (tests/layers/test_paged_attention.py
 checks it), so each tile attends over the keys ``[0, tile end)`` whatever part of the tile the
-chunk holds: keys past the chunk are masked out (they add exact zeros).
+chunk holds: keys past the chunk are masked out (they add exact zeros). A row's bits could still
+depend on how many query rows came with it (a matmul's blocking follows its shapes: a prompt
+gave different logits first time and on its retry), so every call for a tile has the same
+shapes: the queries are padded to the whole tile.
 """
 
 from __future__ import annotations
@@ -128,31 +131,38 @@ def _prefill(
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    """The chunk's queries, tile by tile over the keys up to each tile's end (module doc)."""
+    """The chunk's queries, tile by tile over the keys up to each tile's end (module doc).
+
+    Every call for a tile has the same shapes and layout whatever part of the tile the chunk
+    holds: the queries are padded to the whole tile (the padding rows attend to key 0 alone and
+    are dropped), the keys are a contiguous copy.
+    """
     start, total = chunk.start_pos, chunk.start_pos + chunk.num_tokens
     padded = -(-total // PROMPT_TILE) * PROMPT_TILE
     keys = _padded_keys(k_cache, chunk.block_table, padded)
     values = _padded_keys(v_cache, chunk.block_table, padded)
     mask = _chunk_or_causal_mask(chunk, padded)
-    q = q.transpose(0, 1).unsqueeze(0)  # [1, heads, n, d]
-    parts = []
+    q = q.transpose(0, 1)  # [heads, n, d]
+    out = torch.empty_like(q)
     tile_start = start - start % PROMPT_TILE
     while tile_start < total:
         tile_end = tile_start + PROMPT_TILE
-        rows = slice(max(tile_start, start) - start, min(tile_end, total) - start)
-        parts.append(
-            _attend(
-                q[:, :, rows],
-                keys[:, :, :tile_end],
-                values[:, :, :tile_end],
-                mask[rows, :tile_end],
-                scale,
-                softcap,
-            )
+        first, last = max(tile_start, start), min(tile_end, total)
+        rows, tile_rows = (
+            slice(first - start, last - start),
+            slice(first - tile_start, last - tile_start),
         )
+        q_tile = q.new_zeros(1, q.shape[0], PROMPT_TILE, q.shape[2])
+        q_tile[0, :, tile_rows] = q[:, rows]
+        mask_tile = torch.zeros(PROMPT_TILE, tile_end, dtype=torch.bool)
+        mask_tile[:, 0] = True
+        mask_tile[tile_rows] = mask[rows, :tile_end]
+        k_tile = keys[:, :, :tile_end].contiguous()
+        v_tile = values[:, :, :tile_end].contiguous()
+        attended = _attend(q_tile, k_tile, v_tile, mask_tile, scale, softcap)
+        out[:, rows] = attended[0, :, tile_rows]
         tile_start = tile_end
-    out = parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
-    return out[0].transpose(0, 1)  # [n, heads, head_dim]
+    return out.transpose(0, 1)  # [n, heads, head_dim]
 
 
 def _padded_keys(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
