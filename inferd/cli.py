@@ -168,6 +168,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         f"(default: {_on_off(d.packed_kernels)})",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="default seed for sampling")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        default=d.deterministic,
+        help="bit-identical output for a request and seed whatever else runs (batch, chunking, "
+        "preemption, prefix hits): batch-invariant kernels, at a speed cost (README)",
+    )
 
 
 def _on_off(flag: bool) -> str:
@@ -188,6 +195,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         packed_kernels=args.packed_kernels == "on",
         seed=args.seed,
         isq=args.isq,
+        deterministic=args.deterministic,
     )
 
 

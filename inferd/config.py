@@ -31,6 +31,9 @@ class EngineConfig:
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
+    # Bit-identical output for a request and seed whatever else runs: batch-invariant kernels
+    # (dense rows, one-query attention for every row; engine/runner.py), at a speed cost.
+    deterministic: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

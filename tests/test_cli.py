@@ -65,3 +65,8 @@ def test_engine_flags_default_to_the_engine_config() -> None:
     """The engine's defaults are EngineConfig's; the flags only read them."""
     assert _engine_config(_parser().parse_args(["serve"])) == EngineConfig()
     assert _engine_config(_parser().parse_args(["run"])) == EngineConfig()
+
+
+def test_deterministic_flag_reaches_the_engine_config() -> None:
+    args = _parser().parse_args(["serve", "--deterministic"])
+    assert _engine_config(args) == EngineConfig(deterministic=True)

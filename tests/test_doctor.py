@@ -110,6 +110,7 @@ def test_system_info_of_a_running_server(tmp_path: Path) -> None:
     (model,) = info["server"]["models"]
     assert model["id"] == tmp_path.name and model["architecture"] == "qwen3"
     assert model["isq"] == "q8" and model["dtype"] == "float32"
+    assert model["deterministic"] is False
     assert model["kernels"] == {
         "linear_layers": 9,
         "packed_int4": 0,

@@ -4,6 +4,17 @@ It owns the KV-cache tensors. Per step it builds the flat inputs (token ids, pos
 of each new token) and the attention metadata, runs the model, and returns logits only for the
 rows where a request needs its next token, plus, for requests that ask for prompt logprobs and
 have not had them yet, the logits of their prompt rows (each predicts the next prompt token).
+
+Which kernels a step runs is chosen here, so that a row's numerics do not depend on what runs
+beside it where that matters (README: "Determinism"):
+
+- by default a step with prompt rows runs every row dense (``dense_rows``), so a prompt's logits
+  are the same whether it came in one chunk or many, or mostly from the prefix cache; steps of
+  decodes alone keep the batch-size kernels (int4 rows up to 8, int8 x int8 rows up to 32);
+- ``deterministic``: every row of every step dense, and every row's attention through the
+  one-query paged kernel (a prompt row attends as if it were a decode at its position), so a
+  row's bits depend only on its request: not on the batch, the chunking, preemption or prefix
+  hits.
 """
 
 from __future__ import annotations
@@ -12,11 +23,13 @@ from dataclasses import dataclass
 
 import torch
 
+from contextlib import AbstractContextManager
+
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import int8_activation_rows
+from inferd.layers.linear import dense_rows, int8_activation_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
 
@@ -65,8 +78,11 @@ class ModelRunner:
         num_blocks: int,
         block_size: int,
         dtype: torch.dtype,
+        *,
+        deterministic: bool = False,
     ) -> None:
         self.model = model
+        self.deterministic = deterministic
         self.config = config
         self.block_size = block_size
         shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
@@ -79,18 +95,27 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
-        with int8_activation_rows(_decodes_only(output)):
+        with self._row_kernels(output):
             hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
-        logits = self.model.compute_logits(hidden[inputs.sample_rows])
-        if inputs.prompt_rows is None:
-            return StepResult(logits, inputs.sampled_chunks)
-        prompt_logits = self.model.compute_logits(hidden[inputs.prompt_rows])
+        with dense_rows(self.deterministic):
+            logits = self.model.compute_logits(hidden[inputs.sample_rows])
+            if inputs.prompt_rows is None:
+                return StepResult(logits, inputs.sampled_chunks)
+            prompt_logits = self.model.compute_logits(hidden[inputs.prompt_rows])
         parts, row = [], 0
         for span in inputs.prompt_spans:
             rows = prompt_logits[row : row + span.count]
             parts.append(PromptLogits(span.request, span.first, rows))
             row += span.count
         return StepResult(logits, inputs.sampled_chunks, tuple(parts))
+
+    def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
+        """Dense rows for steps with prompt rows (always, when deterministic); else the
+        batch-size kernels, int8 x int8 rows included."""
+        decodes_only = _decodes_only(output)
+        if self.deterministic or not decodes_only:
+            return dense_rows()
+        return int8_activation_rows()
 
     def prepare(self, output: SchedulerOutput) -> ModelInputs:
         ids: list[int] = []
@@ -110,9 +135,15 @@ class ModelRunner:
             ids.extend(req.token_at(p) for p in span)
             positions.extend(span)
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in span)
-            if chunk.num_tokens == 1:
-                decode_rows.append(row)
-                decode_tables.append(req.block_ids[: chunk.start // bs + 1])
+            prompt_chunk = chunk.start < req.num_prompt_tokens
+            if self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk):
+                # Deterministic: each row a one-query decode at its position (its keys are
+                # written before attention runs), the same sums whatever the chunking. A prompt
+                # row otherwise always attends through the prefill tiles, even alone (a retry
+                # whose prompt the prefix cache held recomputes just the last prompt token).
+                for i, p in enumerate(span):
+                    decode_rows.append(row + i)
+                    decode_tables.append(req.block_ids[: p // bs + 1])
             else:
                 n_blocks = -(-(chunk.start + chunk.num_tokens) // bs)
                 table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)

@@ -9,8 +9,18 @@ A request owns a list of block ids (its block table). Token ``p`` of a request l
 their slots first, then each query reads its request's blocks back through the table, so prefill
 chunks and decodes share one code path for storage.
 
-Decode tokens (one query each) are attended in one batched call; each prefill chunk gets its own
-call with a causal mask offset by the tokens already cached.
+Decode tokens (one query each) are attended in one batched call; each prefill chunk is attended
+in query tiles of ``PROMPT_TILE`` positions aligned to the start of the sequence.
+
+Why tiles: SDPA's CPU kernel splits its work by the numbers of queries and keys it is given, so a
+prompt row attended in one big call and in a chunk of 8 came out with different bits, and a
+greedy reply changed with ``max_num_batched_tokens``. Given the same keys (and mask) SDPA gives a
+query row the same bits whichever other queries come along (tests/layers/test_paged_attention.py
+checks it), so each tile attends over the keys ``[0, tile end)`` whatever part of the tile the
+chunk holds: keys past the chunk are masked out (they add exact zeros). A row's bits could still
+depend on how many query rows came with it (a matmul's blocking follows its shapes: a prompt
+gave different logits first time and on its retry), so every call for a tile has the same
+shapes: the queries are padded to the whole tile.
 """
 
 from __future__ import annotations
@@ -22,6 +32,10 @@ import torch.nn.functional as F
 
 from inferd.kernels.ops import KernelOps
 from inferd.kernels.plain import gather_blocks, grouped_attention
+
+# Query tile of prompt attention, in positions (well under the 192 queries where SDPA's CPU
+# kernel changes its split).
+PROMPT_TILE = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,22 +108,18 @@ def _attend(
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
-    mask: torch.Tensor | None,
-    is_causal: bool,
+    mask: torch.Tensor,
     scale: float,
     softcap: float | None,
 ) -> torch.Tensor:
-    """Prompt chunks: q [1, heads, n, d]; keys, values [1, kv_heads, T, d]; mask [n, T].
+    """q [1, heads, n, d]; keys, values [1, kv_heads, T, d]; mask [n, T] (True: attend).
 
     SDPA, except with soft-capping (which SDPA lacks).
     """
     if softcap is None:
         return F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, is_causal=is_causal, scale=scale, enable_gqa=True
+            q, keys, values, attn_mask=mask, scale=scale, enable_gqa=True
         )
-    if is_causal:
-        n, t = q.shape[2], keys.shape[2]
-        mask = torch.ones(n, t, dtype=torch.bool).tril(t - n)
     return grouped_attention(q, keys, values, mask, scale, softcap)
 
 
@@ -121,12 +131,55 @@ def _prefill(
     scale: float,
     softcap: float | None = None,
 ) -> torch.Tensor:
-    total = chunk.start_pos + chunk.num_tokens
-    keys = gather_blocks(k_cache, chunk.block_table[None])[:, :, :total]
-    values = gather_blocks(v_cache, chunk.block_table[None])[:, :, :total]
-    q = q.transpose(0, 1).unsqueeze(0)
-    out = _attend(q, keys, values, chunk.mask, chunk.mask is None, scale, softcap)
-    return out[0].transpose(0, 1)  # [n, heads, head_dim]
+    """The chunk's queries, tile by tile over the keys up to each tile's end (module doc).
+
+    Every call for a tile has the same shapes and layout whatever part of the tile the chunk
+    holds: the queries are padded to the whole tile (the padding rows attend to key 0 alone and
+    are dropped), the keys are a contiguous copy.
+    """
+    start, total = chunk.start_pos, chunk.start_pos + chunk.num_tokens
+    padded = -(-total // PROMPT_TILE) * PROMPT_TILE
+    keys = _padded_keys(k_cache, chunk.block_table, padded)
+    values = _padded_keys(v_cache, chunk.block_table, padded)
+    mask = _chunk_or_causal_mask(chunk, padded)
+    q = q.transpose(0, 1)  # [heads, n, d]
+    out = torch.empty_like(q)
+    tile_start = start - start % PROMPT_TILE
+    while tile_start < total:
+        tile_end = tile_start + PROMPT_TILE
+        first, last = max(tile_start, start), min(tile_end, total)
+        rows, tile_rows = (
+            slice(first - start, last - start),
+            slice(first - tile_start, last - tile_start),
+        )
+        q_tile = q.new_zeros(1, q.shape[0], PROMPT_TILE, q.shape[2])
+        q_tile[0, :, tile_rows] = q[:, rows]
+        mask_tile = torch.zeros(PROMPT_TILE, tile_end, dtype=torch.bool)
+        mask_tile[:, 0] = True
+        mask_tile[tile_rows] = mask[rows, :tile_end]
+        k_tile = keys[:, :, :tile_end].contiguous()
+        v_tile = values[:, :, :tile_end].contiguous()
+        attended = _attend(q_tile, k_tile, v_tile, mask_tile, scale, softcap)
+        out[:, rows] = attended[0, :, tile_rows]
+        tile_start = tile_end
+    return out.transpose(0, 1)  # [n, heads, head_dim]
+
+
+def _padded_keys(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
+    """[1, kv_heads, length, d]: the table's keys, then zeros (always masked) up to ``length``."""
+    keys = gather_blocks(cache, table[None])
+    if keys.shape[2] >= length:
+        return keys[:, :, :length]
+    return F.pad(keys, (0, 0, 0, length - keys.shape[2]))
+
+
+def _chunk_or_causal_mask(chunk: PrefillChunk, width: int) -> torch.Tensor:
+    """[n, width] bool: the chunk's own mask (causal, maybe windowed), widened with False."""
+    start, total = chunk.start_pos, chunk.start_pos + chunk.num_tokens
+    if chunk.mask is None:
+        q_pos = torch.arange(start, total)[:, None]
+        return torch.arange(width)[None, :] <= q_pos
+    return F.pad(chunk.mask, (0, width - chunk.mask.shape[1]), value=False)
 
 
 def chunk_mask(start_pos: int, num_tokens: int) -> torch.Tensor | None:

@@ -21,6 +21,11 @@ and down projections and the output head (with gate/up and the attention output 
 SmolLM2 had KL 0.007 against dense bf16 and a 16-row step took ~9% less time, 54 vs 59 ms before
 the fused kernels), and since then gate/up too, whose rows cost greedy top-1 agreement with f32
 (~0.94 instead of 0.975: tests/server/test_default_quality_live.py).
+
+Each kernel alone is batch-invariant (a row's output bits do not depend on the other rows), but
+the choice between them is not, so a step with prompt rows runs every row dense
+(``dense_rows``): a prompt's logits then do not depend on how it was chunked or on how much of
+it the prefix cache held (README: "Determinism").
 """
 
 from __future__ import annotations
@@ -44,6 +49,7 @@ DEFAULT_SMALL_BATCH = 8
 INT8_ACTIVATION_MAX_ROWS = 32
 
 _int8_rows_allowed: ContextVar[bool] = ContextVar("int8_rows_allowed", default=False)
+_dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
 
 
 @contextmanager
@@ -54,6 +60,23 @@ def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
         yield
     finally:
         _int8_rows_allowed.reset(token)
+
+
+@contextmanager
+def dense_rows(active: bool = True) -> Iterator[None]:
+    """Every row through the dense weight inside this block, whatever the batch size.
+
+    The dense kernel (oneDNN bf16; a lone row padded to two, ``_invariant_dense``) gives a row
+    the same bits whatever rows run beside it (tests/layers/test_linear.py checks it); switching
+    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a prompt's logits
+    do not depend on its chunking or on a prefix-cache hit; ``--deterministic`` runs every row
+    here.
+    """
+    token = _dense_rows.set(active)
+    try:
+        yield
+    finally:
+        _dense_rows.reset(token)
 
 
 class PackedKind(enum.Enum):
@@ -122,6 +145,8 @@ class Linear(nn.Linear, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
+        if self.dense and _dense_rows.get():
+            return _invariant_dense(x, self.weight, self.bias)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
         if (
@@ -151,6 +176,20 @@ class Linear(nn.Linear, KernelUser):
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
+
+
+def _invariant_dense(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear`` whose row results do not depend on the number of rows.
+
+    oneDNN's bf16 matmul gives a row the same bits for every batch of 2 rows or more, but a lone
+    row takes a matrix-vector kernel that sums long rows (1536 inputs: SmolLM2's down projection)
+    in another order, about one time in ten; so a lone row runs beside a zero row.
+    """
+    if x.shape[0] != 1:
+        return F.linear(x, weight, bias)
+    return F.linear(torch.cat((x, torch.zeros_like(x))), weight, bias)[:1]
 
 
 def int4_packable(out_features: int, in_features: int) -> bool:

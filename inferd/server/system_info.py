@@ -30,6 +30,7 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
             "revision": model.source.revision,
             "kv_cache_tokens": model.kv_cache_tokens,
             "max_seqs": model.engine_config.max_num_seqs,
+            "deterministic": model.engine_config.deterministic,
             "kernels": {
                 "linear_layers": len(linears),
                 "packed_int4": sum(

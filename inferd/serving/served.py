@@ -139,7 +139,9 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
             module.cover(max_len)
     model.use_kernels(kernels.load_ops(dtype))  # built now (once per machine), not mid-request
     num_blocks = sizing.pool_tokens // cfg.block_size + 1  # +1: the reserved null block
-    runner = ModelRunner(model, mcfg, num_blocks, cfg.block_size, dtype)
+    runner = ModelRunner(
+        model, mcfg, num_blocks, cfg.block_size, dtype, deterministic=cfg.deterministic
+    )
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
         KVCacheManager(

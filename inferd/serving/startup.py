@@ -99,7 +99,8 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
         compute,
-        f"kernels    {load_ops(model.dtype).description}",
+        f"kernels    {load_ops(model.dtype).description}"
+        f"{'  deterministic (batch-invariant)' if cfg.deterministic else ''}",
         # One line for the engine's limits (the server's own are the "limits" line): the
         # context, the pool and why, lowered context included.
         f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "

@@ -129,3 +129,20 @@ def test_bf16_model_with_packed_kernels_agrees_with_transformers(
         # be among our three most likely tokens everywhere.
         top3 = ours.topk(3, dim=-1).indices
         assert bool((top3 == ref.argmax(-1, keepdim=True)).any(-1).all())
+
+
+def test_dense_rows_give_a_row_the_same_bits_whatever_the_batch() -> None:
+    """Under ``dense_rows`` a row's output does not depend on the rows beside it, a lone row
+    included (oneDNN's one-row kernel sums 1536 inputs in another order about one time in ten:
+    the padding to two rows is what this catches); without it, the batch size picks the kernel.
+    """
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(576, 1536, generator=gen) * 0.02  # SmolLM2's down projection shape
+    layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
+    for trial in range(12):
+        x = (torch.randn(128, 1536, generator=gen) * (1 + trial)).bfloat16()
+        with linear_module.dense_rows():
+            full = layer(x)
+            for rows in (1, 2, 3, 8, 9, 17, 33):
+                assert torch.equal(layer(x[:rows]), full[:rows]), (trial, rows)
+    assert not torch.equal(layer(x[:1]), full[:1])  # int4 at one row, dense at 128

@@ -78,3 +78,36 @@ def test_grouped_attention_equals_sdpa_with_repeated_heads() -> None:
         q, keys.repeat_interleave(3, 1), values.repeat_interleave(3, 1), attn_mask=mask, scale=0.3
     )
     torch.testing.assert_close(grouped_attention(q, keys, values, mask, 0.3), expected)
+
+
+@pytest.mark.parametrize("chunks", [(200,), (24,) * 8 + (8,), (129, 70, 1), (63, 2, 135)])
+def test_prompt_rows_get_the_same_bits_whatever_the_chunking(chunks: tuple[int, ...]) -> None:
+    """A 200-token prompt (several 64-position tiles) attended in one chunk and in chunks whose
+    boundaries fall inside tiles, one of a single row (a prefix-cache retry): equal bits."""
+    torch.manual_seed(0)
+    n, bs, dtype = sum(chunks), 16, torch.bfloat16
+    blocks = -(-n // bs)
+    table = torch.randperm(blocks + 4)[:blocks] + 1  # scattered, never the null block 0
+    k_cache = torch.randn(blocks + 5, bs, KV_HEADS, DIM).to(dtype)  # stale values everywhere
+    v_cache = torch.randn_like(k_cache)
+    q = torch.randn(n, HEADS, DIM).to(dtype)
+    k, v = torch.randn(n, KV_HEADS, DIM).to(dtype), torch.randn(n, KV_HEADS, DIM).to(dtype)
+    pos = torch.arange(n)
+    write_kv(k_cache, v_cache, k, v, table[pos // bs] * bs + pos % bs)
+
+    def attend(start: int, count: int) -> torch.Tensor:
+        meta = AttentionMetadata(
+            slot_mapping=torch.empty(0, dtype=torch.long),
+            decode_rows=None,
+            decode_block_tables=None,
+            decode_lens=None,
+            prefills=(PrefillChunk(0, count, start, table, chunk_mask(start, count)),),
+        )
+        rows = q[start : start + count]
+        return attend_paged(ops_named("plain"), rows, k_cache, v_cache, meta, scale=0.25)
+
+    whole = attend(0, n)
+    starts = [sum(chunks[:i]) for i in range(len(chunks))]
+    pieces = torch.cat([attend(s, c) for s, c in zip(starts, chunks, strict=True)])
+    assert torch.equal(pieces, whole)
+    torch.testing.assert_close(whole.float(), _reference(q, k, v, 0).float(), atol=2e-2, rtol=0)
