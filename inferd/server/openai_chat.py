@@ -18,6 +18,7 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import check_n
+from inferd.server.constraints import constrain
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -47,7 +48,7 @@ async def create_chat_completion(request: Request) -> Response:
     check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
     messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
     n = check_n(body.n)
-    params = _sampling_params(body, model)
+    params = await constrain(body, model, _sampling_params(body, model))
     prompt = await chat_prompt_ids(
         model, messages, special_in_content=state.special_tokens_in_content
     )
@@ -85,20 +86,6 @@ def _reject_unsupported(body: ChatCompletionRequest) -> None:
         value = getattr(body, name)
         if value is not None and value != "none":
             raise bad_request(f"{name}: tool calling is not supported by this server", name)
-    if body.response_format is not None:
-        kind = body.response_format.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise bad_request(
-                f"response_format: {kind} (structured output) is not supported yet; "
-                "send type 'text' or leave it out",
-                "response_format",
-            )
-        if kind != "text":
-            raise bad_request(
-                f"response_format: unknown type {kind!r}; expected text, json_object or "
-                "json_schema",
-                "response_format.type",
-            )
     if body.modalities is not None and set(body.modalities) - {"text"}:
         others = ", ".join(sorted(set(body.modalities) - {"text"}))
         raise bad_request(

@@ -73,6 +73,12 @@ class SamplingFields(_Lenient):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool | None = None
     user: str | None = None
+    # The output's constraint (server/constraints.py): OpenAI's response_format, or one of
+    # inferd's extensions.
+    response_format: dict[str, Any] | None = None
+    regex: str | None = None  # the whole output matches this regular expression
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # a Lark or GBNF grammar the output follows
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -86,7 +92,6 @@ class ChatCompletionRequest(SamplingFields):
     tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None

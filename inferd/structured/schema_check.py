@@ -16,7 +16,7 @@ from typing import Any
 
 from inferd.structured.errors import ConstraintError
 
-MAX_DEPTH = 32  # nested subschemas
+MAX_DEPTH = 16  # nested subschemas (OpenAI allows 10 levels in strict mode)
 MAX_ENUM_VALUES = 1000  # enum entries, over the whole schema
 MAX_PROPERTIES = 5000  # property definitions, over the whole schema
 
@@ -97,7 +97,7 @@ def _check(schema: Any, where: str, depth: int, walk: _Walk) -> None:
 def _check_values(schema: Mapping[str, Any], where: str, walk: _Walk) -> None:
     types = schema.get("type")
     for t in types if isinstance(types, list) else [types] if types is not None else []:
-        if t not in _TYPES:
+        if not isinstance(t, str) or t not in _TYPES:
             raise ConstraintError(f"unknown type {t!r} at {where}", walk.param)
     enum = schema.get("enum")
     if enum is not None:
@@ -152,7 +152,8 @@ def _pass_through_refs(schema: Mapping[str, Any]) -> Iterator[str]:
     if isinstance(ref, str):
         yield ref
     for key in _PASS_THROUGH:
-        for child in schema.get(key) or ():
+        children = schema.get(key)
+        for child in children if isinstance(children, list) else ():
             if isinstance(child, Mapping):
                 yield from _pass_through_refs(child)
 

@@ -200,16 +200,15 @@ REFUSED = [
     ("functions", {"functions": [{"name": "f"}]}, "functions", "function calling"),
     ("function_call", {"function_call": "auto"}, "function_call", "tool calling"),
     (
-        "json_object",
-        {"response_format": {"type": "json_object"}},
-        "response_format",
-        "json_object",
-    ),
-    (
-        "json_schema",
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-        "response_format",
-        "json_schema",
+        "json_schema typo",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "proprties": {}}},
+            }
+        },
+        "response_format.json_schema.schema",
+        "unknown keyword 'proprties'",
     ),
     ("format type", {"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
     ("audio", {"audio": {"voice": "alloy", "format": "wav"}}, "audio", "audio output"),
