@@ -20,7 +20,7 @@ import llguidance
 
 from inferd.structured.constraint import Constraint, ConstraintKind
 from inferd.structured.errors import ConstraintError
-from inferd.structured.matcher import TokenMatcher
+from inferd.structured.matcher import LazyMatcher, TokenMatcher
 from inferd.structured.vocabulary import Vocabulary
 
 COMPILE_TIMEOUT_S = 10.0
@@ -122,6 +122,8 @@ class GrammarCompiler:
             raise ConstraintError(compiled.error or "invalid constraint", _param(constraint))
         with self._lock:  # deep_copy reads the shared pristine matcher
             copy = compiled.matcher.deep_copy()
+        if constraint.trigger:
+            return LazyMatcher(None, copy, constraint.trigger.encode(), self.vocabulary.get())
         return TokenMatcher(copy)
 
     def _timed_out(self, constraint: Constraint) -> ConstraintError:
@@ -160,6 +162,8 @@ def _grammar_text(constraint: Constraint) -> str:
         return llguidance.LLMatcher.grammar_from_regex(source)
     if kind is ConstraintKind.CHOICE:
         return llguidance.grammar_from("choice", source)
+    if kind is ConstraintKind.LARK:
+        return llguidance.LLMatcher.grammar_from_lark(source)
     return llguidance.grammar_from("grammar", source)  # Lark or GBNF
 
 

@@ -30,18 +30,27 @@ class ConstraintKind(enum.Enum):
     REGEX = "regex"
     CHOICE = "choice"  # exactly one of a list of strings
     GRAMMAR = "grammar"  # Lark, or GBNF (llama.cpp's syntax), told apart by llguidance
+    LARK = "lark"  # llguidance's Lark, built by inferd itself (tool calls: %json rules inside)
 
 
 @dataclass(frozen=True, slots=True)
 class Constraint:
     kind: ConstraintKind
     source: str  # canonical text: schema JSON, regex, JSON list of choices, or grammar
+    # Non-empty: the output is free until this text appears in it, then the constraint holds
+    # from the trigger's first character on (a lazy grammar: tool calls under tool_choice auto).
+    trigger: str = ""
 
     @property
     def digest(self) -> str:
         """Key of the compiled grammar: equal constraints compile once."""
         text = f"{self.kind.value}\0{self.source}".encode()
         return hashlib.sha256(text).hexdigest()
+
+    @classmethod
+    def lark(cls, text: str, trigger: str = "") -> Constraint:
+        """A grammar inferd wrote (not a caller's: those go through ``grammar``)."""
+        return cls(ConstraintKind.LARK, text, trigger)
 
     @classmethod
     def json_object(cls) -> Constraint:

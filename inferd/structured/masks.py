@@ -37,11 +37,12 @@ class MaskJob:
     @classmethod
     def start(cls, matchers: Sequence[TokenMatcher | None], vocab_size: int) -> MaskJob:
         """Begin the masks for ``matchers`` (one per logits row, None: unconstrained)."""
-        present = [(i, m) for i, m in enumerate(matchers) if m is not None]
+        # A lazy matcher still waiting for its trigger leaves its row free.
+        present = [(i, m.inner) for i, m in enumerate(matchers) if m and m.inner is not None]
         rows = [i for i, _ in present]
         if not rows:
             return cls(rows, None)
-        chosen = [(m.inner, j) for j, (_, m) in enumerate(present)]  # j: its row in the masks
+        chosen = [(inner, j) for j, (_, inner) in enumerate(present)]  # j: its row in the masks
         future = _THREAD.submit(_fill, chosen, len(rows), vocab_size)
         return cls(rows, future)
 
