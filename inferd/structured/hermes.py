@@ -116,7 +116,8 @@ class CallReader:
 
     def feed(self, text: str) -> tuple[str, list[CallPiece]]:
         self.buffer += text
-        content, pieces = "", []
+        content = ""
+        pieces: list[CallPiece] = []
         while True:
             if not self.in_call:
                 if self.after_call and self.buffer:
