@@ -28,14 +28,27 @@ _FIELDS = {
     ConstraintKind.REGEX: "regex",
     ConstraintKind.CHOICE: "choice",
     ConstraintKind.GRAMMAR: "grammar",
+    ConstraintKind.LARK: "tools",
 }
 
 
 async def constrain(
-    body: SamplingFields, model: ServedModel, params: SamplingParams
+    body: SamplingFields,
+    model: ServedModel,
+    params: SamplingParams,
+    tools: Constraint | None = None,
 ) -> SamplingParams:
-    """``params`` with the request's constraint, compiled; unchanged when it asks for none."""
+    """``params`` with the request's constraint, compiled; unchanged when it asks for none.
+    ``tools``: the constraint its tool use puts on the output (chat), which excludes others."""
     constraint = request_constraint(body)
+    if tools is not None:
+        if constraint is not None:
+            raise bad_request(
+                "tools with a tool_choice other than none cannot be combined with "
+                "response_format, regex, choice or grammar",
+                "tool_choice",
+            )
+        constraint = tools
     if constraint is None:
         return params
     grammars = model.engine.engine.grammars

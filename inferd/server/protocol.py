@@ -44,6 +44,8 @@ class ChatMessage(_Lenient):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant turn's calls (server/openai_tools.py)
+    tool_call_id: str | None = None  # the call a tool turn answers
 
     @field_validator("role")
     @classmethod
@@ -87,9 +89,10 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     metadata: dict[str, Any] | None = None
-    # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by server/openai_tools.py
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
