@@ -323,11 +323,15 @@ ERRORS: list[tuple[str, Any, int, str, str]] = [
         "stop_sequences: at most 4 stop strings, got 5",
     ),
     (
-        "tools",
-        {"max_tokens": 5, "messages": HI, "tools": [{"name": "f", "input_schema": {}}]},
+        "duplicate tools",
+        {
+            "max_tokens": 5,
+            "messages": HI,
+            "tools": [{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}],
+        },
         400,
         "invalid_request_error",
-        "tools: tool use is not supported by this server",
+        "tools.1.name: duplicate tool name 'f'",
     ),
     (
         "thinking",

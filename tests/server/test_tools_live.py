@@ -54,10 +54,10 @@ def test_required_calls_validate_over_seeds(client: openai.OpenAI, model: str) -
         messages=ASK,
         tools=TOOLS,
         tool_choice="required",
-        n=4,
+        n=3,
         seed=7,
         temperature=1.0,
-        max_tokens=200,
+        max_tokens=120,
     )
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls"
@@ -72,10 +72,10 @@ def test_a_named_tool_is_the_one_called(client: openai.OpenAI, model: str) -> No
         tools=TOOLS,
         tool_choice={"type": "function", "function": {"name": "get_time"}},
         parallel_tool_calls=False,
-        n=3,
+        n=2,
         seed=2,
         temperature=1.0,
-        max_tokens=200,
+        max_tokens=120,
     )
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls"
@@ -86,7 +86,7 @@ def test_a_named_tool_is_the_one_called(client: openai.OpenAI, model: str) -> No
 
 def test_auto_calls_validate_whenever_made(client: openai.OpenAI, model: str) -> None:
     out = client.chat.completions.create(
-        model=model, messages=ASK, tools=TOOLS, n=6, seed=3, temperature=1.0, max_tokens=120
+        model=model, messages=ASK, tools=TOOLS, n=3, seed=3, temperature=1.0, max_tokens=60
     )
     for choice in out.choices:
         assert "<tool_call>" not in (choice.message.content or "")
@@ -112,7 +112,7 @@ def test_streamed_calls_equal_the_non_streamed_ones(client: openai.OpenAI, model
         "tools": TOOLS,
         "tool_choice": "required",
         "temperature": 0,
-        "max_tokens": 200,
+        "max_tokens": 120,
     }
     full = client.chat.completions.create(**kwargs).choices[0]
     assert full.message.tool_calls is not None
