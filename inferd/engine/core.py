@@ -15,6 +15,7 @@ from inferd.engine.request import Request, RequestStatus
 from inferd.engine.runner import ModelRunner, PromptLogits
 from inferd.engine.sampler import prompt_token_logprobs, sample
 from inferd.engine.scheduler import Scheduler
+from inferd.structured.masks import MaskJob
 
 
 class EngineCore:
@@ -66,9 +67,13 @@ class EngineCore:
         if scheduled.empty:
             return []
         started = time.perf_counter()
+        # Constrained rows: their masks are computed while the model runs (structured/masks.py).
+        samplers = [c.request.matcher for c in scheduled.chunks if c.completes]
+        masks = MaskJob.start(samplers, self.runner.config.vocab_size)
         result = self.runner.execute(scheduled)
         self.scheduler.advance(scheduled)
         self._gather_prompt_logprobs(result.prompt_logits)
+        masks.apply(result.logits)
         sampled = sample(result.logits, [c.request for c in result.chunks])
         outputs = [
             self._append(c.request, t, lp)
@@ -96,12 +101,20 @@ class EngineCore:
         step = request.detokenizer.push(token)
         text = step.text
         reason: str | None = None
+        error = _advance_matcher(request, token)
+        if error is not None:
+            self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+            del self.requests[request.request_id]
+            self.prompt_logprobs.pop(request.request_id, None)
+            return _output(request, text, (token,), "error", error=error)
         if step.stop_string is not None:
             reason, request.stop_reason = "stop", step.stop_string
         elif (
             not request.params.ignore_eos and token in request.eos_token_ids
         ) or token in request.params.stop_token_ids:
             reason, request.stop_reason = "stop", token
+        elif request.matcher is not None and request.matcher.done:
+            reason = "stop"  # the constraint is complete: only an end-of-turn token could follow
         elif (
             len(request.output_token_ids) >= request.params.max_tokens
             or request.num_tokens >= self.max_model_len
@@ -121,6 +134,14 @@ class EngineCore:
         prompt = self.prompt_logprobs.pop(request.request_id, None)
         out = _output(request, text, (token,), reason, logprobs=logprobs)
         return out if prompt is None else replace(out, prompt_logprobs=tuple(prompt))
+
+
+def _advance_matcher(request: Request, token: int) -> str | None:
+    """Feed a sampled token to the request's matcher; an error message if it is refused
+    (never expected: the token was sampled under the matcher's own mask)."""
+    if request.matcher is None or request.matcher.consume(token):
+        return None
+    return f"the output constraint refused token {token}: {request.matcher.error}"
 
 
 def _output(

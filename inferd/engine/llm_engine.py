@@ -24,6 +24,7 @@ from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import SchedulerConfig
 from inferd.models.config import ModelConfig
 from inferd.models.llama import LlamaForCausalLM
+from inferd.structured.compiler import GrammarCompiler
 
 
 class AdmissionError(ValueError):
@@ -44,9 +45,14 @@ class TextCodec:
 
 
 class LLMEngine:
-    def __init__(self, core: EngineCore, codec: TextCodec) -> None:
+    def __init__(
+        self, core: EngineCore, codec: TextCodec, grammars: GrammarCompiler | None = None
+    ) -> None:
+        """``grammars``: compiles ``SamplingParams.constraint`` for this model's vocabulary;
+        without it, constrained requests are refused."""
         self._core = core
         self.codec = codec
+        self.grammars = grammars
 
     # -- facts ------------------------------------------------------------------------------
     @property
@@ -125,7 +131,16 @@ class LLMEngine:
         params: SamplingParams,
         cache_salt: str | None = None,
     ) -> Request:
-        """The engine's record of a request, for ``add_built`` on the stepping thread."""
+        """The engine's record of a request, for ``add_built`` on the stepping thread.
+
+        A constrained request gets its matcher here: from the compile cache when the caller
+        compiled the constraint beforehand (``grammars.prepare``), else compiled now (bounded).
+        Raises ConstraintError for a constraint that does not compile."""
+        matcher = None
+        if params.constraint is not None:
+            if self.grammars is None:
+                raise AdmissionError("this engine was built without constrained decoding")
+            matcher = self.grammars.matcher(params.constraint)
         return Request(
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
@@ -135,6 +150,7 @@ class LLMEngine:
             detokenizer=IncrementalDetokenizer(
                 self.codec.token_bytes, self.codec.special_ids, params.stop
             ),
+            matcher=matcher,
         )
 
     def add_built(self, request: Request) -> None:

@@ -10,6 +10,7 @@ import torch
 
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.sampling import SamplingParams
+from inferd.structured.matcher import TokenMatcher
 
 
 class RequestStatus(enum.Enum):
@@ -42,6 +43,8 @@ class Request:
     stop_reason: str | int | None = None  # the stop string or token id that ended it
     cache_salt: str | None = None  # isolates this caller's prefix-cache entries from others'
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
+    # Follows params.constraint through the output: it has consumed every output token once.
+    matcher: TokenMatcher | None = None
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from inferd.structured.constraint import Constraint
+
 # Below this temperature sampling is greedy (as in vLLM): dividing logits by a tinier one
 # overflows float32 to inf, and softmax over infs is NaN (1e-40 used to pick the last token id).
 GREEDY_TEMPERATURE = 1e-5
@@ -37,6 +39,9 @@ class SamplingParams:
     # None: no prompt logprobs. k >= 0: each prompt token's logprob (None for the first, which
     # nothing predicts) plus the k most likely tokens at its position, on the first output.
     prompt_logprobs: int | None = None
+    # What the output must match (a JSON schema, regex, choice or grammar): every token is
+    # sampled from those the constraint allows (inferd/structured). None: free text.
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -25,6 +26,12 @@ from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
+from inferd.server.anthropic_tools import (
+    StreamedBlocks,
+    block_text,
+    parse_anthropic_tools,
+    reply_blocks,
+)
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.envelope import error_body, error_response
 from inferd.server.errors import APIError, bad_request
@@ -39,15 +46,15 @@ from inferd.server.generation import (
 )
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import check_media_parts, media_policy
+from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
+from inferd.structured.constraint import Constraint, ConstraintError
 
 _NON_TEXT_BLOCKS = (
     "image",
     "document",
-    "tool_use",
-    "tool_result",
     "server_tool_use",
     "web_search_tool_result",
     "thinking",
@@ -70,7 +77,8 @@ async def count_tokens(request: Request) -> Response:
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
         check_media_parts(body.messages, media_policy(request), model)
-        prompt = await _prompt(model, body, state, check_length=False)
+        tools = parse_anthropic_tools(body.tools, body.tool_choice)
+        prompt = await _prompt(model, body, state, check_length=False, tools=tools)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
         return _error(request, err)
@@ -85,8 +93,12 @@ async def _create_message(request: Request) -> Response:
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
     check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
-    prompt = await _prompt(model, body, state)
+    tools = parse_anthropic_tools(body.tools, body.tool_choice)
+    prompt = await _prompt(model, body, state, tools=tools)
     params = _sampling_params(body, model)
+    tool_constraint = tools.constraint() if tools is not None else None
+    if tool_constraint is not None:
+        params = await _constrain(model, params, tool_constraint)
     admit(model, len(prompt), params, "messages")
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex}",
@@ -100,15 +112,27 @@ async def _create_message(request: Request) -> Response:
         return _empty_message(message, len(prompt), body.stream)
     streams = start(request, model, [(prompt, params)])
     if body.stream:
-        stream = _stream(request, message, streams[0], len(prompt), state.keepalive_seconds)
+        stream = _stream(
+            request,
+            message,
+            streams[0],
+            len(prompt),
+            state.keepalive_seconds,
+            calls=tool_constraint is not None,
+        )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     gens = await collect(request, streams)
     if gens is None:
         return Response(status_code=499)
     (gen,) = gens
     reason, sequence = _stop(gen.final)
+    content = [_text_block(gen.text)]
+    if tool_constraint is not None:
+        content, called = reply_blocks(gen.text)
+        content = [b | {"citations": None} if b["type"] == "text" else b for b in content]
+        reason = "tool_use" if called and reason == "end_turn" else reason
     message |= {
-        "content": [_text_block(gen.text)],
+        "content": content,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": _usage(len(prompt), gen.final.num_output_tokens),
@@ -145,12 +169,20 @@ def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool
     return Response(b"".join(events), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
+async def _constrain(
+    model: ServedModel, params: SamplingParams, constraint: Constraint
+) -> SamplingParams:
+    grammars = model.engine.engine.grammars
+    if grammars is None:
+        raise bad_request("tools: this model does not support constrained output", "tools")
+    try:
+        await grammars.prepare(constraint)
+    except ConstraintError as exc:
+        raise bad_request(f"tools: {exc}", "tools") from None
+    return replace(params, constraint=constraint)
+
+
 def _reject_unsupported(body: _Prompted) -> None:
-    if body.tools:
-        raise bad_request("tools: tool use is not supported by this server", "tools")
-    choice = body.tool_choice
-    if choice is not None and not (isinstance(choice, dict) and choice.get("type") == "none"):
-        raise bad_request("tool_choice: tool use is not supported by this server", "tool_choice")
     if body.thinking is not None and body.thinking.get("type") != "disabled":
         raise bad_request("thinking: extended thinking is not supported by this server", "thinking")
     if body.mcp_servers:
@@ -163,17 +195,25 @@ def _reject_unsupported(body: _Prompted) -> None:
 
 
 async def _prompt(
-    model: ServedModel, body: _Prompted, state: ServerState, *, check_length: bool = True
+    model: ServedModel,
+    body: _Prompted,
+    state: ServerState,
+    *,
+    check_length: bool = True,
+    tools: ToolRequest | None = None,
 ) -> list[int]:
     """Token ids of the conversation, ending in the assistant's turn (or its prefill)."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
+    known: set[str] = set()  # tool_use ids so far, which every tool_result must answer
     if body.system is not None:
-        system = _text(body.system, "system")
+        system = _text(body.system, "system", known)
         if system:
             messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
-        messages.append({"role": m.role, "content": _text(m.content, f"messages.{i}.content")})
+        content = _text(m.content, f"messages.{i}.content", known)
+        messages.append({"role": m.role, "content": content})
+    messages = offer(messages, tools)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
     return await chat_prompt_ids(
         model,
@@ -184,14 +224,17 @@ async def _prompt(
     )
 
 
-def _text(content: str | list[dict[str, Any]], param: str) -> str:
+def _text(content: str | list[dict[str, Any]], param: str, known: set[str]) -> str:
     if isinstance(content, str):
         return content
-    texts = []
+    texts: list[str] = []
     for j, block in enumerate(content):
         kind = block.get("type")
         where = f"{param}.{j}"
-        if kind == "text":
+        tool_text = block_text(block, where, known)
+        if tool_text is not None:
+            texts.append(tool_text if not texts else "\n" + tool_text)
+        elif kind == "text":
             text = block.get("text")
             if not isinstance(text, str):
                 raise bad_request(f"{where}.text: must be a string", f"{where}.text")
@@ -262,6 +305,8 @@ async def _stream(
     outputs: AsyncIterator[RequestOutput],
     num_prompt_tokens: int,
     keepalive: float,
+    *,
+    calls: bool = False,
 ) -> AsyncIterator[bytes]:
     def failure(status: int, text: str) -> bytes:
         return sse.named_event("error", error_body(request.scope, status, text))
@@ -273,7 +318,10 @@ async def _stream(
         "usage": _usage(num_prompt_tokens, 0),
     }
     yield _event("message_start", {"message": start_message})
-    yield _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    blocks = StreamedBlocks(_event) if calls else None
+    if blocks is None:
+        text_block = {"type": "text", "text": ""}
+        yield _event("content_block_start", {"index": 0, "content_block": text_block})
     yield _event("ping", {})
     last: RequestOutput | None = None
     try:
@@ -286,7 +334,10 @@ async def _stream(
                 yield failure(status, out.error or "the request was aborted")
                 return
             last = out
-            if out.text:
+            if blocks is not None:
+                for event in blocks.feed(out.text):
+                    yield event
+            elif out.text:
                 delta = {"type": "text_delta", "text": out.text}
                 yield _event("content_block_delta", {"index": 0, "delta": delta})
     except ENGINE_ERRORS as exc:
@@ -303,7 +354,12 @@ async def _stream(
         yield failure(500, "the engine returned no output")
         return
     reason, sequence = _stop(last)
-    yield _event("content_block_stop", {"index": 0})
+    if blocks is None:
+        yield _event("content_block_stop", {"index": 0})
+    else:
+        for event in blocks.finish():
+            yield event
+        reason = "tool_use" if blocks.calls and reason == "end_turn" else reason
     yield _event(
         "message_delta",
         {

@@ -22,9 +22,9 @@ class _Prompted(_Lenient):
     model: str
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[dict[str, Any]] | None = None
-    # Known to Anthropic, not supported here: a request that uses one gets a 400 naming it.
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by server/anthropic_tools.py
     tool_choice: Any = None
+    # Known to Anthropic, not supported here: a request that uses one gets a 400 naming it.
     thinking: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
     output_config: dict[str, Any] | None = None

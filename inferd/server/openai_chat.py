@@ -19,6 +19,7 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
+from inferd.server.constraints import constrain
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -36,6 +37,7 @@ from inferd.server.generation import (
     visible_logprobs,
 )
 from inferd.server.media import check_media_parts, media_policy
+from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
@@ -47,9 +49,12 @@ async def create_chat_completion(request: Request) -> Response:
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
     check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
-    messages = [_message_dict(i, m) for i, m in enumerate(body.messages)]
+    tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    messages = offer(_messages(body.messages), tools)
     n = check_n(body.n)
-    params = _sampling_params(body, model)
+    tool_constraint = tools.constraint() if tools is not None else None
+    params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
+    calls = tool_constraint is not None  # the reply may hold tool calls
     prompt = await chat_prompt_ids(
         model, messages, special_in_content=state.special_tokens_in_content
     )
@@ -60,15 +65,14 @@ async def create_chat_completion(request: Request) -> Response:
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
-            completion, model, streams, len(prompt), include_usage, state.keepalive_seconds
+            completion, model, streams, len(prompt), include_usage, state.keepalive_seconds, calls
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect(request, completion, model, streams, len(prompt))
+    return await _collect(request, completion, model, streams, len(prompt), calls)
 
 
 # Parameters OpenAI knows that this server does not support yet, with what to say about them.
 _UNSUPPORTED = {
-    "tools": "tool calling is not supported by this server",
     "functions": "function calling is not supported by this server",
     "audio": "audio output is not supported by this server",
     "prediction": "predicted outputs are not supported by this server",
@@ -81,24 +85,11 @@ def _reject_unsupported(body: ChatCompletionRequest) -> None:
         value = getattr(body, name)
         if value is not None and value != []:
             raise bad_request(f"{name}: {why}", name)
-    for name in ("tool_choice", "function_call"):
-        value = getattr(body, name)
-        if value is not None and value != "none":
-            raise bad_request(f"{name}: tool calling is not supported by this server", name)
-    if body.response_format is not None:
-        kind = body.response_format.get("type")
-        if kind in ("json_object", "json_schema"):
-            raise bad_request(
-                f"response_format: {kind} (structured output) is not supported yet; "
-                "send type 'text' or leave it out",
-                "response_format",
-            )
-        if kind != "text":
-            raise bad_request(
-                f"response_format: unknown type {kind!r}; expected text, json_object or "
-                "json_schema",
-                "response_format.type",
-            )
+    if body.function_call is not None and body.function_call != "none":
+        raise bad_request(
+            "function_call: the deprecated function calling is not supported; use tools",
+            "function_call",
+        )
     if body.modalities is not None and set(body.modalities) - {"text"}:
         others = ", ".join(sorted(set(body.modalities) - {"text"}))
         raise bad_request(
@@ -109,12 +100,26 @@ def _reject_unsupported(body: ChatCompletionRequest) -> None:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
 
-def _message_dict(index: int, message: ChatMessage) -> dict[str, Any]:
+def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    known_calls: set[str] = set()  # ids of the assistant tool calls so far
+    return [_message_dict(i, m, known_calls) for i, m in enumerate(messages)]
+
+
+def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> dict[str, Any]:
     content = message.content
     if isinstance(content, list):
         content = _text_of_parts(index, content)
     if content is None and message.role != "assistant":
         raise bad_request(f"messages.{index}.content is required", f"messages.{index}.content")
+    if message.tool_calls or message.role == "tool":
+        return history_turn(
+            index,
+            message.role,
+            content or "",
+            message.tool_calls,
+            message.tool_call_id,
+            known_calls,
+        )
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.name is not None:
         out["name"] = message.name
@@ -231,6 +236,7 @@ async def _collect(
     model: ServedModel,
     streams: list[AsyncIterator[RequestOutput]],
     num_prompt_tokens: int,
+    calls: bool,
 ) -> Response:
     """Gather every choice, aborting them all if the client goes away first."""
     gens = await collect(request, streams)
@@ -238,16 +244,25 @@ async def _collect(
         return Response(status_code=499)
     want_logprobs = gens[0].final.logprobs is not None or any(g.logprobs for g in gens)
     body = completion.envelope("chat.completion")
-    body["choices"] = [_choice(model, i, gen, want_logprobs) for i, gen in enumerate(gens)]
+    body["choices"] = [_choice(model, i, gen, want_logprobs, calls) for i, gen in enumerate(gens)]
     body["usage"] = _usage(num_prompt_tokens, sum(g.final.num_output_tokens for g in gens))
     return JSONResponse(body)
 
 
-def _choice(model: ServedModel, index: int, gen: Generation, want_logprobs: bool) -> dict[str, Any]:
+def _choice(
+    model: ServedModel, index: int, gen: Generation, want_logprobs: bool, calls: bool
+) -> dict[str, Any]:
+    reply: dict[str, Any] = {"role": "assistant", "content": gen.text, "refusal": None}
+    finish = gen.final.finish_reason
+    if calls:
+        content, tool_calls = message(gen.text)
+        if tool_calls:
+            reply |= {"content": content, "tool_calls": tool_calls}
+            finish = "tool_calls" if finish == "stop" else finish
     return {
         "index": index,
-        "message": {"role": "assistant", "content": gen.text, "refusal": None},
-        "finish_reason": gen.final.finish_reason,
+        "message": reply,
+        "finish_reason": finish,
         "logprobs": _logprobs(model, gen.logprobs) if want_logprobs else None,
     }
 
@@ -259,7 +274,10 @@ async def _stream(
     num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
+    calls: bool,
 ) -> AsyncIterator[bytes]:
+    readers = [StreamedCalls() for _ in streams] if calls else None
+
     def chunk(index: int, delta: dict[str, Any], finish: str | None, lps: Any = None) -> bytes:
         body = completion.envelope("chat.completion.chunk")
         body["choices"] = [
@@ -271,10 +289,28 @@ async def _stream(
 
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
+        if readers is not None:
+            yield from with_calls(index, out, readers[index], lps)
+            return
         if out.text or (lps and lps["content"]):
             yield chunk(index, {"content": out.text}, None, lps)
         if out.finished:
             yield chunk(index, {}, out.finish_reason)
+
+    def with_calls(
+        index: int, out: RequestOutput, reader: StreamedCalls, lps: Any
+    ) -> Iterator[bytes]:
+        """Content and tool-call deltas; logprobs ride on the step's first delta."""
+        deltas = list(reader.deltas(out.text))
+        if out.finished:
+            deltas += reader.finish()
+        if not deltas and lps and lps["content"]:
+            deltas = [{"content": ""}]
+        for i, delta in enumerate(deltas):
+            yield chunk(index, delta, None, lps if i == 0 else None)
+        if out.finished:
+            finish = out.finish_reason
+            yield chunk(index, {}, "tool_calls" if reader.called and finish == "stop" else finish)
 
     def usage(output_tokens: int) -> bytes:
         body = completion.envelope("chat.completion.chunk")

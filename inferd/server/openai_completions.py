@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
+from inferd.server.constraints import constrain
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -78,6 +79,7 @@ async def create_completion(request: Request) -> Response:
         )
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
     params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
+    params = await constrain(body, model, params)
     score_prompt = bool(body.echo) and body.logprobs is not None
     if body.logprobs is not None:
         _check_response_size(

@@ -44,6 +44,8 @@ class ChatMessage(_Lenient):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None  # an assistant turn's calls (server/openai_tools.py)
+    tool_call_id: str | None = None  # the call a tool turn answers
 
     @field_validator("role")
     @classmethod
@@ -73,6 +75,12 @@ class SamplingFields(_Lenient):
     logit_bias: dict[str, float] | None = None
     ignore_eos: bool | None = None
     user: str | None = None
+    # The output's constraint (server/constraints.py): OpenAI's response_format, or one of
+    # inferd's extensions.
+    response_format: dict[str, Any] | None = None
+    regex: str | None = None  # the whole output matches this regular expression
+    choice: list[str] | None = None  # the output is exactly one of these strings
+    grammar: str | None = None  # a Lark or GBNF grammar the output follows
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -81,12 +89,12 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool | None = None
     top_logprobs: int | None = None
     metadata: dict[str, Any] | None = None
-    # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
-    tools: list[Any] | None = None
+    tools: list[Any] | None = None  # checked by server/openai_tools.py
     tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None

@@ -16,7 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from inferd.server.errors import bad_request
 from inferd.server.generation import chat_prompt_ids, encode_text, token_piece
-from inferd.server.openai_chat import _message_dict
+from inferd.server.openai_chat import _messages
 from inferd.server.protocol import ChatMessage, _Lenient, parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
@@ -45,7 +45,7 @@ async def tokenize(request: Request) -> Response:
     if body.messages is not None:
         ids = await chat_prompt_ids(
             model,
-            [_message_dict(i, m) for i, m in enumerate(body.messages)],
+            _messages(body.messages),
             special_in_content=state.special_tokens_in_content,
             add_generation_prompt=body.add_generation_prompt,
             add_special=body.add_special_tokens,

@@ -28,6 +28,8 @@ from inferd.loading.tokenizer import TokenizerBundle
 from inferd.models.config import ModelConfig
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
+from inferd.structured.compiler import GrammarCompiler
+from inferd.structured.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +84,8 @@ class ServedModel:
 
     def shutdown(self) -> None:
         self.engine.shutdown()
+        if self.engine.engine.grammars is not None:
+            self.engine.engine.grammars.shutdown()
 
 
 def load_model(
@@ -155,8 +159,10 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
+    # The grammar vocabulary is built on the first constrained request, not at load time.
+    grammars = GrammarCompiler(Vocabulary.of(tokenizer.tokenizer.to_str, mcfg.vocab_size, eos))
     engine = AsyncEngine(
-        LLMEngine(EngineCore(runner, scheduler, max_len), codec),
+        LLMEngine(EngineCore(runner, scheduler, max_len), codec, grammars),
         loop or ThreadLoop(),
     )
     return ServedModel(

@@ -278,21 +278,19 @@ ERRORS: list[tuple[str, Any, int, str, str]] = [
         "(start it with --allowed-media-root DIR)",
     ),
     (
-        "tool_use block",
+        "orphan tool_result",
         {
             "max_tokens": 5,
             "messages": [
-                {"role": "user", "content": "hi"},
                 {
-                    "role": "assistant",
-                    "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}],
+                    "role": "user",
+                    "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "1"}],
                 },
             ],
         },
         400,
         "invalid_request_error",
-        "messages.1.content.0: this server takes text blocks only and cannot accept tool_use "
-        "blocks",
+        "messages.0.content.0.tool_use_id: no tool_use block with id 't9' comes before it",
     ),
     (
         "unknown block",
@@ -323,11 +321,15 @@ ERRORS: list[tuple[str, Any, int, str, str]] = [
         "stop_sequences: at most 4 stop strings, got 5",
     ),
     (
-        "tools",
-        {"max_tokens": 5, "messages": HI, "tools": [{"name": "f", "input_schema": {}}]},
+        "duplicate tools",
+        {
+            "max_tokens": 5,
+            "messages": HI,
+            "tools": [{"name": "f", "input_schema": {}}, {"name": "f", "input_schema": {}}],
+        },
         400,
         "invalid_request_error",
-        "tools: tool use is not supported by this server",
+        "tools.1.name: duplicate tool name 'f'",
     ),
     (
         "thinking",

@@ -195,21 +195,19 @@ def test_accepted_extras_and_unknown_fields_are_ignored(client: openai.OpenAI, m
 _TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 REFUSED = [
-    ("tools", {"tools": [_TOOL]}, "tools", "tool calling"),
-    ("tool_choice", {"tool_choice": "auto"}, "tool_choice", "tool calling"),
+    ("tool_choice without tools", {"tool_choice": "auto"}, "tool_choice", "offers no tools"),
     ("functions", {"functions": [{"name": "f"}]}, "functions", "function calling"),
-    ("function_call", {"function_call": "auto"}, "function_call", "tool calling"),
+    ("function_call", {"function_call": "auto"}, "function_call", "use tools"),
     (
-        "json_object",
-        {"response_format": {"type": "json_object"}},
-        "response_format",
-        "json_object",
-    ),
-    (
-        "json_schema",
-        {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
-        "response_format",
-        "json_schema",
+        "json_schema typo",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "object", "proprties": {}}},
+            }
+        },
+        "response_format.json_schema.schema",
+        "unknown keyword 'proprties'",
     ),
     ("format type", {"response_format": {"type": "yaml"}}, "response_format.type", "yaml"),
     ("audio", {"audio": {"voice": "alloy", "format": "wav"}}, "audio", "audio output"),
@@ -255,16 +253,19 @@ def test_refused_parameters_are_named(
     assert needle in err["message"]
 
 
-def test_the_sdk_raises_bad_request_for_tools(client: openai.OpenAI, model: str) -> None:
+def test_the_sdk_raises_bad_request_for_an_unknown_tool_choice(
+    client: openai.OpenAI, model: str
+) -> None:
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
             model=model,
             messages=ASK,
             max_tokens=2,
             tools=[_TOOL],  # type: ignore[list-item]
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
     assert info.value.status_code == 400
-    assert info.value.param == "tools"
+    assert info.value.param == "tool_choice"
 
 
 STORY = [{"role": "user", "content": "Write a very long story about a lighthouse keeper."}]

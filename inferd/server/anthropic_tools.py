@@ -1,0 +1,182 @@
+"""Anthropic tool use on /v1/messages: ``tools`` with ``input_schema``, ``tool_choice`` (auto,
+any, tool, none; ``disable_parallel_tool_use``), ``tool_use`` / ``tool_result`` blocks in the
+history, and ``tool_use`` blocks in the reply, streamed with ``input_json_delta`` events.
+
+The model side is the same as OpenAI tools (server/openai_tools.py): the Hermes system block,
+constrained calls (``any`` and ``tool`` wholly, ``auto`` from the moment a call opens).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.server.errors import APIError, bad_request
+from inferd.server.openai_tools import ToolRequest, parse_tools
+from inferd.structured.hermes import CallReader, call_text
+
+_CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
+
+
+def parse_anthropic_tools(tools: list[Any] | None, choice: Any) -> ToolRequest | None:
+    """Anthropic's tools and tool_choice as the shared ToolRequest (400s name the field)."""
+    as_openai: list[Any] = []
+    for i, tool in enumerate(tools or ()):
+        if not isinstance(tool, dict) or tool.get("type") not in (None, "custom"):
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise bad_request(
+                f"tools.{i}: only custom tools (name, input_schema) are supported, not {kind!r}",
+                f"tools.{i}",
+            )
+        if "input_schema" not in tool:
+            raise bad_request(f"tools.{i}.input_schema is required", f"tools.{i}.input_schema")
+        fn = {
+            "name": tool.get("name"),
+            "description": tool.get("description") or "",
+            "parameters": tool["input_schema"],
+        }
+        as_openai.append({"type": "function", "function": fn})
+    mode, parallel = _choice(choice)
+    try:
+        return parse_tools(as_openai, mode, parallel)
+    except APIError as exc:  # OpenAI's field names, reworded into Anthropic's
+        raise bad_request(_anthropic(exc.message), _anthropic(exc.param or "tools")) from None
+
+
+def _anthropic(text: str) -> str:
+    return text.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+
+
+def _choice(choice: Any) -> tuple[Any, bool | None]:
+    if choice is None:
+        return None, None
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind not in _CHOICES:
+        raise bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice.type")
+    disable = choice.get("disable_parallel_tool_use")
+    parallel = None if disable is None else not bool(disable)
+    if kind == "tool":
+        return {"type": "function", "function": {"name": choice.get("name")}}, parallel
+    return _CHOICES[kind], parallel
+
+
+# -- the history -----------------------------------------------------------------------------
+
+
+def block_text(block: dict[str, Any], where: str, known: set[str]) -> str | None:
+    """A tool_use or tool_result block as the model reads it; None for other blocks."""
+    kind = block.get("type")
+    if kind == "tool_use":
+        name, call_id = block.get("name"), block.get("id")
+        if not isinstance(name, str) or not isinstance(call_id, str):
+            raise bad_request(f"{where}: a tool_use block needs a name and an id", where)
+        known.add(call_id)
+        return call_text(name, json.dumps(block.get("input", {}), ensure_ascii=False))
+    if kind == "tool_result":
+        call_id = block.get("tool_use_id")
+        if call_id not in known:
+            raise bad_request(
+                f"{where}.tool_use_id: no tool_use block with id {call_id!r} comes before it",
+                f"{where}.tool_use_id",
+            )
+        return f"<tool_response>\n{_result_text(block.get('content'), where)}\n</tool_response>"
+    return None
+
+
+def _result_text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list) and all(
+        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
+        for b in content
+    ):
+        return "".join(b["text"] for b in content)
+    raise bad_request(f"{where}.content: a tool result takes a string or text blocks", where)
+
+
+# -- the reply -------------------------------------------------------------------------------
+
+
+def new_tool_use_id() -> str:
+    return f"toolu_{uuid.uuid4().hex[:24]}"
+
+
+def reply_blocks(text: str) -> tuple[list[dict[str, Any]], bool]:
+    """The reply's content blocks (text, then tool_use) and whether it calls a tool."""
+    reader = CallReader()
+    content, _ = reader.feed(text)
+    content += reader.finish()
+    closed = reader.calls - (1 if reader.in_call else 0)
+    calls = list(zip(reader.names, reader.arguments, strict=False))[:closed]
+    blocks: list[dict[str, Any]] = []
+    if content.strip() or not calls:
+        blocks.append({"type": "text", "text": content if not calls else content.strip()})
+    for name, arguments in calls:
+        blocks.append(
+            {
+                "type": "tool_use",
+                "id": new_tool_use_id(),
+                "name": name,
+                "input": json.loads(arguments),
+            }
+        )
+    return blocks, bool(calls)
+
+
+@dataclass(slots=True)
+class StreamedBlocks:
+    """A streamed reply's content blocks: a text block while text comes, a tool_use block per
+    call (its input as ``input_json_delta`` pieces), each opened and closed in order."""
+
+    event: Callable[[str, dict[str, Any]], bytes]
+    reader: CallReader = field(default_factory=CallReader)
+    index: int = -1
+    open_kind: str | None = None
+    open_call: int = -1
+    calls: int = 0
+
+    def feed(self, text: str) -> Iterator[bytes]:
+        content, pieces = self.reader.feed(text)
+        if content:
+            yield from self._text(content)
+        for piece in pieces:
+            if piece.name is not None:
+                yield from self._close()
+                self.index += 1
+                self.open_kind, self.open_call = "tool_use", piece.index
+                self.calls += 1
+                block = {"type": "tool_use", "id": new_tool_use_id(), "name": piece.name}
+                yield self.event(
+                    "content_block_start",
+                    {"index": self.index, "content_block": block | {"input": {}}},
+                )
+            if piece.arguments:
+                delta = {"type": "input_json_delta", "partial_json": piece.arguments}
+                yield self.event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def finish(self) -> Iterator[bytes]:
+        rest = self.reader.finish()
+        if rest or self.index < 0:
+            yield from self._text(rest)
+        yield from self._close()
+
+    def _text(self, text: str) -> Iterator[bytes]:
+        if self.open_kind != "text":
+            yield from self._close()
+            self.index += 1
+            self.open_kind = "text"
+            yield self.event(
+                "content_block_start",
+                {"index": self.index, "content_block": {"type": "text", "text": ""}},
+            )
+        if text:
+            delta = {"type": "text_delta", "text": text}
+            yield self.event("content_block_delta", {"index": self.index, "delta": delta})
+
+    def _close(self) -> Iterator[bytes]:
+        if self.open_kind is not None:
+            yield self.event("content_block_stop", {"index": self.index})
+            self.open_kind = None

@@ -1,0 +1,222 @@
+"""OpenAI function tools on /v1/chat/completions: the request's ``tools``, ``tool_choice`` and
+``parallel_tool_calls``, the tool turns of the history, and the calls in the response.
+
+Tools are offered to the model in a system block (structured/hermes.py: the Hermes syntax) and
+its output is constrained: with ``required`` or a named tool the whole reply is one call (or
+several, with ``parallel_tool_calls``); with ``auto`` the reply is free until the model opens a
+``<tool_call>``, then the grammar holds, so every call it emits parses and matches its tool's
+schema. ``none`` offers no tools and constrains nothing. In the history, an assistant turn's
+``tool_calls`` are written back in the same syntax and a ``tool`` result becomes a user turn
+wrapping it in ``<tool_response>`` tags.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.server.errors import bad_request
+from inferd.structured.constraint import Constraint, ConstraintError
+from inferd.structured.hermes import CallPiece, CallReader, ToolSpec, call_text, calls_constraint
+from inferd.structured.hermes import system_block as tools_block
+
+MAX_TOOLS = 128
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class ToolRequest:
+    tools: tuple[ToolSpec, ...]
+    choice: str  # none | auto | required | named
+    named: str | None
+    parallel: bool
+
+    @property
+    def active(self) -> bool:
+        return self.choice != "none"
+
+    def constraint(self) -> Constraint | None:
+        if not self.active:
+            return None
+        tools = [t for t in self.tools if self.named is None or t.name == self.named]
+        return calls_constraint(tools, parallel=self.parallel, lazy=self.choice == "auto")
+
+
+def parse_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolRequest | None:
+    """The request's tools and how they may be used; None when it offers none."""
+    if not tools:
+        if choice not in (None, "none"):
+            raise bad_request("tool_choice: the request offers no tools", "tool_choice")
+        return None
+    if len(tools) > MAX_TOOLS:
+        raise bad_request(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
+    specs = tuple(_tool(i, t) for i, t in enumerate(tools))
+    seen: set[str] = set()
+    for i, spec in enumerate(specs):
+        if spec.name in seen:
+            param = f"tools.{i}.function.name"
+            raise bad_request(f"{param}: duplicate tool name {spec.name!r}", param)
+        seen.add(spec.name)
+    mode, named = _choice(choice, seen)
+    return ToolRequest(specs, mode, named, True if parallel is None else parallel)
+
+
+def _tool(index: int, tool: Any) -> ToolSpec:
+    param = f"tools.{index}"
+    if not isinstance(tool, dict) or tool.get("type") != "function":
+        raise bad_request(f"{param}: only tools of type 'function' are supported", f"{param}.type")
+    fn = tool.get("function")
+    if not isinstance(fn, dict):
+        raise bad_request(f"{param}.function is required", f"{param}.function")
+    name = fn.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise bad_request(
+            f"{param}.function.name must be 1 to 64 letters, digits, _ or -",
+            f"{param}.function.name",
+        )
+    description = fn.get("description") or ""
+    if not isinstance(description, str):
+        raise bad_request(
+            f"{param}.function.description must be a string", f"{param}.function.description"
+        )
+    parameters = fn.get("parameters", {"type": "object", "properties": {}})
+    where = f"{param}.function.parameters"
+    try:
+        Constraint.json_schema(parameters, param=where)  # checked like response_format schemas
+    except ConstraintError as exc:
+        raise bad_request(f"{where}: {exc}", where) from None
+    return ToolSpec(name, description, parameters)
+
+
+def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
+    if choice is None:
+        return "auto", None
+    if choice in ("none", "auto", "required"):
+        return choice, None
+    if isinstance(choice, dict) and choice.get("type") == "function":
+        fn = choice.get("function")
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if name not in names:
+            raise bad_request(
+                f"tool_choice names the function {name!r}, which is not among the tools",
+                "tool_choice",
+            )
+        return "named", name
+    raise bad_request(
+        "tool_choice must be none, auto, required or {type: function, function: {name}}",
+        "tool_choice",
+    )
+
+
+# -- the history -----------------------------------------------------------------------------
+
+
+def offer(messages: list[dict[str, Any]], request: ToolRequest | None) -> list[dict[str, Any]]:
+    """``messages`` with the tools block in the system turn (one is added when none leads)."""
+    if request is None or not request.active:
+        return messages
+    block = tools_block(request.tools)
+    if messages and messages[0]["role"] in ("system", "developer"):
+        first = dict(messages[0])
+        first["content"] = f"{first['content']}\n\n{block}" if first["content"] else block
+        return [first, *messages[1:]]
+    return [{"role": "system", "content": block}, *messages]
+
+
+def history_turn(
+    index: int, role: str, content: str, tool_calls: Any, tool_call_id: Any, known: set[str]
+) -> dict[str, Any]:
+    """A tool-related turn of the history as the template renders it; ``known`` collects the
+    ids of assistant calls so far, which every tool result must answer."""
+    if role == "assistant" and tool_calls:
+        calls = [_history_call(index, j, c, known) for j, c in enumerate(tool_calls)]
+        text = "\n".join(calls)
+        return {"role": "assistant", "content": f"{content}\n{text}" if content else text}
+    if role == "tool":
+        param = f"messages.{index}.tool_call_id"
+        if not isinstance(tool_call_id, str):
+            raise bad_request(f"{param} is required for a tool message", param)
+        if tool_call_id not in known:
+            raise bad_request(
+                f"{param}: no assistant tool call with id {tool_call_id!r} comes before it", param
+            )
+        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+    return {"role": role, "content": content}
+
+
+def _history_call(index: int, j: int, call: Any, known: set[str]) -> str:
+    param = f"messages.{index}.tool_calls.{j}"
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request(f"{param}.function.name is required", f"{param}.function")
+    arguments = fn.get("arguments", "")
+    if not isinstance(arguments, str):
+        raise bad_request(f"{param}.function.arguments must be a string", param)
+    call_id = call.get("id")
+    if isinstance(call_id, str):
+        known.add(call_id)
+    return call_text(fn["name"], arguments)
+
+
+# -- the response ----------------------------------------------------------------------------
+
+
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def message(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+    """A whole reply split into its content (None when it only calls) and its tool calls; a
+    call cut short (max_tokens) is dropped."""
+    reader = CallReader()
+    content, _ = reader.feed(text)
+    content += reader.finish()
+    closed = reader.calls - (1 if reader.in_call else 0)
+    calls = [
+        {"id": new_call_id(), "type": "function", "function": {"name": n, "arguments": a}}
+        for n, a in list(zip(reader.names, reader.arguments, strict=False))[:closed]
+    ]
+    if not calls:
+        return content, []
+    return content.strip() or None, calls
+
+
+@dataclass(slots=True)
+class StreamedCalls:
+    """One choice's stream: content deltas and tool-call deltas as OpenAI sends them (the id,
+    type and name once, then the arguments in pieces)."""
+
+    reader: CallReader = field(default_factory=CallReader)
+    ids: list[str] = field(default_factory=list)
+
+    def deltas(self, text: str) -> Iterator[dict[str, Any]]:
+        content, pieces = self.reader.feed(text)
+        if content:
+            yield {"content": content}
+        for piece in pieces:
+            yield self._call_delta(piece)
+
+    def finish(self) -> Iterator[dict[str, Any]]:
+        rest = self.reader.finish()
+        if rest:
+            yield {"content": rest}
+
+    @property
+    def called(self) -> bool:
+        return bool(self.ids)
+
+    def _call_delta(self, piece: CallPiece) -> dict[str, Any]:
+        entry: dict[str, Any] = {"index": piece.index}
+        if piece.name is not None:
+            self.ids.append(new_call_id())
+            entry |= {
+                "id": self.ids[piece.index],
+                "type": "function",
+                "function": {"name": piece.name, "arguments": piece.arguments},
+            }
+        else:
+            entry["function"] = {"arguments": piece.arguments}
+        return {"tool_calls": [entry]}

@@ -1,0 +1,180 @@
+"""Constraint -> llguidance matcher, compiled off the caller's thread, bounded, and cached.
+
+Compiling (building the lexer and parser tables) can take from microseconds to, for a hostile
+schema, as long as llguidance's fuel limits allow. It runs on a small pool of compile threads
+(llguidance releases the GIL), and the caller waits at most ``timeout`` seconds: past that the
+constraint is refused, and the engine thread (or the event loop) never waited on it. Each
+result, a pristine matcher or the error, is cached by the constraint's digest; every request
+gets a cheap deep copy of the pristine matcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import llguidance
+
+from inferd.structured.constraint import Constraint, ConstraintKind
+from inferd.structured.errors import ConstraintError
+from inferd.structured.matcher import LazyMatcher, TokenMatcher
+from inferd.structured.vocabulary import Vocabulary
+
+COMPILE_TIMEOUT_S = 10.0
+CACHE_ENTRIES = 256
+COMPILE_THREADS = 2
+
+# JSON layout: one space after ":" and ",", no other whitespace. Free whitespace lets a small
+# model pad forever with newlines; this spacing is what models see most in their training.
+_JSON_OPTIONS = {
+    "whitespace_flexible": False,
+    "item_separator": ", ",
+    "key_separator": ": ",
+    "lenient": False,
+}
+# llguidance's own bounds on grammar size and per-token work (its defaults, set here so they
+# are ours to tune): a grammar past them fails to compile instead of stalling.
+_LIMITS = llguidance.LLParserLimits(
+    max_grammar_size=500_000, initial_lexer_fuel=1_000_000, step_lexer_fuel=200_000
+)
+
+
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    matcher: llguidance.LLMatcher | None
+    error: str | None
+
+
+class GrammarCompiler:
+    """Compiles constraints for one model's vocabulary."""
+
+    def __init__(self, vocabulary: Vocabulary, timeout: float = COMPILE_TIMEOUT_S) -> None:
+        self.vocabulary = vocabulary
+        self.timeout = timeout
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            COMPILE_THREADS, thread_name_prefix="grammar-compile"
+        )
+        self._lock = threading.Lock()
+        self._cache: OrderedDict[str, _Compiled] = OrderedDict()
+        self._pending: dict[str, concurrent.futures.Future[_Compiled]] = {}
+
+    def matcher(self, constraint: Constraint) -> TokenMatcher:
+        """A fresh matcher for one request: compiled now (bounded) unless already cached."""
+        compiled = self._cached(constraint)
+        if compiled is None:
+            future = self._submit(constraint)
+            try:
+                compiled = future.result(self.timeout)
+            except concurrent.futures.TimeoutError:
+                raise self._timed_out(constraint) from None
+        return self._fresh(compiled, constraint)
+
+    async def prepare(self, constraint: Constraint) -> None:
+        """Compile ``constraint`` without blocking the event loop; ConstraintError if it fails,
+        so that a later ``matcher`` call finds it cached."""
+        compiled = self._cached(constraint)
+        if compiled is None:
+            future = asyncio.wrap_future(self._submit(constraint))
+            try:
+                compiled = await asyncio.wait_for(asyncio.shield(future), self.timeout)
+            except TimeoutError:
+                raise self._timed_out(constraint) from None
+        if compiled.error is not None:
+            raise ConstraintError(compiled.error, _param(constraint))
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- internals ----------------------------------------------------------------------------
+    def _cached(self, constraint: Constraint) -> _Compiled | None:
+        with self._lock:
+            compiled = self._cache.get(constraint.digest)
+            if compiled is not None:
+                self._cache.move_to_end(constraint.digest)
+            return compiled
+
+    def _submit(self, constraint: Constraint) -> concurrent.futures.Future[_Compiled]:
+        """One compilation per digest at a time: concurrent callers share its future."""
+        with self._lock:
+            future = self._pending.get(constraint.digest)
+            if future is None:
+                future = self._pool.submit(self._compile, constraint)
+                self._pending[constraint.digest] = future
+            return future
+
+    def _compile(self, constraint: Constraint) -> _Compiled:
+        try:
+            compiled = _build(self.vocabulary.get(), constraint)
+        except Exception as exc:  # a library error is the constraint's problem, not ours
+            compiled = _Compiled(None, f"cannot compile the constraint: {exc}")
+        with self._lock:
+            self._pending.pop(constraint.digest, None)
+            self._cache[constraint.digest] = compiled
+            while len(self._cache) > CACHE_ENTRIES:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _fresh(self, compiled: _Compiled, constraint: Constraint) -> TokenMatcher:
+        if compiled.matcher is None:
+            raise ConstraintError(compiled.error or "invalid constraint", _param(constraint))
+        with self._lock:  # deep_copy reads the shared pristine matcher
+            copy = compiled.matcher.deep_copy()
+        if constraint.trigger:
+            return LazyMatcher(None, copy, constraint.trigger.encode(), self.vocabulary.get())
+        return TokenMatcher(copy)
+
+    def _timed_out(self, constraint: Constraint) -> ConstraintError:
+        return ConstraintError(
+            f"the {constraint.kind.value} constraint took longer than {self.timeout:g}s to "
+            "compile; simplify it",
+            _param(constraint),
+        )
+
+
+def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compiled:
+    matcher = llguidance.LLMatcher(
+        tokenizer, _grammar_text(constraint), log_level=0, limits=_LIMITS
+    )
+    if not matcher.is_error():
+        # The first mask builds the lexer's start state; an empty language shows up here.
+        matcher.compute_bitmask()
+    if matcher.is_error():
+        return _Compiled(None, _first_lines(matcher.get_error()))
+    return _Compiled(matcher, None)
+
+
+def _grammar_text(constraint: Constraint) -> str:
+    kind, source = constraint.kind, constraint.source
+    if kind is ConstraintKind.JSON_OBJECT:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            {"type": "object"},
+            overrides=_JSON_OPTIONS,  # type: ignore[arg-type]
+        )
+    if kind is ConstraintKind.JSON_SCHEMA:
+        return llguidance.LLMatcher.grammar_from_json_schema(
+            source,
+            overrides=_JSON_OPTIONS,  # type: ignore[arg-type]
+        )
+    if kind is ConstraintKind.REGEX:
+        return llguidance.LLMatcher.grammar_from_regex(source)
+    if kind is ConstraintKind.CHOICE:
+        return llguidance.grammar_from("choice", source)
+    if kind is ConstraintKind.LARK:
+        return llguidance.LLMatcher.grammar_from_lark(source)
+    return llguidance.grammar_from("grammar", source)  # Lark or GBNF
+
+
+def _param(constraint: Constraint) -> str:
+    return {
+        ConstraintKind.JSON_OBJECT: "response_format",
+        ConstraintKind.JSON_SCHEMA: "response_format",
+    }.get(constraint.kind, constraint.kind.value)
+
+
+def _first_lines(message: str, limit: int = 6) -> str:
+    """llguidance's message without the parser-state dump that can follow it."""
+    head = message.split("\n<state>", 1)[0].strip()
+    return "\n".join(head.splitlines()[:limit])

@@ -1,0 +1,200 @@
+"""OpenAI tools through the official SDK against a real server on the 135M default model:
+required and named calls are wholly grammar-constrained, auto calls validate whenever the model
+makes one, streams carry the calls as OpenAI streams them, and the history takes tool turns."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import jsonschema
+import openai
+import pytest
+
+from tests.server.live import LiveServer
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TIME = {
+    "type": "object",
+    "properties": {"timezone": {"type": "string", "maxLength": 40}},
+    "required": ["timezone"],
+    "additionalProperties": False,
+}
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": name, "description": f"{name} of a place", "parameters": schema},
+    }
+    for name, schema in SCHEMAS.items()
+]
+ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+
+
+def _check_calls(calls: Any, names: frozenset[str] = frozenset(SCHEMAS)) -> None:
+    assert calls
+    for call in calls:
+        assert call.type == "function" and call.id.startswith("call_")
+        assert call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def test_required_calls_validate_over_seeds(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        n=3,
+        seed=7,
+        temperature=1.0,
+        max_tokens=120,
+    )
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls"
+        assert choice.message.content is None
+        _check_calls(choice.message.tool_calls)
+
+
+def test_a_named_tool_is_the_one_called(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        parallel_tool_calls=False,
+        n=2,
+        seed=2,
+        temperature=1.0,
+        max_tokens=120,
+    )
+    for choice in out.choices:
+        assert choice.finish_reason == "tool_calls"
+        calls = choice.message.tool_calls
+        assert calls is not None and len(calls) == 1
+        _check_calls(calls, frozenset({"get_time"}))
+
+
+def test_auto_calls_validate_whenever_made(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, n=3, seed=3, temperature=1.0, max_tokens=60
+    )
+    for choice in out.choices:
+        assert "<tool_call>" not in (choice.message.content or "")
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            _check_calls(choice.message.tool_calls)
+        else:
+            assert choice.finish_reason in ("stop", "length")
+
+
+def test_none_offers_no_tools(client: openai.OpenAI, model: str) -> None:
+    out = client.chat.completions.create(
+        model=model, messages=ASK, tools=TOOLS, tool_choice="none", temperature=0, max_tokens=20
+    )
+    assert out.choices[0].message.tool_calls is None
+    assert out.choices[0].message.content
+
+
+def test_streamed_calls_equal_the_non_streamed_ones(client: openai.OpenAI, model: str) -> None:
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": ASK,
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "temperature": 0,
+        "max_tokens": 120,
+    }
+    full = client.chat.completions.create(**kwargs).choices[0]
+    assert full.message.tool_calls is not None
+    names: dict[int, str] = {}
+    ids: dict[int, str] = {}
+    args: dict[int, str] = {}
+    finishes = []
+    for chunk in client.chat.completions.create(**kwargs, stream=True):
+        (choice,) = chunk.choices
+        for delta in choice.delta.tool_calls or ():
+            assert delta.function is not None
+            if delta.id is not None:  # the first delta of a call: id, type and name, once
+                assert delta.index not in ids and delta.type == "function"
+                ids[delta.index] = delta.id
+                assert delta.function.name is not None
+                names[delta.index] = delta.function.name
+            else:
+                assert delta.function.name is None and delta.index in ids
+            args[delta.index] = args.get(delta.index, "") + (delta.function.arguments or "")
+        if choice.finish_reason is not None:
+            finishes.append(choice.finish_reason)
+    assert finishes == ["tool_calls"]
+    expected = [(c.function.name, c.function.arguments) for c in full.message.tool_calls]
+    assert [(names[i], args[i]) for i in sorted(names)] == expected
+
+
+def test_a_tool_result_in_the_history_gets_an_answer(client: openai.OpenAI, model: str) -> None:
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+    }
+    history: list[Any] = [
+        *ASK,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+    ]
+    out = client.chat.completions.create(
+        model=model, messages=history, tools=TOOLS, tool_choice="none", max_tokens=20
+    )
+    assert out.choices[0].message.content
+
+
+_DUP = [TOOLS[0], TOOLS[0]]
+BAD = [
+    ("duplicate", {"tools": _DUP}, "tools.1.function.name", "duplicate tool name"),
+    (
+        "unknown named",
+        {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+        "tool_choice",
+        "not among the tools",
+    ),
+    ("no tools", {"tool_choice": "required"}, "tool_choice", "offers no tools"),
+    (
+        "bad parameters",
+        {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"typo": 1}}}]},
+        "tools.0.function.parameters",
+        "unknown keyword 'typo'",
+    ),
+    (
+        "with response_format",
+        {"tools": TOOLS, "response_format": {"type": "json_object"}},
+        "tool_choice",
+        "cannot be combined",
+    ),
+    (
+        "orphan result",
+        {"messages": [*ASK, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
+        "messages.1.tool_call_id",
+        "no assistant tool call",
+    ),
+    ("not a function", {"tools": [{"type": "web"}]}, "tools.0.type", "function"),
+]
+
+
+@pytest.mark.parametrize(("name", "extra", "param", "needle"), BAD, ids=[b[0] for b in BAD])
+def test_bad_tool_requests_are_400s_naming_the_problem(
+    server: LiveServer, name: str, extra: dict[str, Any], param: str, needle: str
+) -> None:
+    body = {"messages": ASK, "max_tokens": 5} | extra
+    r = httpx.post(server.api + "/chat/completions", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    err = r.json()["error"]
+    assert err["param"] == param
+    assert needle in err["message"]

@@ -1,0 +1,132 @@
+"""Compiling constraints for the real SmolLM2 vocabulary: errors named, time bounded, cached,
+and a matcher that walks a valid output to the end and refuses an invalid one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+import torch
+
+from inferd.loading.tokenizer import TokenizerBundle
+from inferd.structured.compiler import GrammarCompiler
+from inferd.structured.constraint import Constraint, ConstraintError, ConstraintKind
+from inferd.structured.masks import MaskJob, unpack
+from inferd.structured.vocabulary import Vocabulary
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture
+def compiler(smollm2_vocabulary: Vocabulary) -> GrammarCompiler:
+    return GrammarCompiler(smollm2_vocabulary)
+
+
+def _walk(compiler: GrammarCompiler, constraint: Constraint, ids: list[int]) -> bool:
+    matcher = compiler.matcher(constraint)
+    return all(matcher.consume(t) for t in ids) and matcher.accepting
+
+
+@pytest.mark.parametrize(
+    ("constraint", "good", "bad"),
+    [
+        (Constraint.json_object(), '{"a": [1, 2]}', '{"a": [1, 2]'),
+        (Constraint.json_schema(PERSON), '{"name": "Bo", "age": 3}', '{"age": 3, "name": "Bo"}'),
+        (Constraint.regex(r"\d{3}-\d{4}"), "555-1234", "555-123a"),
+        (Constraint.choice(["red", "green"]), "green", "blue"),
+        (Constraint.grammar('start: "yes" | "no"'), "no", "maybe"),
+        (Constraint.grammar('root ::= "yes" | "no"'), "yes", "nope"),  # GBNF
+    ],
+)
+def test_matcher_accepts_valid_text_and_refuses_the_rest(
+    compiler: GrammarCompiler,
+    smollm2_tokenizer: TokenizerBundle,
+    constraint: Constraint,
+    good: str,
+    bad: str,
+) -> None:
+    assert _walk(compiler, constraint, smollm2_tokenizer.encode(good))
+    assert not _walk(compiler, constraint, smollm2_tokenizer.encode(bad))
+
+
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        (Constraint.grammar("start: foo"), 'unknown name: "foo"'),
+        (Constraint.regex("("), "unclosed group"),
+        (Constraint.json_schema({"type": "object", "not": {"type": "string"}}), "not"),
+    ],
+)
+def test_compile_errors_name_the_problem(
+    compiler: GrammarCompiler, constraint: Constraint, message: str
+) -> None:
+    with pytest.raises(ConstraintError, match=message):
+        compiler.matcher(constraint)
+    with pytest.raises(ConstraintError, match=message):  # the failure is cached too
+        asyncio.run(compiler.prepare(constraint))
+
+
+def test_a_schema_too_slow_to_compile_is_refused_at_the_time_bound(
+    smollm2_vocabulary: Vocabulary,
+) -> None:
+    # 50k enum values (past what schema_check lets through): llguidance needs far more than
+    # the bound to build its lexer, and the caller stops waiting at the bound.
+    enum = json.dumps({"enum": [f"value number {i}" for i in range(50_000)]})
+    hostile = Constraint(ConstraintKind.JSON_SCHEMA, enum)
+    compiler = GrammarCompiler(smollm2_vocabulary, timeout=0.01)
+    started = time.monotonic()
+    with pytest.raises(ConstraintError, match=r"took longer than 0\.01s to compile"):
+        asyncio.run(compiler.prepare(hostile))
+    waited = time.monotonic() - started
+    # While it still compiles, a small constraint on the other compile thread is unaffected.
+    compiler.timeout = 30.0
+    assert compiler.matcher(Constraint.choice(["a", "b"])) is not None
+    assert waited < 30.0
+    compiler.shutdown()
+
+
+def test_compiled_once_then_served_from_the_cache(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    constraint = Constraint.json_schema(PERSON)
+    asyncio.run(compiler.prepare(constraint))
+    first = compiler._cached(constraint)
+    a, b = compiler.matcher(constraint), compiler.matcher(constraint)
+    assert compiler._cached(constraint) is first
+    text = smollm2_tokenizer.encode('{"name": "Bo", "age": 3}')
+    assert all(a.consume(t) for t in text[:3])
+    assert all(b.consume(t) for t in text) and b.accepting  # b did not see a's tokens
+    assert not a.accepting
+
+
+def test_masks_allow_exactly_what_the_matcher_accepts(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    choice = compiler.matcher(Constraint.choice(["red", "green"]))
+    digits = compiler.matcher(Constraint.regex(r"[0-9]+"))
+    vocab = 49152
+    logits = torch.randn(3, vocab)
+    before = logits.clone()
+    MaskJob.start([choice, None, digits], vocab).apply(logits)
+    assert torch.equal(logits[1], before[1])  # the unconstrained row is untouched
+    for row, matcher in ((0, choice), (2, digits)):
+        allowed = torch.isfinite(logits[row]).nonzero().flatten().tolist()
+        assert allowed
+        assert all(matcher.inner.validate_tokens([t]) == 1 for t in allowed)
+        kept = torch.isfinite(logits[row])
+        assert torch.equal(logits[row][kept], before[row][kept])
+    assert smollm2_tokenizer.encode("5")[0] in torch.isfinite(logits[2]).nonzero().flatten()
+    assert not torch.isfinite(logits[2][smollm2_tokenizer.encode("a")[0]])
+
+
+def test_unpack_reads_bits_low_first() -> None:
+    bitmask = torch.tensor([[0b101, -(2**31)]], dtype=torch.int32)
+    allowed = unpack(bitmask, 64).flatten().nonzero().flatten().tolist()
+    assert allowed == [0, 2, 63]
