@@ -2,13 +2,14 @@
 float32 against inferd's weight-only int4 (row layout) and int8 kernels.
 
     INFERD_KERNEL_ISA=avx2 ATEN_CPU_CAPABILITY=avx2 PYTHONPATH=. .venv/bin/python \\
-        benchmarks/kernels_avx2.py [--threads N]
+        benchmarks/kernels_avx2.py [--threads N] [--decode]
 
 (the two variables run an AVX-512 machine as an AVX2 one: inferd's kernels and torch's own
 dispatch). Prints the best of a few runs, in milliseconds per step (30 layers + the output head,
 every layer its own weights), per batch size; torch's own weight-only kernels with float32
 activations are shown for one row (they are ~10x slower than dense, which is why float32 models
-pack in inferd's layouts).
+pack in inferd's layouts). ``--decode``: SmolLM2's single-stream tokens/s, dense against packed
+(the prompt, 6 tokens, is included).
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ def best_ms(step: Callable[[], object], runs: int = 7) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
-    torch.set_num_threads(parser.parse_args().threads)
+    parser.add_argument("--decode", action="store_true", help="SmolLM2 tokens/s instead")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    if args.decode:
+        decode_tokens_per_s()
+        return
     ops = load_ops(torch.float32)
     isa = kernel_isa()
     print(
@@ -64,6 +70,24 @@ def main() -> None:
     torch4 = [(*pack_int4(w, torch.float32), w.shape[1]) for w in weights]
     slow = best_ms(partial(run, torch_int4, xs, torch4), runs=2)
     print(f"torch's int4 kernel, float32 activations, 1 row: {slow:.1f} ms")
+
+
+def decode_tokens_per_s(new_tokens: int = 32) -> None:
+    """SmolLM2's greedy single-stream decode (best of 3), dense f32 against the packed copies."""
+    from inferd import LLM, SamplingParams
+
+    params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
+    for packed in (False, True):
+        llm = LLM("smollm2", dtype="auto", packed_kernels=packed)
+        llm.generate("Hi", SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
+        best = float("inf")
+        for _ in range(3):
+            start = time.perf_counter()
+            llm.generate("The capital of France is", params, use_tqdm=False)
+            best = min(best, time.perf_counter() - start)
+        kind = "packed int4/int8" if packed else "dense"
+        print(f"{llm.model.dtype} {kind}: {new_tokens / best:.1f} tokens/s", flush=True)
+        llm.model.shutdown()
 
 
 def run(

@@ -222,11 +222,11 @@ def choices(cpu: dict[str, Any]) -> dict[str, Any]:
     return {
         "dtype": "bf16" if bf16 else "f32",
         "dtype_reason": (
-            f"torch CPU capability {capability}: bf16 matmuls are fast"
+            f"torch CPU capability {capability}, kernels {isa}: native bf16"
             if bf16
-            else f"torch CPU capability {capability}"
-            + (f", kernels forced to {forced}" if forced else "")
-            + ": no fast bf16, so float32"
+            else f"torch CPU capability {capability}, kernels {isa}"
+            + (" (forced)" if forced else "")
+            + ": no native bf16, so float32"
         ),
         "native_bf16": bool(native_bf16),
         "kernel_isa": isa + (" (forced by INFERD_KERNEL_ISA)" if forced else ""),

@@ -58,8 +58,9 @@ class Isa:
     cflags: tuple[str, ...]
 
 
-# Best first. AVX-512 without BF16/VNNI (Skylake-X) builds the AVX2 target (its kernels take bf16
-# too); the dtype follows torch's capability (loading.model.resolve_dtype), so it stays bf16 there.
+# Best first. AVX-512 without BF16/VNNI (Skylake-X, Ice Lake) builds the AVX2 target and runs as
+# an AVX2 machine: f32 with inferd's packed kernels (loading.model.resolve_dtype), as bf16 is
+# emulated there.
 ISAS = (
     Isa(
         "avx512",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from inferd.kernels import forced_isa
+from inferd.kernels import kernel_isa
 from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
@@ -42,13 +42,16 @@ class LoadedModel:
 
 
 def resolve_dtype(name: str) -> torch.dtype:
-    """``auto`` takes bf16 where torch computes it fast (AVX-512, AMX), else f32 (with int4/int8
-    weight copies where the kernels are the AVX2 build: ``kernels.packs_weights``). Forcing the
-    AVX2 kernels (``INFERD_KERNEL_ISA=avx2``) runs the machine as an AVX2 one: f32."""
+    """``auto`` takes bf16 where the CPU computes it natively (the kernels' ``avx512`` ISA:
+    AVX512-BF16 and VNNI, AMX machines included), else f32, with int4/int8 weight copies where
+    the kernels are the AVX2 build (``kernels.packs_weights``). Forcing the AVX2 kernels
+    (``INFERD_KERNEL_ISA=avx2``) runs the machine as an AVX2 one: f32."""
     if name == "auto":
-        capability = torch.backends.cpu.get_cpu_capability()
-        fast_bf16 = capability in ("AVX512", "AVX512_BF16", "AMX")
-        return torch.bfloat16 if fast_bf16 and forced_isa() != "avx2" else torch.float32
+        try:
+            isa = kernel_isa()
+        except ValueError:  # a bad INFERD_KERNEL_ISA: the kernels' load says so
+            isa = None
+        return torch.bfloat16 if isa is not None and isa.name == "avx512" else torch.float32
     if name not in DTYPES:
         raise ValueError(f"unknown dtype {name!r}; choose auto, {', '.join(DTYPES)}")
     return DTYPES[name]
