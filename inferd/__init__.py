@@ -10,11 +10,13 @@ if TYPE_CHECKING:
     from inferd.api import ChatResult, Delta, EmbeddingResult, Engine, EngineError, ModelSpec
     from inferd.engine.sampling import SamplingParams
     from inferd.llm import LLM, CompletionOutput, RequestOutput
+    from inferd.structured.constraint import Constraint
 
 # The Python API, imported on first use so that `import inferd` (and the CLI) stays light.
 _LAZY = {
     "ChatResult": "inferd.api",
     "CompletionOutput": "inferd.llm",
+    "Constraint": "inferd.structured.constraint",
     "Delta": "inferd.api",
     "EmbeddingResult": "inferd.api",
     "Engine": "inferd.api",
@@ -28,6 +30,7 @@ __all__ = [
     "LLM",
     "ChatResult",
     "CompletionOutput",
+    "Constraint",
     "Delta",
     "EmbeddingResult",
     "Engine",

@@ -97,3 +97,19 @@ def test_equal_schemas_share_a_digest_and_property_order_is_kept() -> None:
 def test_malformed_constraints_are_refused(build: Any, message: str) -> None:
     with pytest.raises(ConstraintError, match=message):
         build()
+
+
+def test_the_facade_exports_constraint() -> None:
+    import inferd
+
+    assert inferd.Constraint is Constraint
+    params = inferd.SamplingParams(constraint=inferd.Constraint.choice(["a", "b"]))
+    assert params.constraint == Constraint.choice(["a", "b"])
+
+
+@pytest.mark.parametrize(
+    "schema", [{"type": [{"a": 1}]}, {"anyOf": 3}, {"enum": "abc"}, {"$ref": 5}]
+)
+def test_malformed_keyword_values_are_400s_not_crashes(schema: Any) -> None:
+    with pytest.raises(ConstraintError):
+        check_schema(schema)
