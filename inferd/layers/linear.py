@@ -67,9 +67,9 @@ def dense_rows(active: bool = True) -> Iterator[None]:
 
     The dense kernel (oneDNN bf16; a lone row padded to two, ``_invariant_dense``) gives a row
     the same bits whatever rows run beside it (tests/layers/test_linear.py checks it); switching
-    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a prompt's logits
-    do not depend on its chunking or on a prefix-cache hit; ``--deterministic`` runs every row
-    here.
+    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a
+    prompt's logits do not depend on its chunking or on a prefix-cache hit; ``--deterministic``
+    runs every row here.
     """
     token = _dense_rows.set(active)
     try:
