@@ -163,6 +163,12 @@ class Linear(nn.Linear, KernelUser):
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
             out = self.ops.int4_linear(xk, self._packed, self._scales, INT4_GROUP)
+        elif xk.shape[0] == 1 and _dense_rows.get():
+            # ISQ q8 under dense_rows: one row would take the fused GEMV, another kernel than
+            # the one of two rows and more (nothing bounds its order of sums to match), so a
+            # lone row runs beside a zero row.
+            pair = torch.cat((xk, torch.zeros_like(xk)))
+            out = self.ops.int8_linear(pair, self._packed, self._scales)[:1]
         else:
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)
