@@ -19,11 +19,10 @@ beside it where that matters (README: "Determinism"):
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
-
-from contextlib import AbstractContextManager
 
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import Request

@@ -68,9 +68,9 @@ def dense_rows(active: bool = True) -> Iterator[None]:
 
     The dense kernel (oneDNN bf16; a lone row padded to two, ``_invariant_dense``) gives a row
     the same bits whatever rows run beside it (tests/layers/test_linear.py checks it); switching
-    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a prompt's logits
-    do not depend on its chunking or on a prefix-cache hit; ``--deterministic`` runs every row
-    here.
+    kernels with the batch size is what changes a row's numerics. Prompt rows run here, so a
+    prompt's logits do not depend on its chunking or on a prefix-cache hit; ``--deterministic``
+    runs every row here.
     """
     token = _dense_rows.set(active)
     try:
@@ -172,6 +172,12 @@ class Linear(nn.Linear, KernelUser):
             out = self.ops.int4_linear(xk, self._packed, self._scales, INT4_GROUP)
         elif self.packed_kind is PackedKind.INT4_ROWS:
             out = self.ops.int4_rows_linear(xk, self._packed, self._scales)
+        elif xk.shape[0] == 1 and _dense_rows.get():
+            # ISQ q8 under dense_rows: one row would take the fused GEMV, another kernel than
+            # the one of two rows and more (nothing bounds its order of sums to match), so a
+            # lone row runs beside a zero row.
+            pair = torch.cat((xk, torch.zeros_like(xk)))
+            out = self.ops.int8_linear(pair, self._packed, self._scales)[:1]
         else:
             out = self.ops.int8_linear(xk, self._packed, self._scales)
         out = out.to(x.dtype)

@@ -20,7 +20,8 @@ LONG_STORY = [
     {
         "role": "user",
         "content": "A lighthouse keeper logs the weather every hour: wind, rain, the colour of "
-        "the sea, the ships that pass, the gulls on the rail. " * 5
+        "the sea, the ships that pass, the gulls on the rail. "
+        * 5
         + "Write the next entry of the log, in his voice.",
     }
 ]

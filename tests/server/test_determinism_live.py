@@ -17,8 +17,7 @@ MESSAGES = [
     {
         "role": "user",
         "content": "Ships passing along the coast counted the lighthouse's flashes to know which "
-        "headland they were passing. " * 4
-        + "Tell the story of one such night.",
+        "headland they were passing. " * 4 + "Tell the story of one such night.",
     }
 ]
 
