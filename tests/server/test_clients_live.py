@@ -227,3 +227,113 @@ def test_anthropic_named_tool_use_validates(claude: anthropic.Anthropic, model: 
     for use in uses:
         assert use.name == "get_weather" and use.id.startswith("toolu_")
         Weather.model_validate(use.input)
+
+
+# --- streaming: each client's own SSE parser over the same calls ------------------------------
+
+
+def test_openai_agents_streamed_run_completes(server: LiveServer, model: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[Weather] = []
+
+    @function_tool
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            tools=[get_weather],
+            model_settings=ModelSettings(
+                temperature=0.0, max_tokens=MAX_TOKENS, tool_choice="required", include_usage=True
+            ),
+        )
+        try:
+            streamed = Runner.run_streamed(agent, ASK, max_turns=4)
+            async for _ in streamed.stream_events():
+                pass
+            return streamed
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert calls, "the tool was never called"
+    assert isinstance(result.final_output, str)
+    assert result.context_wrapper.usage.output_tokens > 0
+
+
+def test_langchain_streamed_tool_call_chunks_assemble(chat_openai: Any) -> None:
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        return _weather(city, unit)
+
+    bound = chat_openai.bind_tools([get_weather], tool_choice="get_weather", strict=True)
+    whole: Any = None
+    for chunk in bound.stream(ASK):
+        whole = chunk if whole is None else whole + chunk
+    assert whole is not None and whole.tool_calls and not whole.invalid_tool_calls
+    for call in whole.tool_calls:
+        assert call["name"] == "get_weather"
+        Weather.model_validate(call["args"])
+
+
+def test_pydantic_ai_streamed_structured_output(server: LiveServer, model: str) -> None:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        settings = ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS)
+        agent = Agent(chat, output_type=City, model_settings=settings)
+        try:
+            async with agent.run_stream("Name a city and its country.") as streamed:
+                return await streamed.get_output()
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()), City)
+
+
+def test_anthropic_streamed_tool_use_validates(claude: anthropic.Anthropic, model: str) -> None:
+    with claude.messages.stream(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": ASK}],
+        tools=[
+            {
+                "name": "get_weather",
+                "description": "Get the current weather in a city.",
+                "input_schema": Weather.model_json_schema(),
+            }
+        ],
+        tool_choice={"type": "any"},
+        extra_body={"temperature": 0},
+    ) as stream:
+        out = stream.get_final_message()
+    assert out.stop_reason == "tool_use"
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert uses
+    for use in uses:
+        Weather.model_validate(use.input)
