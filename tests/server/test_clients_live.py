@@ -337,3 +337,79 @@ def test_anthropic_streamed_tool_use_validates(claude: anthropic.Anthropic, mode
     assert uses
     for use in uses:
         Weather.model_validate(use.input)
+
+
+# --- response_format json_schema beside tools (what instructor's JSON_SCHEMA mode sends) ------
+
+
+def test_pydantic_ai_native_output_beside_a_tool(server: LiveServer, model: str) -> None:
+    """NativeOutput sends response_format json_schema (strict) with the tools list; the tool round
+    trip runs first, then the final answer is held to the schema."""
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent, NativeOutput, RunContext
+    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    calls: list[Weather] = []
+
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    def per_step(ctx: RunContext[None]) -> ModelSettings:
+        done = any(
+            isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", [])
+        )
+        choice: Any = "none" if done else ["get_weather"]
+        return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = Agent(
+            chat,
+            output_type=NativeOutput(City, strict=True),
+            tools=[get_weather],
+            model_settings=per_step,
+        )
+        try:
+            return await agent.run(ASK)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert isinstance(result.output, City)
+    assert len(calls) == 1
+
+
+def test_openai_agents_structured_output_type(server: LiveServer, model: str) -> None:
+    """An Agent with output_type sends response_format json_schema strict over chat completions."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="cities",
+            instructions="Name a city and its country.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            output_type=City,
+            model_settings=ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS),
+        )
+        try:
+            return await Runner.run(agent, "Name a city.", max_turns=2)
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()).final_output, City)
