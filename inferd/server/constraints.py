@@ -9,6 +9,7 @@ any engine work starts, and a hostile one never stalls other requests.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import replace
 from typing import Any
@@ -21,6 +22,7 @@ from inferd.structured.constraint import Constraint, ConstraintError, Constraint
 
 _SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _EXTENSIONS = ("regex", "choice", "grammar")
+_JSON_KINDS = (ConstraintKind.JSON_OBJECT, ConstraintKind.JSON_SCHEMA)
 # The request field a compile error is about.
 _FIELDS = {
     ConstraintKind.JSON_OBJECT: "response_format",
@@ -42,10 +44,12 @@ async def constrain(
     ``tools``: the constraint its tool use puts on the output (chat), which excludes others."""
     constraint = request_constraint(body)
     if tools is not None:
-        if constraint is not None:
+        # response_format is already inside ``tools`` (see answer_schema); the extensions have
+        # no JSON form a tool call could sit beside.
+        if constraint is not None and constraint.kind not in _JSON_KINDS:
             raise bad_request(
                 "tools with a tool_choice other than none cannot be combined with "
-                "response_format, regex, choice or grammar",
+                "regex, choice or grammar",
                 "tool_choice",
             )
         constraint = tools
@@ -59,6 +63,17 @@ async def constrain(
     except ConstraintError as exc:
         raise bad_request(f"{_FIELDS[constraint.kind]}: {exc}", _FIELDS[constraint.kind]) from None
     return replace(params, constraint=constraint)
+
+
+def answer_schema(body: SamplingFields) -> Any:
+    """The JSON schema ``response_format`` holds a text reply to, or None: tool use beside it
+    (chat) lets the model either call a tool or answer in that shape."""
+    fmt = _response_format(body.response_format)
+    if fmt is None:
+        return None
+    if fmt.kind is ConstraintKind.JSON_OBJECT:
+        return {"type": "object"}
+    return json.loads(fmt.source)
 
 
 def request_constraint(body: SamplingFields) -> Constraint | None:

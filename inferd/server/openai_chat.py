@@ -19,7 +19,7 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
-from inferd.server.constraints import constrain
+from inferd.server.constraints import answer_schema, constrain
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -52,7 +52,7 @@ async def create_chat_completion(request: Request) -> Response:
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages = offer(_messages(body.messages), tools)
     n = check_n(body.n)
-    tool_constraint = tools.constraint() if tools is not None else None
+    tool_constraint = tools.constraint(answer_schema(body)) if tools is not None else None
     params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
     calls = tool_constraint is not None  # the reply may hold tool calls
     prompt = await chat_prompt_ids(

@@ -38,11 +38,14 @@ class ToolRequest:
     def active(self) -> bool:
         return self.choice != "none"
 
-    def constraint(self) -> Constraint | None:
+    def constraint(self, answer: Any = None) -> Constraint | None:
+        """What tool use holds the output to; ``answer``: response_format's schema for a text
+        reply (only auto leaves room for one: required and named output a call)."""
         if not self.active:
             return None
         tools = [t for t in self.tools if self.named is None or t.name == self.named]
-        return calls_constraint(tools, parallel=self.parallel, lazy=self.choice == "auto")
+        auto = self.choice == "auto"
+        return calls_constraint(tools, parallel=self.parallel, lazy=auto, answer=answer)
 
 
 def parse_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolRequest | None:

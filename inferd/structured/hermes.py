@@ -64,9 +64,14 @@ def call_text(name: str, arguments: str) -> str:
     return f"{OPEN}\n{body}\n{CLOSE}"
 
 
-def calls_constraint(tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool) -> Constraint:
+def calls_constraint(
+    tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool, answer: Any = None
+) -> Constraint:
     """Output that is one call (or, ``parallel``, several) to one of ``tools``. ``lazy``: free
-    text until the model opens a call, then only valid calls and nothing after them."""
+    text until the model opens a call, then only valid calls and nothing after them.
+    ``answer`` (with ``lazy``): a JSON schema the text must follow when the model answers
+    instead of calling (tool_choice auto beside response_format), so the output is one or the
+    other, each valid, from its first token."""
     variants = [
         {
             "type": "object",
@@ -83,6 +88,10 @@ def calls_constraint(tools: Sequence[ToolSpec], *, parallel: bool, lazy: bool) -
         f'call: "{OPEN}\\n" body "\\n{CLOSE}"\n'
         f"body: %json {json.dumps(schema, ensure_ascii=False)}\n"
     )
+    if lazy and answer is not None:
+        lark = lark.replace("start:", "calls:", 1)
+        answer_text = json.dumps(answer, ensure_ascii=False)
+        return Constraint.lark(f"start: calls | answer\nanswer: %json {answer_text}\n{lark}")
     return Constraint.lark(lark, trigger=OPEN if lazy else "")
 
 

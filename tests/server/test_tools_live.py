@@ -156,6 +156,43 @@ def test_a_tool_result_in_the_history_gets_an_answer(client: openai.OpenAI, mode
     assert out.choices[0].message.content
 
 
+ANSWER = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 40}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+@pytest.mark.parametrize("choice", ["auto", "required"])
+def test_tools_beside_response_format_each_output_valid(
+    client: openai.OpenAI, model: str, choice: str
+) -> None:
+    """pydantic-ai's NativeOutput and the Agents SDK's output_type send both: every choice is
+    either tool calls that validate or (auto only) content that validates against the format."""
+    out = client.chat.completions.create(
+        model=model,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice=choice,  # type: ignore[arg-type]
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "answer", "schema": ANSWER, "strict": True},
+        },
+        n=4,
+        seed=11,
+        temperature=1.0,
+        max_tokens=80,
+    )
+    for c in out.choices:
+        if c.message.tool_calls:
+            assert c.finish_reason == "tool_calls"
+            _check_calls(c.message.tool_calls)
+        else:
+            assert choice == "auto"
+            jsonschema.validate(json.loads(c.message.content or ""), ANSWER)
+
+
 _DUP = [TOOLS[0], TOOLS[0]]
 BAD = [
     ("duplicate", {"tools": _DUP}, "tools.1.function.name", "duplicate tool name"),
@@ -173,8 +210,8 @@ BAD = [
         "unknown keyword 'typo'",
     ),
     (
-        "with response_format",
-        {"tools": TOOLS, "response_format": {"type": "json_object"}},
+        "with regex",
+        {"tools": TOOLS, "regex": "a+"},
         "tool_choice",
         "cannot be combined",
     ),

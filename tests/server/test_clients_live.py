@@ -1,0 +1,415 @@
+"""Real agent and extraction clients driven against a live `inferd serve` of the default model:
+pydantic-ai, the OpenAI Agents SDK, langchain-openai and the anthropic SDK, each in strict mode
+where it has one. The 135M model is weak, so every assertion is about validity (the object
+validates, the tool was called with valid arguments, the round trip completed), never meaning.
+(instructor is not here: its releases pin jiter<0.15, which openai 3.57 cannot share.)"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from typing import Any, Literal
+
+import anthropic
+import httpx
+import pytest
+from pydantic import BaseModel, ConfigDict, Field
+
+from tests.server.live import LiveServer
+
+# No client may reach a hub: tracing, telemetry and key look-ups stay local.
+for _key, _value in {
+    "OPENAI_API_KEY": "dummy",
+    "ANTHROPIC_API_KEY": "dummy",
+    "LANGSMITH_TRACING": "false",
+    "LANGCHAIN_TRACING_V2": "false",
+    "OPENAI_AGENTS_DISABLE_TRACING": "1",
+    "LOGFIRE_SEND_TO_LOGFIRE": "false",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+MAX_TOKENS = 80
+
+
+class City(BaseModel):
+    """The structured answer every client is asked for: small, closed, bounded strings."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+
+
+class Weather(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    city: str = Field(max_length=40)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+ASK = "What is the weather in Paris, in celsius?"
+
+
+@pytest.fixture(scope="module")
+def model(server: LiveServer) -> str:
+    return str(httpx.get(server.api + "/models").json()["data"][0]["id"])
+
+
+def _weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+    """Get the current weather in a city."""
+    Weather(city=city, unit=unit)  # raises if the client let invalid arguments through
+    return f"21 degrees {unit} in {city}"
+
+
+# --- pydantic-ai -----------------------------------------------------------------------------
+
+
+def test_pydantic_ai_agent_tool_round_trip(server: LiveServer, model: str) -> None:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent, RunContext
+    from pydantic_ai.messages import ToolCallPart, ToolReturnPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    calls: list[Weather] = []
+
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    def per_step(ctx: RunContext[None]) -> ModelSettings:
+        # Step one must call the tool; once its result is back the agent must answer, so the
+        # run is exactly one round trip whatever the small model would prefer.
+        done = any(
+            isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", [])
+        )
+        choice: Any = "none" if done else ["get_weather"]
+        return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
+
+    async def run() -> Any:
+        # our own client and event loop, both closed here (run_sync leaves its loop open)
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = Agent(chat, output_type=City, tools=[get_weather], model_settings=per_step)
+        try:
+            return await agent.run(ASK)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+
+    assert isinstance(result.output, City)
+    assert len(calls) == 1
+    parts = [p for m in result.all_messages() for p in m.parts]
+    assert any(isinstance(p, ToolCallPart) and p.tool_name == "get_weather" for p in parts)
+    assert any(isinstance(p, ToolReturnPart) and p.tool_name == "get_weather" for p in parts)
+
+
+# --- OpenAI Agents SDK -----------------------------------------------------------------------
+
+
+def test_openai_agents_function_tool_over_chat_completions(server: LiveServer, model: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[Weather] = []
+
+    @function_tool  # strict JSON schema by default
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            tools=[get_weather],
+            # required on the first turn; the SDK resets it to auto after the call so the
+            # tool result goes back and a final text answer ends the run
+            model_settings=ModelSettings(
+                temperature=0.0, max_tokens=MAX_TOKENS, tool_choice="required"
+            ),
+        )
+        try:
+            return await Runner.run(agent, ASK, max_turns=4)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert calls, "the tool was never called"
+    kinds = [item.type for item in result.new_items]
+    assert "tool_call_item" in kinds and "tool_call_output_item" in kinds
+    assert isinstance(result.final_output, str)
+
+
+# --- langchain-openai ------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chat_openai(server: LiveServer, model: str) -> Any:
+    from langchain_openai import ChatOpenAI
+
+    return ChatOpenAI(
+        model=model,
+        base_url=server.api,
+        api_key="dummy",  # type: ignore[arg-type]
+        temperature=0,
+        max_tokens=MAX_TOKENS,  # type: ignore[call-arg]
+        max_retries=0,
+    )
+
+
+def test_langchain_with_structured_output_json_schema(chat_openai: Any) -> None:
+    structured = chat_openai.with_structured_output(City, method="json_schema", strict=True)
+    out = structured.invoke("Name a city and its country.")
+    assert isinstance(out, City)
+
+
+def test_langchain_bind_tools_parses_tool_calls(chat_openai: Any) -> None:
+    from langchain_core.messages import AIMessage
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        return _weather(city, unit)
+
+    bound = chat_openai.bind_tools([get_weather], tool_choice="get_weather", strict=True)
+    out = bound.invoke(ASK)
+    assert isinstance(out, AIMessage)
+    assert out.tool_calls and not out.invalid_tool_calls
+    for call in out.tool_calls:
+        assert call["name"] == "get_weather" and call["id"]
+        Weather.model_validate(call["args"])
+
+
+# --- anthropic SDK ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def claude(server: LiveServer) -> Iterator[anthropic.Anthropic]:
+    with anthropic.Anthropic(
+        base_url=server.url, api_key="dummy", max_retries=0, _strict_response_validation=True
+    ) as c:
+        yield c
+
+
+def test_anthropic_named_tool_use_validates(claude: anthropic.Anthropic, model: str) -> None:
+    out = claude.messages.create(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": ASK}],
+        tools=[
+            {
+                "name": "get_weather",
+                "description": "Get the current weather in a city.",
+                "input_schema": Weather.model_json_schema(),
+            }
+        ],
+        tool_choice={"type": "tool", "name": "get_weather"},
+        extra_body={"temperature": 0},  # this SDK release has no temperature parameter
+    )
+    assert out.stop_reason == "tool_use"
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert uses
+    for use in uses:
+        assert use.name == "get_weather" and use.id.startswith("toolu_")
+        Weather.model_validate(use.input)
+
+
+# --- streaming: each client's own SSE parser over the same calls ------------------------------
+
+
+def test_openai_agents_streamed_run_completes(server: LiveServer, model: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    calls: list[Weather] = []
+
+    @function_tool
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            tools=[get_weather],
+            model_settings=ModelSettings(
+                temperature=0.0, max_tokens=MAX_TOKENS, tool_choice="required", include_usage=True
+            ),
+        )
+        try:
+            streamed = Runner.run_streamed(agent, ASK, max_turns=4)
+            async for _ in streamed.stream_events():
+                pass
+            return streamed
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert calls, "the tool was never called"
+    assert isinstance(result.final_output, str)
+    assert result.context_wrapper.usage.output_tokens > 0
+
+
+def test_langchain_streamed_tool_call_chunks_assemble(chat_openai: Any) -> None:
+    from langchain_core.tools import tool
+
+    @tool
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        return _weather(city, unit)
+
+    bound = chat_openai.bind_tools([get_weather], tool_choice="get_weather", strict=True)
+    whole: Any = None
+    for chunk in bound.stream(ASK):
+        whole = chunk if whole is None else whole + chunk
+    assert whole is not None and whole.tool_calls and not whole.invalid_tool_calls
+    for call in whole.tool_calls:
+        assert call["name"] == "get_weather"
+        Weather.model_validate(call["args"])
+
+
+def test_pydantic_ai_streamed_structured_output(server: LiveServer, model: str) -> None:
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        settings = ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS)
+        agent = Agent(chat, output_type=City, model_settings=settings)
+        try:
+            async with agent.run_stream("Name a city and its country.") as streamed:
+                return await streamed.get_output()
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()), City)
+
+
+def test_anthropic_streamed_tool_use_validates(claude: anthropic.Anthropic, model: str) -> None:
+    with claude.messages.stream(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": ASK}],
+        tools=[
+            {
+                "name": "get_weather",
+                "description": "Get the current weather in a city.",
+                "input_schema": Weather.model_json_schema(),
+            }
+        ],
+        tool_choice={"type": "any"},
+        extra_body={"temperature": 0},
+    ) as stream:
+        out = stream.get_final_message()
+    assert out.stop_reason == "tool_use"
+    uses = [b for b in out.content if b.type == "tool_use"]
+    assert uses
+    for use in uses:
+        Weather.model_validate(use.input)
+
+
+# --- response_format json_schema beside tools (what instructor's JSON_SCHEMA mode sends) ------
+
+
+def test_pydantic_ai_native_output_beside_a_tool(server: LiveServer, model: str) -> None:
+    """NativeOutput sends response_format json_schema (strict) with the tools list; the tool round
+    trip runs first, then the final answer is held to the schema."""
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent, NativeOutput, RunContext
+    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    calls: list[Weather] = []
+
+    def get_weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
+        """Get the current weather in a city."""
+        calls.append(Weather(city=city, unit=unit))
+        return _weather(city, unit)
+
+    def per_step(ctx: RunContext[None]) -> ModelSettings:
+        done = any(
+            isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", [])
+        )
+        choice: Any = "none" if done else ["get_weather"]
+        return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = Agent(
+            chat,
+            output_type=NativeOutput(City, strict=True),
+            tools=[get_weather],
+            model_settings=per_step,
+        )
+        try:
+            return await agent.run(ASK)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert isinstance(result.output, City)
+    assert len(calls) == 1
+
+
+def test_openai_agents_structured_output_type(server: LiveServer, model: str) -> None:
+    """An Agent with output_type sends response_format json_schema strict over chat completions."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+
+    async def run() -> Any:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="cities",
+            instructions="Name a city and its country.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            output_type=City,
+            model_settings=ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS),
+        )
+        try:
+            return await Runner.run(agent, "Name a city.", max_turns=2)
+        finally:
+            await client.close()
+
+    assert isinstance(asyncio.run(run()).final_output, City)
