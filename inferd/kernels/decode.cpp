@@ -255,9 +255,10 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
 // per-query-head task reads them `group` times: 4x the traffic at 32/8 heads). One task per
 // (sequence, KV head, chunk of keys): a long context is split into chunks so that a single
 // sequence still spreads over the threads, each chunk keeping its own softmax max, sum and
-// weighted values, merged per query head afterwards.
-constexpr int64_t MIN_CHUNK_KEYS = 128;
-constexpr int64_t MAX_CHUNK_KEYS = 256;
+// weighted values, merged per query head afterwards. A row's chunks depend on its own length
+// only (CHUNK_KEYS keys from its first visible one), never on the other rows of the batch, so a
+// row's result has the same bits whatever runs beside it (--deterministic relies on that).
+constexpr int64_t CHUNK_KEYS = 128;
 
 template <typename T>
 void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* tables,
@@ -265,14 +266,11 @@ void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* ta
                          int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
                          float scale, float softcap, int64_t window) {
   const int64_t group = heads / kv_heads;
-  // Chunks per (sequence, KV head): enough tasks for 4 per thread, none under MIN_CHUNK_KEYS.
+  // Chunk slots per (sequence, KV head): the longest row's; shorter rows leave theirs empty.
   int64_t longest = 1;
   for (int64_t b = 0; b < batch; ++b)
     longest = std::max(longest, window > 0 ? std::min(lens[b], window) : lens[b]);
-  const int64_t wanted = (4 * at::get_num_threads() + batch * kv_heads - 1) / (batch * kv_heads);
-  const int64_t chunks = std::max<int64_t>(
-      (longest + MAX_CHUNK_KEYS - 1) / MAX_CHUNK_KEYS,
-      std::min(wanted, (longest + MIN_CHUNK_KEYS - 1) / MIN_CHUNK_KEYS));
+  const int64_t chunks = (longest + CHUNK_KEYS - 1) / CHUNK_KEYS;
   // Per (sequence, KV head, chunk, query head of the group): max, sum, then dim weighted values.
   const int64_t stride = dim + 2;
   std::vector<float> partial(batch * kv_heads * chunks * group * stride);
@@ -282,8 +280,7 @@ void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* ta
       const int64_t c = task % chunks, kh = (task / chunks) % kv_heads;
       const int64_t b = task / (chunks * kv_heads), len = lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t span = (len - first + chunks - 1) / chunks;
-      const int64_t lo = first + c * span, hi = std::min(len, lo + span);
+      const int64_t lo = first + c * CHUNK_KEYS, hi = std::min(len, lo + CHUNK_KEYS);
       float* part = partial.data() + task * group * stride;
       const int64_t* table = tables + b * max_blocks;
       for (int64_t g = 0; g < group; ++g) {
@@ -297,7 +294,7 @@ void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* ta
       const int64_t n = hi - lo;
       scores.resize(n);
       // Query head by query head over the chunk: the first reads its K and V rows from memory,
-      // the rest of the group from cache (a chunk is at most MAX_CHUNK_KEYS rows).
+      // the rest of the group from cache (a chunk is at most CHUNK_KEYS rows).
       for (int64_t g = 0; g < group; ++g) {
         const float* qg = qf.data() + g * dim;
         float peak = -std::numeric_limits<float>::max();

@@ -134,6 +134,8 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         kv_cache_tokens=cfg.kv_cache_tokens,
         kv_cache_mb=cfg.kv_cache_mb,
         block_size=cfg.block_size,
+        window=mcfg.uniform_window,
+        chunk=cfg.max_num_batched_tokens,
     )
     if sizing.lowered_from is not None:
         log.warning("%s: %s", source.name, sizing.reason)

@@ -78,11 +78,19 @@ def decide(
     kv_cache_tokens: int | None = None,
     kv_cache_mb: int | None = None,
     block_size: int = 16,
+    window: int | None = None,
+    chunk: int = 512,
 ) -> Sizing:
     """The pool and the served context for a model of ``shape`` with ``available_bytes`` of RAM
-    free after its weights; the flags as ``EngineConfig`` holds them (None: not given)."""
+    free after its weights; the flags as ``EngineConfig`` holds them (None: not given).
+    ``window``: when every layer slides, a sequence holds at most the window behind a step's
+    first token plus the step's ``chunk`` (engine/kv_cache.py frees the rest), so a full context
+    needs only that much of the pool."""
     _check_positions(shape, max_seq_len)
     context = max_seq_len or min(shape.trained_positions, DEFAULT_MAX_MODEL_LEN)
+    need = _round_up(context, block_size)  # the pool one full-context request holds at once
+    if window is not None:
+        need = min(need, _round_up(window - 1 + chunk, block_size) + block_size)
     per_token = shape.bytes_per_token
     if kv_cache_tokens is not None:
         tokens, why = _blocks(kv_cache_tokens, block_size), "set by --kv-cache-tokens"
@@ -90,12 +98,12 @@ def decide(
         tokens, why = _blocks(kv_cache_mb * MIB // per_token, block_size), "set by --kv-cache-mb"
     else:
         budget = int(available_bytes * KV_RAM_FRACTION)
-        target = max(_round_up(context, block_size) * per_token, DEFAULT_KV_CACHE_MB * MIB)
+        target = max(need * per_token, DEFAULT_KV_CACHE_MB * MIB)
         fitting = min(target, budget) // per_token
         tokens = _blocks(fitting, block_size)
         free = f"{_size(available_bytes)} of RAM free after the weights"
-        if tokens >= context:
-            contexts = tokens // context
+        if tokens >= need:
+            contexts = tokens // need
             fits = "one full context" if contexts == 1 else f"{contexts} full contexts"
             why = f"{fits}, within {KV_RAM_FRACTION:.0%} of the {free}"
         else:
@@ -107,7 +115,7 @@ def decide(
                     "or set --kv-cache-mb"
                 )
     pool = f"KV cache {tokens} tokens, {_size(tokens * per_token)} ({why})"
-    if tokens >= context:
+    if tokens >= need:
         return Sizing(tokens, context, tokens * per_token, f"context {context}; {pool}")
     if max_seq_len is not None:
         raise SizingError(

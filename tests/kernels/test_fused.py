@@ -198,6 +198,27 @@ def test_decode_attention_over_long_contexts(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_decode_attention_row_bits_do_not_depend_on_the_batch(
+    fused: KernelOps, dtype: torch.dtype
+) -> None:
+    """A row alone and beside a much longer row: the same bits (--deterministic relies on it;
+    the grouped kernel once chose its key chunks by the batch's longest row)."""
+    torch.manual_seed(7)
+    block, kv_heads, dim, blocks = 16, 3, 64, 70
+    k_cache = torch.randn(2 * blocks, block, kv_heads, dim).to(dtype)
+    v_cache = torch.randn(2 * blocks, block, kv_heads, dim).to(dtype)
+    tables = torch.randperm(2 * blocks).view(2, blocks)
+    q = torch.randn(2, 9, dim).to(dtype)
+    both = fused.decode_attention(
+        q, k_cache, v_cache, tables, torch.tensor([300, 1100]), 0.125, None, 0
+    )
+    alone = fused.decode_attention(
+        q[:1], k_cache, v_cache, tables[:1], torch.tensor([300]), 0.125, None, 0
+    )
+    assert torch.equal(both[:1], alone)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
     torch.manual_seed(3)
     x = (torch.randn(4, 2 * 40) * 4).to(dtype)

@@ -86,11 +86,17 @@ def test_corpus_is_varied_and_large() -> None:
     assert len(CORPUS) >= 100 and sum(len(t) for t in CORPUS) > 20_000
 
 
+def _expected(reference: Any, text: str) -> list[int]:
+    """transformers' ids, less the second BOS it adds before a text that starts with one: inferd
+    adds none there on purpose (Gemma's chat templates write the BOS text themselves)."""
+    ids: list[int] = reference(text)["input_ids"]
+    bos = reference.bos_token_id
+    return ids[1:] if ids[:2] == [bos, bos] else ids
+
+
 def test_ids_equal_the_reference_tokenizer(ours: TokenizerBundle, reference: Any) -> None:
     mismatched = [
-        text
-        for text in CORPUS
-        if ours.encode(text, add_special=True) != reference(text)["input_ids"]
+        text for text in CORPUS if ours.encode(text, add_special=True) != _expected(reference, text)
     ]
     assert not mismatched, f"{len(mismatched)} texts differ, first: {mismatched[0]!r}"
 

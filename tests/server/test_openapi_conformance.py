@@ -144,4 +144,6 @@ def test_anthropic_operations_get_no_5xx_and_conforming_responses(
     models = ["chat", "plain", "embed", "absent"]
     statuses = _fuzz(anthropic_schema, operation_id, both_models.url, models)
     assert statuses and max(statuses) < 500
-    assert 200 in statuses and 404 in statuses  # the happy path and an error were exercised
+    # The happy path and an error were exercised (which 4xx the generated cases hit first, a
+    # 400 or the absent model's 404, varies with what ran before in the same process).
+    assert 200 in statuses and any(400 <= s < 500 for s in statuses)

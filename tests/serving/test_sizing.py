@@ -162,3 +162,13 @@ def test_decision_table_at_16_and_64_gib() -> None:
     assert table[("Gemma-2-9B", 16)] == "refused"
     for name in FOUR:
         assert table[(name, 64)].startswith("context 8192")
+
+
+def test_a_model_whose_every_layer_slides_needs_only_its_window() -> None:
+    """A full context holds at most window + chunk tokens at once (the rest is freed behind
+    the window), so a pool smaller than the context still serves the whole context."""
+    kv = shape(LLAMA_3_8B)
+    s = decide(kv, available_bytes=64 * GIB, kv_cache_tokens=1024, window=512, chunk=256)
+    assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (8192, 1024, None)
+    lowered = decide(kv, available_bytes=64 * GIB, kv_cache_tokens=512, window=512, chunk=256)
+    assert lowered.lowered_from == 8192 and lowered.max_seq_len == 512
