@@ -38,7 +38,7 @@ LONG_CHAT = {"messages": STORY, "max_tokens": 1800, "ignore_eos": True}
 LONG_STREAM = LONG_CHAT | {"stream": True}
 REPEAT = [
     {"role": "user", "content": "Write the word apple nine hundred times."},
-    {"role": "assistant", "content": "apple " * 24},
+    {"role": "assistant", "content": "apple " * 200},  # a loop greedy decoding keeps to
 ]
 
 
