@@ -127,6 +127,17 @@ class BlockPool:
             self._hash_of[block_id] = None
 
 
+def tokens_held(num_tokens: int, chunk: int, block_size: int, window: int | None) -> int:
+    """The most KV (in tokens, whole blocks) a request of ``num_tokens`` holds at once when it
+    advances at most ``chunk`` tokens a step: all of it, or under a sliding window (``window``,
+    set when every layer slides) the window behind the step's first token plus the chunk, one
+    partial block on each side. Admission and the startup sizing both count with it."""
+    held = -(-num_tokens // block_size)
+    if window is not None:
+        held = min(held, -(-(window - 1 + chunk) // block_size) + 1)
+    return held * block_size
+
+
 class KVCacheManager:
     """Grows, shares and frees the block lists of requests."""
 
@@ -158,13 +169,7 @@ class KVCacheManager:
         return -(-num_tokens // self.block_size)
 
     def tokens_held(self, num_tokens: int, chunk: int) -> int:
-        """The most KV (in tokens, whole blocks) a request of ``num_tokens`` holds at once when
-        it advances at most ``chunk`` tokens a step: all of it, or under a sliding window the
-        window behind the step's first token plus the chunk, one partial block on each side."""
-        held = self.blocks_for(num_tokens)
-        if self.window is not None:
-            held = min(held, self.blocks_for(self.window - 1 + chunk) + 1)
-        return held * self.block_size
+        return tokens_held(num_tokens, chunk, self.block_size, self.window)
 
     def attach_cached_prefix(self, request: Request) -> int:
         """Give a fresh request the cached blocks of its longest known prefix.

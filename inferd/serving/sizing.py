@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferd.config import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_MODEL_LEN, KV_RAM_FRACTION
+from inferd.engine.kv_cache import tokens_held
 from inferd.models.config import ModelConfig
 
 MIB = 2**20
@@ -88,9 +89,7 @@ def decide(
     needs only that much of the pool."""
     _check_positions(shape, max_seq_len)
     context = max_seq_len or min(shape.trained_positions, DEFAULT_MAX_MODEL_LEN)
-    need = _round_up(context, block_size)  # the pool one full-context request holds at once
-    if window is not None:
-        need = min(need, _round_up(window - 1 + chunk, block_size) + block_size)
+    need = tokens_held(context, chunk, block_size, window)  # one full context, at once
     per_token = shape.bytes_per_token
     if kv_cache_tokens is not None:
         tokens, why = _blocks(kv_cache_tokens, block_size), "set by --kv-cache-tokens"
