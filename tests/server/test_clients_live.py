@@ -63,13 +63,23 @@ def _weather(city: str, unit: Literal["celsius", "fahrenheit"]) -> str:
 # --- pydantic-ai -----------------------------------------------------------------------------
 
 
+def _one_round_trip(ctx: Any) -> Any:
+    """pydantic-ai's settings per step: step one must call get_weather; once its result is back
+    the agent must answer, so a run is exactly one round trip whatever the small model prefers."""
+    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai.settings import ModelSettings
+
+    done = any(isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", []))
+    choice: Any = "none" if done else ["get_weather"]
+    return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
+
+
 def test_pydantic_ai_agent_tool_round_trip(server: LiveServer, model: str) -> None:
     from openai import AsyncOpenAI
-    from pydantic_ai import Agent, RunContext
+    from pydantic_ai import Agent
     from pydantic_ai.messages import ToolCallPart, ToolReturnPart
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
-    from pydantic_ai.settings import ModelSettings
 
     calls: list[Weather] = []
 
@@ -78,20 +88,11 @@ def test_pydantic_ai_agent_tool_round_trip(server: LiveServer, model: str) -> No
         calls.append(Weather(city=city, unit=unit))
         return _weather(city, unit)
 
-    def per_step(ctx: RunContext[None]) -> ModelSettings:
-        # Step one must call the tool; once its result is back the agent must answer, so the
-        # run is exactly one round trip whatever the small model would prefer.
-        done = any(
-            isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", [])
-        )
-        choice: Any = "none" if done else ["get_weather"]
-        return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
-
     async def run() -> Any:
         # our own client and event loop, both closed here (run_sync leaves its loop open)
         client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
         chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
-        agent = Agent(chat, output_type=City, tools=[get_weather], model_settings=per_step)
+        agent = Agent(chat, output_type=City, tools=[get_weather], model_settings=_one_round_trip)
         try:
             return await agent.run(ASK)
         finally:
@@ -346,11 +347,9 @@ def test_pydantic_ai_native_output_beside_a_tool(server: LiveServer, model: str)
     """NativeOutput sends response_format json_schema (strict) with the tools list; the tool round
     trip runs first, then the final answer is held to the schema."""
     from openai import AsyncOpenAI
-    from pydantic_ai import Agent, NativeOutput, RunContext
-    from pydantic_ai.messages import ToolReturnPart
+    from pydantic_ai import Agent, NativeOutput
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
-    from pydantic_ai.settings import ModelSettings
 
     calls: list[Weather] = []
 
@@ -359,13 +358,6 @@ def test_pydantic_ai_native_output_beside_a_tool(server: LiveServer, model: str)
         calls.append(Weather(city=city, unit=unit))
         return _weather(city, unit)
 
-    def per_step(ctx: RunContext[None]) -> ModelSettings:
-        done = any(
-            isinstance(p, ToolReturnPart) for m in ctx.messages for p in getattr(m, "parts", [])
-        )
-        choice: Any = "none" if done else ["get_weather"]
-        return ModelSettings(temperature=0.0, max_tokens=MAX_TOKENS, tool_choice=choice)
-
     async def run() -> Any:
         client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
         chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
@@ -373,7 +365,7 @@ def test_pydantic_ai_native_output_beside_a_tool(server: LiveServer, model: str)
             chat,
             output_type=NativeOutput(City, strict=True),
             tools=[get_weather],
-            model_settings=per_step,
+            model_settings=_one_round_trip,
         )
         try:
             return await agent.run(ASK)
