@@ -23,6 +23,7 @@ import socket
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -319,12 +320,19 @@ def test_idle_and_half_sent_connections_are_cut(server: LiveServer, model: str) 
     trickle.sendall(_post_head(server, "/v1/chat/completions", 1000, "anthropic-version: 1\r\n"))
 
     def drip() -> bytes:
-        """A byte every half second (far below 32 KiB/s) until the server answers."""
-        while not select.select([trickle], [], [], 0.5)[0]:
+        """A byte every half second (far below 32 KiB/s), then silence until the server answers.
+
+        The drip stops well before the deadline: a byte landing just as the server closes
+        would turn its close into a reset that discards the 408 (a race, not a server fault).
+        """
+        stop = time.monotonic() + TIMEOUT / 2
+        while time.monotonic() < stop and not select.select([trickle], [], [], 0.5)[0]:
             trickle.sendall(b" ")
         return _read_all(trickle)
 
-    with ThreadPoolExecutor(1) as pool:
+    with ExitStack() as sockets, ThreadPoolExecutor(1) as pool:
+        for sock in [*idle, *heads, *bodies, trickle]:
+            sockets.enter_context(sock)  # closed even when an assertion fails
         dripped = pool.submit(drip)
         assert all(_read_all(sock) == b"" for sock in idle)  # closed without a word
         for sock in heads:
@@ -351,8 +359,6 @@ def test_idle_and_half_sent_connections_are_cut(server: LiveServer, model: str) 
         status, headers, body = _response(dripped.result())
         assert status == 408 and body["type"] == "error"
         assert "the request body did not arrive in time" in body["error"]["message"]
-    for sock in [*idle, *heads, *bodies, trickle]:
-        sock.close()
     assert_healthy(server, model)
 
 
