@@ -1,0 +1,116 @@
+"""A tiny random Idefics3 (SmolVLM) checkpoint, processor included, saved as transformers saves
+a real one: ``config.json`` with ``text_config``/``vision_config``, ``model.safetensors`` under
+the real tensor names, ``preprocessor_config.json`` + ``processor_config.json``, and a tokenizer
+that holds the image tokens (``<image>``, ``<fake_token_around_image>``, ``<global-img>``,
+``<row_i_col_j>``).
+
+Dimensions keep the processor's logic meaningful: tiles of 32 px (``max_image_size``), images
+resized to at most 96 px on the long side (``size``), so a big image splits into up to 3x3
+tiles plus the global one; patches of 8 px and a pixel shuffle of 2 give 4 tokens per tile.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from tests.models.tiny import CHATML, CORPUS, SPECIALS, randomize
+
+TILE = 32  # max_image_size.longest_edge == vision image_size
+LONGEST = 96  # size.longest_edge: at most 3x3 tiles
+PATCH = 8
+SCALE = 2
+IMAGE_SEQ_LEN = (TILE // PATCH) ** 2 // SCALE**2  # 4 tokens per tile
+IMAGE_TOKENS = [
+    "<fake_token_around_image>",
+    "<image>",
+    "<end_of_utterance>",
+    "<global-img>",
+    *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
+]
+VLM_VOCAB = 360
+
+
+def vlm_tokenizer() -> Tokenizer:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=VLM_VOCAB,
+        special_tokens=SPECIALS + IMAGE_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    assert tok.get_vocab_size() == VLM_VOCAB
+    return tok
+
+
+def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
+    """The randomized tiny model and its processor, saved in ``directory``; returns both
+    (the model in float32 eval mode, eager attention)."""
+    import transformers
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+        PreTrainedTokenizerFast,
+    )
+
+    tok = vlm_tokenizer()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens={"image_token": "<image>"},
+    )
+    fast.chat_template = CHATML
+    text = transformers.LlamaConfig(
+        vocab_size=VLM_VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+        tie_word_embeddings=False,
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=tok.token_to_id("<|im_end|>"),
+    )
+    vision = dict(
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        image_size=TILE,
+        patch_size=PATCH,
+        layer_norm_eps=1e-6,
+    )
+    config = Idefics3Config(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        scale_factor=SCALE,
+        image_token_id=tok.token_to_id("<image>"),
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+    randomize(model, seed)
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.save_pretrained(str(directory))
+    images = Idefics3ImageProcessorPil(
+        size={"longest_edge": LONGEST}, max_image_size={"longest_edge": TILE}
+    )
+    processor = Idefics3Processor(
+        image_processor=images, tokenizer=fast, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHATML
+    )
+    processor.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    return model.eval(), processor
