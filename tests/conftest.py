@@ -81,3 +81,13 @@ def minilm_dir() -> Path:
         path = store.entry_path("minilm")
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Idefics3 (SmolVLM) directory, its transformers model and processor."""
+    from tests.models.tiny_vlm import save_tiny_idefics3
+
+    directory = tmp_path_factory.mktemp("idefics3")
+    model, processor = save_tiny_idefics3(directory)
+    return directory, model, processor

@@ -97,11 +97,11 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         text_config=text.to_dict(),
         vision_config=vision,
         scale_factor=SCALE,
-        image_token_id=tok.token_to_id("<image>"),
+        image_token_id=IMAGE_TOKENS.index("<image>") + len(SPECIALS),
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).to(torch.float32)
+    model = Idefics3ForConditionalGeneration(config).float()
     randomize(model, seed)
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
     model.save_pretrained(str(directory))
