@@ -76,3 +76,18 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
 def checkpoint_prefix(names: set[str]) -> str:
     """``model.`` for transformers' CausalLM checkpoints; empty for bare base models."""
     return "" if "embed_tokens.weight" in names else "model."
+
+
+# Idefics3 (SmolVLM) keeps its decoder under ``model.text_model.`` and its encoder and connector
+# under ``model.``, with the names our modules use (models/vision.py, models/idefics3.py).
+IDEFICS3_TEXT_PREFIX = "model.text_model."
+VISION_MODULES = ("vision_model.", "connector.")
+
+
+def vision_plan(params: dict[str, int]) -> Plan:
+    """Our encoder's parameters (name -> rows) to their checkpoint names, one to one."""
+    return {
+        name: (Part("model." + name, rows),)
+        for name, rows in params.items()
+        if name.startswith(VISION_MODULES)
+    }

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loading.hf_layout import checkpoint_prefix, hf_plan
+from inferd.loading.hf_layout import IDEFICS3_TEXT_PREFIX, checkpoint_prefix, hf_plan, vision_plan
 from inferd.loading.hf_tokenizer import read_json, tokenizer_from_hf
 from inferd.loading.quantize import Isq
 from inferd.loading.safetensors import SafetensorsCheckpoint
@@ -57,7 +57,11 @@ def load_safetensors_model(
     cfg = read_model_config(directory, checkpoint)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
-    plan = hf_plan(cfg, checkpoint_prefix(set(checkpoint.names())))
+    if cfg.vision is not None:
+        plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX)
+        plan |= vision_plan({n: p.shape[0] for n, p in model.named_parameters()})
+    else:
+        plan = hf_plan(cfg, checkpoint_prefix(set(checkpoint.names())))
     items = list(plan.items())
     if cfg.tie_word_embeddings:  # after the embedding: a packed copy for decode in bf16
         items.append(("lm_head.weight", plan["embed_tokens.weight"]))

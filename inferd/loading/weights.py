@@ -32,6 +32,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if cfg.architecture == "idefics3":
+        from inferd.models.idefics3 import Idefics3ForCausalLM
+
+        return Idefics3ForCausalLM
     return LlamaForCausalLM
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from inferd.layers.rotary import RopeScaling
@@ -16,6 +16,39 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 
 class ModelConfigError(ValueError):
     """The model file describes something inferd cannot run; the message says what."""
+
+
+@dataclass(frozen=True, slots=True)
+class VisionConfig:
+    """A SigLIP-style vision encoder and the connector into the text model (Idefics3)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    image_size: int  # a tile's side in pixels
+    patch_size: int
+    layer_norm_eps: float
+    scale_factor: int  # the pixel shuffle's factor: scale^2 patches become one token
+    image_token_id: int  # the placeholder token the encoder's rows replace
+    hidden_act: str = "gelu_tanh"
+    num_channels: int = 3
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"vision hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+            )
+        side = self.image_size // self.patch_size
+        if self.image_size % self.patch_size or side % self.scale_factor:
+            raise ModelConfigError(
+                f"vision tiles of {self.image_size} px in {self.patch_size} px patches cannot be "
+                f"shuffled by {self.scale_factor}"
+            )
+
+    @property
+    def tokens_per_tile(self) -> int:
+        return (self.image_size // self.patch_size) ** 2 // self.scale_factor**2
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +78,7 @@ class ModelConfig:
     hidden_act: str = "silu"  # silu (SwiGLU) | gelu_tanh (GeGLU)
     # Gemma 3: sliding-window layers rotate with their own base (None: ``rope_theta``).
     rope_local_theta: float | None = None
+    vision: VisionConfig | None = None  # an image encoder feeds the decoder (Idefics3)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -196,6 +230,7 @@ HF_MODEL_TYPES = {
     "qwen3": "qwen3",
     "gemma2": "gemma2",
     "phi3": "phi3",
+    "idefics3": "idefics3",  # SmolVLM: a Llama text model under a SigLIP-style image encoder
 }
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
@@ -223,6 +258,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
     projection is the embedding, whatever the config says.
     """
     model_type = str(hf.get("model_type", ""))
+    if model_type == "idefics3":
+        return _idefics3_from_hf(hf, has_lm_head)
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
         raise ModelConfigError(
@@ -276,6 +313,48 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5 if gemma else None,
         hidden_act=act,
     )
+
+
+_VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
+
+
+def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Idefics3 (SmolVLM): the Llama ``text_config`` with the ``vision_config`` encoder."""
+    text, vision = hf.get("text_config"), hf.get("vision_config")
+    if not isinstance(text, Mapping) or not isinstance(vision, Mapping):
+        raise ModelConfigError("config.json of idefics3 needs text_config and vision_config")
+    if text.get("model_type", "llama") != "llama":
+        raise ModelConfigError(
+            f"idefics3 with a {text.get('model_type')!r} text model is not supported (llama)"
+        )
+    tied = bool(hf.get("tie_word_embeddings", False))
+    decoder = config_from_hf(
+        {**text, "model_type": "llama", "tie_word_embeddings": tied}, has_lm_head=has_lm_head
+    )
+    act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
+    if act is None:
+        raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")
+
+    def key(name: str) -> Any:
+        value = vision.get(name)
+        if value is None:
+            raise ModelConfigError(f"config.json vision_config lacks {name}")
+        return value
+
+    encoder = VisionConfig(
+        hidden_size=int(key("hidden_size")),
+        intermediate_size=int(key("intermediate_size")),
+        num_layers=int(key("num_hidden_layers")),
+        num_heads=int(key("num_attention_heads")),
+        image_size=int(key("image_size")),
+        patch_size=int(key("patch_size")),
+        layer_norm_eps=float(vision.get("layer_norm_eps", 1e-6)),
+        scale_factor=int(hf.get("scale_factor", 2)),
+        image_token_id=int(hf.get("image_token_id", 128257)),
+        hidden_act=act,
+        num_channels=int(vision.get("num_channels", 3)),
+    )
+    return replace(decoder, architecture="idefics3", vision=encoder)
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -105,8 +105,9 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        x = self.embed(input_ids)
+        x = self.embed(input_ids) if embeds is None else embeds
         global_rotation = self.rotary.at(positions, x.dtype)
         local_rotation = self.local_rotary.at(positions, x.dtype)
         window = self.config.sliding_window

@@ -20,7 +20,7 @@ from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding
-from inferd.models.config import ModelConfig
+from inferd.models.config import ModelConfig, ModelConfigError
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -137,9 +137,12 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         positions: torch.Tensor,
         meta: AttentionMetadata,
         kv_caches: list[KVCache],
+        embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size]."""
-        x = self.embed(input_ids)
+        """input_ids, positions: [num_tokens] -> hidden states [num_tokens, hidden_size].
+        ``embeds``: the input embeddings when the caller made them (``embed`` of the ids with
+        an image encoder's rows written over its placeholder tokens)."""
+        x = self.embed(input_ids) if embeds is None else embeds
         rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
@@ -148,6 +151,10 @@ class LlamaForCausalLM(nn.Module, KernelUser):
             sliding = self.config.window_of(i) is not None
             x = layer(x, rotation, window_meta if sliding else meta, cache)
         return self.norm(x)
+
+    def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        """An image's embeddings, one row per placeholder token (models with an encoder)."""
+        raise ModelConfigError(f"{self.config.architecture} models take no images")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

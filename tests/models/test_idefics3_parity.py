@@ -1,0 +1,134 @@
+"""Our Idefics3 (SmolVLM) against transformers on the tiny random checkpoint: the encoder's
+embeddings and the logits of every position, for one image, two images and text alone (f32)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
+from inferd.loading.hf_model import load_safetensors_model
+from inferd.models.idefics3 import Idefics3ForCausalLM
+from inferd.models.idefics3_image import Idefics3ImageConfig, prepare_image
+from tests.models.test_idefics3_processor import generated
+from tests.models.tiny_vlm import IMAGE_SEQ_LEN
+
+
+@pytest.fixture(scope="module")
+def ours(tiny_idefics3: tuple[Path, Any, Any]) -> Idefics3ForCausalLM:
+    model, cfg = load_safetensors_model(tiny_idefics3[0], torch.float32, progress=False)
+    assert isinstance(model, Idefics3ForCausalLM)
+    assert cfg.architecture == "idefics3" and cfg.vision is not None
+    return model
+
+
+@pytest.fixture(scope="module")
+def image_config(tiny_idefics3: tuple[Path, Any, Any]) -> Idefics3ImageConfig:
+    return Idefics3ImageConfig.from_hf(tiny_idefics3[2].image_processor.to_dict(), IMAGE_SEQ_LEN)
+
+
+def paged_forward(
+    model: Idefics3ForCausalLM, ids: list[int], embeds: torch.Tensor, chunk: int | None = None
+) -> torch.Tensor:
+    """Logits of every position through the paged-attention path, from given embeddings."""
+    cfg, n, bs = model.config, len(ids), 16
+    num_blocks = -(-n // bs)
+    shape = (num_blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)
+    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
+    table = torch.arange(1, num_blocks + 1)
+    step, out = chunk or n, []
+    with torch.inference_mode():
+        for start in range(0, n, step):
+            pos = torch.arange(start, min(start + step, n))
+            meta = AttentionMetadata(
+                slot_mapping=table[pos // bs] * bs + pos % bs,
+                decode_rows=None,
+                decode_block_tables=None,
+                decode_lens=None,
+                prefills=(PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos))),),
+            )
+            rows = slice(start, start + len(pos))
+            hidden = model(torch.tensor(ids[rows]), pos, meta, caches, embeds=embeds[rows])
+            out.append(model.compute_logits(hidden))
+    return torch.cat(out)
+
+
+def our_embeddings(
+    model: Idefics3ForCausalLM, ids: list[int], pixels: list[torch.Tensor]
+) -> torch.Tensor:
+    with torch.inference_mode():
+        x = model.embed(torch.tensor(ids)).clone()
+        if pixels:
+            mask = torch.tensor(ids) == model.image_token_id
+            x[mask] = torch.cat([model.encode_images(p) for p in pixels])
+    return x
+
+
+def expand(text: str, images: list[Any], cfg: Idefics3ImageConfig) -> tuple[str, list[Any]]:
+    prepared = [prepare_image(i, cfg) for i in images]
+    pieces = text.split("<image>")
+    expanded = pieces[0] + "".join(
+        p.prompt_text() + rest for p, rest in zip(prepared, pieces[1:], strict=True)
+    )
+    return expanded, prepared
+
+
+CASES = {
+    "one image": ("<|im_start|>user\n<image>What is in this picture?", [(70, 50)]),
+    "two images": (
+        "Compare <image> with<image> please: which fox is quick?",
+        [(300, 200), (9, 40)],
+    ),
+    "text only": ("The quick brown fox jumps over the lazy dog.", []),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_logits_match_transformers(
+    case: str,
+    ours: Idefics3ForCausalLM,
+    image_config: Idefics3ImageConfig,
+    tiny_idefics3: tuple[Path, Any, Any],
+) -> None:
+    _, hf, processor = tiny_idefics3
+    text, sizes = CASES[case]
+    images = [generated(h, w, seed=i) for i, (h, w) in enumerate(sizes)]
+    ref_inputs = processor(text=[text], images=[images] if images else None, return_tensors="pt")
+    with torch.inference_mode():
+        ref = hf(**ref_inputs).logits[0]
+    expanded, prepared = expand(text, images, image_config)
+    ids = processor.tokenizer(expanded)["input_ids"]
+    assert ids == ref_inputs["input_ids"][0].tolist()
+    embeds = our_embeddings(ours, ids, [p.pixel_values for p in prepared])
+    logits = paged_forward(ours, ids, embeds)
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
+    if images:  # the image really reaches the logits: another image changes them
+        other = our_embeddings(ours, ids, [p.pixel_values.flip(-1) for p in prepared])
+        assert (paged_forward(ours, ids, other) - logits).abs().max() > 1e-2
+
+
+def test_encoder_matches_transformers(
+    ours: Idefics3ForCausalLM, image_config: Idefics3ImageConfig, tiny_idefics3: Any
+) -> None:
+    hf = tiny_idefics3[1]
+    pixels = prepare_image(generated(300, 200), image_config).pixel_values
+    with torch.inference_mode():
+        ref = hf.model.get_image_features(pixels[None]).pooler_output[0]
+        mine = ours.encode_images(pixels)
+    assert mine.shape == (pixels.shape[0] * IMAGE_SEQ_LEN, ours.config.hidden_size)
+    torch.testing.assert_close(mine, ref, atol=1e-5, rtol=1e-5)
+
+
+def test_chunked_prefill_splits_an_image_anywhere(
+    ours: Idefics3ForCausalLM, image_config: Idefics3ImageConfig, tiny_idefics3: Any
+) -> None:
+    text, sizes = CASES["one image"]
+    expanded, prepared = expand(text, [generated(*sizes[0])], image_config)
+    ids = tiny_idefics3[2].tokenizer(expanded)["input_ids"]
+    embeds = our_embeddings(ours, ids, [prepared[0].pixel_values])
+    whole = paged_forward(ours, ids, embeds)
+    chunked = paged_forward(ours, ids, embeds, chunk=7)  # 7: chunks end mid-image
+    torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
