@@ -149,6 +149,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         f"that is more, within {KV_RAM_FRACTION:.0%}% of the RAM free after the weights)",
     )
     p.add_argument(
+        "--encoder-cache-mb",
+        type=int,
+        default=d.encoder_cache_mb,
+        help="memory for image encoder outputs kept by image digest, so a repeated image is not "
+        f"encoded again (MiB; 0: none; default: {d.encoder_cache_mb})",
+    )
+    p.add_argument(
         "--block-size",
         type=int,
         default=d.block_size,
@@ -190,6 +197,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_waiting=args.max_waiting,
         kv_cache_tokens=args.kv_cache_tokens,
         kv_cache_mb=args.kv_cache_mb,
+        encoder_cache_mb=args.encoder_cache_mb,
         block_size=args.block_size,
         prefix_caching=args.prefix_caching == "on",
         packed_kernels=args.packed_kernels == "on",

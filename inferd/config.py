@@ -34,6 +34,10 @@ class EngineConfig:
     # Bit-identical output for a request and seed whatever else runs: batch-invariant kernels
     # (dense rows, one-query attention for every row; engine/runner.py), at a speed cost.
     deterministic: bool = False
+    # Image encoder outputs kept by the image's digest (engine/encoder_cache.py): a repeated
+    # image is not encoded again. 256 MB: ~270 SmolVLM-256M images of 13 tiles (832 rows of 576
+    # bf16 values each).
+    encoder_cache_mb: int = 256
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -41,6 +45,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.encoder_cache_mb < 0:
+            raise ValueError("encoder_cache_mb cannot be negative")
         if self.kv_cache_mb is not None and self.kv_cache_mb < 1:
             raise ValueError("kv_cache_mb must be at least 1")
         if self.kv_cache_mb is not None and self.kv_cache_tokens is not None:

@@ -15,13 +15,13 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 from inferd.engine.driver import EngineLoop
 from inferd.engine.llm_engine import AdmissionError, LLMEngine, TextCodec
 from inferd.engine.outputs import EngineStats, RequestOutput
-from inferd.engine.request import Request
+from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
 
 __all__ = [
@@ -91,6 +91,7 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        media: Sequence[MediaInput] = (),
     ) -> RequestStream:
         """Admit a request now (raising if it cannot be) and return the stream of its outputs.
 
@@ -101,7 +102,7 @@ class AsyncEngine:
         rid = request_id or f"req-{next(self._ids)}"
         if rid in self._queues:
             raise AdmissionError(f"request id {rid!r} is already in flight")
-        request = self.engine.build_request(rid, prompt_token_ids, params, cache_salt)
+        request = self.engine.build_request(rid, prompt_token_ids, params, cache_salt, media)
         queue: asyncio.Queue[RequestOutput] = asyncio.Queue()
         self._queues[rid] = (asyncio.get_running_loop(), queue)
         with self._inbox.lock:
@@ -115,9 +116,10 @@ class AsyncEngine:
         params: SamplingParams,
         request_id: str | None = None,
         cache_salt: str | None = None,
+        media: Sequence[MediaInput] = (),
     ) -> AsyncIterator[RequestOutput]:
         """Submit and stream; leaving the loop early aborts the request."""
-        stream = self.submit(prompt_token_ids, params, request_id, cache_salt)
+        stream = self.submit(prompt_token_ids, params, request_id, cache_salt, media)
         try:
             async for output in stream:
                 yield output

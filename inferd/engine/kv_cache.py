@@ -5,9 +5,12 @@ request owns. Block 0 is reserved as the null block, used to pad block tables.
 
 Prefix caching: once a block is full its content is identified by a chained hash::
 
-    hash(block i) = H(hash(block i-1), token ids of block i)      hash(block -1) = H(extra keys)
+    hash(block i) = H(hash(block i-1), token ids of block i, digests of media in block i)
+    hash(block -1) = H(extra keys)
 
-where the extra keys carry everything else that changes the keys and values (the model's
+where the media digests tell apart images behind the same placeholder tokens (the same text
+with another image never hits; the chain carries an image into every later block), and the
+extra keys carry everything else that changes the keys and values (the model's
 identity, the request's cache salt). A new request reuses the longest chain of cached blocks
 that matches its prompt. Freed blocks keep their content and stay findable until the pool hands
 them out again, least recently freed first.
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from inferd.engine.request import Request
@@ -43,9 +47,13 @@ def root_hash(*extra_keys: str) -> BlockHash:
     return h.digest()
 
 
-def chain_hash(parent: BlockHash, tokens: list[int]) -> BlockHash:
+def chain_hash(parent: BlockHash, tokens: list[int], media: Sequence[str] = ()) -> BlockHash:
+    """``media``: digests of the images whose rows the block holds: their placeholder tokens
+    are the same for every image, so the digest is what tells two images apart."""
     h = hashlib.blake2b(parent, digest_size=16)
     h.update(b",".join(str(t).encode() for t in tokens))
+    for digest in media:
+        h.update(b"\x00" + digest.encode())
     return h.digest()
 
 
@@ -240,7 +248,8 @@ class KVCacheManager:
         parent = known[-1] if known else root_hash(self.model_key, request.cache_salt or "")
         bs = self.block_size
         for index in range(len(known), num_blocks):
-            tokens = [request.token_at(p) for p in range(index * bs, (index + 1) * bs)]
-            parent = chain_hash(parent, tokens)
+            start, end = index * bs, (index + 1) * bs
+            tokens = [request.token_at(p) for p in range(start, end)]
+            parent = chain_hash(parent, tokens, request.media_digests(start, end))
             known.append(parent)
         return known[:num_blocks]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from inferd.engine.core import EngineCore
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.outputs import EngineStats, RequestOutput
-from inferd.engine.request import Request
+from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import SchedulerConfig
 from inferd.models.config import ModelConfig
@@ -111,6 +111,24 @@ class LLMEngine:
                 "max_tokens",
             )
 
+    def check_media(self, prompt_token_ids: Sequence[int], media: Sequence[MediaInput]) -> None:
+        """AdmissionError unless every image sits on placeholder tokens of this prompt, in
+        order and apart, and the model has an image encoder."""
+        if not media:
+            return
+        vision = self.model_config.vision
+        if vision is None:
+            raise AdmissionError(f"{self.model_config.architecture} models take no images")
+        end = -1
+        for m in media:
+            if not m.positions or list(m.positions) != sorted(set(m.positions)):
+                raise AdmissionError("an image's placeholder positions must ascend")
+            if m.positions[0] <= end or m.positions[-1] >= len(prompt_token_ids):
+                raise AdmissionError("images overlap or lie outside the prompt")
+            if any(prompt_token_ids[p] != vision.image_token_id for p in m.positions):
+                raise AdmissionError("an image's rows must replace its placeholder tokens")
+            end = m.positions[-1]
+
     def add_request(
         self,
         request_id: str,
@@ -118,11 +136,13 @@ class LLMEngine:
         params: SamplingParams,
         *,
         cache_salt: str | None = None,
+        media: Sequence[MediaInput] = (),
     ) -> None:
         """Queue a request (checked first); its outputs come from later ``step`` calls.
-        ``cache_salt`` keeps its prefix-cache entries private to callers with the same salt."""
+        ``cache_salt`` keeps its prefix-cache entries private to callers with the same salt;
+        ``media``: images whose encoder rows replace placeholder tokens of the prompt."""
         self.check_request(len(prompt_token_ids), params)
-        self._core.add(self.build_request(request_id, prompt_token_ids, params, cache_salt))
+        self._core.add(self.build_request(request_id, prompt_token_ids, params, cache_salt, media))
 
     def build_request(
         self,
@@ -130,12 +150,14 @@ class LLMEngine:
         prompt_token_ids: Sequence[int],
         params: SamplingParams,
         cache_salt: str | None = None,
+        media: Sequence[MediaInput] = (),
     ) -> Request:
         """The engine's record of a request, for ``add_built`` on the stepping thread.
 
         A constrained request gets its matcher here: from the compile cache when the caller
         compiled the constraint beforehand (``grammars.prepare``), else compiled now (bounded).
         Raises ConstraintError for a constraint that does not compile."""
+        self.check_media(prompt_token_ids, media)
         matcher = None
         if params.constraint is not None:
             if self.grammars is None:
@@ -151,6 +173,7 @@ class LLMEngine:
                 self.codec.token_bytes, self.codec.special_ids, params.stop
             ),
             matcher=matcher,
+            media=tuple(media),
         )
 
     def add_built(self, request: Request) -> None:

@@ -26,6 +26,20 @@ class RequestStatus(enum.Enum):
         return self not in (RequestStatus.WAITING, RequestStatus.RUNNING)
 
 
+@dataclass(frozen=True, slots=True)
+class MediaInput:
+    """One image of a prompt, prepared for the model's encoder: its rows replace the embeddings
+    of the prompt tokens at ``positions`` (its placeholder tokens, ascending, one per row)."""
+
+    digest: str  # the content's digest: keys the encoder cache and the prefix cache
+    positions: tuple[int, ...]
+    pixel_values: torch.Tensor  # what the model's ``encode_images`` takes
+
+    def overlaps(self, start: int, end: int) -> bool:
+        """Whether it lies in part within prompt positions ``[start, end)``."""
+        return self.positions[0] < end and self.positions[-1] >= start
+
+
 @dataclass(slots=True)
 class Request:
     request_id: str
@@ -45,6 +59,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     # Follows params.constraint through the output: it has consumed every output token once.
     matcher: TokenMatcher | None = None
+    media: tuple[MediaInput, ...] = ()  # images whose encoder rows replace prompt embeddings
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
@@ -57,6 +72,10 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
+
+    def media_digests(self, start: int, end: int) -> list[str]:
+        """Digests of the media held in part by positions ``[start, end)``."""
+        return [m.digest for m in self.media if m.overlaps(start, end)]
 
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)

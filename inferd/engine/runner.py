@@ -19,13 +19,15 @@ beside it where that matters (README: "Determinism"):
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 
+from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import NULL_BLOCK
-from inferd.engine.request import Request
+from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import dense_rows, int8_activation_rows
@@ -42,6 +44,17 @@ class ModelInputs:
     sampled_chunks: tuple[ScheduledChunk, ...]  # same order as sample_rows
     prompt_rows: torch.Tensor | None = None  # rows whose logits score the next prompt token
     prompt_spans: tuple[PromptSpan, ...] = ()  # same order as prompt_rows
+    media: tuple[MediaSlice, ...] = ()  # rows whose embeddings an image encoder gives
+
+
+@dataclass(frozen=True, slots=True)
+class MediaSlice:
+    """Rows of a step that take one image's encoder rows ``first``, ``first + 1``, ...: the
+    part of the image a prefill chunk holds (a chunk may end in the middle of an image)."""
+
+    media: MediaInput
+    rows: tuple[int, ...]
+    first: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +92,10 @@ class ModelRunner:
         dtype: torch.dtype,
         *,
         deterministic: bool = False,
+        encoder_cache_bytes: int = 256 << 20,
     ) -> None:
         self.model = model
+        self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self.deterministic = deterministic
         self.config = config
         self.block_size = block_size
@@ -94,8 +109,11 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
+        embeds = self._embeddings(inputs) if inputs.media else None
         with self._row_kernels(output):
-            hidden = self.model(inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches)
+            hidden = self.model(
+                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, embeds=embeds
+            )
         with dense_rows(self.deterministic):
             logits = self.model.compute_logits(hidden[inputs.sample_rows])
             if inputs.prompt_rows is None:
@@ -107,6 +125,29 @@ class ModelRunner:
             parts.append(PromptLogits(span.request, span.first, rows))
             row += span.count
         return StepResult(logits, inputs.sampled_chunks, tuple(parts))
+
+    def _embeddings(self, inputs: ModelInputs) -> torch.Tensor:
+        """The step's input embeddings: the tokens', with image rows over their placeholders."""
+        x = self.model.embed(inputs.input_ids)
+        for part in inputs.media:
+            encoded = self.encoded(part.media)
+            rows = torch.tensor(part.rows, dtype=torch.long)
+            x[rows] = encoded[part.first : part.first + len(part.rows)].to(x.dtype)
+        return x
+
+    def encoded(self, media: MediaInput) -> torch.Tensor:
+        """An image's encoder rows, from the encoder cache or computed now (and kept)."""
+        cached = self.encoder_cache.get(media.digest)
+        if cached is not None:
+            return cached
+        encoded = self.model.encode_images(media.pixel_values)
+        if encoded.shape[0] != len(media.positions):
+            raise ValueError(
+                f"the image encodes to {encoded.shape[0]} rows for "
+                f"{len(media.positions)} placeholder tokens"
+            )
+        self.encoder_cache.put(media.digest, encoded)
+        return encoded
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
         """Dense rows for steps with prompt rows (always, when deterministic); else the
@@ -127,6 +168,7 @@ class ModelRunner:
         sampled: list[ScheduledChunk] = []
         prompt_rows: list[int] = []
         prompt_spans: list[PromptSpan] = []
+        media: list[MediaSlice] = []
         bs = self.block_size
         for chunk in output.chunks:
             req, row = chunk.request, len(ids)
@@ -135,6 +177,8 @@ class ModelRunner:
             positions.extend(span)
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in span)
             prompt_chunk = chunk.start < req.num_prompt_tokens
+            if req.media and prompt_chunk:
+                media.extend(_media_slices(req, chunk, row))
             if self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk):
                 # Deterministic: each row a one-query decode at its position (its keys are
                 # written before attention runs), the same sums whatever the chunking. A prompt
@@ -177,7 +221,20 @@ class ModelRunner:
             sampled_chunks=tuple(sampled),
             prompt_rows=torch.tensor(prompt_rows, dtype=torch.long) if prompt_rows else None,
             prompt_spans=tuple(prompt_spans),
+            media=tuple(media),
         )
+
+
+def _media_slices(req: Request, chunk: ScheduledChunk, row: int) -> list[MediaSlice]:
+    """The parts of the request's images that fall in this chunk, at their batch rows."""
+    start, end = chunk.start, chunk.start + chunk.num_tokens
+    out = []
+    for m in req.media:
+        first, last = bisect_left(m.positions, start), bisect_left(m.positions, end)
+        if last > first:
+            rows = tuple(row + p - start for p in m.positions[first:last])
+            out.append(MediaSlice(m, rows, first))
+    return out
 
 
 def _decodes_only(output: SchedulerOutput) -> bool:

@@ -15,10 +15,12 @@ from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
+from inferd.loading.hf_processor import read_image_config
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
+from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.source import ModelSource, resolve_source
 
@@ -39,6 +41,7 @@ class LoadedModel:
     chat_template: ChatTemplate
     stop_ids: tuple[int, ...] = ()  # EOS ids beyond the tokenizer's and the template's markers
     isq: Isq | None = None
+    image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -119,4 +122,5 @@ def _load_hf(
         template_source = CHATML_TEMPLATE
     template = ChatTemplate(template_source, tokenizer.bos_token or "", tokenizer.eos_token or "")
     stop_ids = tuple(generation_stop_ids(directory))
-    return LoadedModel(source, model, cfg, dtype, tokenizer, template, stop_ids, isq)
+    images = read_image_config(directory, cfg)
+    return LoadedModel(source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images)

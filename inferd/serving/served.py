@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -19,6 +20,7 @@ from inferd.engine.core import EngineCore
 from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
+from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.layers.rotary import RotaryEmbedding
@@ -26,6 +28,7 @@ from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_tex
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.models.config import ModelConfig
+from inferd.serving.multimodal import ImageItem, ImagePrompter, ImagePromptError
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
@@ -51,10 +54,44 @@ class ServedModel:
     created: int
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+    images: ImagePrompter | None = None  # how images enter prompts (vision models only)
 
     @property
     def id(self) -> str:
         return self.source.name
+
+    @property
+    def modalities(self) -> dict[str, list[str]]:
+        """What it takes and gives (server/media.py ``model_modalities`` reads it)."""
+        taken = ["text", "image"] if self.images is not None else ["text"]
+        return {"input": taken, "output": ["text"]}
+
+    def prompt_with_images(
+        self,
+        text: str,
+        images: Sequence[ImageItem],
+        *,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of a rendered prompt whose image markers (``<image>``, one per image, in
+        order; none inside ``literal_spans``) stand for ``images`` (decoded RGB, digest), and
+        the media to submit with them: ``engine.submit(ids, params, media=media)``.
+        ImagePromptError when they disagree or the model takes no images."""
+        if self.images is None:
+            raise ImagePromptError(f"{self.id} takes no images")
+        return self.images.prepare(text, images, literal_spans=literal_spans)
+
+    def chat_prompt_with_images(
+        self,
+        messages: list[dict[str, Any]],
+        images: Sequence[ImageItem],
+        *,
+        special_in_content: bool = False,
+    ) -> tuple[list[int], list[MediaInput]]:
+        """``chat_prompt`` for a conversation whose rendered text carries one image marker per
+        image (the model's chat template writes them for its image parts)."""
+        rendered = self.render_chat(messages, special_in_content=special_in_content)
+        return self.prompt_with_images(rendered.text, images, literal_spans=rendered.literal_spans)
 
     def chat_prompt(
         self, messages: list[dict[str, Any]], *, special_in_content: bool = False
@@ -146,7 +183,13 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
     model.use_kernels(kernels.load_ops(dtype))  # built now (once per machine), not mid-request
     num_blocks = sizing.pool_tokens // cfg.block_size + 1  # +1: the reserved null block
     runner = ModelRunner(
-        model, mcfg, num_blocks, cfg.block_size, dtype, deterministic=cfg.deterministic
+        model,
+        mcfg,
+        num_blocks,
+        cfg.block_size,
+        dtype,
+        deterministic=cfg.deterministic,
+        encoder_cache_bytes=cfg.encoder_cache_mb << 20,
     )
     scheduler = Scheduler(
         SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
@@ -179,4 +222,12 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         created=int(time.time()),
         sizing=sizing,
         isq=isq.method if isq is not None else None,
+        images=_image_prompter(loaded),
     )
+
+
+def _image_prompter(loaded: LoadedModel) -> ImagePrompter | None:
+    vision, config = loaded.config.vision, loaded.image_config
+    if vision is None or config is None:
+        return None
+    return ImagePrompter(config, loaded.tokenizer, vision.image_token_id)

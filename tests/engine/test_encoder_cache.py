@@ -1,0 +1,39 @@
+"""The encoder cache's byte budget: least recently used entries go first, too-big ones are
+never kept."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferd.engine.encoder_cache import EncoderCache
+
+
+def rows(n: int) -> torch.Tensor:
+    return torch.zeros(n, 4)  # 16 bytes a row
+
+
+def test_hits_and_least_recently_used_eviction() -> None:
+    cache = EncoderCache(budget_bytes=100)
+    cache.put("a", rows(3))  # 48 bytes
+    cache.put("b", rows(3))
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("c", rows(3))  # over budget: b goes, not a
+    assert "b" not in cache and "a" in cache and "c" in cache
+    assert cache.used_bytes == 96
+    assert (cache.stats.hits, cache.stats.misses, cache.stats.evictions) == (1, 3, 1)
+
+
+def test_an_output_larger_than_the_budget_is_not_kept() -> None:
+    cache = EncoderCache(budget_bytes=32)
+    cache.put("big", rows(3))
+    assert len(cache) == 0 and cache.used_bytes == 0
+    assert cache.get("big") is None
+
+
+def test_budget_zero_keeps_nothing_and_negative_is_refused() -> None:
+    cache = EncoderCache(0)
+    cache.put("a", rows(1))
+    assert len(cache) == 0
+    with pytest.raises(ValueError):
+        EncoderCache(-1)

@@ -1,0 +1,137 @@
+"""The engine on the tiny random Idefics3 (SmolVLM) checkpoint: greedy output equal to
+transformers' generate with images, chunked prefill through an image, the encoder cache (a
+repeated image is encoded once) and the prefix cache keyed by image digests."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from PIL import Image
+
+from inferd.config import EngineConfig
+from inferd.engine.driver import CallerLoop
+from inferd.engine.llm_engine import AdmissionError, LLMEngine
+from inferd.engine.request import MediaInput
+from inferd.engine.sampling import SamplingParams
+from inferd.models.idefics3 import Idefics3ForCausalLM
+from inferd.serving.multimodal import ImagePromptError
+from inferd.serving.served import ServedModel, load_model
+from tests.models.test_idefics3_processor import generated
+
+CHUNK = 32  # tokens per step: an image of 10 tiles (40 placeholders) spans several steps
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def served(tiny_idefics3: tuple[Path, Any, Any]) -> Iterator[ServedModel]:
+    cfg = EngineConfig(
+        dtype="f32", max_num_batched_tokens=CHUNK, kv_cache_tokens=2048, max_model_len=512
+    )
+    model = load_model(tiny_idefics3[0], cfg, progress=False, loop=CallerLoop())
+    yield model
+    model.shutdown()
+
+
+def digest(image: Image.Image) -> str:
+    return hashlib.sha256(image.tobytes()).hexdigest()
+
+
+def run(engine: LLMEngine, rid: str, ids: list[int], media: list[MediaInput]) -> list[int]:
+    engine.add_request(rid, ids, SamplingParams(max_tokens=NEW, temperature=0), media=media)
+    tokens: list[int] = []
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens += out.token_ids
+    return tokens
+
+
+def reference(hf_processor: Any, hf: Any, text: str, images: list[Image.Image]) -> list[int]:
+    inputs = hf_processor(text=[text], images=[images] if images else None, return_tensors="pt")
+    with torch.inference_mode():
+        out = hf.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    return out[0, inputs["input_ids"].shape[1] :].tolist()
+
+
+def encoder(served: ServedModel) -> Idefics3ForCausalLM:
+    model = served.engine.engine.model
+    assert isinstance(model, Idefics3ForCausalLM)
+    return model
+
+
+CAT = generated(70, 50, seed=1)
+DOG = generated(300, 200, seed=2)
+SMALL = generated(9, 40, seed=3)
+
+
+@pytest.mark.parametrize(
+    ("text", "images"),
+    [
+        ("<|im_start|>user\n<image>What is in this picture?<|im_end|>\n", [CAT]),
+        ("Compare <image> with<image> please: which fox is quick?", [DOG, SMALL]),
+        ("The quick brown fox jumps over the lazy dog.", []),
+    ],
+    ids=["one image", "two images", "text only"],
+)
+def test_greedy_equals_transformers_generate(
+    served: ServedModel, tiny_idefics3: Any, text: str, images: list[Image.Image]
+) -> None:
+    _, hf, processor = tiny_idefics3
+    ids, media = served.prompt_with_images(text, [(i, digest(i)) for i in images])
+    assert ids == processor(text=[text], images=[images] if images else None)["input_ids"][0]
+    assert len(ids) > CHUNK or not images  # the prefill runs in chunks that cut an image
+    assert run(served.engine.engine, f"greedy-{len(ids)}", ids, media) == reference(
+        processor, hf, text, images
+    )
+
+
+def test_a_repeated_image_is_encoded_once(served: ServedModel) -> None:
+    model, engine = encoder(served), served.engine.engine
+    image = generated(64, 48, seed=11)
+    before = model.encoder_calls
+    for n, question in enumerate(["<image>Where?", "<image>And now, when?"]):
+        ids, media = served.prompt_with_images(question, [(image, digest(image))])
+        run(engine, f"repeat-{n}", ids, media)
+    assert model.encoder_calls - before == 1  # over several chunks and two requests
+    other = generated(64, 48, seed=12)
+    ids, media = served.prompt_with_images("<image>Where?", [(other, digest(other))])
+    run(engine, "repeat-other", ids, media)
+    assert model.encoder_calls - before == 2
+
+
+def test_prefix_cache_keys_blocks_by_image(served: ServedModel, tiny_idefics3: Any) -> None:
+    _, hf, processor = tiny_idefics3
+    engine = served.engine.engine
+    text = "<image>Describe the picture in one word, then another one."
+    first, second = generated(50, 90, seed=21), generated(50, 90, seed=22)
+
+    def ask(rid: str, image: Image.Image) -> tuple[list[int], int]:
+        hits = engine.stats().prefix_cache_hits
+        ids, media = served.prompt_with_images(text, [(image, digest(image))])
+        tokens = run(engine, rid, ids, media)
+        return tokens, engine.stats().prefix_cache_hits - hits
+
+    a, hits_a = ask("prefix-a", first)
+    b, hits_b = ask("prefix-b", second)  # the same tokens, another image
+    c, hits_c = ask("prefix-c", first)  # the same tokens and image
+    assert hits_a == hits_b == 0
+    assert hits_c > 0
+    assert b == reference(processor, hf, text, [second])
+    assert a == c == reference(processor, hf, text, [first])
+
+
+def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
+    engine = served.engine.engine
+    ids, media = served.prompt_with_images("<image>Hi", [(CAT, digest(CAT))])
+    shifted = MediaInput(
+        media[0].digest, tuple(p + 1 for p in media[0].positions), media[0].pixel_values
+    )
+    with pytest.raises(AdmissionError):
+        engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[shifted])
+    with pytest.raises(ImagePromptError):
+        served.prompt_with_images("<image> and <image>", [(CAT, digest(CAT))])
+    assert served.modalities["input"] == ["text", "image"]
