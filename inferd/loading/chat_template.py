@@ -32,7 +32,7 @@ import secrets
 import string
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -614,6 +614,18 @@ def literal_text(text: str, special: re.Pattern[str] | None) -> RenderedChat:
     return RenderedChat(text, tuple(m.span() for m in special.finditer(text)))
 
 
+def _texts(message: Mapping[str, Any]) -> Iterator[str]:
+    """The strings of a message a caller wrote: its values, and the text of content parts
+    (``[{"type": "image"}, {"type": "text", "text": ...}]``, as multimodal templates take)."""
+    for key, value in message.items():
+        if isinstance(value, str) and key != "role":
+            yield value
+        elif isinstance(value, list):
+            for part in value:
+                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
+                    yield part["text"]
+
+
 class _Defused:
     """Swaps special-token text in message strings for markers that carry no special token,
     and back after rendering, noting where each landed.
@@ -632,7 +644,14 @@ class _Defused:
         return {k: self._text(v) if k != "role" else v for k, v in message.items()}
 
     def _text(self, value: Any) -> Any:
+        if isinstance(value, list):  # content parts: their text, not their types
+            return [self._part(p) for p in value]
         return self.special.sub(self._swap, value) if isinstance(value, str) else value
+
+    def _part(self, part: Any) -> Any:
+        if not isinstance(part, Mapping):
+            return part
+        return {k: self._text(v) if k == "text" else v for k, v in part.items()}
 
     def _swap(self, match: re.Match[str]) -> str:
         self.found.append(match.group())
@@ -739,9 +758,7 @@ class ChatTemplate:
     ) -> RenderedChat:
         """``render``, noting where special-token text from the messages (``special`` matches
         it) ended up. A conversation that has none renders exactly as ``render`` would."""
-        if special is None or not any(
-            isinstance(v, str) and special.search(v) for m in messages for v in m.values()
-        ):
+        if special is None or not any(special.search(t) for m in messages for t in _texts(m)):
             return RenderedChat(self.render(messages, add_generation_prompt=add_generation_prompt))
         defused = _Defused(special)
         text = self.render(

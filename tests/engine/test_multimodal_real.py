@@ -135,3 +135,27 @@ def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
     with pytest.raises(ImagePromptError):
         served.prompt_with_images("<image> and <image>", [(CAT, digest(CAT))])
     assert served.modalities["input"] == ["text", "image"]
+
+
+def test_chat_with_image_parts_matches_transformers(
+    served: ServedModel, tiny_idefics3: Any
+) -> None:
+    _, hf, processor = tiny_idefics3
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}
+    ]
+    ids, media = served.chat_prompt_with_images(messages, [(DOG, digest(DOG))])
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    assert ids == processor(text=[text], images=[[DOG]])["input_ids"][0]
+    assert run(served.engine.engine, "chat", ids, media) == reference(processor, hf, text, [DOG])
+
+
+def test_an_image_marker_typed_by_the_user_stays_text(served: ServedModel) -> None:
+    typed = {"type": "text", "text": "Is <image> a tag?"}
+    messages = [{"role": "user", "content": [{"type": "image"}, typed]}]
+    ids, media = served.chat_prompt_with_images(messages, [(CAT, digest(CAT))])
+    assert len(media) == 1
+    placeholders = sum(1 for t in ids if t == encoder(served).image_token_id)
+    assert placeholders == len(media[0].positions)  # the typed one is plain text
+    with pytest.raises(ImagePromptError):  # it is no image slot either
+        served.chat_prompt_with_images(messages, [(CAT, digest(CAT)), (DOG, digest(DOG))])

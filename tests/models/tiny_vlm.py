@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tests.models.tiny import CHATML, CORPUS, SPECIALS, randomize
+from tests.models.tiny import CORPUS, SPECIALS, randomize
 
 TILE = 32  # max_image_size.longest_edge == vision image_size
 LONGEST = 96  # size.longest_edge: at most 3x3 tiles
@@ -32,6 +32,17 @@ IMAGE_TOKENS = [
     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
 ]
 VLM_VOCAB = 360
+# ChatML whose content may be a list of parts, an image part written as <image> (as SmolVLM's
+# template does for its own turn markers).
+VLM_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
 
 
 def vlm_tokenizer() -> Tokenizer:
@@ -68,7 +79,7 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         pad_token="<|endoftext|>",
         extra_special_tokens={"image_token": "<image>"},
     )
-    fast.chat_template = CHATML
+    fast.chat_template = VLM_TEMPLATE
     text = transformers.LlamaConfig(
         vocab_size=VLM_VOCAB,
         hidden_size=64,
@@ -112,7 +123,10 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         size={"longest_edge": LONGEST}, max_image_size={"longest_edge": TILE}
     )
     processor = Idefics3Processor(
-        image_processor=images, tokenizer=fast, image_seq_len=IMAGE_SEQ_LEN, chat_template=CHATML
+        image_processor=images,
+        tokenizer=fast,
+        image_seq_len=IMAGE_SEQ_LEN,
+        chat_template=VLM_TEMPLATE,
     )
     processor.save_pretrained(str(directory))
     model.config._attn_implementation = "eager"
