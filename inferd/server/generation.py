@@ -22,6 +22,7 @@ from starlette.requests import Request
 
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
 from inferd.engine.outputs import RequestOutput, TokenLogprob
+from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError
 from inferd.server import sse
@@ -244,18 +245,22 @@ ENGINE_ERRORS = (AdmissionError, EngineBusyError, EngineStoppedError)
 
 
 def start(
-    request: Request, model: ServedModel, jobs: Sequence[tuple[list[int], SamplingParams]]
+    request: Request,
+    model: ServedModel,
+    jobs: Sequence[tuple[list[int], SamplingParams]],
+    media: Sequence[MediaInput] = (),
 ) -> list[AsyncIterator[RequestOutput]]:
     """One engine request per (prompt ids, params), admitted at once. Each stream is bounded
     by the request's deadline (--request-timeout) and observed by its timer (metrics, access
-    log); closing it aborts the engine request."""
+    log); closing it aborts the engine request. ``media``: the images of the prompt (from
+    ``ServedModel.chat_prompt_with_images``), shared by every job."""
     tag = uuid.uuid4().hex[:8]
     deadline = request_deadline(request.scope)
     timer = request_timer(request)
     streams = []
     for i, (prompt, params) in enumerate(jobs):
         request_id = f"{request.state.request_id}-{tag}-{i}"
-        stream = model.engine.submit(prompt, params, request_id=request_id)
+        stream = model.engine.submit(prompt, params, request_id=request_id, media=media)
         bounded = stream if deadline is None else deadline.bound(stream)
         streams.append(timer.watch(bounded, model.id))
     return streams
