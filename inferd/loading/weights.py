@@ -19,7 +19,7 @@ from inferd import kernels
 from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
-from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.config import VISION_ARCHITECTURES, ModelConfig, ModelConfigError
 from inferd.models.llama import LlamaForCausalLM
 
 
@@ -32,7 +32,7 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    if cfg.architecture == "idefics3":
+    if cfg.architecture in VISION_ARCHITECTURES:
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
         return Idefics3ForCausalLM

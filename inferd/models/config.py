@@ -231,7 +231,11 @@ HF_MODEL_TYPES = {
     "gemma2": "gemma2",
     "phi3": "phi3",
     "idefics3": "idefics3",  # SmolVLM: a Llama text model under a SigLIP-style image encoder
+    "smolvlm": "smolvlm",  # SmolVLM2: the same model and image processor (video aside)
 }
+
+# Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
+VISION_ARCHITECTURES = frozenset({"idefics3", "smolvlm"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -258,7 +262,7 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
     projection is the embedding, whatever the config says.
     """
     model_type = str(hf.get("model_type", ""))
-    if model_type == "idefics3":
+    if model_type in VISION_ARCHITECTURES:
         return _idefics3_from_hf(hf, has_lm_head)
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
@@ -319,13 +323,14 @@ _VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh
 
 
 def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
-    """Idefics3 (SmolVLM): the Llama ``text_config`` with the ``vision_config`` encoder."""
+    """Idefics3 and SmolVLM: the Llama ``text_config`` with the ``vision_config`` encoder."""
+    arch = str(hf["model_type"])
     text, vision = hf.get("text_config"), hf.get("vision_config")
     if not isinstance(text, Mapping) or not isinstance(vision, Mapping):
-        raise ModelConfigError("config.json of idefics3 needs text_config and vision_config")
+        raise ModelConfigError(f"config.json of {arch} needs text_config and vision_config")
     if text.get("model_type", "llama") != "llama":
         raise ModelConfigError(
-            f"idefics3 with a {text.get('model_type')!r} text model is not supported (llama)"
+            f"{arch} with a {text.get('model_type')!r} text model is not supported (llama)"
         )
     tied = bool(hf.get("tie_word_embeddings", False))
     decoder = config_from_hf(
@@ -354,7 +359,7 @@ def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         hidden_act=act,
         num_channels=int(vision.get("num_channels", 3)),
     )
-    return replace(decoder, architecture="idefics3", vision=encoder)
+    return replace(decoder, architecture=arch, vision=encoder)
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -1,5 +1,5 @@
-"""Idefics3 (SmolVLM): a SigLIP-style image encoder, a pixel-shuffle connector, and the Llama
-decoder of models/llama.py.
+"""Idefics3 and SmolVLM (v1 and v2): a SigLIP-style image encoder, a pixel-shuffle connector,
+and the Llama decoder of models/llama.py.
 
 The decoder runs exactly as for text; an image reaches it through ``encode_images``, whose
 output rows (one per ``<image>`` placeholder token, in prompt order) the engine's runner writes

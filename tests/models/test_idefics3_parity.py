@@ -132,3 +132,25 @@ def test_chunked_prefill_splits_an_image_anywhere(
     whole = paged_forward(ours, ids, embeds)
     chunked = paged_forward(ours, ids, embeds, chunk=7)  # 7: chunks end mid-image
     torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
+
+
+def test_smolvlm_logits_match_transformers(tmp_path: Path) -> None:
+    """SmolVLM2's model type: the same model, read from the published layout (its image
+    settings in preprocessor_config.json), against transformers' SmolVLM."""
+    from inferd.loading.hf_processor import read_image_config
+    from tests.models.tiny_vlm import save_tiny_smolvlm
+
+    hf, tokenizer, image_processor = save_tiny_smolvlm(tmp_path)
+    model, cfg = load_safetensors_model(tmp_path, torch.float32, progress=False)
+    assert isinstance(model, Idefics3ForCausalLM) and cfg.architecture == "smolvlm"
+    image_config = read_image_config(tmp_path, cfg)
+    assert image_config is not None and image_config.longest_edge == 96
+    images = [generated(300, 200, seed=5), generated(40, 30, seed=6)]
+    expanded, prepared = expand("Two: <image> and <image>. Which?", images, image_config)
+    ids = tokenizer(expanded)["input_ids"]
+    pixels = image_processor([images], return_tensors="pt")
+    assert torch.equal(pixels["pixel_values"][0], torch.cat([p.pixel_values for p in prepared]))
+    with torch.inference_mode():
+        ref = hf(input_ids=torch.tensor([ids]), **pixels).logits[0]
+    ours = paged_forward(model, ids, our_embeddings(model, ids, [p.pixel_values for p in prepared]))
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)

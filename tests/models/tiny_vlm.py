@@ -11,6 +11,7 @@ tiles plus the global one; patches of 8 px and a pixel shuffle of 2 give 4 token
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -60,26 +61,23 @@ def vlm_tokenizer() -> Tokenizer:
     return tok
 
 
-def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
-    """The randomized tiny model and its processor, saved in ``directory``; returns both
-    (the model in float32 eval mode, eager attention)."""
-    import transformers
-    from transformers import (
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3ImageProcessorPil,
-        Idefics3Processor,
-        PreTrainedTokenizerFast,
-    )
+def _tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
 
-    tok = vlm_tokenizer()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
+        tokenizer_object=vlm_tokenizer(),
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         extra_special_tokens={"image_token": "<image>"},
     )
     fast.chat_template = VLM_TEMPLATE
+    return fast
+
+
+def _configs(eos: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The text config, the vision config and the top-level keys, both families alike."""
+    import transformers
+
     text = transformers.LlamaConfig(
         vocab_size=VLM_VOCAB,
         hidden_size=64,
@@ -93,7 +91,7 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         tie_word_embeddings=False,
         pad_token_id=0,
         bos_token_id=None,
-        eos_token_id=tok.token_to_id("<|im_end|>"),
+        eos_token_id=eos,
     )
     vision = dict(
         hidden_size=48,
@@ -104,21 +102,40 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         patch_size=PATCH,
         layer_norm_eps=1e-6,
     )
-    config = Idefics3Config(
-        text_config=text.to_dict(),
-        vision_config=vision,
+    top = dict(
         scale_factor=SCALE,
         image_token_id=IMAGE_TOKENS.index("<image>") + len(SPECIALS),
         tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
-    model = Idefics3ForConditionalGeneration(config).float()
+    return text.to_dict(), vision, top
+
+
+def _randomize_and_save(model: Any, directory: Path, seed: int) -> Any:
     randomize(model, seed)
     with torch.no_grad():  # image rows on the scale of token rows, as in trained models: 30x
         # larger they make attention so peaky that f32 rounding (1e-6) grows to 3e-4 in logits
         model.model.connector.modality_projection.proj.weight.mul_(0.1)
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
     model.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
+    """The randomized tiny model and its processor, saved in ``directory``; returns both
+    (the model in float32 eval mode, eager attention)."""
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+    )
+
+    fast = _tokenizer()
+    text, vision, top = _configs(fast.convert_tokens_to_ids("<|im_end|>"))
+    config = Idefics3Config(text_config=text, vision_config=vision, **top)
+    torch.manual_seed(seed)
+    model = _randomize_and_save(Idefics3ForConditionalGeneration(config).float(), directory, seed)
     images = Idefics3ImageProcessorPil(
         size={"longest_edge": LONGEST}, max_image_size={"longest_edge": TILE}
     )
@@ -129,5 +146,31 @@ def save_tiny_idefics3(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         chat_template=VLM_TEMPLATE,
     )
     processor.save_pretrained(str(directory))
-    model.config._attn_implementation = "eager"
-    return model.eval(), processor
+    return model, processor
+
+
+def save_tiny_smolvlm(directory: Path, seed: int = 1) -> tuple[Any, Any, Any]:
+    """A tiny SmolVLM (SmolVLM2's ``smolvlm`` model type) in ``directory``, laid out as the
+    published checkpoints are: ``preprocessor_config.json`` for the images and
+    ``processor_config.json`` with ``image_seq_len``. transformers' SmolVLMProcessor needs
+    torchvision (for video), so the files are written by its parts; returns the model, the
+    tokenizer and the image processor."""
+    from transformers import (
+        SmolVLMConfig,
+        SmolVLMForConditionalGeneration,
+        SmolVLMImageProcessorPil,
+    )
+
+    fast = _tokenizer()
+    text, vision, top = _configs(fast.convert_tokens_to_ids("<|im_end|>"))
+    config = SmolVLMConfig(text_config=text, vision_config=vision, **top)
+    torch.manual_seed(seed)
+    model = _randomize_and_save(SmolVLMForConditionalGeneration(config).float(), directory, seed)
+    images = SmolVLMImageProcessorPil(
+        size={"longest_edge": LONGEST}, max_image_size={"longest_edge": TILE}
+    )
+    images.save_pretrained(str(directory))
+    fast.save_pretrained(str(directory))
+    processor = {"image_seq_len": IMAGE_SEQ_LEN, "processor_class": "SmolVLMProcessor"}
+    (directory / "processor_config.json").write_text(json.dumps(processor))
+    return model, fast, images
