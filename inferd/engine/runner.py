@@ -5,6 +5,12 @@ of each new token) and the attention metadata, runs the model, and returns logit
 rows where a request needs its next token, plus, for requests that ask for prompt logprobs and
 have not had them yet, the logits of their prompt rows (each predicts the next prompt token).
 
+Images: a prompt chunk that holds placeholder tokens of a request's images (``Request.media``)
+runs from embeddings, the tokens' with the encoder's rows written over those positions. The
+step's images are encoded once, in one batch across requests, unless the encoder cache
+(engine/encoder_cache.py, by digest) has them; a chunk may end inside an image, and the next
+one takes the rest of its rows from the cache.
+
 Which kernels a step runs is chosen here, so that a row's numerics do not depend on what runs
 beside it where that matters (README: "Determinism"):
 
@@ -20,6 +26,7 @@ beside it where that matters (README: "Determinism"):
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
@@ -129,25 +136,42 @@ class ModelRunner:
     def _embeddings(self, inputs: ModelInputs) -> torch.Tensor:
         """The step's input embeddings: the tokens', with image rows over their placeholders."""
         x = self.model.embed(inputs.input_ids)
+        encoded = self.encode([part.media for part in inputs.media])
         for part in inputs.media:
-            encoded = self.encoded(part.media)
             rows = torch.tensor(part.rows, dtype=torch.long)
-            x[rows] = encoded[part.first : part.first + len(part.rows)].to(x.dtype)
+            image = encoded[part.media.digest]
+            x[rows] = image[part.first : part.first + len(part.rows)].to(x.dtype)
         return x
 
-    def encoded(self, media: MediaInput) -> torch.Tensor:
-        """An image's encoder rows, from the encoder cache or computed now (and kept)."""
-        cached = self.encoder_cache.get(media.digest)
-        if cached is not None:
-            return cached
-        encoded = self.model.encode_images(media.pixel_values)
-        if encoded.shape[0] != len(media.positions):
-            raise ValueError(
-                f"the image encodes to {encoded.shape[0]} rows for "
-                f"{len(media.positions)} placeholder tokens"
-            )
-        self.encoder_cache.put(media.digest, encoded)
-        return encoded
+    def encode(self, media: Sequence[MediaInput]) -> dict[str, torch.Tensor]:
+        """Encoder rows of each image by digest: from the encoder cache, the others encoded in
+        one batch across the step's requests (a model's tiles all have one size) and kept."""
+        found: dict[str, torch.Tensor] = {}
+        missing: dict[str, MediaInput] = {}
+        for m in media:
+            if m.digest in found or m.digest in missing:
+                continue
+            cached = self.encoder_cache.get(m.digest)
+            if cached is not None:
+                found[m.digest] = cached
+            else:
+                missing[m.digest] = m
+        if not missing:
+            return found
+        batch = list(missing.values())
+        tiles = [m.pixel_values.shape[0] for m in batch]
+        rows = self.model.encode_images(torch.cat([m.pixel_values for m in batch]))
+        per_tile = rows.shape[0] // sum(tiles)
+        for m, part in zip(batch, rows.split([t * per_tile for t in tiles]), strict=True):
+            if part.shape[0] != len(m.positions):
+                raise ValueError(
+                    f"an image encodes to {part.shape[0]} rows for {len(m.positions)} "
+                    "placeholder tokens"
+                )
+            part = part.clone() if len(batch) > 1 else part  # not a view of the whole batch
+            self.encoder_cache.put(m.digest, part)
+            found[m.digest] = part
+        return found
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
         """Dense rows for steps with prompt rows (always, when deterministic); else the

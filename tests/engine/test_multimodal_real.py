@@ -159,3 +159,32 @@ def test_an_image_marker_typed_by_the_user_stays_text(served: ServedModel) -> No
     assert placeholders == len(media[0].positions)  # the typed one is plain text
     with pytest.raises(ImagePromptError):  # it is no image slot either
         served.chat_prompt_with_images(messages, [(CAT, digest(CAT)), (DOG, digest(DOG))])
+
+
+def test_images_of_one_step_are_encoded_in_one_batch(
+    tiny_idefics3: tuple[Path, Any, Any],
+) -> None:
+    _, hf, processor = tiny_idefics3
+    cfg = EngineConfig(dtype="f32", max_num_batched_tokens=512, kv_cache_tokens=2048)
+    served = load_model(tiny_idefics3[0], cfg, progress=False, loop=CallerLoop())
+    try:
+        engine, model = served.engine.engine, encoder(served)
+        jobs = [("<image>Who?", DOG), ("<image>Where?", SMALL), ("<image>When?", DOG)]
+        for n, (text, image) in enumerate(jobs):
+            ids, media = served.prompt_with_images(text, [(image, digest(image))])
+            engine.add_request(
+                str(n), ids, SamplingParams(max_tokens=NEW, temperature=0), media=media
+            )
+        tokens: dict[str, list[int]] = {str(n): [] for n in range(len(jobs))}
+        first = engine.step()  # every prompt in one step: DOG and SMALL, DOG once
+        assert len(first) == len(jobs) and model.encoder_calls == 1
+        for out in first:
+            tokens[out.request_id] += out.token_ids
+        while engine.has_unfinished():
+            for out in engine.step():
+                tokens[out.request_id] += out.token_ids
+        assert model.encoder_calls == 1
+        for n, (text, image) in enumerate(jobs):
+            assert tokens[str(n)] == reference(processor, hf, text, [image])
+    finally:
+        served.shutdown()
