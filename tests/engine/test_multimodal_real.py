@@ -188,3 +188,13 @@ def test_images_of_one_step_are_encoded_in_one_batch(
             assert tokens[str(n)] == reference(processor, hf, text, [image])
     finally:
         served.shutdown()
+
+
+def test_a_text_model_refuses_images(served_f32: ServedModel) -> None:
+    ids = served_f32.chat_prompt([{"role": "user", "content": "Hi"}])
+    media = [MediaInput("d", (0,), torch.zeros(1, 3, 32, 32))]
+    with pytest.raises(AdmissionError, match="take no images"):
+        served_f32.engine.engine.add_request("img", ids, SamplingParams(max_tokens=1), media=media)
+    with pytest.raises(ImagePromptError):
+        served_f32.prompt_with_images("<image>Hi", [(CAT, digest(CAT))])
+    assert served_f32.modalities["input"] == ["text"]
