@@ -144,8 +144,9 @@ class ModelRunner:
         return x
 
     def encode(self, media: Sequence[MediaInput]) -> dict[str, torch.Tensor]:
-        """Encoder rows of each image by digest: from the encoder cache, the others encoded in
-        one batch across the step's requests (a model's tiles all have one size) and kept."""
+        """Encoder rows of each image by digest: from the encoder cache, the others encoded
+        together across the step's requests (a model's tiles all have one size), in calls of
+        at most ENCODER_BATCH_TILES tiles, and kept."""
         found: dict[str, torch.Tensor] = {}
         missing: dict[str, MediaInput] = {}
         for m in media:
@@ -156,21 +157,19 @@ class ModelRunner:
                 found[m.digest] = cached
             else:
                 missing[m.digest] = m
-        if not missing:
-            return found
-        batch = list(missing.values())
-        tiles = [m.pixel_values.shape[0] for m in batch]
-        rows = self.model.encode_images(torch.cat([m.pixel_values for m in batch]))
-        per_tile = rows.shape[0] // sum(tiles)
-        for m, part in zip(batch, rows.split([t * per_tile for t in tiles]), strict=True):
-            if part.shape[0] != len(m.positions):
-                raise ValueError(
-                    f"an image encodes to {part.shape[0]} rows for {len(m.positions)} "
-                    "placeholder tokens"
-                )
-            part = part.clone() if len(batch) > 1 else part  # not a view of the whole batch
-            self.encoder_cache.put(m.digest, part)
-            found[m.digest] = part
+        for batch in _tile_batches(list(missing.values())):
+            tiles = [m.pixel_values.shape[0] for m in batch]
+            rows = self.model.encode_images(torch.cat([m.pixel_values for m in batch]))
+            per_tile = rows.shape[0] // sum(tiles)
+            for m, part in zip(batch, rows.split([t * per_tile for t in tiles]), strict=True):
+                if part.shape[0] != len(m.positions):
+                    raise ValueError(
+                        f"an image encodes to {part.shape[0]} rows for {len(m.positions)} "
+                        "placeholder tokens"
+                    )
+                part = part.clone() if len(batch) > 1 else part  # not a view of the batch
+                self.encoder_cache.put(m.digest, part)
+                found[m.digest] = part
         return found
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
@@ -247,6 +246,26 @@ class ModelRunner:
             prompt_spans=tuple(prompt_spans),
             media=tuple(media),
         )
+
+
+# The most tiles one encoder call takes when it gathers several images: the call's activations
+# grow with it (SmolVLM-256M: ~6 MB of MLP activations a tile in bf16), while the per-call
+# overhead it saves is spent after a few tiles. An image with more tiles goes alone.
+ENCODER_BATCH_TILES = 16
+
+
+def _tile_batches(media: list[MediaInput]) -> list[list[MediaInput]]:
+    """``media`` in order, in groups of at most ENCODER_BATCH_TILES tiles (or one image)."""
+    batches: list[list[MediaInput]] = []
+    tiles = ENCODER_BATCH_TILES
+    for m in media:
+        n = m.pixel_values.shape[0]
+        if not batches or tiles + n > ENCODER_BATCH_TILES:
+            batches.append([])
+            tiles = 0
+        batches[-1].append(m)
+        tiles += n
+    return batches
 
 
 def _media_slices(req: Request, chunk: ScheduledChunk, row: int) -> list[MediaSlice]:

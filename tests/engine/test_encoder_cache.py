@@ -37,3 +37,19 @@ def test_budget_zero_keeps_nothing_and_negative_is_refused() -> None:
     assert len(cache) == 0
     with pytest.raises(ValueError):
         EncoderCache(-1)
+
+
+def test_encoder_batches_hold_at_most_the_tile_cap() -> None:
+    from inferd.engine.request import MediaInput
+    from inferd.engine.runner import ENCODER_BATCH_TILES, _tile_batches
+
+    def image(tiles: int) -> MediaInput:
+        return MediaInput(str(tiles), (0,), torch.zeros(tiles, 3, 1, 1))
+
+    sizes = [7, 4, 5, 1, 20, 3]
+    batches = _tile_batches([image(n) for n in sizes])
+    assert [[m.pixel_values.shape[0] for m in b] for b in batches] == [[7, 4, 5], [1], [20], [3]]
+    assert all(
+        sum(m.pixel_values.shape[0] for m in b) <= ENCODER_BATCH_TILES or len(b) == 1
+        for b in batches
+    )
