@@ -30,9 +30,16 @@ from inferd.structured.compiler import GrammarCompiler
 class AdmissionError(ValueError):
     """A request the engine can never serve (too long for the context or the KV pool)."""
 
-    def __init__(self, message: str, param: str | None = None) -> None:
+    def __init__(
+        self, message: str, param: str | None = None, code: str = "context_length_exceeded"
+    ) -> None:
         super().__init__(message)
         self.param = param
+        self.code = code  # the API error code it answers with
+
+
+def _media_error(message: str) -> AdmissionError:
+    return AdmissionError(message, "messages", code="invalid_media")
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,15 +125,15 @@ class LLMEngine:
             return
         vision = self.model_config.vision
         if vision is None:
-            raise AdmissionError(f"{self.model_config.architecture} models take no images")
+            raise _media_error(f"{self.model_config.architecture} models take no images")
         end = -1
         for m in media:
             if not m.positions or list(m.positions) != sorted(set(m.positions)):
-                raise AdmissionError("an image's placeholder positions must ascend")
+                raise _media_error("an image's placeholder positions must ascend")
             if m.positions[0] <= end or m.positions[-1] >= len(prompt_token_ids):
-                raise AdmissionError("images overlap or lie outside the prompt")
+                raise _media_error("images overlap or lie outside the prompt")
             if any(prompt_token_ids[p] != vision.image_token_id for p in m.positions):
-                raise AdmissionError("an image's rows must replace its placeholder tokens")
+                raise _media_error("an image's rows must replace its placeholder tokens")
             end = m.positions[-1]
 
     def add_request(

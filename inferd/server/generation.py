@@ -235,7 +235,7 @@ def _malloc_trim() -> None:
 
 def engine_error(exc: Exception) -> APIError:
     if isinstance(exc, AdmissionError):
-        return bad_request(str(exc), exc.param, code="context_length_exceeded")
+        return bad_request(str(exc), exc.param, code=exc.code)
     if isinstance(exc, EngineBusyError):
         return APIError(503, str(exc), headers={"Retry-After": "1"})
     return APIError(503, str(exc))

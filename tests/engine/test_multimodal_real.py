@@ -130,8 +130,9 @@ def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
     shifted = MediaInput(
         media[0].digest, tuple(p + 1 for p in media[0].positions), media[0].pixel_values
     )
-    with pytest.raises(AdmissionError):
+    with pytest.raises(AdmissionError) as refused:
         engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[shifted])
+    assert (refused.value.param, refused.value.code) == ("messages", "invalid_media")
     with pytest.raises(ImagePromptError):
         served.prompt_with_images("<image> and <image>", [(CAT, digest(CAT))])
     assert served.modalities["input"] == ["text", "image"]
