@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -33,7 +34,13 @@ class MediaInput:
 
     digest: str  # the content's digest: keys the encoder cache and the prefix cache
     positions: tuple[int, ...]
-    pixel_values: torch.Tensor  # what the model's ``encode_images`` takes
+    # What the model's ``encode_images`` takes, or a compact form of it (tiles of bytes) that
+    # ``expand`` turns into it when the encoder runs: a request holds it until it finishes.
+    pixel_values: torch.Tensor
+    expand: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    def encoder_input(self) -> torch.Tensor:
+        return self.pixel_values if self.expand is None else self.expand(self.pixel_values)
 
     def overlaps(self, start: int, end: int) -> bool:
         """Whether it lies in part within prompt positions ``[start, end)``."""

@@ -159,7 +159,7 @@ class ModelRunner:
                 missing[m.digest] = m
         for batch in _tile_batches(list(missing.values())):
             tiles = [m.pixel_values.shape[0] for m in batch]
-            rows = self.model.encode_images(torch.cat([m.pixel_values for m in batch]))
+            rows = self.model.encode_images(torch.cat([m.encoder_input() for m in batch]))
             per_tile = rows.shape[0] // sum(tiles)
             for m, part in zip(batch, rows.split([t * per_tile for t in tiles]), strict=True):
                 if part.shape[0] != len(m.positions):

@@ -83,17 +83,45 @@ class Idefics3ImageConfig:
 
 
 @dataclass(frozen=True, slots=True)
-class PreparedImage:
-    """One image as the encoder takes it, and its place in the prompt."""
+class PixelNormalizer:
+    """Tiles of bytes to the encoder's floats, in transformers' steps: the rescale in float64
+    then float32, the normalization in float32 (so bit for bit the same values)."""
 
-    pixel_values: torch.Tensor  # [tiles, 3, tile, tile] float32; the global view last
+    rescale: float | None
+    mean: tuple[float, float, float] | None
+    std: tuple[float, float, float] | None
+
+    def __call__(self, tiles: torch.Tensor) -> torch.Tensor:
+        if self.rescale is not None:
+            pixels = (tiles.double() * self.rescale).float()
+        else:
+            pixels = tiles.float()
+        if self.mean is not None and self.std is not None:
+            mean = torch.tensor(self.mean, dtype=torch.float32)[:, None, None]
+            std = torch.tensor(self.std, dtype=torch.float32)[:, None, None]
+            pixels = (pixels - mean) / std
+        return pixels
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedImage:
+    """One image as the encoder takes it, and its place in the prompt. Its tiles stay bytes
+    (a quarter of the floats' memory) until the encoder runs: ``pixel_values``."""
+
+    tiles: torch.Tensor  # [tiles, 3, tile, tile] uint8; the global view last
+    normalizer: PixelNormalizer
     rows: int  # 0 when the image is one tile (no split)
     cols: int
     image_seq_len: int
 
     @property
+    def pixel_values(self) -> torch.Tensor:
+        """[tiles, 3, tile, tile] float32, as transformers' processor gives them."""
+        return self.normalizer(self.tiles)
+
+    @property
     def num_tiles(self) -> int:
-        return self.pixel_values.shape[0]
+        return self.tiles.shape[0]
 
     @property
     def num_embeddings(self) -> int:
@@ -155,18 +183,12 @@ def _resize(image: Image.Image, height: int, width: int, resample: int) -> Image
     return image.resize((width, height), resample=Image.Resampling(resample))
 
 
-def _normalize(tile: Image.Image, cfg: Idefics3ImageConfig) -> np.ndarray:
-    """[3, H, W] float32, as transformers computes it (rescale in float64, normalize in f32)."""
-    pixels = np.asarray(tile).transpose(2, 0, 1)
-    if cfg.do_rescale:
-        pixels = (pixels.astype(np.float64) * cfg.rescale_factor).astype(np.float32)
-    else:
-        pixels = pixels.astype(np.float32)
-    if cfg.do_normalize:
-        mean = np.array(cfg.mean, dtype=np.float32)[:, None, None]
-        std = np.array(cfg.std, dtype=np.float32)[:, None, None]
-        pixels = (pixels - mean) / std
-    return pixels
+def normalizer(cfg: Idefics3ImageConfig) -> PixelNormalizer:
+    return PixelNormalizer(
+        cfg.rescale_factor if cfg.do_rescale else None,
+        cfg.mean if cfg.do_normalize else None,
+        cfg.std if cfg.do_normalize else None,
+    )
 
 
 def prepare_image(image: Image.Image, cfg: Idefics3ImageConfig) -> PreparedImage:
@@ -199,5 +221,5 @@ def prepare_image(image: Image.Image, cfg: Idefics3ImageConfig) -> PreparedImage
             tiles = [image]
     else:
         tiles = [_resize(image, cfg.tile, cfg.tile, cfg.resample)]
-    pixels = np.stack([_normalize(t, cfg) for t in tiles])
-    return PreparedImage(torch.from_numpy(pixels), rows, cols, cfg.image_seq_len)
+    pixels = np.stack([np.asarray(t).transpose(2, 0, 1) for t in tiles])
+    return PreparedImage(torch.from_numpy(pixels), normalizer(cfg), rows, cols, cfg.image_seq_len)

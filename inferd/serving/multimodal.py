@@ -61,7 +61,7 @@ class ImagePrompter:
                 raise ImagePromptError(
                     "the tokenizer does not keep the image placeholder as one token"
                 )
-            media.append(MediaInput(digest, positions, prepared.pixel_values))
+            media.append(MediaInput(digest, positions, prepared.tiles, prepared.normalizer))
             start = cut + len(self.marker)
         ids += self._encode(text, start, len(text), literal_spans, add_special and start == 0)
         return ids, media
