@@ -112,8 +112,12 @@ class ServedModel:
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
         messages or the prefill stays plain text (only the template makes control tokens)
-        unless ``special_in_content``."""
+        unless ``special_in_content``. A vision model's template gets every content as a list
+        of parts (text as ``{"type": "text", "text": ...}``): SmolVLM's iterates the parts of
+        each message and would drop plain string content without a word."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
+        if self.images is not None:
+            messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
             messages, special=special, add_generation_prompt=add_generation_prompt
         )
@@ -224,6 +228,13 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
     )
+
+
+def _content_as_parts(message: dict[str, Any]) -> dict[str, Any]:
+    content = message.get("content")
+    if not isinstance(content, str):
+        return message
+    return {**message, "content": [{"type": "text", "text": content}]}
 
 
 def _image_prompter(loaded: LoadedModel) -> ImagePrompter | None:

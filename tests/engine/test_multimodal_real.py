@@ -199,3 +199,14 @@ def test_a_text_model_refuses_images(served_f32: ServedModel) -> None:
     with pytest.raises(ImagePromptError):
         served_f32.prompt_with_images("<image>Hi", [(CAT, digest(CAT))])
     assert served_f32.modalities["input"] == ["text"]
+
+
+def test_plain_text_chat_reaches_a_parts_only_template(
+    served: ServedModel, tiny_idefics3: Any
+) -> None:
+    processor = tiny_idefics3[2]
+    ids = served.chat_prompt([{"role": "user", "content": "The quick brown fox"}])
+    parts = [{"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}]
+    text = processor.apply_chat_template(parts, add_generation_prompt=True)
+    assert ids == processor.tokenizer(text)["input_ids"]
+    assert "quick brown fox" in served.tokenizer.tokenizer.decode(ids)

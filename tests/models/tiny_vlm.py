@@ -33,15 +33,14 @@ IMAGE_TOKENS = [
     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
 ]
 VLM_VOCAB = 360
-# ChatML whose content may be a list of parts, an image part written as <image> (as SmolVLM's
-# template does for its own turn markers).
+# ChatML over content parts only, an image part written as <image>: like SmolVLM's templates,
+# it iterates each message's parts, so a plain string content would render as nothing.
 VLM_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
+    "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}{{ '<image>' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}{{ '<|im_end|>\\n' }}{% endfor %}"
+    "{% endfor %}{{ '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 

@@ -30,7 +30,9 @@ def test_models_lists_image_input(vision_server: LiveServer) -> None:
     assert cards[0]["modalities"]["output"] == ["text"]
 
 
-def test_text_chat_runs_on_the_vision_model(vision_server: LiveServer) -> None:
+def test_text_chat_runs_on_the_vision_model(
+    vision_server: LiveServer, tiny_idefics3: tuple[Path, Any, Any]
+) -> None:
     body = {
         "model": httpx.get(vision_server.api + "/models", timeout=10).json()["data"][0]["id"],
         "messages": [{"role": "user", "content": "The quick brown fox"}],
@@ -39,4 +41,9 @@ def test_text_chat_runs_on_the_vision_model(vision_server: LiveServer) -> None:
     }
     reply = httpx.post(vision_server.api + "/chat/completions", json=body, timeout=60)
     assert reply.status_code == 200, reply.text
-    assert reply.json()["usage"]["completion_tokens"] == 5
+    usage = reply.json()["usage"]
+    assert usage["completion_tokens"] == 5
+    processor = tiny_idefics3[2]  # the text reached the template (it iterates content parts)
+    parts = [{"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}]
+    text = processor.apply_chat_template(parts, add_generation_prompt=True)
+    assert usage["prompt_tokens"] == len(processor.tokenizer(text)["input_ids"])
