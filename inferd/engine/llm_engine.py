@@ -220,4 +220,6 @@ class LLMEngine:
             last_step_seconds=core.last_step_seconds,
             prefix_cache_queries=sched.kv.stats.queries,
             prefix_cache_hits=sched.kv.stats.hits,
+            images_encoded=core.runner.encoder_cache.stats.misses,
+            encoder_cache_hits=core.runner.encoder_cache.stats.hits,
         )

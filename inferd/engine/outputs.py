@@ -51,3 +51,5 @@ class EngineStats:
     last_step_seconds: float
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens found cached
+    images_encoded: int = 0  # images the encoder ran on (misses of the encoder cache)
+    encoder_cache_hits: int = 0  # images whose encoder rows came from the encoder cache

@@ -163,6 +163,13 @@ ENGINE_SERIES = (
         "counter",
         "Prompt tokens looked up in the prefix cache.",
     ),
+    ("inferd_images_encoded_total", "images_encoded", "counter", "Images run through an encoder."),
+    (
+        "inferd_encoder_cache_hits_total",
+        "encoder_cache_hits",
+        "counter",
+        "Images whose encoder output came from the encoder cache.",
+    ),
 )
 
 

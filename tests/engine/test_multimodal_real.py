@@ -92,11 +92,15 @@ def test_greedy_equals_transformers_generate(
 def test_a_repeated_image_is_encoded_once(served: ServedModel) -> None:
     model, engine = encoder(served), served.engine.engine
     image = generated(64, 48, seed=11)
-    before = model.encoder_calls
+    before, stats = model.encoder_calls, engine.stats()
     for n, question in enumerate(["<image>Where?", "<image>And now, when?"]):
         ids, media = served.prompt_with_images(question, [(image, digest(image))])
         run(engine, f"repeat-{n}", ids, media)
     assert model.encoder_calls - before == 1  # over several chunks and two requests
+    after = engine.stats()
+    assert after.images_encoded - stats.images_encoded == 1
+    # the first request's second chunk (the second finds the image's blocks in the prefix cache)
+    assert after.encoder_cache_hits - stats.encoder_cache_hits >= 1
     other = generated(64, 48, seed=12)
     ids, media = served.prompt_with_images("<image>Where?", [(other, digest(other))])
     run(engine, "repeat-other", ids, media)
