@@ -29,8 +29,10 @@ from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.outputs import RequestOutput as StepOutput
 from inferd.engine.outputs import TokenLogprob
+from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.loading import load_spec
+from inferd.serving.multimodal import split_image_parts
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec
 
@@ -155,17 +157,24 @@ class LLM:
         use_tqdm: bool = True,
     ) -> list[RequestOutput]:
         """Reply to each conversation (a list of ``{"role", "content"}`` messages) through the
-        model's chat template; one conversation alone is taken as a batch of one."""
+        model's chat template; one conversation alone is taken as a batch of one. A vision
+        model takes images as content parts: ``{"type": "image", "image": PIL image}``."""
         batch: Sequence[Conversation]
         if conversations and isinstance(conversations[0], Mapping):
             batch = [conversations]  # type: ignore[list-item]
         else:
             batch = conversations  # type: ignore[assignment]
         encoded = []
+        media: list[list[MediaInput]] = []
         for messages in batch:
-            ids = self.model.chat_prompt([dict(m) for m in messages])
+            plain, images = split_image_parts(messages)
+            if images:
+                ids, with_images = self.model.chat_prompt_with_images(plain, images)
+            else:
+                ids, with_images = self.model.chat_prompt(plain), []
             encoded.append((self._text(ids), ids))
-        return self._run(encoded, sampling_params, use_tqdm)
+            media.append(with_images)
+        return self._run(encoded, sampling_params, use_tqdm, media)
 
     def shutdown(self) -> None:
         self.model.shutdown()
@@ -185,8 +194,10 @@ class LLM:
         encoded: list[tuple[str, list[int]]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None,
         use_tqdm: bool,
+        media: Sequence[Sequence[MediaInput]] | None = None,
     ) -> list[RequestOutput]:
         params = _params_list(sampling_params, len(encoded))
+        images = media if media is not None else [()] * len(encoded)
         engine = self.engine
         for (_, ids), p in zip(encoded, params, strict=True):
             engine.check_request(len(ids), p)  # refuse the batch before any of it runs
@@ -194,8 +205,8 @@ class LLM:
         pending = {rid: _Pending() for rid in rids}
         unfinished = set(rids)
         try:
-            for rid, (_, ids), p in zip(rids, encoded, params, strict=True):
-                engine.add_request(rid, ids, p)
+            for rid, (_, ids), p, m in zip(rids, encoded, params, images, strict=True):
+                engine.add_request(rid, ids, p, media=m)
             with tqdm(
                 total=len(rids), desc="Generating", unit="prompt", disable=not use_tqdm
             ) as bar:

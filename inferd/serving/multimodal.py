@@ -10,8 +10,10 @@ whole text gives (the parity tests check it against transformers' processor).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from PIL import Image
 
@@ -20,6 +22,41 @@ from inferd.loading.tokenizer import TokenizerBundle
 from inferd.models.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig, prepare_image
 
 ImageItem = tuple[Image.Image, str]  # a decoded image and its content digest
+
+
+def image_digest(image: Image.Image) -> str:
+    """A content digest of a decoded image (mode, size and pixels), for callers that hold no
+    bytes of the file it came from."""
+    h = hashlib.sha256(f"{image.mode}:{image.width}x{image.height}:".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
+
+
+def split_image_parts(
+    messages: Sequence[Mapping[str, Any]],
+) -> tuple[list[dict[str, Any]], list[ImageItem]]:
+    """Messages whose content parts carry images (``{"type": "image", "image": PIL image}``,
+    transformers' convention) as the chat template takes them (``{"type": "image"}``), and
+    the images in order with their digests."""
+    out: list[dict[str, Any]] = []
+    images: list[ImageItem] = []
+    for message in messages:
+        content = message.get("content")
+        if not isinstance(content, list):
+            out.append(dict(message))
+            continue
+        parts = []
+        for part in content:
+            image = part.get("image") if isinstance(part, Mapping) else None
+            if isinstance(part, Mapping) and part.get("type") == "image":
+                if not isinstance(image, Image.Image):
+                    raise ImagePromptError("an image part needs a PIL image under 'image'")
+                images.append((image, image_digest(image)))
+                parts.append({"type": "image"})
+            else:
+                parts.append(part)
+        out.append({**message, "content": parts})
+    return out, images
 
 
 class ImagePromptError(ValueError):

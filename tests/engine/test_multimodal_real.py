@@ -214,3 +214,20 @@ def test_plain_text_chat_reaches_a_parts_only_template(
     text = processor.apply_chat_template(parts, add_generation_prompt=True)
     assert ids == processor.tokenizer(text)["input_ids"]
     assert "quick brown fox" in served.tokenizer.tokenizer.decode(ids)
+
+
+def test_the_python_api_chats_about_images(tiny_idefics3: tuple[Path, Any, Any]) -> None:
+    from inferd import LLM
+
+    _, hf, processor = tiny_idefics3
+    question = {"type": "text", "text": "Which is larger?"}
+    with LLM(tiny_idefics3[0], dtype="f32", kv_cache_tokens=2048) as llm:
+        conversations = [
+            [{"role": "user", "content": [{"type": "image", "image": img}, question]}]
+            for img in (DOG, SMALL)
+        ]
+        outputs = llm.chat(conversations, SamplingParams(max_tokens=NEW, temperature=0))
+    template = [{"role": "user", "content": [{"type": "image"}, question]}]
+    text = processor.apply_chat_template(template, add_generation_prompt=True)
+    for out, img in zip(outputs, (DOG, SMALL), strict=True):
+        assert list(out.outputs[0].token_ids) == reference(processor, hf, text, [img])
