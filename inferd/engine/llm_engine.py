@@ -119,8 +119,9 @@ class LLMEngine:
             )
 
     def check_media(self, prompt_token_ids: Sequence[int], media: Sequence[MediaInput]) -> None:
-        """AdmissionError unless every image sits on placeholder tokens of this prompt, in
-        order and apart, and the model has an image encoder."""
+        """AdmissionError unless the model has an image encoder and every image sits on
+        placeholder tokens of this prompt, in order and apart, as many as its tiles fill:
+        checked here, a bad image would fail the whole step it ran in."""
         if not media:
             return
         vision = self.model_config.vision
@@ -134,6 +135,15 @@ class LLMEngine:
                 raise _media_error("images overlap or lie outside the prompt")
             if any(prompt_token_ids[p] != vision.image_token_id for p in m.positions):
                 raise _media_error("an image's rows must replace its placeholder tokens")
+            side = vision.image_size
+            tiles = m.pixel_values.shape[0]
+            if tuple(m.pixel_values.shape[1:]) != (vision.num_channels, side, side):
+                raise _media_error(f"an image's tiles must be {side}x{side} pixels")
+            if tiles * vision.tokens_per_tile != len(m.positions):
+                raise _media_error(
+                    f"an image of {tiles} tiles fills {tiles * vision.tokens_per_tile} "
+                    f"placeholder tokens, not {len(m.positions)}"
+                )
             end = m.positions[-1]
 
     def add_request(

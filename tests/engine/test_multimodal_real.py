@@ -137,6 +137,9 @@ def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
     with pytest.raises(AdmissionError) as refused:
         engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[shifted])
     assert (refused.value.param, refused.value.code) == ("messages", "invalid_media")
+    one_tile_less = MediaInput(media[0].digest, media[0].positions, media[0].pixel_values[1:])
+    with pytest.raises(AdmissionError, match="placeholder tokens, not"):
+        engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[one_tile_less])
     with pytest.raises(ImagePromptError):
         served.prompt_with_images("<image> and <image>", [(CAT, digest(CAT))])
     assert served.modalities["input"] == ["text", "image"]
