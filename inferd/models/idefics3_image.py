@@ -191,10 +191,18 @@ def normalizer(cfg: Idefics3ImageConfig) -> PixelNormalizer:
     )
 
 
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB, any transparency composited over white (as transformers' processors do)."""
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    return image if image.mode == "RGB" else image.convert("RGB")
+
+
 def prepare_image(image: Image.Image, cfg: Idefics3ImageConfig) -> PreparedImage:
-    """The encoder's tiles for one image (any mode; converted to RGB first)."""
-    if image.mode != "RGB":
-        image = image.convert("RGB")
+    """The encoder's tiles for one image (any mode: made RGB first, see ``to_rgb``)."""
+    image = to_rgb(image)
     if cfg.do_resize:
         image = _resize(
             image, *_long_side_size(image.height, image.width, cfg.longest_edge), cfg.resample

@@ -16,12 +16,21 @@ from tests.models.tiny_vlm import IMAGE_SEQ_LEN, LONGEST, TILE
 
 
 def generated(height: int, width: int, mode: str = "RGB", seed: int = 0) -> Image.Image:
-    """Smooth gradients plus noise: resampling filters see edges and flat parts alike."""
+    """Smooth gradients plus noise: resampling filters see edges and flat parts alike. RGBA
+    gets a varying alpha; P a palette with one transparent entry."""
     rng = np.random.default_rng(seed)
     y, x = np.mgrid[0:height, 0:width]
     base = np.stack([x * 255 // max(width, 1), y * 255 // max(height, 1), (x + y) % 256], -1)
     noisy = np.clip(base + rng.integers(-40, 40, base.shape), 0, 255).astype(np.uint8)
     image = Image.fromarray(noisy, "RGB")
+    if mode == "RGBA":
+        alpha = Image.fromarray(((x * 7 + y * 3) % 256).astype(np.uint8), "L")
+        image.putalpha(alpha)
+        return image
+    if mode == "P":
+        image = image.quantize(16)
+        image.info["transparency"] = 3
+        return image
     return image.convert(mode) if mode != "RGB" else image
 
 
@@ -48,7 +57,7 @@ def test_config_reads_the_checkpoint(config: Idefics3ImageConfig) -> None:
     assert (config.longest_edge, config.tile, config.splitting) == (LONGEST, TILE, True)
 
 
-@pytest.mark.parametrize("mode", ["RGB", "L"])
+@pytest.mark.parametrize("mode", ["RGB", "L", "RGBA", "P", "LA"])
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_tiles_match_transformers_bit_for_bit(
     size: tuple[int, int], mode: str, config: Idefics3ImageConfig, tiny_idefics3: Any
