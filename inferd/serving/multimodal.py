@@ -19,7 +19,12 @@ from PIL import Image
 
 from inferd.engine.request import MediaInput
 from inferd.loading.tokenizer import TokenizerBundle
-from inferd.models.idefics3_image import IMAGE_TOKEN, Idefics3ImageConfig, prepare_image
+from inferd.models.idefics3_image import (
+    IMAGE_TOKEN,
+    Idefics3ImageConfig,
+    ImageConfigError,
+    prepare_image,
+)
 
 ImageItem = tuple[Image.Image, str]  # a decoded image and its content digest
 
@@ -90,7 +95,10 @@ class ImagePrompter:
         start = 0
         for cut, (image, digest) in zip(cuts, images, strict=True):
             ids += self._encode(text, start, cut, literal_spans, add_special and start == 0)
-            prepared = prepare_image(image, self.config)
+            try:
+                prepared = prepare_image(image, self.config)
+            except ImageConfigError as exc:  # e.g. more tiles than the tokenizer can mark
+                raise ImagePromptError(str(exc)) from None
             first = len(ids)
             ids += self.tokenizer.encode(prepared.prompt_text())
             positions = tuple(p for p in range(first, len(ids)) if ids[p] == self.image_token_id)
