@@ -1,0 +1,72 @@
+"""Images with Pillow, exactly as transformers' ``load_image`` leaves them.
+
+``load_image`` opens the file, applies the EXIF orientation (``ImageOps.exif_transpose``) and
+converts to RGB (``Image.convert("RGB")``: alpha dropped, not composited; palettes expanded;
+16-bit grayscale through Pillow's own conversion). Model processors are checked pixel-exact
+against transformers downstream, so this does the same two steps and nothing else.
+
+Before any pixel is decoded: the bytes are sniffed (only PNG, JPEG, GIF, WebP, BMP and TIFF are
+opened: Pillow's other plugins, EPS above all, are not for untrusted input) and the size from
+the header is checked against ``max_image_pixels``. Pillow reads headers lazily, so ``open``
+costs a header parse; ``load`` is the decoding. Multi-frame files (GIF, APNG, TIFF) give their
+first frame, as ``load_image`` does.
+"""
+
+from __future__ import annotations
+
+import io
+
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from inferd.media.limits import MediaError, MediaLimits
+from inferd.media.sniff import check_declared, sniff_for
+from inferd.media.types import DecodedImage, digest_of
+
+# Pillow's format ids for each sniffed format (camera JPEGs open as MPO).
+_PILLOW_FORMATS = {
+    "PNG": ("PNG",),
+    "JPEG": ("JPEG", "MPO"),
+    "GIF": ("GIF",),
+    "WebP": ("WEBP",),
+    "BMP": ("BMP",),
+    "TIFF": ("TIFF",),
+}
+
+
+def decode_image(
+    data: bytes, limits: MediaLimits | None = None, declared: str | None = None
+) -> DecodedImage:
+    """Decode one image; MediaError says what is wrong (never another exception)."""
+    limits = limits or MediaLimits()
+    found = sniff_for(data, "image")
+    check_declared(declared, found)
+    try:
+        with Image.open(io.BytesIO(data), formats=_PILLOW_FORMATS[found.name]) as opened:
+            original_size = opened.size
+            original_mode = opened.mode
+            limits.check_pixels(*original_size)
+            opened.load()  # the decoding; truncated or corrupt data fails here
+            upright = ImageOps.exif_transpose(opened)
+            rgb = upright.convert("RGB")
+    except MediaError:
+        raise
+    except Image.DecompressionBombError:
+        # Pillow's own cap (twice Image.MAX_IMAGE_PIXELS) caught a size above --max-image-pixels
+        raise MediaError(
+            f"the image is larger than this server decodes (--max-image-pixels "
+            f"{limits.max_image_pixels})",
+            "media_too_large",
+        ) from None
+    except UnidentifiedImageError:
+        raise MediaError(f"the data starts like a {found.name} file but is not one") from None
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError) as exc:
+        # Pillow's errors for truncated or corrupt data are these (SyntaxError for bad headers)
+        raise MediaError(f"the {found.name} image cannot be decoded: {_reason(exc)}") from None
+    except MemoryError:
+        raise MediaError(f"the {found.name} image needs more memory than is free") from None
+    return DecodedImage(rgb, digest_of(data), found.name, original_size, original_mode)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text[:200]
