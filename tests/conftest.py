@@ -11,6 +11,7 @@ from inferd.store import DEFAULT_MODEL, ModelStore
 
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
+    from tests.media.corpus import Corpus
 
 
 @pytest.fixture(scope="session")
@@ -81,3 +82,11 @@ def minilm_dir() -> Path:
         path = store.entry_path("minilm")
     assert path is not None
     return path
+
+
+@pytest.fixture(scope="session")
+def media_corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    """Images, audio and videos (good and hostile) generated once (tests/media/corpus.py)."""
+    from tests.media.corpus import build
+
+    return build(tmp_path_factory.mktemp("media-corpus"))

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 import soundfile as sf
 
-from inferd.media.limits import MediaError, MediaLimits
+from inferd.media.limits import MediaError, MediaLimits, reason
 from inferd.media.sniff import (
     AVI,
     FLAC,
@@ -74,7 +74,7 @@ def decode_audio(
     except MemoryError:
         raise MediaError(f"the {found.name} audio needs more memory than is free") from None
     except (sf.LibsndfileError, av.FFmpegError, RuntimeError, ValueError, OSError) as exc:
-        raise MediaError(f"the {found.name} audio cannot be decoded: {_reason(exc)}") from None
+        raise MediaError(f"the {found.name} audio cannot be decoded: {reason(exc)}") from None
     if samples.shape[1] == 0:
         raise MediaError(f"the {found.name} file holds no audio samples")
     return DecodedAudio(samples, rate, digest_of(data), found.name)
@@ -158,8 +158,3 @@ def _declared_seconds(stream: av.audio.stream.AudioStream, container: object) ->
         return float(stream.duration * stream.time_base)
     duration = getattr(container, "duration", None)
     return duration / av.time_base if duration else None
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text[:200]

@@ -18,7 +18,7 @@ import io
 
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from inferd.media.limits import MediaError, MediaLimits
+from inferd.media.limits import MediaError, MediaLimits, reason
 from inferd.media.sniff import check_declared, sniff_for
 from inferd.media.types import DecodedImage, digest_of
 
@@ -50,23 +50,30 @@ def decode_image(
             rgb = upright.convert("RGB")
     except MediaError:
         raise
-    except Image.DecompressionBombError:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         # Pillow's own cap (twice Image.MAX_IMAGE_PIXELS) caught a size above --max-image-pixels
         raise MediaError(
-            f"the image is larger than this server decodes (--max-image-pixels "
-            f"{limits.max_image_pixels})",
+            "the image declares a size Pillow refuses as a decompression bomb (over "
+            f"{Image.MAX_IMAGE_PIXELS} pixels); this server decodes at most "
+            f"{limits.max_image_pixels} "
+            "(--max-image-pixels)",
             "media_too_large",
         ) from None
     except UnidentifiedImageError:
         raise MediaError(f"the data starts like a {found.name} file but is not one") from None
-    except (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError) as exc:
-        # Pillow's errors for truncated or corrupt data are these (SyntaxError for bad headers)
-        raise MediaError(f"the {found.name} image cannot be decoded: {_reason(exc)}") from None
+    except (
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        IndexError,
+        KeyError,
+        TypeError,
+        Warning,
+    ) as exc:
+        # Pillow's errors for truncated or corrupt data are these (SyntaxError for bad headers;
+        # a warning such as "Corrupt EXIF data" where warnings are errors)
+        raise MediaError(f"the {found.name} image cannot be decoded: {reason(exc)}") from None
     except MemoryError:
         raise MediaError(f"the {found.name} image needs more memory than is free") from None
     return DecodedImage(rgb, digest_of(data), found.name, original_size, original_mode)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text[:200]

@@ -32,6 +32,12 @@ class MediaError(ValueError):
         self.code = code
 
 
+def reason(exc: BaseException) -> str:
+    """A library's error, short and without FFmpeg's errno prefix, for a MediaError message."""
+    text = getattr(exc, "strerror", None) or str(exc).strip() or type(exc).__name__
+    return str(text)[:200]
+
+
 def over_limit(message: str) -> MediaError:
     return MediaError(message, "media_too_large")
 

@@ -22,7 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from inferd.media.audio import DEMUXERS, read_av_audio
-from inferd.media.limits import MediaError, MediaLimits
+from inferd.media.limits import MediaError, MediaLimits, reason
 from inferd.media.sniff import AVI, MATROSKA, MP4, Format, check_declared, sniff_for
 from inferd.media.types import DecodedAudio, DecodedVideo, digest_of
 
@@ -70,7 +70,7 @@ def decode_video(
     except MemoryError:
         raise MediaError(f"the {found.name} video needs more memory than is free") from None
     except (av.FFmpegError, RuntimeError, ValueError, OSError) as exc:
-        raise MediaError(f"the {found.name} video cannot be decoded: {_reason(exc)}") from None
+        raise MediaError(f"the {found.name} video cannot be decoded: {reason(exc)}") from None
     return video
 
 
@@ -163,8 +163,3 @@ def _with_audio(
         return video
     samples, rate = decoded
     return replace(video, audio=DecodedAudio(samples, rate, video.digest, found.name))
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return text[:200]
