@@ -1,8 +1,9 @@
 """Resampling audio to a model's rate: libswresample, through PyAV, with its defaults.
 
 The method: libswresample's polyphase windowed-sinc filter (Kaiser window, beta 9; filter size
-32; 1024 phases; cutoff at 0.97 of the lower Nyquist frequency), flushed at the end so the
-output holds ``round(n * to_rate / from_rate)`` samples. Each channel is resampled on its own
+32; 1024 phases; cutoff at 0.97 of the lower Nyquist frequency), flushed at the end. The output
+holds ``ceil(n * to_rate / from_rate)`` samples: what the flush gives, made exact for clips too
+short for the filter to fill (their tail is zero-padded). Each channel is resampled on its own
 (as a mono stream), so any channel count works. It is not the soxr resampler librosa uses, so
 audio resampled here differs from librosa's in the last bits; audio already at the model's rate
 is passed through untouched.
@@ -37,6 +38,9 @@ def _resample_channel(
         frame.sample_rate = from_rate
         pieces += [out.to_ndarray()[0] for out in resampler.resample(frame)]
     pieces += [out.to_ndarray()[0] for out in resampler.resample(None)]
-    if not pieces:
-        return np.zeros(0, np.float32)
-    return np.concatenate(pieces).astype(np.float32, copy=False)
+    length = -(-channel.shape[0] * to_rate // from_rate)  # ceil, in integers
+    out = np.zeros(length, np.float32)
+    if pieces:
+        joined = np.concatenate(pieces)[:length]
+        out[: joined.shape[0]] = joined
+    return out
