@@ -4,6 +4,8 @@ Samples come out as float32 ``[channels, n]`` in [-1, 1] at the file's own rate:
 divided by its full scale (8-bit WAV is unsigned: ``(x - 128) / 128``; 16-bit: ``x / 32768``),
 which is what libsndfile and libswresample both do, so the two libraries agree to the bit.
 
+OpenAI's ``pcm16`` (raw 16-bit little-endian mono at 24 kHz) is taken when declared as such.
+
 Limits come from the header first (sample rate, channels, declared length); then reading stops
 one sample past ``max_audio_seconds`` whatever the header said. A WAV whose data chunk claims
 more bytes than the file holds, or a FLAC/MP3 that ends before its declared length, is an error:
@@ -37,15 +39,6 @@ from inferd.media.sniff import (
 )
 from inferd.media.types import DecodedAudio, digest_of
 
-# input_audio's "format" values, as the media types they declare
-INPUT_AUDIO_TYPES = {
-    "wav": "audio/wav",
-    "mp3": "audio/mpeg",
-    "flac": "audio/flac",
-    "ogg": "audio/ogg",
-    "m4a": "audio/mp4",
-    "webm": "audio/webm",
-}
 _SOUNDFILE = (WAV, FLAC, MP3, OGG)
 # PyAV demuxers forced by the sniffed format: never let FFmpeg probe untrusted bytes itself
 # (its playlist demuxers would open other files or URLs).
@@ -58,6 +51,8 @@ def decode_audio(
 ) -> DecodedAudio:
     """Decode one clip's first audio track; MediaError says what is wrong."""
     limits = limits or MediaLimits()
+    if declared is not None and declared.split(";", 1)[0].strip().lower() in PCM16_TYPES:
+        return decode_pcm16(data, limits)
     found = sniff_for(data, "audio")
     check_declared(declared, found)
     try:
@@ -78,6 +73,22 @@ def decode_audio(
     if samples.shape[1] == 0:
         raise MediaError(f"the {found.name} file holds no audio samples")
     return DecodedAudio(samples, rate, digest_of(data), found.name)
+
+
+# OpenAI's input_audio format "pcm16": raw 16-bit little-endian mono samples at 24 kHz, no header
+PCM16_TYPES = frozenset({"audio/pcm16", "audio/pcm"})
+PCM16_RATE = 24_000
+
+
+def decode_pcm16(data: bytes, limits: MediaLimits) -> DecodedAudio:
+    """Headerless PCM: the length alone says how long it is, so it is checked first."""
+    if len(data) % 2:
+        raise MediaError("pcm16 audio must hold whole 16-bit samples (an even number of bytes)")
+    limits.check_audio(PCM16_RATE, len(data) // 2 / PCM16_RATE, 1)
+    samples = np.frombuffer(data, "<i2").astype(np.float32) / np.float32(32768)
+    if samples.size == 0:
+        raise MediaError("the pcm16 audio holds no samples")
+    return DecodedAudio(samples[None, :], PCM16_RATE, digest_of(data), "PCM16")
 
 
 def check_wav_length(data: bytes) -> None:

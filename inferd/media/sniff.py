@@ -32,7 +32,17 @@ OGG = Format("Ogg", "container", ("audio/ogg", "video/ogg", "audio/opus", "appli
 MP4 = Format(
     "MP4",
     "container",
-    ("video/mp4", "audio/mp4", "audio/m4a", "audio/x-m4a", "video/quicktime", "audio/aac"),
+    (
+        "video/mp4",
+        "audio/mp4",
+        "audio/m4a",
+        "audio/x-m4a",
+        "audio/aac",
+        "video/quicktime",
+        "video/x-m4v",
+        "video/3gpp",
+        "audio/3gpp",
+    ),
 )
 MATROSKA = Format(
     "WebM/Matroska",

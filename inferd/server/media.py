@@ -29,7 +29,6 @@ import asyncio
 import base64
 import binascii
 import ipaddress
-import mimetypes
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
@@ -558,13 +557,10 @@ def _decode(
 
 
 def declared_type(ref: MediaRef) -> str | None:
-    """The media type the sender declared: the data URL's or block's, else the file's suffix."""
-    if ref.media_type is not None:
-        return ref.media_type
-    if ref.path is not None:
-        guessed, _ = mimetypes.guess_type(ref.path.name, strict=False)
-        return guessed
-    return None
+    """The media type the sender declared (a data URL's, a block's ``media_type``, an
+    ``input_audio`` format), checked against the bytes. A file's or URL's name declares
+    nothing: the bytes say what it is."""
+    return ref.media_type
 
 
 def _part_key(param: str) -> str:

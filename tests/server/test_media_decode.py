@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import numpy as np
 import pytest
 
 from inferd.media.limits import MediaLimits
@@ -171,12 +172,6 @@ CORRUPT = [
         "'image/png' does not match the data, which is a JPEG file",
         "media_type_mismatch",
     ),
-    (  # a file's extension declares its type too
-        lambda c: image_part(f"file://{c.root}/rgb-photo-320x240.jpg.png"),
-        "messages.0.content.1.image_url",
-        "'image/png' does not match the data, which is a JPEG file",
-        "media_type_mismatch",
-    ),
     (
         lambda c: {
             "type": "input_audio",
@@ -227,12 +222,26 @@ CORRUPT = [
 def test_bad_media_is_a_400_naming_the_part(
     media_corpus: Corpus, part: Any, param: str, says: str, code: str
 ) -> None:
-    alias = media_corpus.root / "rgb-photo-320x240.jpg.png"
-    if not alias.exists():
-        alias.write_bytes(media_corpus.bytes("rgb-photo-320x240.jpg"))
     err = refused(user(part(media_corpus)), MediaPolicy.create(media_roots=[media_corpus.root]))
     assert err.param == param and err.code == code
     assert says in err.message
+
+
+def test_a_file_name_declares_nothing_and_pcm16_is_raw_samples(
+    media_corpus: Corpus, tmp_path: Path
+) -> None:
+    (tmp_path / "photo.png").write_bytes(media_corpus.bytes("rgb-photo-320x240.jpg"))
+    policy = MediaPolicy.create(media_roots=[tmp_path])
+    (image,) = decode(user(image_part(f"file://{tmp_path}/photo.png")), policy)
+    assert isinstance(image, DecodedImage) and image.format == "JPEG"
+    samples = (np.sin(np.arange(2400) / 10) * 20000).astype("<i2")
+    pcm = {"data": b64(samples.tobytes()), "format": "pcm16"}
+    (audio,) = decode(user({"type": "input_audio", "input_audio": pcm}))
+    assert isinstance(audio, DecodedAudio) and audio.sample_rate == 24000
+    assert np.array_equal(audio.samples[0], samples.astype(np.float32) / 32768)
+    odd = {"data": b64(samples.tobytes()[:-1]), "format": "pcm16"}
+    err = refused(user({"type": "input_audio", "input_audio": odd}))
+    assert err.param == "messages.0.content.1.input_audio" and "whole 16-bit samples" in err.message
 
 
 def test_decoding_limits_come_from_the_policy(media_corpus: Corpus) -> None:
