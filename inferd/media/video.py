@@ -4,7 +4,9 @@ Before decoding: the container is opened with the demuxer its magic bytes name (
 probes untrusted bytes itself), it must hold a video stream, and the frame size, the declared
 duration and the declared frame count must fit the limits. Then the packets are counted (a
 demux, no decoding) so a header that under-declares its frames is caught before the decoder
-runs; only then are frames decoded, and only the sampled ones converted to RGB.
+runs. Only then is anything decoded: for each sampled frame, from the last keyframe before it
+(the demux told where they are), and only the sampled frames are converted to RGB; a stream
+without timestamps is decoded from the start instead.
 
 Sampling: ``VideoSampling(fps, max_frames)`` keeps ``min(max_frames, ceil(duration * fps))``
 frames (at least one) at indices ``floor(i * total / n)``: the spacing of transformers'
@@ -13,6 +15,7 @@ frames (at least one) at indices ``floor(i * total / n)``: the spacing of transf
 
 from __future__ import annotations
 
+import bisect
 import io
 import math
 from dataclasses import dataclass, replace
@@ -89,12 +92,14 @@ def _decode(
         seconds = _declared_seconds(stream, container)
         declared_frames = int(stream.frames) or (round(seconds * fps) if seconds else None)
         limits.check_video(seconds, declared_frames)
-        total = _count_frames(container, stream, limits)
+        packets = _count_frames(container, stream, limits)
+    total = len(packets)
     if total == 0:
         raise MediaError(f"the {found.name} video stream holds no frames")
     duration = seconds if seconds else total / fps
     wanted = sampling.indices(total, duration)
-    frames, stamps = _sampled_frames(data, found, wanted, limits, fps)
+    sought = _sought_frames(data, found, wanted, limits, packets)
+    frames, stamps = sought or _sampled_frames(data, found, wanted, limits, fps)
     if len(frames) < len(wanted):
         raise MediaError(
             f"the {found.name} video decodes to fewer frames than its {total} packets: "
@@ -119,17 +124,62 @@ def _declared_seconds(stream: av.video.stream.VideoStream, container: object) ->
     return duration / av.time_base if duration else None
 
 
+@dataclass(frozen=True, slots=True)
+class _Packet:
+    pts: int | None
+    key: bool
+
+
 def _count_frames(
     container: av.container.InputContainer, stream: av.video.stream.VideoStream, limits: MediaLimits
-) -> int:
-    """Packets holding a frame, counted without decoding; stops past the frame limit."""
-    total = 0
+) -> list[_Packet]:
+    """The packets holding a frame (demuxed, not decoded); stops past the frame limit."""
+    packets = []
     for packet in container.demux(stream):
         if packet.size:
-            total += 1
-            if total > limits.max_video_frames:
-                limits.check_video(None, total)
-    return total
+            packets.append(_Packet(packet.pts, bool(packet.is_keyframe)))
+            if len(packets) > limits.max_video_frames:
+                limits.check_video(None, len(packets))
+    return packets
+
+
+def _sought_frames(
+    data: bytes, found: Format, wanted: list[int], limits: MediaLimits, packets: list[_Packet]
+) -> tuple[list[npt.NDArray[np.uint8]], list[float]] | None:
+    """The sampled frames, decoding from the last keyframe before each rather than from the
+    start: a few frames per sample instead of the whole video. The frames are named by their
+    presentation timestamps, known from the demux; None (the caller decodes sequentially)
+    where the timestamps are missing or a frame does not come out where it should."""
+    if any(p.pts is None for p in packets):
+        return None
+    order = sorted(int(p.pts) for p in packets if p.pts is not None)
+    if len(set(order)) != len(order):
+        return None
+    keys = sorted(int(p.pts) for p in packets if p.key and p.pts is not None)
+    frames: list[npt.NDArray[np.uint8]] = []
+    stamps: list[float] = []
+    with av.open(io.BytesIO(data), format=DEMUXERS[found.name], mode="r") as container:
+        stream = container.streams.video[0]
+        stream.thread_type = "AUTO"
+        decoded = container.decode(stream)
+        position = order[0] - 1  # pts of the last frame decoded
+        for target in (order[i] for i in wanted):
+            key = (
+                keys[bisect.bisect_right(keys, target) - 1] if keys and keys[0] <= target else None
+            )
+            if key is not None and key > position:  # a keyframe lies between: jump to it
+                container.seek(key, stream=stream, backward=True)
+                decoded = container.decode(stream)
+            frame = next((f for f in decoded if f.pts is None or f.pts >= target), None)
+            if frame is None or frame.pts != target:  # the stream ended, or skipped the frame
+                return None
+            position = target
+            limits.check_pixels(frame.width, frame.height, "each video frame")
+            frames.append(np.asarray(frame.to_ndarray(format="rgb24"), np.uint8))
+            stamps.append(float(frame.time or 0.0))
+    if len({f.shape for f in frames}) > 1:
+        raise MediaError(f"the {found.name} video changes its frame size midway")
+    return frames, stamps
 
 
 def _sampled_frames(

@@ -48,6 +48,7 @@ class Clip:
     frames: int
     size: tuple[int, int] = (64, 48)
     audio: Tone | None = None
+    gop: int | None = None  # frames between keyframes (libx264's default: 250)
 
     @staticmethod
     def gray(i: int) -> int:
@@ -169,6 +170,7 @@ CLIPS = {
     "gray-29.97fps-audio.mp4": Clip(
         Fraction(30000, 1001), 30, audio=Tone(16000, 1.0, (440.0,), 0.3)
     ),
+    "gray-25fps-gop6.mp4": Clip(Fraction(25), 33, gop=6),  # keyframes to seek to, B-frames between
 }
 
 
@@ -188,6 +190,8 @@ def _mp4(clip: Clip | None, tone: Tone | None) -> bytes:
             video = container.add_stream("libx264", rate=clip.fps)
             video.width, video.height = clip.size
             video.pix_fmt = "yuv420p"
+            if clip.gop is not None:
+                video.codec_context.gop_size = clip.gop
         if tone is not None:
             audio = container.add_stream("aac", rate=tone.sample_rate)
             audio.layout = "mono"

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import io
 from fractions import Fraction
 
+import av
 import numpy as np
 import pytest
 
 from inferd.media.limits import MediaLimits
-from inferd.media.video import VideoSampling, decode_video
+from inferd.media.sniff import MP4
+from inferd.media.video import (
+    VideoSampling,
+    _count_frames,
+    _sampled_frames,
+    _sought_frames,
+    decode_video,
+)
 from tests.media.corpus import Clip, Corpus
 
 
@@ -18,7 +27,9 @@ def frame_index(frame: np.ndarray, clip: Clip) -> int:
     return int(np.abs(grays - frame.astype(np.float64).mean()).argmin())
 
 
-@pytest.mark.parametrize("name", ["gray-7.5fps.mp4", "gray-29.97fps-audio.mp4"])
+@pytest.mark.parametrize(
+    "name", ["gray-7.5fps.mp4", "gray-29.97fps-audio.mp4", "gray-25fps-gop6.mp4"]
+)
 @pytest.mark.parametrize(("fps", "max_frames"), [(2.0, 32), (100.0, 1000), (100.0, 4)])
 def test_frames_are_sampled_evenly_with_their_times(
     media_corpus: Corpus, name: str, fps: float, max_frames: int
@@ -68,3 +79,24 @@ def test_the_frame_limit_counts_packets_not_the_header(media_corpus: Corpus) -> 
     assert decode_video(data, MediaLimits(max_video_frames=20)).total_frames == 20
     with pytest.raises(Exception, match="has 20 frames; this server decodes at most 19"):
         decode_video(data, MediaLimits(max_video_frames=19))
+
+
+@pytest.mark.parametrize(
+    "wanted", [[0, 7, 13, 20, 26, 32], [5, 6, 11, 12], [1], [32], list(range(33))]
+)
+def test_seeking_to_keyframes_gives_the_frames_a_full_decode_gives(
+    media_corpus: Corpus, wanted: list[int]
+) -> None:
+    """Keyframes every 6 frames, B-frames between: each sample decoded from its keyframe is the
+    frame, and the time, that decoding everything from the start gives."""
+    data = media_corpus.bytes("gray-25fps-gop6.mp4")
+    with av.open(io.BytesIO(data), format="mp4", mode="r") as container:
+        packets = _count_frames(container, container.streams.video[0], MediaLimits())
+    assert sum(p.key for p in packets) == 6
+    sought = _sought_frames(data, MP4, wanted, MediaLimits(), packets)
+    assert sought is not None  # the seeking path took every sample
+    full = _sampled_frames(data, MP4, wanted, MediaLimits(), 25.0)
+    assert sought[1] == full[1] == [pytest.approx(i / 25) for i in wanted]
+    assert len(sought[0]) == len(full[0]) == len(wanted)
+    for a, b in zip(sought[0], full[0], strict=True):
+        assert np.array_equal(a, b)
