@@ -8,7 +8,7 @@ OpenAI's ``pcm16`` (raw 16-bit little-endian mono at 24 kHz) is taken when decla
 
 Limits come from the header first (sample rate, channels, declared length); then reading stops
 one sample past ``max_audio_seconds`` whatever the header said. A WAV whose data chunk claims
-more bytes than the file holds, or a FLAC/MP3 that ends before its declared length, is an error:
+more bytes than the file holds, or a FLAC that ends before its declared length, is an error:
 libsndfile would otherwise quietly return the shorter audio.
 
 Resampling to a model's rate is ``inferd.media.resample`` (``DecodedAudio.resampled``).
@@ -121,7 +121,9 @@ def _read_soundfile(
         )
     n = frames.shape[0]
     limits.check_audio_seconds(n / rate)
-    if declared > 0 and n < declared:
+    # WAV and FLAC headers count their samples exactly; an MP3's or Ogg's count may be
+    # libsndfile's estimate (no Xing header), and a cut one plays shorter, as in any player
+    if found in (WAV, FLAC) and declared > 0 and n < declared:
         raise MediaError(
             f"the {found.name} audio ends after {n} of the {declared} samples its header "
             "declares: it is truncated"

@@ -7,8 +7,9 @@ against transformers downstream, so this does the same two steps and nothing els
 
 Before any pixel is decoded: the bytes are sniffed (only PNG, JPEG, GIF, WebP, BMP and TIFF are
 opened: Pillow's other plugins, EPS above all, are not for untrusted input) and the size from
-the header is checked against ``max_image_pixels``. Pillow reads headers lazily, so ``open``
-costs a header parse; ``load`` is the decoding. Multi-frame files (GIF, APNG, TIFF) give their
+the header is checked against ``max_image_pixels`` (instead of Pillow's own bomb check, which
+only warns below twice its cap). Pillow reads headers lazily, so opening costs a header parse;
+``load`` is the decoding. Multi-frame files (GIF, APNG, TIFF) give their
 first frame, as ``load_image`` does.
 """
 
@@ -16,21 +17,31 @@ from __future__ import annotations
 
 import io
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+from PIL import Image, ImageOps
 
 from inferd.media.limits import MediaError, MediaLimits, reason
 from inferd.media.sniff import check_declared, sniff_for
 from inferd.media.types import DecodedImage, digest_of
 
-# Pillow's format ids for each sniffed format (camera JPEGs open as MPO).
+# Pillow's plugin id for each sniffed format (its JPEG plugin opens camera MPO files too).
 _PILLOW_FORMATS = {
-    "PNG": ("PNG",),
-    "JPEG": ("JPEG", "MPO"),
-    "GIF": ("GIF",),
-    "WebP": ("WEBP",),
-    "BMP": ("BMP",),
-    "TIFF": ("TIFF",),
+    "PNG": "PNG",
+    "JPEG": "JPEG",
+    "GIF": "GIF",
+    "WebP": "WEBP",
+    "BMP": "BMP",
+    "TIFF": "TIFF",
 }
+
+
+def _open(data: bytes, pillow_format: str) -> Image.Image:
+    """The image's header, read by the plugin of its format as ``Image.open`` reads it, less
+    Pillow's decompression-bomb check: a warning below twice ``Image.MAX_IMAGE_PIXELS`` and an
+    error above. ``MediaLimits.check_pixels`` on the same header is the one check, always an
+    error, and it may be set above or below Pillow's."""
+    Image.init()  # loads the plugins, as Image.open does
+    factory, _ = Image.OPEN[pillow_format]
+    return factory(io.BytesIO(data), "")
 
 
 def decode_image(
@@ -41,7 +52,7 @@ def decode_image(
     found = sniff_for(data, "image")
     check_declared(declared, found)
     try:
-        with Image.open(io.BytesIO(data), formats=_PILLOW_FORMATS[found.name]) as opened:
+        with _open(data, _PILLOW_FORMATS[found.name]) as opened:
             original_size = opened.size
             original_mode = opened.mode
             limits.check_pixels(*original_size)
@@ -50,17 +61,6 @@ def decode_image(
             rgb = upright.convert("RGB")
     except MediaError:
         raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
-        # Pillow's own cap (twice Image.MAX_IMAGE_PIXELS) caught a size above --max-image-pixels
-        raise MediaError(
-            "the image declares a size Pillow refuses as a decompression bomb (over "
-            f"{Image.MAX_IMAGE_PIXELS} pixels); this server decodes at most "
-            f"{limits.max_image_pixels} "
-            "(--max-image-pixels)",
-            "media_too_large",
-        ) from None
-    except UnidentifiedImageError:
-        raise MediaError(f"the data starts like a {found.name} file but is not one") from None
     except (
         OSError,
         ValueError,

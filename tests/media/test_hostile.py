@@ -8,15 +8,22 @@ import pytest
 
 from inferd.media.decode import decode_media
 from inferd.media.limits import MediaError, MediaLimits
-from tests.media.corpus import Corpus
+from tests.media.corpus import Corpus, png
 
 HOSTILE = [
     # file, sent as, declared type, what the error says, its code
     ("zip-named.png", "image", "image/png", "is a ZIP archive, not an image", "invalid_media"),
     ("truncated.png", "image", None, "PNG image cannot be decoded: image file is truncated", None),
-    ("garbage-after-magic.png", "image", None, "starts like a PNG file but is not one", None),
-    ("empty-0x0.png", "image", None, "starts like a PNG file but is not one", None),
-    ("bomb-100000x100000.png", "image", None, "refuses as a decompression bomb", "media_too_large"),
+    ("garbage-after-magic.png", "image", None, "PNG image cannot be decoded: broken PNG", None),
+    ("empty-0x0.png", "image", None, "the PNG image cannot be decoded", None),
+    # far past Pillow's own cap, yet refused by ours from the header: the same error as below
+    (
+        "bomb-100000x100000.png",
+        "image",
+        None,
+        "100000x100000 = 10000000000 pixels",
+        "media_too_large",
+    ),
     ("bomb-7000x7000.png", "image", None, "7000x7000 = 49000000 pixels", "media_too_large"),
     (
         "rgb-photo-320x240.jpg",
@@ -86,6 +93,23 @@ def test_limits_refuse_from_the_header(
         decode_media(media_corpus.bytes(name), modality, limits)
     assert info.value.code == "media_too_large"
     assert says in str(info.value) and "(--max-" in str(info.value)
+
+
+def test_the_pixel_limit_is_ours_alone_above_or_below_pillows(media_corpus: Corpus) -> None:
+    """Pillow warns between Image.MAX_IMAGE_PIXELS and twice that (with warnings as errors
+    here, a warning would escape); this server's limit decides alone, both ways."""
+    from PIL import Image
+
+    assert Image.MAX_IMAGE_PIXELS is not None
+    above = Image.MAX_IMAGE_PIXELS + 1
+    side = int(above**0.5) + 1  # a square just past Pillow's warning threshold
+    bomb = png(side, side)
+    with pytest.raises(MediaError) as info:
+        decode_media(bomb, "image")
+    assert info.value.code == "media_too_large" and f"{side}x{side}" in str(info.value)
+    with pytest.raises(MediaError) as info:  # allowed by us: the header passes, the data is short
+        decode_media(bomb, "image", MediaLimits(max_image_pixels=side * side))
+    assert info.value.code == "invalid_media"
 
 
 def test_limits_must_be_positive() -> None:

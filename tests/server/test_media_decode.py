@@ -142,7 +142,7 @@ CORRUPT = [
     (
         lambda c: image_part(data_url(c.bytes("garbage-after-magic.png"), "image/png")),
         "messages.0.content.1.image_url",
-        "starts like a PNG file but is not one",
+        "the PNG image cannot be decoded: broken PNG file",
         "invalid_media",
     ),
     (
@@ -339,7 +339,7 @@ def test_the_routes_answer_bad_media_with_a_400_and_keep_serving(
     assert bad.status_code == 400
     error = bad.json()["error"]
     assert error["param"] == "messages.0.content.1.image_url" and error["code"] == "invalid_media"
-    assert "starts like a PNG file but is not one" in error["message"]
+    assert "the PNG image cannot be decoded: broken PNG file" in error["message"]
     assert anthropic.status_code == 400
     assert anthropic.json()["type"] == "error"
     assert anthropic.json()["error"]["message"].startswith("messages.0.content.1.source: ")
