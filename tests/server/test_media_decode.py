@@ -244,6 +244,49 @@ def test_a_file_name_declares_nothing_and_pcm16_is_raw_samples(
     assert err.param == "messages.0.content.1.input_audio" and "whole 16-bit samples" in err.message
 
 
+def test_remote_media_is_fetched_then_decoded(media_corpus: Corpus) -> None:
+    """Through the SSRF-safe fetcher, from an HTTP server on loopback (a network allowed here)."""
+    files = {
+        "/photo.jpg": media_corpus.bytes("rgb-photo-320x240.jpg"),
+        "/cat.png": media_corpus.bytes("zip-named.png"),
+    }
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        body = files[head.split(b" ")[1].decode()]
+        writer.write(
+            b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body
+        )
+        await writer.drain()
+        writer.close()
+
+    async def main() -> tuple[Any, APIError]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        policy = MediaPolicy.create(
+            allow_remote=True, remote_ports=[port], allow_networks=["127.0.0.0/8"]
+        )
+        try:
+            good = await decode_request_media(
+                user(image_part(f"http://127.0.0.1:{port}/photo.jpg")), policy, SEEING
+            )
+            with pytest.raises(APIError) as info:
+                await decode_request_media(
+                    user(image_part(f"http://127.0.0.1:{port}/cat.png")), policy, SEEING
+                )
+            return good, info.value
+        finally:
+            server.close()
+            await server.wait_closed()
+
+    (image,), err = asyncio.run(main())
+    assert isinstance(image, DecodedImage) and image.size == (320, 240)
+    local = decode(user(image_part(data_url(files["/photo.jpg"], "image/jpeg"))))[0]
+    assert image.digest == local.digest
+    assert np.array_equal(np.asarray(image.image), np.asarray(local.image))
+    assert err.param == "messages.0.content.1.image_url" and "is a ZIP archive" in err.message
+
+
 def test_decoding_limits_come_from_the_policy(media_corpus: Corpus) -> None:
     policy = MediaPolicy.create(limits=MediaLimits(max_video_seconds=1.0))
     mp4 = data_url(media_corpus.bytes("gray-7.5fps.mp4"), "video/mp4")
