@@ -211,10 +211,10 @@ def check_media_parts(
     then any part whose modality the model does not take. Returns the checked parts.
     """
     found = list(_media_parts(messages))
-    for modality, plural, cap, flag in (
-        ("image", "images", policy.max_num_images, "--max-num-images"),
-        ("audio", "audio clips", policy.max_num_audios, "--max-num-audios"),
-        ("video", "videos", policy.max_num_videos, "--max-num-videos"),
+    for modality, plural, cap, flag, code in (
+        ("image", "images", policy.max_num_images, "--max-num-images", "too_many_images"),
+        ("audio", "audio clips", policy.max_num_audios, "--max-num-audios", "too_many_audios"),
+        ("video", "videos", policy.max_num_videos, "--max-num-videos", "too_many_videos"),
     ):
         count = sum(1 for _, m, _ in found if m == modality)
         if count > cap:
@@ -222,7 +222,7 @@ def check_media_parts(
                 f"messages: this request carries {count} {plural}; this server accepts at most "
                 f"{cap} per request ({flag})",
                 "messages",
-                code=f"too_many_{'audios' if modality == 'audio' else plural}",
+                code=code,
             )
     refs = [_check_part(param, modality, part, policy) for param, modality, part in found]
     accepted = model_modalities(model).input
