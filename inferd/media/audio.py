@@ -44,6 +44,9 @@ _SOUNDFILE = (WAV, FLAC, MP3, OGG)
 # (its playlist demuxers would open other files or URLs).
 DEMUXERS = {MP4.name: "mp4", MATROSKA.name: "matroska", OGG.name: "ogg", AVI.name: "avi"}
 _UNKNOWN_WAV_LENGTH = 0xFFFFFFFF  # written by streaming encoders that cannot seek back
+# OpenAI's input_audio format "pcm16": raw 16-bit little-endian mono samples at 24 kHz, no header
+PCM16_TYPES = frozenset({"audio/pcm16", "audio/pcm"})
+PCM16_RATE = 24_000
 
 
 def decode_audio(
@@ -73,11 +76,6 @@ def decode_audio(
     if samples.shape[1] == 0:
         raise MediaError(f"the {found.name} file holds no audio samples")
     return DecodedAudio(samples, rate, digest_of(data), found.name)
-
-
-# OpenAI's input_audio format "pcm16": raw 16-bit little-endian mono samples at 24 kHz, no header
-PCM16_TYPES = frozenset({"audio/pcm16", "audio/pcm"})
-PCM16_RATE = 24_000
 
 
 def decode_pcm16(data: bytes, limits: MediaLimits) -> DecodedAudio:
@@ -116,11 +114,15 @@ def _read_soundfile(
         rate, channels, declared = int(f.samplerate), int(f.channels), int(f.frames)
         limits.check_audio(rate, declared / rate if rate > 0 else None, channels)
         most = int(limits.max_audio_seconds * rate) + 1
-        frames = f.read(
-            frames=min(declared, most) if declared > 0 else most, dtype="float32", always_2d=True
-        )
-    n = frames.shape[0]
-    limits.check_audio_seconds(n / rate)
+        # a second at a time: memory follows what the file holds, not what its header says
+        blocks = []
+        n = 0
+        for block in f.blocks(blocksize=rate, dtype="float32", always_2d=True):
+            blocks.append(block)
+            n += block.shape[0]
+            if n > most:
+                limits.check_audio_seconds(n / rate)
+    frames = np.concatenate(blocks) if blocks else np.zeros((0, channels), np.float32)
     # WAV and FLAC headers count their samples exactly; an MP3's or Ogg's count may be
     # libsndfile's estimate (no Xing header), and a cut one plays shorter, as in any player
     if found in (WAV, FLAC) and declared > 0 and n < declared:
