@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from inferd.media.limits import MediaError, MediaLimits
@@ -19,11 +20,13 @@ def decode_media(
     *,
     audio_rate: int | None = None,
     video_sampling: VideoSampling | None = None,
+    video_audio: bool = False,
 ) -> DecodedMedia:
     """Decode ``data`` sent as ``modality`` (image, audio or video); MediaError on failure.
 
     ``declared`` is the media type the sender gave, checked against the bytes; ``audio_rate``
-    resamples audio to a model's rate; ``video_sampling`` is a ``VideoSampling``.
+    resamples audio to a model's rate (a video's sound too); ``video_sampling`` is a
+    ``VideoSampling``; ``video_audio`` decodes a video's first audio track with its frames.
     """
     if modality == "image":
         from inferd.media.image import decode_image
@@ -37,5 +40,8 @@ def decode_media(
     if modality == "video":
         from inferd.media.video import decode_video
 
-        return decode_video(data, limits, declared, video_sampling)
+        video = decode_video(data, limits, declared, video_sampling, with_audio=video_audio)
+        if video.audio is not None and audio_rate:
+            return replace(video, audio=video.audio.resampled(audio_rate))
+        return video
     raise MediaError(f"{modality} media is not decoded by this server")

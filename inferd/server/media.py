@@ -28,10 +28,12 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import ipaddress
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -508,14 +510,17 @@ async def decode_request_media(
     *,
     audio_rate: int | None = None,
     video_sampling: VideoSampling | None = None,
+    video_audio: bool = False,
 ) -> list[DecodedMedia]:
     """The request's media, checked, loaded and decoded, in the order they appear.
 
     Raises APIError 400 for anything ``check_media_parts`` refuses (a text-only model's media
     among them, before any byte is read), for a part that cannot be loaded, and for one that
     cannot be decoded (the message names the part and says why). ``audio_rate`` resamples
-    audio to the model's rate; ``video_sampling`` picks the frames kept. Each decode runs in a
-    worker thread, one part after another, so one request holds at most one thread at a time.
+    audio to the model's rate; ``video_sampling`` picks the frames kept; ``video_audio`` adds
+    a video's sound (for models that hear videos too). Each decode runs off
+    the event loop in the decoding threads, one part after another, so one request holds at
+    most one of them at a time.
     """
     refs = check_media_parts(messages, policy, model)
     decoded = []
@@ -527,10 +532,19 @@ async def decode_request_media(
                 code="unsupported_modality",
             )
         data = await load_media(ref, policy)
-        decoded.append(
-            await asyncio.to_thread(_decode, ref, data, policy.limits, audio_rate, video_sampling)
+        work = functools.partial(
+            _decode, ref, data, policy.limits, audio_rate, video_sampling, video_audio
         )
+        decoded.append(await asyncio.get_running_loop().run_in_executor(_DECODERS, work))
     return decoded
+
+
+# Decoding is CPU- and memory-heavy: its own few threads, so many requests with media queue
+# here instead of decoding all at once, and never hold up the default executor's short jobs
+# (tokenizing, reading files).
+_DECODERS = ThreadPoolExecutor(
+    max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="inferd-media"
+)
 
 
 def _decode(
@@ -539,6 +553,7 @@ def _decode(
     limits: MediaLimits,
     audio_rate: int | None,
     video_sampling: VideoSampling | None,
+    video_audio: bool,
 ) -> DecodedMedia:
     from inferd.media.decode import decode_media
 
@@ -550,6 +565,7 @@ def _decode(
             declared_type(ref),
             audio_rate=audio_rate,
             video_sampling=video_sampling,
+            video_audio=video_audio,
         )
     except MediaError as exc:
         param = _part_key(ref.param)

@@ -135,6 +135,15 @@ def test_audio_is_resampled_and_video_sampled_as_the_model_asks(media_corpus: Co
     assert isinstance(audio, DecodedAudio) and audio.sample_rate == 16000
     assert audio.num_samples == math.ceil(16538 * 16000 / 22050)  # 0.75 s at 22050 Hz, rounded
     assert isinstance(video, DecodedVideo) and video.frame_indices == (0, 10)
+    assert video.audio is None
+    sound = media_corpus.bytes("gray-29.97fps-audio.mp4")
+    (heard,) = decode(
+        user({"type": "video_url", "video_url": {"url": data_url(sound, "video/mp4")}}),
+        audio_rate=8000,
+        video_audio=True,
+    )
+    assert isinstance(heard, DecodedVideo) and heard.audio is not None
+    assert heard.audio.sample_rate == 8000 and heard.audio.digest == heard.digest
 
 
 CORRUPT = [
