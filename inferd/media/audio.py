@@ -144,6 +144,8 @@ def read_av_audio(
                 return None
             raise MediaError(f"the {found.name} file has no audio stream")
         stream = container.streams.audio[0]
+        if stream.codec_context is None:  # FFmpeg has no decoder for what the stream says
+            raise MediaError(f"the {found.name} audio stream's codec cannot be decoded")
         rate = int(stream.codec_context.sample_rate or 0)
         channels = int(stream.codec_context.layout.nb_channels)
         limits.check_audio(rate, _declared_seconds(stream, container), channels)

@@ -85,6 +85,8 @@ def _decode(
             raise MediaError(f"the {found.name} file has no video stream")
         stream = container.streams.video[0]
         context = stream.codec_context
+        if context is None:  # FFmpeg has no decoder for what the stream says it holds
+            raise MediaError(f"the {found.name} video stream's codec cannot be decoded")
         limits.check_pixels(int(context.width), int(context.height), "each video frame")
         fps = float(stream.average_rate or stream.guessed_rate or 0)
         if not fps > 0:
