@@ -95,6 +95,16 @@ def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Qwen2-Audio directory, its transformers model and processor."""
+    from tests.models.tiny_audio import save_tiny_qwen2_audio
+
+    directory = tmp_path_factory.mktemp("qwen2_audio")
+    model, processor = save_tiny_qwen2_audio(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def media_corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     """Images, audio and videos (good and hostile) generated once (tests/media/corpus.py)."""
     from tests.media.corpus import build
