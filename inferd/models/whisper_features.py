@@ -40,7 +40,7 @@ class WhisperFeatureConfig:
         if kind != "WhisperFeatureExtractor":
             raise AudioFeatureError(f"audio features by {kind!r} are not supported")
         if settings.get("do_normalize") or float(settings.get("dither", 0.0)) != 0.0:
-            raise AudioFeatureError("Whisper features with do_normalize or dither are not supported")
+            raise AudioFeatureError("Whisper features with do_normalize or dither: not supported")
         if float(settings.get("padding_value", 0.0)) != 0.0:
             raise AudioFeatureError("Whisper features padded with other than silence")
         return cls(

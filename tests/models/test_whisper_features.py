@@ -42,9 +42,7 @@ def reference(samples: np.ndarray, mels: int) -> tuple[np.ndarray, int]:
     from transformers import WhisperFeatureExtractor
 
     extractor = WhisperFeatureExtractor(feature_size=mels, return_attention_mask=True)
-    out = extractor(
-        samples, sampling_rate=RATE, padding="max_length", return_attention_mask=True
-    )
+    out = extractor(samples, sampling_rate=RATE, padding="max_length", return_attention_mask=True)
     return out["input_features"][0], int(out["attention_mask"][0].sum())
 
 
@@ -73,7 +71,7 @@ def test_resampled_input_matches(rate: int) -> None:
 
 def test_settings_read_from_hf() -> None:
     cfg = WhisperFeatureConfig.from_hf(
-        {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128, "chunk_length": 30}
+        {"feature_extractor_type": "WhisperFeatureExtractor", "feature_size": 128}
     )
     assert (cfg.feature_size, cfg.max_frames, cfg.n_samples) == (128, 3000, 480000)
     with pytest.raises(ValueError, match="dither"):
