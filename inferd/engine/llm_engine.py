@@ -119,21 +119,22 @@ class LLMEngine:
             )
 
     def check_media(self, prompt_token_ids: Sequence[int], media: Sequence[MediaInput]) -> None:
-        """AdmissionError unless every image sits on placeholder tokens of this prompt, in
-        order and apart, and the model has an image encoder."""
+        """AdmissionError unless every medium sits on placeholder tokens of this prompt, in
+        order and apart, and the model has an encoder for its modality."""
         if not media:
             return
-        vision = self.model_config.vision
-        if vision is None:
-            raise _media_error(f"{self.model_config.architecture} models take no images")
         end = -1
         for m in media:
+            placeholder = self.model_config.placeholder_token(m.modality)
+            if placeholder is None:
+                kind = "images" if m.modality == "image" else m.modality
+                raise _media_error(f"{self.model_config.architecture} models take no {kind}")
             if not m.positions or list(m.positions) != sorted(set(m.positions)):
-                raise _media_error("an image's placeholder positions must ascend")
+                raise _media_error(f"an {m.modality}'s placeholder positions must ascend")
             if m.positions[0] <= end or m.positions[-1] >= len(prompt_token_ids):
-                raise _media_error("images overlap or lie outside the prompt")
-            if any(prompt_token_ids[p] != vision.image_token_id for p in m.positions):
-                raise _media_error("an image's rows must replace its placeholder tokens")
+                raise _media_error("media overlap or lie outside the prompt")
+            if any(prompt_token_ids[p] != placeholder for p in m.positions):
+                raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
             end = m.positions[-1]
 
     def add_request(
