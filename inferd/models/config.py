@@ -414,6 +414,21 @@ def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     return replace(decoder, architecture=arch, vision=encoder)
 
 
+# transformers' Qwen2Config defaults, for the keys a sparse text_config leaves out.
+QWEN2_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
+
 def _qwen2_audio_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Qwen2-Audio: the Qwen2 ``text_config`` with the Whisper-style ``audio_config``."""
     text, audio = hf.get("text_config"), hf.get("audio_config")
@@ -422,9 +437,10 @@ def _qwen2_audio_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfi
     if text.get("model_type", "qwen2") != "qwen2":
         raise ModelConfigError(f"qwen2_audio with a {text.get('model_type')!r} text model")
     tied = bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False)))
-    decoder = config_from_hf(
-        {**text, "model_type": "qwen2", "tie_word_embeddings": tied}, has_lm_head=has_lm_head
-    )
+    # The published config.json is sparse (Qwen2-Audio-7B's text_config names neither its
+    # width nor its depth): transformers fills what is missing from Qwen2Config's defaults.
+    text = {**QWEN2_DEFAULTS, **text, "model_type": "qwen2", "tie_word_embeddings": tied}
+    decoder = config_from_hf(text, has_lm_head=has_lm_head)
     act = str(audio.get("activation_function", "gelu"))
     if act != "gelu":
         raise ModelConfigError(f"audio activation {act!r} is not supported (gelu)")

@@ -109,3 +109,79 @@ def test_encoder_matches_transformers(
     for i, (rows, p) in enumerate(zip(mine, prepared, strict=True)):
         assert rows.shape == (p.num_embeddings, ours.config.hidden_size)
         torch.testing.assert_close(rows, captured[0][i, : p.num_embeddings], atol=1e-5, rtol=1e-5)
+
+
+# Qwen/Qwen2-Audio-7B's config.json: the text model's width and depth left to the defaults.
+PUBLISHED_CONFIG = {
+    "architectures": ["Qwen2AudioForConditionalGeneration"],
+    "model_type": "qwen2_audio",
+    "audio_token_index": 151646,
+    "audio_config": {
+        "model_type": "qwen2_audio_encoder",
+        "num_mel_bins": 128,
+        "encoder_layers": 32,
+        "encoder_attention_heads": 20,
+        "encoder_ffn_dim": 5120,
+        "d_model": 1280,
+        "activation_function": "gelu",
+        "scale_embedding": False,
+        "max_source_positions": 1500,
+    },
+    "text_config": {
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "intermediate_size": 11008,
+        "max_position_embeddings": 8192,
+        "model_type": "qwen2",
+        "rope_theta": 10000,
+        "rms_norm_eps": 1e-5,
+        "sliding_window": 32768,
+        "use_mrope": False,
+        "vocab_size": 156032,
+    },
+}
+
+
+def test_sparse_published_config_reads_as_transformers_reads_it() -> None:
+    from transformers import Qwen2AudioConfig
+
+    from inferd.models.config import config_from_hf
+
+    ref = Qwen2AudioConfig(**{k: v for k, v in PUBLISHED_CONFIG.items() if k != "architectures"})
+    cfg = config_from_hf(PUBLISHED_CONFIG, has_lm_head=True)
+    text, audio = ref.text_config, ref.audio_config
+    assert cfg.audio is not None and cfg.attention_bias and cfg.sliding_window is None
+    assert (
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.num_heads,
+        cfg.num_kv_heads,
+        cfg.intermediate_size,
+        cfg.vocab_size,
+        cfg.rms_norm_eps,
+    ) == (
+        text.hidden_size,
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.intermediate_size,
+        text.vocab_size,
+        text.rms_norm_eps,
+    )
+    assert (
+        cfg.audio.hidden_size,
+        cfg.audio.num_layers,
+        cfg.audio.num_heads,
+        cfg.audio.intermediate_size,
+        cfg.audio.num_mel_bins,
+        cfg.audio.max_frames,
+        cfg.audio.audio_token_id,
+    ) == (
+        audio.d_model,
+        audio.encoder_layers,
+        audio.encoder_attention_heads,
+        audio.encoder_ffn_dim,
+        audio.num_mel_bins,
+        3000,
+        ref.audio_token_index,
+    )
