@@ -5,8 +5,8 @@ power spectrum mapped through a Slaney mel filter bank (0-8 kHz), log10 floored 
 value at least the window's maximum minus 8, then scaled as (x + 4) / 4.
 
 The filter bank is built in float64 as the reference builds it and the spectrum is computed in
-float32 with torch.stft as its torch path does, so features agree to float32 rounding (the
-parity test bounds the difference). ``frames`` (the attention mask's count) is the number of
+float32 with torch.stft as its torch path does: the features are bit-identical to
+transformers' on the same torch (the parity test allows 2e-5 for another BLAS's summation). ``frames`` (the attention mask's count) is the number of
 frames that start inside the clip: ceil(samples / hop), at most the window's.
 """
 
