@@ -76,6 +76,12 @@ class ServedModel:
         taken += ["audio"] if self.audio is not None else []
         return {"input": taken, "output": ["text"]}
 
+    @property
+    def audio_sample_rate(self) -> int | None:
+        """The rate this model's audio features are computed at (decoders may resample to it
+        once, ``decode_request_media(audio_rate=...)``); None for a model without audio."""
+        return self.audio.config.sampling_rate if self.audio is not None else None
+
     def prompt_with_images(
         self,
         text: str,

@@ -179,3 +179,15 @@ def test_a_text_model_refuses_audio(served_f32: ServedModel) -> None:
     with pytest.raises(MediaPromptError, match="takes no audio"):
         served_f32.prompt_with_media(f"{AUDIO}Hi", [BEEP])
     assert served_f32.modalities["input"] == ["text"]
+
+
+def test_an_audio_marker_typed_by_the_user_stays_text(served: ServedModel) -> None:
+    typed = {"type": "text", "text": "Is <|AUDIO|> a tag?"}
+    messages = [{"role": "user", "content": [{"type": "audio"}, typed]}]
+    ids, media = served.chat_prompt_with_media(messages, [HISS])
+    assert len(media) == 1
+    placeholders = sum(1 for t in ids if t == encoder(served).audio_token_id)
+    assert placeholders == len(media[0].positions)  # the typed one is plain text
+    with pytest.raises(MediaPromptError):  # it is no audio slot either
+        served.chat_prompt_with_media(messages, [HISS, BEEP])
+    assert served.audio_sample_rate == RATE
