@@ -67,7 +67,7 @@ class MarkerExpander:
         if len(cuts) != len(items):
             raise MediaPromptError(
                 f"the prompt has {len(cuts)} {self.modality} markers for {len(items)} "
-                f"{self.modality} items"
+                + ("images" if self.modality == "image" else f"{self.modality} clips")
             )
         ids: list[int] = []
         media: list[MediaInput] = []
