@@ -22,7 +22,7 @@ from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import SchedulerConfig
-from inferd.models.config import ModelConfig
+from inferd.models.config import AudioConfig, ModelConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.structured.compiler import GrammarCompiler
 
@@ -135,7 +135,26 @@ class LLMEngine:
                 raise _media_error("media overlap or lie outside the prompt")
             if any(prompt_token_ids[p] != placeholder for p in m.positions):
                 raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
+            if m.modality == "audio":
+                self._check_clip(m)
             end = m.positions[-1]
+
+    def _check_clip(self, m: MediaInput) -> None:
+        """A clip's features fit the encoder's window and give one row per placeholder: the
+        runner would otherwise fail mid-step."""
+        audio = self.model_config.audio
+        assert audio is not None  # placeholder_token("audio") said so
+        shape = (1, audio.num_mel_bins, audio.max_frames)
+        if tuple(m.pixel_values.shape) != shape or not 0 < m.frames <= audio.max_frames:
+            raise _media_error(
+                f"an audio clip's features must be {list(shape)} covering 1..{audio.max_frames} "
+                "frames"
+            )
+        if AudioConfig.num_tokens(m.frames) != len(m.positions):
+            raise _media_error(
+                f"an audio clip of {m.frames} frames has {AudioConfig.num_tokens(m.frames)} rows, "
+                f"not {len(m.positions)}"
+            )
 
     def add_request(
         self,

@@ -163,6 +163,13 @@ def test_audio_must_sit_on_its_placeholders(served: ServedModel) -> None:
     with pytest.raises(AdmissionError) as refused:
         engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[shifted])
     assert (refused.value.param, refused.value.code) == ("messages", "invalid_media")
+    for frames in (m.frames + 8, 0):  # rows that would not fill the placeholders; no frames
+        wrong = MediaInput(m.digest, m.positions, m.pixel_values, None, "audio", frames)
+        with pytest.raises(AdmissionError, match="audio clip"):
+            engine.add_request("frames", ids, SamplingParams(max_tokens=1), media=[wrong])
+    cut = MediaInput(m.digest, m.positions, m.pixel_values[..., :100], None, "audio", m.frames)
+    with pytest.raises(AdmissionError, match="features must be"):
+        engine.add_request("cut", ids, SamplingParams(max_tokens=1), media=[cut])
     as_image = MediaInput(m.digest, m.positions, torch.zeros(1, 3, 32, 32))
     with pytest.raises(AdmissionError, match="take no images"):
         engine.add_request("img", ids, SamplingParams(max_tokens=1), media=[as_image])
