@@ -6,8 +6,9 @@ value at least the window's maximum minus 8, then scaled as (x + 4) / 4.
 
 The filter bank is built in float64 as the reference builds it and the spectrum is computed in
 float32 with torch.stft as its torch path does: the features are bit-identical to
-transformers' on the same torch (the parity test allows 2e-5 for another BLAS's summation). ``frames`` (the attention mask's count) is the number of
-frames that start inside the clip: ceil(samples / hop), at most the window's.
+transformers' on the same torch (the parity test allows 2e-5 for another BLAS's summation).
+``frames`` (the attention mask's count) is the number of frames that start inside the clip:
+ceil(samples / hop), at most the window's.
 """
 
 from __future__ import annotations
