@@ -22,7 +22,7 @@ from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import SchedulerConfig
-from inferd.models.config import ModelConfig
+from inferd.models.config import AudioConfig, ModelConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.structured.compiler import GrammarCompiler
 
@@ -119,32 +119,59 @@ class LLMEngine:
             )
 
     def check_media(self, prompt_token_ids: Sequence[int], media: Sequence[MediaInput]) -> None:
-        """AdmissionError unless the model has an image encoder and every image sits on
-        placeholder tokens of this prompt, in order and apart, as many as its tiles fill:
-        checked here, a bad image would fail the whole step it ran in."""
+        """AdmissionError unless the model has an encoder for each medium's modality and every
+        medium sits on placeholder tokens of this prompt, in order and apart, as many as its
+        encoder input fills: checked here, a bad medium would fail the whole step it ran in."""
         if not media:
             return
-        vision = self.model_config.vision
-        if vision is None:
-            raise _media_error(f"{self.model_config.architecture} models take no images")
         end = -1
         for m in media:
+            placeholder = self.model_config.placeholder_token(m.modality)
+            if placeholder is None:
+                kind = "images" if m.modality == "image" else m.modality
+                raise _media_error(f"{self.model_config.architecture} models take no {kind}")
             if not m.positions or list(m.positions) != sorted(set(m.positions)):
-                raise _media_error("an image's placeholder positions must ascend")
+                raise _media_error(f"an {m.modality}'s placeholder positions must ascend")
             if m.positions[0] <= end or m.positions[-1] >= len(prompt_token_ids):
-                raise _media_error("images overlap or lie outside the prompt")
-            if any(prompt_token_ids[p] != vision.image_token_id for p in m.positions):
-                raise _media_error("an image's rows must replace its placeholder tokens")
-            side = vision.image_size
-            tiles = m.pixel_values.shape[0]
-            if tuple(m.pixel_values.shape[1:]) != (vision.num_channels, side, side):
-                raise _media_error(f"an image's tiles must be {side}x{side} pixels")
-            if tiles * vision.tokens_per_tile != len(m.positions):
-                raise _media_error(
-                    f"an image of {tiles} tiles fills {tiles * vision.tokens_per_tile} "
-                    f"placeholder tokens, not {len(m.positions)}"
-                )
+                raise _media_error("media overlap or lie outside the prompt")
+            if any(prompt_token_ids[p] != placeholder for p in m.positions):
+                raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
+            if m.modality == "audio":
+                self._check_clip(m)
+            else:
+                self._check_image(m)
             end = m.positions[-1]
+
+    def _check_image(self, m: MediaInput) -> None:
+        """An image's tiles have the encoder's size and fill its placeholders exactly."""
+        vision = self.model_config.vision
+        assert vision is not None  # placeholder_token("image") said so
+        side = vision.image_size
+        tiles = m.pixel_values.shape[0]
+        if tuple(m.pixel_values.shape[1:]) != (vision.num_channels, side, side):
+            raise _media_error(f"an image's tiles must be {side}x{side} pixels")
+        if tiles * vision.tokens_per_tile != len(m.positions):
+            raise _media_error(
+                f"an image of {tiles} tiles fills {tiles * vision.tokens_per_tile} "
+                f"placeholder tokens, not {len(m.positions)}"
+            )
+
+    def _check_clip(self, m: MediaInput) -> None:
+        """A clip's features fit the encoder's window and give one row per placeholder: the
+        runner would otherwise fail mid-step."""
+        audio = self.model_config.audio
+        assert audio is not None  # placeholder_token("audio") said so
+        shape = (1, audio.num_mel_bins, audio.max_frames)
+        if tuple(m.pixel_values.shape) != shape or not 0 < m.frames <= audio.max_frames:
+            raise _media_error(
+                f"an audio clip's features must be {list(shape)} covering 1..{audio.max_frames} "
+                "frames"
+            )
+        if AudioConfig.num_tokens(m.frames) != len(m.positions):
+            raise _media_error(
+                f"an audio clip of {m.frames} frames has {AudioConfig.num_tokens(m.frames)} rows, "
+                f"not {len(m.positions)}"
+            )
 
     def add_request(
         self,

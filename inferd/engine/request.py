@@ -29,15 +29,20 @@ class RequestStatus(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class MediaInput:
-    """One image of a prompt, prepared for the model's encoder: its rows replace the embeddings
-    of the prompt tokens at ``positions`` (its placeholder tokens, ascending, one per row)."""
+    """One image or audio clip of a prompt, prepared for the model's encoder: its rows replace
+    the embeddings of the prompt tokens at ``positions`` (its placeholder tokens, ascending,
+    one per row)."""
 
     digest: str  # the content's digest: keys the encoder cache and the prefix cache
     positions: tuple[int, ...]
-    # What the model's ``encode_images`` takes, or a compact form of it (tiles of bytes) that
-    # ``expand`` turns into it when the encoder runs: a request holds it until it finishes.
+    # What the model's encoder takes, or a compact form of it that ``expand`` turns into it
+    # when the encoder runs (an image's tiles of bytes): a request holds it until it finishes.
+    # An image: its tiles [tiles, 3, H, W] for ``encode_images``; audio: its window's log-mel
+    # features [1, mels, frames] for ``encode_audio``.
     pixel_values: torch.Tensor
     expand: Callable[[torch.Tensor], torch.Tensor] | None = None
+    modality: str = "image"  # "image" | "audio": which encoder and placeholder token
+    frames: int = 0  # audio: the mel frames the clip covers (the rest of its window is padding)
 
     def encoder_input(self) -> torch.Tensor:
         return self.pixel_values if self.expand is None else self.expand(self.pixel_values)
@@ -66,7 +71,7 @@ class Request:
     block_hashes: list[bytes] = field(default_factory=list)  # chained hashes of full blocks
     # Follows params.constraint through the output: it has consumed every output token once.
     matcher: TokenMatcher | None = None
-    media: tuple[MediaInput, ...] = ()  # images whose encoder rows replace prompt embeddings
+    media: tuple[MediaInput, ...] = ()  # media whose encoder rows replace prompt embeddings
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -5,11 +5,11 @@ of each new token) and the attention metadata, runs the model, and returns logit
 rows where a request needs its next token, plus, for requests that ask for prompt logprobs and
 have not had them yet, the logits of their prompt rows (each predicts the next prompt token).
 
-Images: a prompt chunk that holds placeholder tokens of a request's images (``Request.media``)
-runs from embeddings, the tokens' with the encoder's rows written over those positions. The
-step's images are encoded once, in one batch across requests, unless the encoder cache
-(engine/encoder_cache.py, by digest) has them; a chunk may end inside an image, and the next
-one takes the rest of its rows from the cache.
+Media: a prompt chunk that holds placeholder tokens of a request's images or audio clips
+(``Request.media``) runs from embeddings, the tokens' with the encoder's rows written over those
+positions. The step's media are encoded once, in batches of one modality across requests,
+unless the encoder cache (engine/encoder_cache.py, by digest) has them; a chunk may end inside
+an image or clip, and the next one takes the rest of its rows from the cache.
 
 Which kernels a step runs is chosen here, so that a row's numerics do not depend on what runs
 beside it where that matters (README: "Determinism"):
@@ -158,19 +158,26 @@ class ModelRunner:
             else:
                 missing[m.digest] = m
         for batch in _tile_batches(list(missing.values())):
-            tiles = [m.pixel_values.shape[0] for m in batch]
-            rows = self.model.encode_images(torch.cat([m.encoder_input() for m in batch]))
-            per_tile = rows.shape[0] // sum(tiles)
-            for m, part in zip(batch, rows.split([t * per_tile for t in tiles]), strict=True):
+            for m, part in zip(batch, self._encode_batch(batch), strict=True):
                 if part.shape[0] != len(m.positions):
                     raise ValueError(
-                        f"an image encodes to {part.shape[0]} rows for {len(m.positions)} "
-                        "placeholder tokens"
+                        f"an {m.modality} encodes to {part.shape[0]} rows for "
+                        f"{len(m.positions)} placeholder tokens"
                     )
                 part = part.clone() if len(batch) > 1 else part  # not a view of the batch
                 self.encoder_cache.put(m.digest, part)
                 found[m.digest] = part
         return found
+
+    def _encode_batch(self, batch: list[MediaInput]) -> list[torch.Tensor]:
+        """One encoder call for media of one modality: each one's rows."""
+        inputs = torch.cat([m.encoder_input() for m in batch])
+        if batch[0].modality == "audio":
+            return self.model.encode_audio(inputs, [m.frames for m in batch])
+        tiles = [m.pixel_values.shape[0] for m in batch]
+        rows = self.model.encode_images(inputs)
+        per_tile = rows.shape[0] // sum(tiles)
+        return list(rows.split([t * per_tile for t in tiles]))
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
         """Dense rows for steps with prompt rows (always, when deterministic); else the
@@ -252,15 +259,19 @@ class ModelRunner:
 # grow with it (SmolVLM-256M: ~6 MB of MLP activations a tile in bf16), while the per-call
 # overhead it saves is spent after a few tiles. An image with more tiles goes alone.
 ENCODER_BATCH_TILES = 16
+# An audio clip's 30 s window weighs about four tiles in the encoder (Qwen2-Audio: 1500
+# positions of 1280 wide, 20 heads, against SmolVLM's 1024 patches of 768, 12 heads).
+AUDIO_CLIP_TILES = 4
 
 
 def _tile_batches(media: list[MediaInput]) -> list[list[MediaInput]]:
-    """``media`` in order, in groups of at most ENCODER_BATCH_TILES tiles (or one image)."""
+    """``media`` in order, in groups of one modality and at most ENCODER_BATCH_TILES tiles
+    (or one image; an audio clip counts as AUDIO_CLIP_TILES)."""
     batches: list[list[MediaInput]] = []
     tiles = ENCODER_BATCH_TILES
     for m in media:
-        n = m.pixel_values.shape[0]
-        if not batches or tiles + n > ENCODER_BATCH_TILES:
+        n = AUDIO_CLIP_TILES if m.modality == "audio" else m.pixel_values.shape[0]
+        if not batches or tiles + n > ENCODER_BATCH_TILES or batches[-1][0].modality != m.modality:
             batches.append([])
             tiles = 0
         batches[-1].append(m)

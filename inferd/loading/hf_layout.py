@@ -91,3 +91,31 @@ def vision_plan(params: dict[str, int]) -> Plan:
         for name, rows in params.items()
         if name.startswith(VISION_MODULES)
     }
+
+
+# Qwen2-Audio keeps its decoder under ``language_model.model.`` (its head at
+# ``language_model.lm_head``) and its encoder and projector at the top, with our modules' names
+# (models/qwen2_audio.py). transformers v5 loads it as ``model.language_model.``, ``lm_head``,
+# ``model.audio_tower.`` and saves the published names back.
+QWEN2_AUDIO_TEXT_PREFIX = "language_model.model."
+AUDIO_MODULES = ("audio_tower.", "multi_modal_projector.")
+
+
+def audio_plan(params: dict[str, int], names: set[str]) -> Plan:
+    """Our audio encoder's parameters (name -> rows) to their checkpoint names."""
+    prefix = "" if "audio_tower.conv1.weight" in names else "model."
+    return {
+        name: (Part(prefix + name, rows),)
+        for name, rows in params.items()
+        if name.startswith(AUDIO_MODULES)
+    }
+
+
+def qwen2_audio_text_plan(cfg: ModelConfig, names: set[str]) -> Plan:
+    """The decoder's layout in either spelling (published, or transformers v5's in memory)."""
+    if QWEN2_AUDIO_TEXT_PREFIX + "embed_tokens.weight" in names:
+        plan = hf_plan(cfg, QWEN2_AUDIO_TEXT_PREFIX)
+        if "lm_head.weight" in plan:
+            plan["lm_head.weight"] = (Part("language_model.lm_head.weight", cfg.vocab_size),)
+        return plan
+    return hf_plan(cfg, "model.language_model.")

@@ -16,7 +16,14 @@ from typing import Any
 import torch
 
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loading.hf_layout import IDEFICS3_TEXT_PREFIX, checkpoint_prefix, hf_plan, vision_plan
+from inferd.loading.hf_layout import (
+    IDEFICS3_TEXT_PREFIX,
+    audio_plan,
+    checkpoint_prefix,
+    hf_plan,
+    qwen2_audio_text_plan,
+    vision_plan,
+)
 from inferd.loading.hf_tokenizer import read_json, tokenizer_from_hf
 from inferd.loading.quantize import Isq
 from inferd.loading.safetensors import SafetensorsCheckpoint
@@ -40,7 +47,9 @@ def read_model_config(directory: Path, checkpoint: SafetensorsCheckpoint) -> Mod
     hf = read_json(directory / CONFIG_FILE)
     if not hf:
         raise ModelConfigError(f"{directory}: no config.json")
-    return config_from_hf(hf, has_lm_head="lm_head.weight" in checkpoint)
+    # Qwen2-Audio's published checkpoints keep the head under its text model's name.
+    heads = ("lm_head.weight", "language_model.lm_head.weight")
+    return config_from_hf(hf, has_lm_head=any(h in checkpoint for h in heads))
 
 
 def load_safetensors_model(
@@ -60,6 +69,10 @@ def load_safetensors_model(
     if cfg.vision is not None:
         plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX)
         plan |= vision_plan({n: p.shape[0] for n, p in model.named_parameters()})
+    elif cfg.audio is not None:
+        names = set(checkpoint.names())
+        plan = qwen2_audio_text_plan(cfg, names)
+        plan |= audio_plan({n: p.shape[0] for n, p in model.named_parameters()}, names)
     else:
         plan = hf_plan(cfg, checkpoint_prefix(set(checkpoint.names())))
     items = list(plan.items())

@@ -1,7 +1,7 @@
-"""The image processor settings of a Hugging Face multimodal directory: transformers v5 saves
-them in ``processor_config.json`` (under ``image_processor``), earlier versions and most
-published checkpoints in ``preprocessor_config.json``; ``image_seq_len`` sits in
-``processor_config.json`` when given."""
+"""The image processor and audio feature extractor settings of a Hugging Face multimodal
+directory: transformers v5 saves them in ``processor_config.json`` (under ``image_processor``
+or ``feature_extractor``), earlier versions and most published checkpoints in
+``preprocessor_config.json``; ``image_seq_len`` sits in ``processor_config.json`` when given."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.idefics3_image import Idefics3ImageConfig
+from inferd.models.whisper_features import AudioFeatureError, WhisperFeatureConfig
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG = "processor_config.json"
@@ -33,3 +34,28 @@ def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig 
             f"{vision.tokens_per_tile}"
         )
     return image
+
+
+def read_audio_config(directory: Path, cfg: ModelConfig) -> WhisperFeatureConfig | None:
+    """How to featurize audio for this model; None for a model without an audio encoder."""
+    audio = cfg.audio
+    if audio is None:
+        return None
+    settings = read_json(directory / PREPROCESSOR_CONFIG) or read_json(
+        directory / PROCESSOR_CONFIG
+    ).get("feature_extractor")
+    if not isinstance(settings, dict) or not settings:
+        raise ModelConfigError(
+            f"{directory}: no feature extractor settings ({PREPROCESSOR_CONFIG})"
+        )
+    try:
+        features = WhisperFeatureConfig.from_hf(settings)
+    except AudioFeatureError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    if features.feature_size != audio.num_mel_bins or features.max_frames != audio.max_frames:
+        raise ModelConfigError(
+            f"{directory}: the feature extractor makes {features.max_frames} frames of "
+            f"{features.feature_size} mel bins, the encoder takes {audio.max_frames} of "
+            f"{audio.num_mel_bins}"
+        )
+    return features

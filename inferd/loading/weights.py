@@ -19,7 +19,12 @@ from inferd import kernels
 from inferd.layers.linear import Linear, PackedKind
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
-from inferd.models.config import VISION_ARCHITECTURES, ModelConfig, ModelConfigError
+from inferd.models.config import (
+    AUDIO_ARCHITECTURES,
+    VISION_ARCHITECTURES,
+    ModelConfig,
+    ModelConfigError,
+)
 from inferd.models.llama import LlamaForCausalLM
 
 
@@ -36,6 +41,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
         return Idefics3ForCausalLM
+    if cfg.architecture in AUDIO_ARCHITECTURES:
+        from inferd.models.qwen2_audio import Qwen2AudioForCausalLM
+
+        return Qwen2AudioForCausalLM
     return LlamaForCausalLM
 
 

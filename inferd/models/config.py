@@ -52,6 +52,38 @@ class VisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class AudioConfig:
+    """A Whisper-style audio encoder (conv stem, pre-norm transformer, average pool of 2) and
+    the linear projector into the text model (Qwen2-Audio)."""
+
+    num_mel_bins: int
+    hidden_size: int  # d_model
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    max_source_positions: int  # positions after the stride-2 conv: mel frames / 2
+    audio_token_id: int  # the placeholder token the encoder's rows replace
+    hidden_act: str = "gelu"
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"audio hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+            )
+
+    @property
+    def max_frames(self) -> int:
+        """Mel frames of one window (the encoder takes exactly this many)."""
+        return 2 * self.max_source_positions
+
+    @staticmethod
+    def num_tokens(frames: int) -> int:
+        """Rows of a clip covering ``frames`` mel frames: after the stride-2 conv and the
+        pool of 2 (the processor's count of ``<|AUDIO|>`` tokens)."""
+        return ((frames - 1) // 2 + 1 - 2) // 2 + 1
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -79,6 +111,7 @@ class ModelConfig:
     # Gemma 3: sliding-window layers rotate with their own base (None: ``rope_theta``).
     rope_local_theta: float | None = None
     vision: VisionConfig | None = None  # an image encoder feeds the decoder (Idefics3)
+    audio: AudioConfig | None = None  # an audio encoder feeds the decoder (Qwen2-Audio)
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -95,6 +128,19 @@ class ModelConfig:
             raise ModelConfigError(f"rotary_dim {self.rotary_dim} outside 1..{self.head_dim}")
         if self.sliding_layers and self.sliding_window is None:
             raise ModelConfigError("sliding_layers without a sliding_window")
+
+    def placeholder_token(self, modality: str) -> int | None:
+        """The token whose embeddings an encoder of ``modality`` replaces; None without one."""
+        if modality == "image" and self.vision is not None:
+            return self.vision.image_token_id
+        if modality == "audio" and self.audio is not None:
+            return self.audio.audio_token_id
+        return None
+
+    @property
+    def input_modalities(self) -> tuple[str, ...]:
+        """What the model reads: text, and the media its encoders take."""
+        return ("text", *(m for m in ("image", "audio") if self.placeholder_token(m) is not None))
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of one layer, or None for full attention."""
@@ -232,10 +278,14 @@ HF_MODEL_TYPES = {
     "phi3": "phi3",
     "idefics3": "idefics3",  # SmolVLM: a Llama text model under a SigLIP-style image encoder
     "smolvlm": "smolvlm",  # SmolVLM2: the same model and image processor (video aside)
+    "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
 VISION_ARCHITECTURES = frozenset({"idefics3", "smolvlm"})
+
+# Architectures whose decoder takes an audio encoder's rows (models/qwen2_audio.py).
+AUDIO_ARCHITECTURES = frozenset({"qwen2_audio"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -264,6 +314,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
     model_type = str(hf.get("model_type", ""))
     if model_type in VISION_ARCHITECTURES:
         return _idefics3_from_hf(hf, has_lm_head)
+    if model_type in AUDIO_ARCHITECTURES:
+        return _qwen2_audio_from_hf(hf, has_lm_head)
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
         raise ModelConfigError(
@@ -360,6 +412,50 @@ def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         num_channels=int(vision.get("num_channels", 3)),
     )
     return replace(decoder, architecture=arch, vision=encoder)
+
+
+# transformers' Qwen2Config defaults, for the keys a sparse text_config leaves out.
+QWEN2_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 4096,
+    "intermediate_size": 22016,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "hidden_act": "silu",
+    "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+}
+
+
+def _qwen2_audio_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Qwen2-Audio: the Qwen2 ``text_config`` with the Whisper-style ``audio_config``."""
+    text, audio = hf.get("text_config"), hf.get("audio_config")
+    if not isinstance(text, Mapping) or not isinstance(audio, Mapping):
+        raise ModelConfigError("config.json of qwen2_audio needs text_config and audio_config")
+    if text.get("model_type", "qwen2") != "qwen2":
+        raise ModelConfigError(f"qwen2_audio with a {text.get('model_type')!r} text model")
+    tied = bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False)))
+    # The published config.json is sparse (Qwen2-Audio-7B's text_config names neither its
+    # width nor its depth): transformers fills what is missing from Qwen2Config's defaults.
+    text = {**QWEN2_DEFAULTS, **text, "model_type": "qwen2", "tie_word_embeddings": tied}
+    decoder = config_from_hf(text, has_lm_head=has_lm_head)
+    act = str(audio.get("activation_function", "gelu"))
+    if act != "gelu":
+        raise ModelConfigError(f"audio activation {act!r} is not supported (gelu)")
+    if audio.get("scale_embedding"):
+        raise ModelConfigError("audio_config scale_embedding: true is not supported")
+    encoder = AudioConfig(
+        num_mel_bins=int(audio.get("num_mel_bins", 128)),
+        hidden_size=int(audio.get("d_model", 1280)),
+        intermediate_size=int(audio.get("encoder_ffn_dim", 5120)),
+        num_layers=int(audio.get("encoder_layers", 32)),
+        num_heads=int(audio.get("encoder_attention_heads", 20)),
+        max_source_positions=int(audio.get("max_source_positions", 1500)),
+        audio_token_id=int(hf.get("audio_token_index", hf.get("audio_token_id", 151646))),
+    )
+    return replace(decoder, architecture="qwen2_audio", audio=encoder)
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -11,6 +11,8 @@ checkpoint tensors are a loader matter). Gemma 2 and 3 subclass it (models/gemma
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -155,6 +157,10 @@ class LlamaForCausalLM(nn.Module, KernelUser):
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """An image's embeddings, one row per placeholder token (models with an encoder)."""
         raise ModelConfigError(f"{self.config.architecture} models take no images")
+
+    def encode_audio(self, features: torch.Tensor, frames: Sequence[int]) -> list[torch.Tensor]:
+        """Each clip's embeddings, one row per placeholder token (models with an encoder)."""
+        raise ModelConfigError(f"{self.config.architecture} models take no audio")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

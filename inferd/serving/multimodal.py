@@ -1,17 +1,18 @@
-"""A prompt with images, made ready for the engine: each ``<image>`` marker of the rendered
-prompt text becomes the model's placeholder text for that image (its tiles and their
-``<image>`` tokens), the whole is tokenized, and each image becomes a ``MediaInput`` holding
-its prepared tiles, its digest and the positions of its placeholder tokens.
+"""A prompt with media, made ready for the engine: each marker of the rendered prompt text
+(``<image>``, or ``<|AUDIO|>`` for an audio clip) becomes the model's placeholder text for that
+item (an image's tiles and their ``<image>`` tokens; one ``<|AUDIO|>`` per encoder row of a
+clip), the whole is tokenized, and each item becomes a ``MediaInput`` holding its prepared
+encoder input, its digest and the positions of its placeholder tokens.
 
-Pieces of text and image expansions are tokenized apart and joined: each expansion begins and
-ends with special tokens, which the tokenizer never merges across, so the ids are the ones the
-whole text gives (the parity tests check it against transformers' processor).
+Pieces of text and expansions are tokenized apart and joined: each expansion begins and ends
+with special tokens, which the tokenizer never merges across, so the ids are the ones the whole
+text gives (the parity tests check it against transformers' processors).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,14 +20,24 @@ from PIL import Image
 
 from inferd.engine.request import MediaInput
 from inferd.loading.tokenizer import TokenizerBundle
+from inferd.media.types import DecodedAudio
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     Idefics3ImageConfig,
     ImageConfigError,
     prepare_image,
 )
+from inferd.models.qwen2_audio_input import AUDIO_TOKEN, prepare_audio
+from inferd.models.whisper_features import WhisperFeatureConfig
 
 ImageItem = tuple[Image.Image, str]  # a decoded image and its content digest
+
+
+class MediaPromptError(ValueError):
+    """The prompt and its media do not agree (the message says how): a 400 for the caller."""
+
+
+ImagePromptError = MediaPromptError  # the name the image path has used
 
 
 def image_digest(image: Image.Image) -> str:
@@ -64,49 +75,55 @@ def split_image_parts(
     return out, images
 
 
-class ImagePromptError(ValueError):
-    """The prompt and its images do not agree (the message says how): a 400 for the caller."""
+@dataclass(frozen=True, slots=True)
+class Expansion:
+    """One item ready for the prompt: the text standing for it, how many placeholder tokens
+    that text holds, and its MediaInput once their positions are known."""
+
+    text: str
+    num_embeddings: int
+    media: Callable[[tuple[int, ...]], MediaInput]
 
 
 @dataclass(frozen=True, slots=True)
-class ImagePrompter:
-    config: Idefics3ImageConfig
+class MarkerExpander:
+    """Expands one modality's markers in rendered prompt text (the shared work of the
+    per-modality prompters below)."""
+
     tokenizer: TokenizerBundle
-    image_token_id: int
-    marker: str = IMAGE_TOKEN  # what the chat template writes where an image goes
+    placeholder_id: int
+    marker: str
+    modality: str
 
     def prepare(
         self,
         text: str,
-        images: Sequence[ImageItem],
+        items: Sequence[Expansion],
         *,
         add_special: bool = True,
         literal_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[int], list[MediaInput]]:
-        """Token ids of ``text`` with its markers expanded, and one MediaInput per image, in
-        order. Markers inside ``literal_spans`` (user text) are plain text, not images."""
+        """Token ids of ``text`` with its markers expanded, and one MediaInput per item, in
+        order. Markers inside ``literal_spans`` (user text) are plain text, not media."""
         cuts = self._markers(text, literal_spans)
-        if len(cuts) != len(images):
-            raise ImagePromptError(
-                f"the prompt has {len(cuts)} image markers for {len(images)} images"
+        if len(cuts) != len(items):
+            raise MediaPromptError(
+                f"the prompt has {len(cuts)} {self.modality} markers for {len(items)} "
+                + ("images" if self.modality == "image" else f"{self.modality} clips")
             )
         ids: list[int] = []
         media: list[MediaInput] = []
         start = 0
-        for cut, (image, digest) in zip(cuts, images, strict=True):
+        for cut, item in zip(cuts, items, strict=True):
             ids += self._encode(text, start, cut, literal_spans, add_special and start == 0)
-            try:
-                prepared = prepare_image(image, self.config)
-            except ImageConfigError as exc:  # e.g. more tiles than the tokenizer can mark
-                raise ImagePromptError(str(exc)) from None
             first = len(ids)
-            ids += self.tokenizer.encode(prepared.prompt_text())
-            positions = tuple(p for p in range(first, len(ids)) if ids[p] == self.image_token_id)
-            if len(positions) != prepared.num_embeddings:
-                raise ImagePromptError(
-                    "the tokenizer does not keep the image placeholder as one token"
+            ids += self.tokenizer.encode(item.text)
+            positions = tuple(p for p in range(first, len(ids)) if ids[p] == self.placeholder_id)
+            if len(positions) != item.num_embeddings:
+                raise MediaPromptError(
+                    f"the tokenizer does not keep the {self.modality} placeholder as one token"
                 )
-            media.append(MediaInput(digest, positions, prepared.tiles, prepared.normalizer))
+            media.append(item.media(positions))
             start = cut + len(self.marker)
         ids += self._encode(text, start, len(text), literal_spans, add_special and start == 0)
         return ids, media
@@ -133,3 +150,67 @@ class ImagePrompter:
             if a < end and b > start
         ]
         return self.tokenizer.encode(text[start:end], add_special=add_special, literal_spans=spans)
+
+
+@dataclass(frozen=True, slots=True)
+class ImagePrompter:
+    config: Idefics3ImageConfig
+    tokenizer: TokenizerBundle
+    image_token_id: int
+    marker: str = IMAGE_TOKEN  # what the chat template writes where an image goes
+
+    def prepare(
+        self,
+        text: str,
+        images: Sequence[ImageItem],
+        *,
+        add_special: bool = True,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of ``text`` with its image markers expanded, and one MediaInput per image."""
+        expander = MarkerExpander(self.tokenizer, self.image_token_id, self.marker, "image")
+        items = [self._expansion(image, digest) for image, digest in images]
+        return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
+
+    def _expansion(self, image: Image.Image, digest: str) -> Expansion:
+        try:
+            prepared = prepare_image(image, self.config)
+        except ImageConfigError as exc:  # e.g. more tiles than the tokenizer can mark
+            raise ImagePromptError(str(exc)) from None
+
+        def media(positions: tuple[int, ...]) -> MediaInput:
+            return MediaInput(digest, positions, prepared.tiles, prepared.normalizer)
+
+        return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+
+@dataclass(frozen=True, slots=True)
+class AudioPrompter:
+    config: WhisperFeatureConfig
+    tokenizer: TokenizerBundle
+    audio_token_id: int
+    marker: str = AUDIO_TOKEN  # what the chat template writes where a clip goes
+
+    def prepare(
+        self,
+        text: str,
+        clips: Sequence[DecodedAudio],
+        *,
+        add_special: bool = True,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of ``text`` with its audio markers expanded, and one MediaInput per clip
+        (resampled to the feature extractor's rate, down-mixed, featurized)."""
+        expander = MarkerExpander(self.tokenizer, self.audio_token_id, self.marker, "audio")
+        items = [self._expansion(clip) for clip in clips]
+        return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
+
+    def _expansion(self, clip: DecodedAudio) -> Expansion:
+        prepared = prepare_audio(clip, self.config)
+
+        def media(positions: tuple[int, ...]) -> MediaInput:
+            return MediaInput(
+                clip.digest, positions, prepared.features, modality="audio", frames=prepared.frames
+            )
+
+        return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)

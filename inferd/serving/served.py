@@ -27,8 +27,15 @@ from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
+from inferd.media.types import DecodedAudio
 from inferd.models.config import ModelConfig
-from inferd.serving.multimodal import ImageItem, ImagePrompter, ImagePromptError
+from inferd.serving.multimodal import (
+    AudioPrompter,
+    ImageItem,
+    ImagePrompter,
+    ImagePromptError,
+    MediaPromptError,
+)
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
@@ -55,6 +62,7 @@ class ServedModel:
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
+    audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
 
     @property
     def id(self) -> str:
@@ -63,8 +71,16 @@ class ServedModel:
     @property
     def modalities(self) -> dict[str, list[str]]:
         """What it takes and gives (server/media.py ``model_modalities`` reads it)."""
-        taken = ["text", "image"] if self.images is not None else ["text"]
+        taken = ["text"]
+        taken += ["image"] if self.images is not None else []
+        taken += ["audio"] if self.audio is not None else []
         return {"input": taken, "output": ["text"]}
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        """The rate this model's audio features are computed at (decoders may resample to it
+        once, ``decode_request_media(audio_rate=...)``); None for a model without audio."""
+        return self.audio.config.sampling_rate if self.audio is not None else None
 
     def prompt_with_images(
         self,
@@ -93,6 +109,41 @@ class ServedModel:
         rendered = self.render_chat(messages, special_in_content=special_in_content)
         return self.prompt_with_images(rendered.text, images, literal_spans=rendered.literal_spans)
 
+    def prompt_with_media(
+        self,
+        text: str,
+        media: Sequence[ImageItem | DecodedAudio],
+        *,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """``prompt_with_images`` for any modality the model takes: decoded images (RGB,
+        digest) or audio clips (``DecodedAudio``, any rate and channels), one marker each in
+        the text, in order. MediaPromptError when they disagree, when a modality is not the
+        model's, or when one prompt mixes modalities (no model here reads both)."""
+        clips = [m for m in media if isinstance(m, DecodedAudio)]
+        images = [m for m in media if not isinstance(m, DecodedAudio)]
+        if clips and images:
+            raise MediaPromptError(f"{self.id} takes images or audio in a prompt, not both")
+        if not media and self.images is None and self.audio is None:
+            return self.tokenizer.encode(text, add_special=True, literal_spans=literal_spans), []
+        if images or (not media and self.audio is None):
+            return self.prompt_with_images(text, images, literal_spans=literal_spans)
+        if self.audio is None:
+            raise MediaPromptError(f"{self.id} takes no audio")
+        return self.audio.prepare(text, clips, literal_spans=literal_spans)
+
+    def chat_prompt_with_media(
+        self,
+        messages: list[dict[str, Any]],
+        media: Sequence[ImageItem | DecodedAudio],
+        *,
+        special_in_content: bool = False,
+    ) -> tuple[list[int], list[MediaInput]]:
+        """``chat_prompt`` for a conversation whose rendered text carries one marker per item
+        of ``media`` (the model's chat template writes them for its image and audio parts)."""
+        rendered = self.render_chat(messages, special_in_content=special_in_content)
+        return self.prompt_with_media(rendered.text, media, literal_spans=rendered.literal_spans)
+
     def chat_prompt(
         self, messages: list[dict[str, Any]], *, special_in_content: bool = False
     ) -> list[int]:
@@ -112,11 +163,11 @@ class ServedModel:
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
         messages or the prefill stays plain text (only the template makes control tokens)
-        unless ``special_in_content``. A vision model's template gets every content as a list
+        unless ``special_in_content``. A multimodal model's template gets every content as a list
         of parts (text as ``{"type": "text", "text": ...}``): SmolVLM's iterates the parts of
         each message and would drop plain string content without a word."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
-        if self.images is not None:
+        if self.images is not None or self.audio is not None:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
             messages, special=special, add_generation_prompt=add_generation_prompt
@@ -227,6 +278,7 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         sizing=sizing,
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
+        audio=_audio_prompter(loaded),
     )
 
 
@@ -242,3 +294,10 @@ def _image_prompter(loaded: LoadedModel) -> ImagePrompter | None:
     if vision is None or config is None:
         return None
     return ImagePrompter(config, loaded.tokenizer, vision.image_token_id)
+
+
+def _audio_prompter(loaded: LoadedModel) -> AudioPrompter | None:
+    audio, config = loaded.config.audio, loaded.audio_config
+    if audio is None or config is None:
+        return None
+    return AudioPrompter(config, loaded.tokenizer, audio.audio_token_id)

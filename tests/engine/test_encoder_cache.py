@@ -53,3 +53,24 @@ def test_encoder_batches_hold_at_most_the_tile_cap() -> None:
         sum(m.pixel_values.shape[0] for m in b) <= ENCODER_BATCH_TILES or len(b) == 1
         for b in batches
     )
+
+
+def test_encoder_batches_hold_one_modality_and_clips_weigh_their_tiles() -> None:
+    from inferd.engine.request import MediaInput
+    from inferd.engine.runner import AUDIO_CLIP_TILES, ENCODER_BATCH_TILES, _tile_batches
+
+    def image(tiles: int) -> MediaInput:
+        return MediaInput(f"i{tiles}", (0,), torch.zeros(tiles, 3, 1, 1))
+
+    def clip(name: str) -> MediaInput:
+        return MediaInput(name, (0,), torch.zeros(1, 2, 4), modality="audio", frames=3)
+
+    per_call = ENCODER_BATCH_TILES // AUDIO_CLIP_TILES
+    media = [image(2), *(clip(f"a{n}") for n in range(per_call + 1)), image(3)]
+    batches = _tile_batches(media)
+    assert [[m.digest for m in b] for b in batches] == [
+        ["i2"],
+        [f"a{n}" for n in range(per_call)],
+        [f"a{per_call}"],
+        ["i3"],
+    ]
