@@ -227,9 +227,8 @@ def _skeleton(body: ResponsesRequest, model: ServedModel, parallel: bool) -> dic
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": body.truncation or "disabled",
         "usage": None,
-        "user": body.user,
         "metadata": body.metadata or {},
-    }
+    } | ({"user": body.user} if body.user is not None else {})
 
 
 class _Run:

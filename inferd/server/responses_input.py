@@ -246,7 +246,10 @@ def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
     else:
         raise bad_request(f"{where}.content: a string or a list of parts", f"{where}.content")
     if role == "assistant":
-        parts = [{**p, "annotations": []} for p in parts]
+        parts = [
+            p | {"annotations": [], "logprobs": []} if p["type"] == "output_text" else p
+            for p in parts
+        ]
     return _message_item(role, parts, item.get("id"))
 
 

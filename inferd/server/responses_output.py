@@ -95,9 +95,9 @@ class OutputBuilder:
         self.open = item
         added = {"type": "response.output_item.added", "output_index": len(self.items) - 1}
         events = [added | {"item": _copy(item)}]
-        item["content"].append({"type": "output_text", "text": "", "annotations": []})
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        events.append(self._part_event("response.content_part.added") | {"part": part})
+        item["content"].append(part)
+        events.append(self._part_event("response.content_part.added") | {"part": dict(part)})
         return events
 
     def _open_call(self, name: str) -> list[Event]:
@@ -122,13 +122,12 @@ class OutputBuilder:
         events: list[Event] = []
         if item["type"] == "message":
             part = item["content"][0]
-            part_done = part | {"logprobs": []}
             events.append(
                 self._part_event("response.output_text.done", item, index)
                 | {"text": part["text"], "logprobs": []}
             )
             events.append(
-                self._part_event("response.content_part.done", item, index) | {"part": part_done}
+                self._part_event("response.content_part.done", item, index) | {"part": dict(part)}
             )
         else:
             events.append(
