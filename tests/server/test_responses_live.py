@@ -528,3 +528,49 @@ def test_openai_agents_default_model_runs_a_function_tool(rserver: LiveServer) -
     kinds = [item.type for item in result.new_items]
     assert "tool_call_item" in kinds and "tool_call_output_item" in kinds
     assert result.final_output == f"21 degrees in {calls[0]}"
+
+
+def test_openai_agents_streamed_run_over_responses(rserver: LiveServer) -> None:
+    """The same agent run streamed: the SDK reads the typed events into its items."""
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIResponsesModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+
+    set_tracing_disabled(True)
+    calls: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the current weather in a city."""
+        calls.append(city)
+        return f"21 degrees in {city}"
+
+    async def run() -> tuple[Any, list[Any]]:
+        client = openai.AsyncOpenAI(base_url=rserver.api, api_key=KEY, max_retries=0)
+        agent = Agent(
+            name="weather",
+            instructions="Answer with the weather tool.",
+            model=OpenAIResponsesModel(model="default", openai_client=client),
+            tools=[get_weather],
+            tool_use_behavior="stop_on_first_tool",
+            model_settings=ModelSettings(
+                temperature=0.0, max_tokens=60, tool_choice="required", parallel_tool_calls=False
+            ),
+        )
+        try:
+            streamed = Runner.run_streamed(agent, "What is the weather in Paris?", max_turns=4)
+            raw = [e.data async for e in streamed.stream_events() if e.type == "raw_response_event"]
+            return streamed, raw
+        finally:
+            await client.close()
+
+    result, raw = asyncio.run(run())
+    assert calls, "the tool was never called"
+    assert [e.sequence_number for e in raw] == list(range(len(raw)))
+    assert raw[-1].type == "response.completed"
+    assert result.final_output == f"21 degrees in {calls[0]}"
