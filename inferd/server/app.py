@@ -39,6 +39,7 @@ from inferd.server.responses_api import (
     list_input_items,
     retrieve_response,
 )
+from inferd.server.responses_store import StoreError
 from inferd.server.state import ServerState
 from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
@@ -101,6 +102,7 @@ def build_app(
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     hooks = StreamHooks(on_chunk, on_done)
@@ -129,6 +131,12 @@ async def health(request: Request) -> Response:
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """The responses store cannot be opened (a foreign file, a newer schema): the operator's
+    to fix, so 503 saying what is wrong with it."""
+    return APIError(503, str(exc), code="responses_store_unavailable").response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

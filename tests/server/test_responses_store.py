@@ -140,3 +140,19 @@ def test_kill_9_mid_write_loses_no_committed_response(tmp_path: Path) -> None:
         assert len(store.input_items(f"resp_{n}")) == 50  # whole transactions only
     with closing(sqlite3.connect(path)) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+
+
+def test_an_unusable_store_file_is_a_503_naming_it(tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from inferd.server.app import build_app
+    from inferd.server.options import ServerOptions
+
+    foreign = tmp_path / "foreign.sqlite3"
+    foreign.write_bytes(b"not a database at all" * 100)
+    app = build_app((), ServerOptions(responses_store=str(foreign)))
+    with TestClient(app) as http:
+        reply = http.get("/v1/responses/resp_x")
+    assert reply.status_code == 503
+    error = reply.json()["error"]
+    assert error["code"] == "responses_store_unavailable" and str(foreign) in error["message"]
