@@ -352,8 +352,15 @@ async def _background(
     """Store the response as queued, answer at once, and generate in a task of its own (not
     tied to this HTTP request: the client polls GET /v1/responses/{id})."""
     queued = run.snapshot("queued")
-    await asyncio.to_thread(state.responses.put, queued, items, owner=owner, background=True)
-    outputs = model.engine.submit(prompt, params, request_id=f"{queued['id']}-bg")
+    try:  # admitted first, so a refusal stores nothing that would stay queued
+        outputs = model.engine.submit(prompt, params, request_id=f"{queued['id']}-bg")
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+    try:
+        await asyncio.to_thread(state.responses.put, queued, items, owner=owner, background=True)
+    except BaseException:
+        await close_stream(outputs)
+        raise
     task = asyncio.ensure_future(_generate_in_background(state, run, outputs))
     jobs = state.background_jobs
     jobs[queued["id"]] = task
