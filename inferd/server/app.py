@@ -32,6 +32,14 @@ from inferd.server.openai_completions import create_completion
 from inferd.server.openai_embeddings import create_embedding
 from inferd.server.operations import docs_urls, install_operations
 from inferd.server.options import ServerOptions
+from inferd.server.responses_api import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
+from inferd.server.responses_store import StoreError
 from inferd.server.state import ServerState
 from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
@@ -82,12 +90,19 @@ def build_app(
     _routes(app, "/v1/embeddings", model_ready(create_embedding, "embedding"), ["POST"])
     _routes(app, "/v1/messages", model_ready(create_message, "chat"), ["POST"])
     _routes(app, "/v1/messages/count_tokens", model_ready(count_tokens, "chat"), ["POST"])
+    _routes(app, "/v1/responses", model_ready(create_response, "chat"), ["POST"])
+    _routes(app, "/v1/responses/{response_id}", retrieve_response, ["GET"])
+    _routes(app, "/v1/responses/{response_id}", delete_response, ["DELETE"])
+    _routes(app, "/v1/responses/{response_id}/input_items", list_input_items, ["GET"])
+    # cancel takes no body, so no JSON content type either
+    _routes(app, "/v1/responses/{response_id}/cancel", cancel_response, ["POST"], json=False)
     _routes(app, "/v1/tokenize", model_ready(tokenize, "chat"), ["POST"])
     _routes(app, "/v1/detokenize", model_ready(detokenize, "chat"), ["POST"])
     _routes(app, "/v1/system/info", system_info, ["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     app.add_exception_handler(APIError, _api_error)
+    app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     hooks = StreamHooks(on_chunk, on_done)
@@ -98,10 +113,12 @@ def build_app(
     return app
 
 
-def _routes(app: FastAPI, path: str, handler: Handler, methods: list[str]) -> None:
+def _routes(
+    app: FastAPI, path: str, handler: Handler, methods: list[str], *, json: bool = True
+) -> None:
     """Serve each route at /v1/... and without the prefix, as OpenAI clients vary. POST routes
     take JSON bodies, and only with a JSON content type (see crosssite.py)."""
-    if "POST" in methods:
+    if "POST" in methods and json:
         handler = json_only(handler)
     app.add_api_route(path, handler, methods=methods)
     app.add_api_route(path.removeprefix("/v1"), handler, methods=methods, include_in_schema=False)
@@ -114,6 +131,12 @@ async def health(request: Request) -> Response:
 async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
     return exc.response()
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    """The responses store cannot be opened (a foreign file, a newer schema): the operator's
+    to fix, so 503 saying what is wrong with it."""
+    return APIError(503, str(exc), code="responses_store_unavailable").response()
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:

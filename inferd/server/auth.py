@@ -113,3 +113,16 @@ def _offered_keys(scope: Scope) -> list[str]:
     if api_key is not None and api_key.strip():
         offered.append(api_key.strip())
     return offered
+
+
+def key_owner(scope: Scope, keys: Sequence[str]) -> str | None:
+    """The SHA-256 (hex) of the configured key a request came in with: who owns what it stores
+    (stored responses), without keeping the key itself. None when the server takes no keys."""
+    if not keys:
+        return None
+    digests = {_digest(k) for k in keys}
+    for offered in _offered_keys(scope):
+        digest = _digest(offered)
+        if digest in digests:
+            return digest.hex()
+    return None

@@ -28,6 +28,7 @@ DEFAULT_MAX_CONNECTIONS = 512
 # (token, logprob) pairs one completions response may carry: a full 8,192-token echo with 20
 # top logprobs is 172k; `echo` + `logprobs: 20` + `n: 16` on a 4,000-token prompt is 1.3M.
 DEFAULT_MAX_LOGPROBS_TOKENS = 262_144
+DEFAULT_RESPONSES_TTL = 30 * 24 * 3600.0  # seconds a stored response lives (as OpenAI keeps them)
 
 __all__ = [
     "DEFAULT_MAX_AUDIO_SAMPLE_RATE",

@@ -27,6 +27,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_LOGPROBS_TOKENS,
 )
 from inferd.server.media import MediaPolicy
+from inferd.server.responses_store import DEFAULT_TTL_SECONDS, MEMORY
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
 
 
@@ -61,6 +62,10 @@ class ServerOptions:
     # Special-token text inside message content makes control tokens (off: read as plain text,
     # so content cannot forge turns; only the chat template makes control tokens).
     allow_special_tokens_in_content: bool = False
+    # -- stored responses (/v1/responses): an SQLite file, or ":memory:" (`inferd serve`
+    # defaults to a file under INFERD_HOME), and how long a stored response lives
+    responses_store: str = MEMORY
+    responses_ttl: float = DEFAULT_TTL_SECONDS
     # -- media in requests
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
 
@@ -85,6 +90,9 @@ class ServerOptions:
             raise ValueError("--drain-timeout must not be negative")
         if not self.keepalive_seconds > 0:
             raise ValueError("keepalive_seconds must be positive")
+        if not self.responses_ttl > 0:
+            raise ValueError("--responses-ttl must be positive")
+        object.__setattr__(self, "responses_store", str(self.responses_store))
         if self.access_log_format not in (None, *ACCESS_LOG_FORMATS):
             raise ValueError(f"access log format must be one of {', '.join(ACCESS_LOG_FORMATS)}")
 

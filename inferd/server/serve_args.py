@@ -28,6 +28,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_VIDEO_FRAMES,
     DEFAULT_MAX_VIDEO_SECONDS,
     DEFAULT_MEDIA_FETCH_TIMEOUT,
+    DEFAULT_RESPONSES_TTL,
 )
 
 if TYPE_CHECKING:
@@ -124,6 +125,21 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="abort requests that run longer (default: no limit)",
+    )
+    g = p.add_argument_group("stored responses (/v1/responses)")
+    g.add_argument(
+        "--responses-store",
+        default=None,
+        metavar="PATH",
+        help="the SQLite file of stored responses, or ':memory:' to keep none past the "
+        "process (default: responses.sqlite3 under INFERD_HOME)",
+    )
+    g.add_argument(
+        "--responses-ttl",
+        type=float,
+        default=DEFAULT_RESPONSES_TTL,
+        metavar="SECONDS",
+        help="how long a stored response lives (default: 30 days)",
     )
     g = p.add_argument_group("observability")
     g.add_argument(
@@ -235,6 +251,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
     from inferd.server.crosssite import HostAllowList, is_loopback
     from inferd.server.media import MediaPolicy
     from inferd.server.options import ServerOptions
+    from inferd.store import default_home
 
     try:
         ports = [int(p) for p in args.remote_media_ports.split(",") if p.strip()]
@@ -260,6 +277,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             "access_log_format": (
                 None if args.access_log_format == "off" else args.access_log_format
             ),
+            "responses_store": args.responses_store or str(default_home() / "responses.sqlite3"),
             "metrics": not args.no_metrics,
             "docs": not args.no_docs,
             "media_policy": MediaPolicy.create(

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
+from inferd.server.responses_store import ResponseStore
 from inferd.serving.loading import Servable
 from inferd.serving.registry import (
     ConflictError,
@@ -34,6 +36,12 @@ class ServerState:
     registry: ModelRegistry
     options: ServerOptions = field(default_factory=ServerOptions)
     started: float = 0.0
+    # Stored responses (/v1/responses; opened on first use) and the background ones running.
+    responses: ResponseStore = field(init=False)
+    background_jobs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
 
     @property
     def keepalive_seconds(self) -> float:

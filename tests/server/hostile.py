@@ -18,6 +18,7 @@ POST_ROUTES: tuple[tuple[str, bool], ...] = (
     ("/v1/chat/completions", False),
     ("/v1/completions", False),
     ("/v1/embeddings", False),
+    ("/v1/responses", False),
     ("/v1/messages", True),
     ("/v1/messages/count_tokens", True),
     ("/v1/tokenize", False),
@@ -34,6 +35,7 @@ ANTHROPIC = {"anthropic-version": "2023-06-01"}
 def hostile_server(model: Path, log: Path, extra: Sequence[str] = ()) -> Iterator[LiveServer]:
     """The default model as tests/server/conftest.py serves it, one per hostile module."""
     args = ["-m", str(model), "--dtype", "f32", "--max-seqs", "8", "--max-seq-len", "2048"]
+    args += ["--responses-store", ":memory:"]  # stored responses stay in the process
     with live_server([*args, *extra], log) as live:
         yield live
 

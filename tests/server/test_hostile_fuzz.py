@@ -58,11 +58,25 @@ FIELDS = (
     "tools",
     "tool_choice",
     "metadata",
+    "instructions",
+    "max_output_tokens",
+    "text",
+    "previous_response_id",
+    "store",
+    "background",
+    "truncation",
+    "parallel_tool_calls",
     "model_id",
     "drain_timeout",
 )
 # Fields whose large values would make a valid request generate for long, with their caps.
-_CAPS = {"max_tokens": 2, "max_completion_tokens": 2, "n": 2, "best_of": 2}
+_CAPS = {
+    "max_tokens": 2,
+    "max_completion_tokens": 2,
+    "max_output_tokens": 2,
+    "n": 2,
+    "best_of": 2,
+}
 
 scalars = (
     st.none()
@@ -112,6 +126,7 @@ def _short(body: Any) -> Any:
     """A valid request may generate; keep what it asks for small (the fuzzing is elsewhere)."""
     if isinstance(body, dict):
         body.setdefault("max_tokens", 1)
+        body.setdefault("max_output_tokens", 1)  # /v1/responses
         for key, cap in _CAPS.items():
             value = body.get(key)
             if isinstance(value, int) and not isinstance(value, bool) and value > cap:

@@ -23,6 +23,7 @@ from inferd.server.crosssite import HostAllowList
 from inferd.server.limits import RequestDeadline, RequestTimeoutError
 from inferd.server.options import ServerOptions
 from inferd.server.serve_args import describe, server_options
+from inferd.store import default_home
 
 
 def _get(app: object, *paths: str) -> list[httpx.Response]:
@@ -90,10 +91,19 @@ def test_server_options_from_the_serve_flags() -> None:
         docs=False,
         media_policy=options.media_policy,
         allowed_hosts=HostAllowList.for_server("127.0.0.1", 1234),
+        responses_store=str(default_home() / "responses.sqlite3"),
     )
-    # `inferd serve` always checks Host (the loopback names and its own address)
+    # `inferd serve` always checks Host (the loopback names and its own address), and keeps
+    # stored responses in a file under INFERD_HOME unless told otherwise
     loopback = HostAllowList.for_server("127.0.0.1", 1234)
-    assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions(allowed_hosts=loopback)
+    assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions(
+        allowed_hosts=loopback, responses_store=str(default_home() / "responses.sqlite3")
+    )
+    flags = ["serve", "--responses-store", ":memory:", "--responses-ttl", "60"]
+    stored = server_options(parser.parse_args(flags), {})
+    assert (stored.responses_store, stored.responses_ttl) == (":memory:", 60.0)
+    with pytest.raises(ValueError, match="--responses-ttl"):
+        server_options(parser.parse_args(["serve", "--responses-ttl", "0"]), {})
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,488 @@
+"""OpenAI's Responses API: POST /v1/responses (JSON, SSE, or ``background``), GET and DELETE
+/v1/responses/{id}, GET /v1/responses/{id}/input_items, POST /v1/responses/{id}/cancel.
+
+A request becomes a chat generation (responses_input.py: messages, tools, constraint), runs on
+the same engine path as /v1/chat/completions, and its text becomes output items
+(responses_output.py). Stored responses (``store``, the default) live in SQLite
+(responses_store.py), owned by the API key that created them; ``previous_response_id`` rebuilds
+the conversation from there. A stream sends typed events (``event: <type>``), each with a
+``sequence_number`` counted from 0, and has no ``[DONE]``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from inferd.engine.outputs import RequestOutput
+from inferd.engine.sampling import SamplingParams
+from inferd.server import sse
+from inferd.server.auth import key_owner
+from inferd.server.constraints import answer_schema, constrain
+from inferd.server.errors import APIError, bad_request
+from inferd.server.generation import (
+    ENGINE_ERRORS,
+    SSE_HEADERS,
+    admit,
+    chat_prompt_ids,
+    collect,
+    engine_error,
+    sampling_params,
+    start,
+)
+from inferd.server.limits import RequestTimeoutError
+from inferd.server.openai_tools import offer
+from inferd.server.protocol import parse_body
+from inferd.server.responses_input import (
+    ResponsesRequest,
+    calls_of,
+    chat_messages,
+    check_request,
+    echo_tools,
+    input_items,
+    new_id,
+    output_as_input,
+    renamed,
+    sampling_fields,
+    text_config,
+    tool_request,
+)
+from inferd.server.responses_output import OutputBuilder
+from inferd.server.responses_store import ResponseStore
+from inferd.server.state import ServerState
+from inferd.server.streams import close_stream
+from inferd.serving.served import ServedModel
+
+MAX_CHAIN = 10_000  # responses one previous_response_id chain may hold
+_TERMINAL = ("completed", "incomplete", "failed", "cancelled")
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.inferd
+    return state
+
+
+def _owner(request: Request) -> str | None:
+    return key_owner(request.scope, _state(request).options.api_keys)
+
+
+def _not_found(response_id: str) -> APIError:
+    return APIError(
+        404, f"no response with id {response_id!r}", param="response_id", code="not_found"
+    )
+
+
+# -- create -----------------------------------------------------------------------------------
+
+
+async def create_response(request: Request) -> Response:
+    state = _state(request)
+    body = parse_body(await request.body(), ResponsesRequest)
+    check_request(body)
+    model = state.resolve_model(body.model)
+    owner = _owner(request)
+    history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
+    items = input_items(body.input, calls_of(history))
+    tools = tool_request(body)
+    fields = sampling_fields(body)
+    try:
+        tool_constraint = tools.constraint(answer_schema(fields)) if tools is not None else None
+        params = sampling_params(
+            fields,
+            model,
+            max_tokens=body.max_output_tokens or 1,
+            logprobs=None,
+            param_names={"max_tokens": "max_output_tokens"},
+        )
+        params = await constrain(fields, model, params, tool_constraint)
+    except APIError as exc:
+        raise renamed(exc) from None
+    messages = offer(chat_messages(body.instructions, history + items), tools)
+    prompt = await _prompt(model, messages, state, body)
+    if body.max_output_tokens is None:
+        params = replace(params, max_tokens=_room(model, len(prompt)))
+    admit(model, len(prompt), params, "input")
+    response = _skeleton(body, model, tools is not None and tools.parallel)
+    run = _Run(response, len(prompt), tool_constraint is not None, body.store is not False)
+    if body.background:
+        return await _background(state, model, run, items, owner, prompt, params)
+    streams = start(request, model, [(prompt, params)])
+    if body.stream:
+        events = _stream(state, run, items, owner, streams[0])
+        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    gens = await collect(request, streams)
+    if gens is None:
+        return Response(status_code=499)
+    (gen,) = gens
+    builder = OutputBuilder(run.calls)
+    builder.feed(gen.text)
+    builder.finish(gen.final.finish_reason != "length")
+    final = run.finished(builder, gen.final)
+    if run.store:
+        await asyncio.to_thread(state.responses.put, final, items, owner=owner)
+    return JSONResponse(final)
+
+
+def _history(
+    store: ResponseStore, previous_id: str | None, owner: str | None
+) -> list[dict[str, Any]]:
+    """The conversation before this turn: each stored turn's input items and output, oldest
+    first, following previous_response_id back to its start."""
+    turns: list[list[dict[str, Any]]] = []
+    current, param = previous_id, "previous_response_id"
+    while current is not None:
+        stored = store.get(current, owner)
+        if stored is None:
+            raise bad_request(
+                f"previous_response_id: no stored response with id {current!r}"
+                + ("" if current == previous_id else " (an earlier turn of this conversation)"),
+                param,
+                code="previous_response_not_found",
+            )
+        if stored.status not in _TERMINAL:
+            raise bad_request(
+                f"previous_response_id: the response {current!r} is still {stored.status}",
+                param,
+            )
+        turns.append(store.input_items(current) + output_as_input(stored.body["output"]))
+        current = stored.previous_id
+        if len(turns) > MAX_CHAIN:
+            raise bad_request(f"previous_response_id: a chain longer than {MAX_CHAIN}", param)
+    return [item for turn in reversed(turns) for item in turn]
+
+
+async def _prompt(
+    model: ServedModel, messages: list[dict[str, Any]], state: ServerState, body: ResponsesRequest
+) -> list[int]:
+    """The prompt's ids; with ``truncation: auto`` the oldest turns are dropped (never the
+    instructions or tools block, never the last turn) until the reply has room."""
+    auto = body.truncation == "auto"
+    needed = body.max_output_tokens or 1
+    while True:
+        try:
+            prompt = await chat_prompt_ids(
+                model,
+                messages,
+                special_in_content=state.special_tokens_in_content,
+                check_length=not auto,
+            )
+        except APIError as exc:
+            raise _as_input(exc) from None
+        lead = 1 if messages and messages[0]["role"] in ("system", "developer") else 0
+        if not auto or model.engine.room(len(prompt)) >= needed or len(messages) - lead <= 1:
+            return prompt
+        messages = messages[:lead] + messages[lead + 1 :]
+
+
+def _room(model: ServedModel, num_prompt_tokens: int) -> int:
+    room = model.engine.room(num_prompt_tokens)
+    if room == 0:
+        raise bad_request(
+            f"input: the prompt is {num_prompt_tokens} tokens, which leaves no room to "
+            f"generate: this model's context is {model.engine.max_model_len} tokens; shorten "
+            "the input or send truncation: auto",
+            "input",
+            code="context_length_exceeded",
+        )
+    return room
+
+
+def _as_input(exc: APIError) -> APIError:
+    if exc.param != "messages":
+        return exc
+    return APIError(exc.status, exc.message.replace("messages", "input"), "input", exc.code)
+
+
+def _skeleton(body: ResponsesRequest, model: ServedModel, parallel: bool) -> dict[str, Any]:
+    """The response object before any output."""
+    tool_choice = body.tool_choice if body.tool_choice is not None else "auto"
+    return {
+        "id": new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "background": bool(body.background),
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.instructions,
+        "max_output_tokens": body.max_output_tokens,
+        "max_tool_calls": None,
+        "model": model.id,
+        "output": [],
+        "parallel_tool_calls": parallel if body.tools else body.parallel_tool_calls is not False,
+        "previous_response_id": body.previous_response_id,
+        "reasoning": {"effort": None, "summary": None},
+        "store": body.store is not False,
+        "temperature": 1.0 if body.temperature is None else body.temperature,
+        "text": text_config(body.text),
+        "tool_choice": tool_choice,
+        "tools": echo_tools(body.tools),
+        "top_p": 1.0 if body.top_p is None else body.top_p,
+        "truncation": body.truncation or "disabled",
+        "usage": None,
+        "metadata": body.metadata or {},
+    } | ({"user": body.user} if body.user is not None else {})
+
+
+class _Run:
+    """One response being generated: its object and how to finish it."""
+
+    def __init__(self, response: dict[str, Any], prompt_tokens: int, calls: bool, store: bool):
+        self.response = response
+        self.prompt_tokens = prompt_tokens
+        self.calls = calls
+        self.store = store
+
+    def snapshot(self, status: str) -> dict[str, Any]:
+        return self.response | {"status": status}
+
+    def finished(self, builder: OutputBuilder, last: RequestOutput) -> dict[str, Any]:
+        cut = last.finish_reason == "length"
+        return self.response | {
+            "status": "incomplete" if cut else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
+            "output": builder.items,
+            "usage": self.usage(last.num_output_tokens),
+            "completed_at": None if cut else int(time.time()),
+        }
+
+    def failed(self, message: str, output_tokens: int = 0) -> dict[str, Any]:
+        return self.response | {
+            "status": "failed",
+            "error": {"code": "server_error", "message": message},
+            "usage": self.usage(output_tokens),
+        }
+
+    def usage(self, output_tokens: int) -> dict[str, Any]:
+        return {
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": output_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + output_tokens,
+        }
+
+
+# -- streaming --------------------------------------------------------------------------------
+
+
+async def _stream(
+    state: ServerState,
+    run: _Run,
+    items: list[dict[str, Any]],
+    owner: str | None,
+    outputs: AsyncIterator[RequestOutput],
+) -> AsyncIterator[bytes]:
+    counter = itertools.count()
+
+    def send(events: list[dict[str, Any]]) -> Iterator[bytes]:
+        for payload in events:
+            payload["sequence_number"] = next(counter)
+            yield sse.named_event(payload["type"], payload)
+
+    def fail(status: int, message: str, code: str | None) -> Iterator[bytes]:
+        err = {"type": "error", "code": code or "server_error", "message": message, "param": None}
+        return send([err])
+
+    opening = [
+        {"type": "response.created", "response": run.snapshot("in_progress")},
+        {"type": "response.in_progress", "response": run.snapshot("in_progress")},
+    ]
+    for chunk in send(opening):
+        yield chunk
+    builder = OutputBuilder(run.calls)
+    last: RequestOutput | None = None
+    failure: tuple[int, str, str | None] | None = None
+    try:
+        async for out in sse.with_heartbeat(outputs, state.keepalive_seconds):
+            if out is None:
+                yield sse.KEEPALIVE
+                continue
+            if out.finish_reason in ("error", "abort"):
+                failure = (500, out.error or "the request was aborted", out.finish_reason)
+                break
+            last = out
+            for chunk in send(builder.feed(out.text)):
+                yield chunk
+    except ENGINE_ERRORS as exc:
+        err = engine_error(exc)
+        failure = (err.status, err.message, err.code)
+    except RequestTimeoutError as exc:
+        failure = (504, str(exc), "timeout")
+    except Exception as exc:
+        failure = (500, str(exc), None)
+    if failure is None and last is None:
+        failure = (500, "the engine returned no output", None)
+    if failure is not None or last is None:
+        assert failure is not None
+        if run.store:
+            failed = run.failed(failure[1], last.num_output_tokens if last else 0)
+            await asyncio.to_thread(state.responses.put, failed, items, owner=owner)
+        for chunk in fail(*failure):
+            yield chunk
+        return
+    tail = builder.finish(last.finish_reason != "length")
+    final = run.finished(builder, last)
+    if run.store:
+        await asyncio.to_thread(state.responses.put, final, items, owner=owner)
+    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+    for chunk in send([*tail, {"type": kind, "response": final}]):
+        yield chunk
+
+
+# -- background -------------------------------------------------------------------------------
+
+
+async def _background(
+    state: ServerState,
+    model: ServedModel,
+    run: _Run,
+    items: list[dict[str, Any]],
+    owner: str | None,
+    prompt: list[int],
+    params: SamplingParams,
+) -> Response:
+    """Store the response as queued, answer at once, and generate in a task of its own (not
+    tied to this HTTP request: the client polls GET /v1/responses/{id})."""
+    queued = run.snapshot("queued")
+    try:  # admitted first, so a refusal stores nothing that would stay queued
+        outputs = model.engine.submit(prompt, params, request_id=f"{queued['id']}-bg")
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+    try:
+        await asyncio.to_thread(state.responses.put, queued, items, owner=owner, background=True)
+    except BaseException:
+        await close_stream(outputs)
+        raise
+    task = asyncio.ensure_future(_generate_in_background(state, run, outputs))
+    jobs = state.background_jobs
+    jobs[queued["id"]] = task
+    task.add_done_callback(lambda _: jobs.pop(queued["id"], None))
+    return JSONResponse(queued)
+
+
+async def _generate_in_background(
+    state: ServerState, run: _Run, outputs: AsyncIterator[RequestOutput]
+) -> None:
+    store = state.responses
+    builder = OutputBuilder(run.calls)
+    last: RequestOutput | None = None
+    await asyncio.to_thread(store.update, run.snapshot("in_progress"), unless_status=_TERMINAL)
+    try:
+        async for out in outputs:
+            if out.finish_reason in ("error", "abort"):
+                final = run.failed(out.error or "the request was aborted", out.num_output_tokens)
+                break
+            builder.feed(out.text)
+            last = out
+        else:
+            if last is None:
+                final = run.failed("the engine returned no output")
+            else:
+                builder.finish(last.finish_reason != "length")
+                final = run.finished(builder, last)
+    except asyncio.CancelledError:  # cancelled: the route has stored it so
+        await close_stream(outputs)
+        raise
+    except Exception as exc:
+        final = run.failed(str(exc))
+    await asyncio.to_thread(store.update, final, unless_status=("cancelled",))
+
+
+# -- stored responses -------------------------------------------------------------------------
+
+
+async def retrieve_response(request: Request) -> Response:
+    response_id = request.path_params["response_id"]
+    stored = await asyncio.to_thread(_state(request).responses.get, response_id, _owner(request))
+    if stored is None:
+        raise _not_found(response_id)
+    return JSONResponse(stored.body)
+
+
+async def delete_response(request: Request) -> Response:
+    state, response_id = _state(request), request.path_params["response_id"]
+    deleted = await asyncio.to_thread(state.responses.delete, response_id, _owner(request))
+    if not deleted:
+        raise _not_found(response_id)
+    job = state.background_jobs.get(response_id)
+    if job is not None:
+        job.cancel()
+    return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
+
+
+async def cancel_response(request: Request) -> Response:
+    state, response_id = _state(request), request.path_params["response_id"]
+    store = state.responses
+    stored = await asyncio.to_thread(store.get, response_id, _owner(request))
+    if stored is None:
+        raise _not_found(response_id)
+    if not stored.background:
+        raise bad_request(
+            "only responses created with background: true can be cancelled", "response_id"
+        )
+    if stored.status in _TERMINAL:
+        return JSONResponse(stored.body)
+    cancelled = stored.body | {"status": "cancelled"}
+    if not await asyncio.to_thread(store.update, cancelled, unless_status=_TERMINAL):
+        current = await asyncio.to_thread(store.get, response_id, _owner(request))
+        if current is None:
+            raise _not_found(response_id)
+        return JSONResponse(current.body)  # it finished meanwhile
+    job = state.background_jobs.get(response_id)
+    if job is not None:
+        job.cancel()
+    return JSONResponse(cancelled)
+
+
+async def list_input_items(request: Request) -> Response:
+    state, response_id = _state(request), request.path_params["response_id"]
+    query = request.query_params
+    limit = _int_param(query.get("limit"), "limit", 20, 1, 100)
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise bad_request("order must be asc or desc", "order")
+    store = state.responses
+    stored = await asyncio.to_thread(store.get, response_id, _owner(request))
+    if stored is None:
+        raise _not_found(response_id)
+    page = await asyncio.to_thread(
+        lambda: store.item_page(
+            response_id,
+            limit=limit,
+            descending=order == "desc",
+            after=query.get("after"),
+            before=query.get("before"),
+        )
+    )
+    if page is None:
+        raise bad_request("after and before must be ids of this response's input items")
+    data = page.items
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": page.has_more,
+        }
+    )
+
+
+def _int_param(raw: str | None, name: str, default: int, low: int, high: int) -> int:
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise bad_request(f"{name} must be an integer", name) from None
+    if not low <= value <= high:
+        raise bad_request(f"{name} must be between {low} and {high}, got {value}", name)
+    return value

@@ -1,0 +1,337 @@
+"""The request of POST /v1/responses, and its input as the chat messages the engine renders.
+
+A Responses request is translated, not served apart: its ``input`` items (plus, with
+``previous_response_id``, the stored conversation before it) become chat messages, its function
+tools and ``tool_choice`` the same ToolRequest chat uses (server/openai_tools.py), and
+``text.format`` chat's ``response_format`` (server/constraints.py). Every input item is kept in
+one canonical shape, with an id, because that is what ``input_items`` lists and what a later
+turn rebuilds the conversation from.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+from pydantic import Field
+
+from inferd.server.errors import APIError, bad_request
+from inferd.server.openai_tools import ToolRequest, history_turn, parse_tools
+from inferd.server.protocol import SamplingFields, _Lenient
+
+MAX_METADATA_PAIRS = 16
+_INPUT_ROLES = ("user", "system", "developer", "assistant")
+_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+
+
+class ResponsesRequest(_Lenient):
+    model: str | None = None
+    input: str | list[Any] | None = None
+    instructions: str | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    text: dict[str, Any] | None = None
+    metadata: dict[str, str] | None = None
+    previous_response_id: str | None = None
+    store: bool | None = None
+    truncation: str | None = None
+    user: str | None = None
+    stream: bool | None = None
+    background: bool | None = None
+    include: list[str] | None = None
+    reasoning: dict[str, Any] | None = None
+    # Known to OpenAI, not served here: a request that uses one gets a 400 naming it.
+    conversation: Any = None
+    prompt: Any = None
+
+
+def check_request(body: ResponsesRequest) -> None:
+    if body.conversation is not None:
+        raise bad_request(
+            "conversation: the Conversations API is not supported; use previous_response_id",
+            "conversation",
+        )
+    if body.prompt is not None:
+        raise bad_request("prompt: stored prompt templates are not supported", "prompt")
+    if body.truncation not in (None, "auto", "disabled"):
+        raise bad_request("truncation must be auto or disabled", "truncation")
+    if body.input is None and body.previous_response_id is None:
+        raise bad_request("input is required", "input")
+    if body.background and body.store is False:
+        raise bad_request("background responses must be stored: drop store: false", "background")
+    if body.background and body.stream:
+        raise bad_request("background: streaming a background response is not supported", "stream")
+    metadata = body.metadata or {}
+    if len(metadata) > MAX_METADATA_PAIRS:
+        raise bad_request(f"metadata: at most {MAX_METADATA_PAIRS} pairs", "metadata")
+    for key, value in metadata.items():
+        if len(key) > 64 or len(value) > 512:
+            raise bad_request(
+                "metadata: keys are at most 64 characters and values at most 512", "metadata"
+            )
+
+
+# -- sampling, format and tools as chat takes them --------------------------------------------
+
+
+def sampling_fields(body: ResponsesRequest) -> SamplingFields:
+    """The chat fields this request amounts to (response_format from ``text.format``)."""
+    return SamplingFields(
+        model=body.model,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        user=body.user,
+        response_format=response_format(body.text),
+    )
+
+
+def text_config(text: dict[str, Any] | None) -> dict[str, Any]:
+    """The ``text`` field of the response object."""
+    fmt = (text or {}).get("format") or {"type": "text"}
+    return {"format": fmt}
+
+
+def response_format(text: dict[str, Any] | None) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    fmt = text.get("format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict):
+        raise bad_request("text.format must be an object with a type", "text.format")
+    kind = fmt.get("type")
+    if kind in ("text", "json_object"):
+        return {"type": kind}
+    if kind != "json_schema":
+        raise bad_request(
+            f"text.format: unknown type {kind!r}; expected text, json_object or json_schema",
+            "text.format.type",
+        )
+    spec = {k: fmt[k] for k in ("name", "schema", "strict", "description") if k in fmt}
+    return {"type": "json_schema", "json_schema": spec}
+
+
+def renamed(err: APIError) -> APIError:
+    """A chat error about ``response_format`` reworded for ``text.format``."""
+    old, new = "response_format.json_schema", "text.format"
+    message = err.message.replace(old, new).replace("response_format", "text.format")
+    param = (err.param or "").replace(old, new).replace("response_format", "text.format")
+    return APIError(err.status, message, param or None, err.code, err.headers)
+
+
+def tool_request(body: ResponsesRequest) -> ToolRequest | None:
+    """Responses' flat function tools as chat's, for the shared ToolRequest."""
+    as_chat: list[Any] = []
+    for i, tool in enumerate(body.tools or ()):
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
+            raise bad_request(
+                f"tools.{i}: only function tools are supported, not {kind!r}", f"tools.{i}.type"
+            )
+        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        if fn.get("parameters") is None:
+            fn.pop("parameters", None)
+        as_chat.append({"type": "function", "function": fn})
+    choice = body.tool_choice
+    if isinstance(choice, dict):
+        if choice.get("type") != "function":
+            raise bad_request(
+                "tool_choice must be none, auto, required or {type: function, name}",
+                "tool_choice",
+            )
+        choice = {"type": "function", "function": {"name": choice.get("name")}}
+    try:
+        return parse_tools(as_chat, choice, body.parallel_tool_calls)
+    except APIError as exc:
+        message = exc.message.replace(".function.", ".")
+        raise bad_request(message, (exc.param or "tools").replace(".function.", ".")) from None
+
+
+def echo_tools(tools: list[Any] | None) -> list[dict[str, Any]]:
+    """The request's tools as the response object lists them."""
+    return [
+        {
+            "type": "function",
+            "name": t["name"],
+            "description": t.get("description"),
+            "parameters": t.get("parameters"),
+            "strict": t.get("strict", True),
+        }
+        for t in tools or ()
+    ]
+
+
+# -- input items ------------------------------------------------------------------------------
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def input_items(value: str | list[Any] | None, known_calls: set[str]) -> list[dict[str, Any]]:
+    """The request's input as canonical items with ids; ``known_calls`` holds the call ids of
+    the conversation so far (the stored turns before it), and gains this input's."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [_message_item("user", [{"type": "input_text", "text": value}])]
+    return [_item(i, item, known_calls) for i, item in enumerate(value)]
+
+
+def _message_item(role: str, content: list[dict[str, Any]], item_id: Any = None) -> dict[str, Any]:
+    item_id = item_id if isinstance(item_id, str) and item_id else new_id("msg")
+    return {"id": item_id, "type": "message", "role": role, "status": "completed"} | {
+        "content": content
+    }
+
+
+def _item(index: int, item: Any, known_calls: set[str]) -> dict[str, Any]:
+    where = f"input.{index}"
+    if not isinstance(item, dict):
+        raise bad_request(f"{where}: an input item is an object", where)
+    kind = item.get("type", "message")
+    if kind == "message":
+        return _message(where, item)
+    if kind == "function_call":
+        fields = {k: item.get(k) for k in ("call_id", "name", "arguments")}
+        for key, value in fields.items():
+            if not isinstance(value, str) or (key != "arguments" and not value):
+                raise bad_request(f"{where}.{key}: a string is required", f"{where}.{key}")
+        known_calls.add(str(fields["call_id"]))
+        item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("fc")
+        return {"id": item_id, "type": "function_call", "status": "completed"} | fields
+    if kind == "function_call_output":
+        call_id = item.get("call_id")
+        if not isinstance(call_id, str) or call_id not in known_calls:
+            raise bad_request(
+                f"{where}.call_id: no function_call with call_id {call_id!r} comes before this "
+                "function_call_output",
+                f"{where}.call_id",
+            )
+        output = _output_text(where, item.get("output"))
+        item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("fco")
+        return {
+            "id": item_id,
+            "type": "function_call_output",
+            "call_id": call_id,
+            "output": output,
+            "status": "completed",
+        }
+    if kind == "reasoning":  # a reasoning model's item sent back: kept, not rendered
+        return dict(item) | {"id": item.get("id") or new_id("rs")}
+    raise bad_request(
+        f"{where}.type: unsupported input item type {kind!r}; expected message, function_call "
+        "or function_call_output",
+        f"{where}.type",
+    )
+
+
+def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in _INPUT_ROLES:
+        raise bad_request(
+            f"{where}.role must be one of {', '.join(_INPUT_ROLES)}, got {role!r}", f"{where}.role"
+        )
+    content = item.get("content")
+    text_kind = "output_text" if role == "assistant" else "input_text"
+    if isinstance(content, str):
+        parts: list[dict[str, Any]] = [{"type": text_kind, "text": content}]
+    elif isinstance(content, list):
+        parts = [_part(f"{where}.content.{j}", p, role) for j, p in enumerate(content)]
+    else:
+        raise bad_request(f"{where}.content: a string or a list of parts", f"{where}.content")
+    if role == "assistant":
+        parts = [
+            p | {"annotations": [], "logprobs": []} if p["type"] == "output_text" else p
+            for p in parts
+        ]
+    return _message_item(role, parts, item.get("id"))
+
+
+def _part(where: str, part: Any, role: str) -> dict[str, Any]:
+    kind = part.get("type") if isinstance(part, dict) else None
+    allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    if kind in _MEDIA_PARTS:
+        raise bad_request(
+            f"{where}: {kind} parts are not supported on /v1/responses yet (text only)", where
+        )
+    if kind not in allowed:
+        raise bad_request(
+            f"{where}.type: a {role} message takes {' or '.join(allowed)} parts, not {kind!r}",
+            f"{where}.type",
+        )
+    key = "refusal" if kind == "refusal" else "text"
+    text = part.get(key)
+    if not isinstance(text, str):
+        raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+    return {"type": kind, key: text}
+
+
+def _output_text(where: str, output: Any) -> str:
+    if isinstance(output, str):
+        return output
+    if isinstance(output, list) and all(
+        isinstance(p, dict) and p.get("type") == "input_text" and isinstance(p.get("text"), str)
+        for p in output
+    ):
+        return "".join(p["text"] for p in output)
+    raise bad_request(f"{where}.output: a string or a list of input_text parts", f"{where}.output")
+
+
+def calls_of(items: list[dict[str, Any]]) -> set[str]:
+    return {i["call_id"] for i in items if i.get("type") == "function_call"}
+
+
+# -- items -> chat messages -------------------------------------------------------------------
+
+
+def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation as chat messages: an assistant message and the function calls after it
+    make one assistant turn, as chat's ``tool_calls`` do."""
+    messages: list[dict[str, Any]] = []
+    if instructions:
+        messages.append({"role": "system", "content": instructions})
+    known: set[str] = set()
+    turn: dict[str, Any] | None = None  # the assistant turn being gathered
+
+    def flush() -> None:
+        nonlocal turn
+        if turn is not None:
+            messages.append(
+                history_turn(len(messages), "assistant", turn["text"], turn["calls"], None, known)
+            )
+            turn = None
+
+    for item in items:
+        kind = item["type"]
+        if kind == "message" and item["role"] == "assistant":
+            if turn is not None and turn["calls"]:
+                flush()
+            turn = turn or {"text": "", "calls": []}
+            turn["text"] += "".join(p.get("text", p.get("refusal", "")) for p in item["content"])
+        elif kind == "function_call":
+            turn = turn or {"text": "", "calls": []}
+            fn = {"name": item["name"], "arguments": item["arguments"]}
+            turn["calls"].append({"id": item["call_id"], "function": fn})
+        elif kind == "function_call_output":
+            flush()
+            messages.append(
+                history_turn(len(messages), "tool", item["output"], None, item["call_id"], known)
+            )
+        elif kind == "message":
+            flush()
+            text = "".join(p["text"] for p in item["content"])
+            messages.append({"role": item["role"], "content": text})
+    flush()
+    return messages
+
+
+def output_as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A stored response's output items as the conversation's next items (message and
+    function_call items read the same either way)."""
+    return [json.loads(json.dumps(item)) for item in output if item["type"] != "reasoning"]

@@ -1,0 +1,176 @@
+"""A response's output items, built from the model's text as it streams, with the typed events
+that announce them.
+
+One builder serves both ways of answering: a stream sends the events as they come, a plain
+response feeds the whole text at once and keeps only the items, so the two cannot disagree.
+With tools, the text goes through the Hermes call reader (structured/hermes.py) as chat's does:
+prose becomes a ``message`` item (an ``output_text`` part), each ``<tool_call>`` a
+``function_call`` item whose arguments stream as ``response.function_call_arguments.delta``.
+Whitespace between calls opens no message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferd.server.openai_tools import new_call_id
+from inferd.server.responses_input import new_id
+from inferd.structured.hermes import CallReader
+
+Event = dict[str, Any]
+
+
+@dataclass(slots=True)
+class OutputBuilder:
+    calls: bool  # the reply may hold tool calls (tools offered, tool_choice not none)
+    items: list[dict[str, Any]] = field(default_factory=list)
+    reader: CallReader = field(default_factory=CallReader)
+    open: dict[str, Any] | None = None
+    blank: str = ""  # whitespace waiting for prose to follow it
+
+    def feed(self, text: str) -> list[Event]:
+        if not self.calls:
+            return self._text(text)
+        content, pieces = self.reader.feed(text)
+        events = self._text(content)
+        for piece in pieces:
+            if piece.name is not None:
+                events += self._close("completed")
+                events += self._open_call(piece.name)
+            if piece.arguments:
+                assert self.open is not None
+                self.open["arguments"] += piece.arguments
+                events.append(
+                    {
+                        "type": "response.function_call_arguments.delta",
+                        "item_id": self.open["id"],
+                        "output_index": len(self.items) - 1,
+                        "delta": piece.arguments,
+                    }
+                )
+        return events
+
+    def finish(self, complete: bool) -> list[Event]:
+        """Close the last item (``complete``: the model ended its turn, else it was cut)."""
+        events = self._text(self.reader.finish()) if self.calls else []
+        if not self.items:  # an empty reply is still a message, with empty text
+            events += self._open_message()
+        return events + self._close("completed" if complete else "incomplete")
+
+    @property
+    def called(self) -> bool:
+        return any(item["type"] == "function_call" for item in self.items)
+
+    # -- items -------------------------------------------------------------------------------
+
+    def _text(self, text: str) -> list[Event]:
+        if not text:
+            return []
+        events: list[Event] = []
+        if self.open is None or self.open["type"] != "message":
+            if self.calls and not text.strip():
+                self.blank += text
+                return []
+            events += self._close("completed")
+            events += self._open_message()
+            text, self.blank = self.blank + text, ""
+        assert self.open is not None
+        part = self.open["content"][0]
+        part["text"] += text
+        events.append(
+            self._part_event("response.output_text.delta") | {"delta": text, "logprobs": []}
+        )
+        return events
+
+    def _open_message(self) -> list[Event]:
+        item: dict[str, Any] = {
+            "id": new_id("msg"),
+            "type": "message",
+            "role": "assistant",
+            "status": "in_progress",
+            "content": [],
+        }
+        self.items.append(item)
+        self.open = item
+        added = {"type": "response.output_item.added", "output_index": len(self.items) - 1}
+        events = [added | {"item": _copy(item)}]
+        part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        item["content"].append(part)
+        events.append(self._part_event("response.content_part.added") | {"part": dict(part)})
+        return events
+
+    def _open_call(self, name: str) -> list[Event]:
+        item = {
+            "id": new_id("fc"),
+            "type": "function_call",
+            "call_id": new_call_id(),
+            "name": name,
+            "arguments": "",
+            "status": "in_progress",
+        }
+        self.items.append(item)
+        self.open = item
+        index = len(self.items) - 1
+        return [{"type": "response.output_item.added", "output_index": index, "item": _copy(item)}]
+
+    def _close(self, status: str) -> list[Event]:
+        item, self.open = self.open, None
+        if item is None:
+            return []
+        index = self.items.index(item)
+        events: list[Event] = []
+        if item["type"] == "message":
+            part = item["content"][0]
+            events.append(
+                self._part_event("response.output_text.done", item, index)
+                | {"text": part["text"], "logprobs": []}
+            )
+            events.append(
+                self._part_event("response.content_part.done", item, index) | {"part": dict(part)}
+            )
+        else:
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    "item_id": item["id"],
+                    "output_index": index,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
+        item["status"] = status
+        events.append(
+            {"type": "response.output_item.done", "output_index": index} | {"item": _copy(item)}
+        )
+        return events
+
+    def _part_event(
+        self, kind: str, item: dict[str, Any] | None = None, index: int | None = None
+    ) -> Event:
+        item = item if item is not None else self.open
+        assert item is not None
+        return {
+            "type": kind,
+            "item_id": item["id"],
+            "output_index": index if index is not None else len(self.items) - 1,
+            "content_index": 0,
+        }
+
+
+def _copy(item: dict[str, Any]) -> dict[str, Any]:
+    """A snapshot of an item as it is now (events must not change as the item grows)."""
+    out = dict(item)
+    if "content" in out:
+        out["content"] = [dict(p) for p in out["content"]]
+    return out
+
+
+def output_text(items: list[dict[str, Any]]) -> str:
+    return "".join(
+        p["text"]
+        for item in items
+        if item["type"] == "message"
+        for p in item["content"]
+        if p["type"] == "output_text"
+    )
