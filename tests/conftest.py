@@ -11,6 +11,7 @@ from inferd.store import DEFAULT_MODEL, ModelStore
 
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
+    from tests.media.corpus import Corpus
 
 
 @pytest.fixture(scope="session")
@@ -91,3 +92,11 @@ def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
     directory = tmp_path_factory.mktemp("idefics3")
     model, processor = save_tiny_idefics3(directory)
     return directory, model, processor
+
+
+@pytest.fixture(scope="session")
+def media_corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
+    """Images, audio and videos (good and hostile) generated once (tests/media/corpus.py)."""
+    from tests.media.corpus import build
+
+    return build(tmp_path_factory.mktemp("media-corpus"))

@@ -45,7 +45,7 @@ from inferd.server.generation import (
     start,
 )
 from inferd.server.limits import RequestTimeoutError
-from inferd.server.media import check_media_parts, media_policy
+from inferd.server.media import check_media_parts, decode_request_media, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
@@ -92,7 +92,9 @@ async def _create_message(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
-    check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
+    # URL policy, then modality, then each part decoded (text-only models stop at the modality)
+    media = await decode_request_media(body.messages, media_policy(request), model)
+    del media  # the engine takes no media yet (the first vision model brings its media path)
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     prompt = await _prompt(model, body, state, tools=tools)
     params = _sampling_params(body, model)

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+# What one decoded item may hold; the media layer owns them (inferd/media/limits.py says why).
+from inferd.media.limits import (
+    DEFAULT_MAX_AUDIO_SAMPLE_RATE,
+    DEFAULT_MAX_AUDIO_SECONDS,
+    DEFAULT_MAX_IMAGE_PIXELS,
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_MAX_VIDEO_SECONDS,
+)
+
 DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_MEDIA_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_NUM_IMAGES = 8
+DEFAULT_MAX_NUM_AUDIOS = 4
+DEFAULT_MAX_NUM_VIDEOS = 2
 DEFAULT_MEDIA_FETCH_TIMEOUT = 10.0
 DEFAULT_REMOTE_MEDIA_PORTS = frozenset({80, 443})
 ACCESS_LOG_FORMATS = ("text", "json")
@@ -17,3 +28,11 @@ DEFAULT_MAX_CONNECTIONS = 512
 # (token, logprob) pairs one completions response may carry: a full 8,192-token echo with 20
 # top logprobs is 172k; `echo` + `logprobs: 20` + `n: 16` on a 4,000-token prompt is 1.3M.
 DEFAULT_MAX_LOGPROBS_TOKENS = 262_144
+
+__all__ = [
+    "DEFAULT_MAX_AUDIO_SAMPLE_RATE",
+    "DEFAULT_MAX_AUDIO_SECONDS",
+    "DEFAULT_MAX_IMAGE_PIXELS",
+    "DEFAULT_MAX_VIDEO_FRAMES",
+    "DEFAULT_MAX_VIDEO_SECONDS",
+]

@@ -15,8 +15,12 @@ Each refusal is a 400 naming the part (``messages.0.content.1.image_url.url``) a
 Then each part's modality is checked against what the model accepts (``/v1/models`` shows
 ``modalities``): a text-only model asked to look at an image gets a 400 naming both.
 
-``check_media_parts`` is what handlers call; ``load_media`` reads a checked part's bytes for
-the multimodal models to come.
+Then ``decode_request_media`` (what the chat handlers call) loads each checked part
+(``load_media``) and decodes it off the event loop with ``inferd.media`` under the policy's
+``MediaLimits`` (pixels, seconds, frames, sample rate, all checked from the headers before the
+heavy work); a part that is corrupt, truncated, over a limit or not what it claims to be is a
+400 naming it (``messages.0.content.1.image_url``). A text-only model never gets that far: the
+modality check refuses its media before anything is read.
 """
 
 from __future__ import annotations
@@ -24,20 +28,26 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import functools
 import ipaddress
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_to_bytes, urlsplit
 
 from starlette.requests import Request
 
+from inferd.media.limits import MediaError, MediaLimits
+from inferd.media.types import DecodedMedia
 from inferd.server.defaults import (
     DEFAULT_MAX_MEDIA_BYTES,
+    DEFAULT_MAX_NUM_AUDIOS,
     DEFAULT_MAX_NUM_IMAGES,
+    DEFAULT_MAX_NUM_VIDEOS,
     DEFAULT_MEDIA_FETCH_TIMEOUT,
 )
 from inferd.server.errors import APIError, bad_request
@@ -50,6 +60,9 @@ from inferd.server.media_fetch import (
     check_remote_url,
     fetch,
 )
+
+if TYPE_CHECKING:
+    from inferd.media.video import VideoSampling
 
 MODALITIES = ("text", "image", "audio", "video", "file")
 
@@ -105,6 +118,9 @@ class MediaPolicy:
     max_redirects: int = 3
     fetch_timeout: float = DEFAULT_MEDIA_FETCH_TIMEOUT
     allow_networks: tuple[IPNetwork, ...] = ()  # non-public networks remote media may use
+    max_num_audios: int = DEFAULT_MAX_NUM_AUDIOS
+    max_num_videos: int = DEFAULT_MAX_NUM_VIDEOS
+    limits: MediaLimits = field(default_factory=MediaLimits)  # what decoding may take on
 
     @classmethod
     def create(
@@ -118,6 +134,9 @@ class MediaPolicy:
         max_redirects: int = 3,
         fetch_timeout: float = DEFAULT_MEDIA_FETCH_TIMEOUT,
         allow_networks: Iterable[str] = (),
+        max_num_audios: int = DEFAULT_MAX_NUM_AUDIOS,
+        max_num_videos: int = DEFAULT_MAX_NUM_VIDEOS,
+        limits: MediaLimits | None = None,
     ) -> MediaPolicy:
         """Validate settings (ValueError says which); roots must be existing directories."""
         roots = []
@@ -132,8 +151,13 @@ class MediaPolicy:
             raise ValueError("remote media ports must be between 1 and 65535")
         if max_media_bytes < 1:
             raise ValueError("--max-media-bytes must be at least 1")
-        if max_num_images < 0:
-            raise ValueError("--max-num-images must not be negative")
+        for flag, count in (
+            ("--max-num-images", max_num_images),
+            ("--max-num-audios", max_num_audios),
+            ("--max-num-videos", max_num_videos),
+        ):
+            if count < 0:
+                raise ValueError(f"{flag} must not be negative")
         if max_redirects < 0 or fetch_timeout <= 0:
             raise ValueError("media redirects must be >= 0 and the fetch timeout positive")
         networks = tuple(ipaddress.ip_network(n, strict=False) for n in allow_networks)
@@ -146,6 +170,9 @@ class MediaPolicy:
             max_redirects,
             fetch_timeout,
             networks,
+            max_num_audios,
+            max_num_videos,
+            limits or MediaLimits(),
         )
 
     def fetch_policy(self) -> FetchPolicy:
@@ -186,14 +213,19 @@ def check_media_parts(
     then any part whose modality the model does not take. Returns the checked parts.
     """
     found = list(_media_parts(messages))
-    images = sum(1 for _, modality, _ in found if modality == "image")
-    if images > policy.max_num_images:
-        raise bad_request(
-            f"messages: this request carries {images} images; this server accepts at most "
-            f"{policy.max_num_images} per request (--max-num-images)",
-            "messages",
-            code="too_many_images",
-        )
+    for modality, plural, cap, flag, code in (
+        ("image", "images", policy.max_num_images, "--max-num-images", "too_many_images"),
+        ("audio", "audio clips", policy.max_num_audios, "--max-num-audios", "too_many_audios"),
+        ("video", "videos", policy.max_num_videos, "--max-num-videos", "too_many_videos"),
+    ):
+        count = sum(1 for _, m, _ in found if m == modality)
+        if count > cap:
+            raise bad_request(
+                f"messages: this request carries {count} {plural}; this server accepts at most "
+                f"{cap} per request ({flag})",
+                "messages",
+                code=code,
+            )
     refs = [_check_part(param, modality, part, policy) for param, modality, part in found]
     accepted = model_modalities(model).input
     for ref in refs:
@@ -469,3 +501,85 @@ async def load_media(ref: MediaRef, policy: MediaPolicy) -> bytes:
         return fetched.data
     except FetchError as exc:
         raise _refused(ref.param, str(exc)) from None
+
+
+async def decode_request_media(
+    messages: Sequence[Any],
+    policy: MediaPolicy,
+    model: object = None,
+    *,
+    audio_rate: int | None = None,
+    video_sampling: VideoSampling | None = None,
+    video_audio: bool = False,
+) -> list[DecodedMedia]:
+    """The request's media, checked, loaded and decoded, in the order they appear.
+
+    Raises APIError 400 for anything ``check_media_parts`` refuses (a text-only model's media
+    among them, before any byte is read), for a part that cannot be loaded, and for one that
+    cannot be decoded (the message names the part and says why). ``audio_rate`` resamples
+    audio to the model's rate; ``video_sampling`` picks the frames kept; ``video_audio`` adds
+    a video's sound (for models that hear videos too). Each decode runs off
+    the event loop in the decoding threads, one part after another, so one request holds at
+    most one of them at a time.
+    """
+    refs = check_media_parts(messages, policy, model)
+    decoded = []
+    for ref in refs:
+        if ref.modality == "file":
+            raise bad_request(
+                f"{_part_key(ref.param)}: file (document) parts are not decoded by this server",
+                _part_key(ref.param),
+                code="unsupported_modality",
+            )
+        data = await load_media(ref, policy)
+        work = functools.partial(
+            _decode, ref, data, policy.limits, audio_rate, video_sampling, video_audio
+        )
+        decoded.append(await asyncio.get_running_loop().run_in_executor(_DECODERS, work))
+    return decoded
+
+
+# Decoding is CPU- and memory-heavy: its own few threads, so many requests with media queue
+# here instead of decoding all at once, and never hold up the default executor's short jobs
+# (tokenizing, reading files).
+_DECODERS = ThreadPoolExecutor(
+    max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="inferd-media"
+)
+
+
+def _decode(
+    ref: MediaRef,
+    data: bytes,
+    limits: MediaLimits,
+    audio_rate: int | None,
+    video_sampling: VideoSampling | None,
+    video_audio: bool,
+) -> DecodedMedia:
+    from inferd.media.decode import decode_media
+
+    try:
+        return decode_media(
+            data,
+            ref.modality,
+            limits,
+            declared_type(ref),
+            audio_rate=audio_rate,
+            video_sampling=video_sampling,
+            video_audio=video_audio,
+        )
+    except MediaError as exc:
+        param = _part_key(ref.param)
+        raise bad_request(f"{param}: {exc}", param, code=exc.code) from None
+
+
+def declared_type(ref: MediaRef) -> str | None:
+    """The media type the sender declared (a data URL's, a block's ``media_type``, an
+    ``input_audio`` format), checked against the bytes. A file's or URL's name declares
+    nothing: the bytes say what it is."""
+    return ref.media_type
+
+
+def _part_key(param: str) -> str:
+    """messages.0.content.1.image_url.url -> messages.0.content.1.image_url: the part's object."""
+    head, _, last = param.rpartition(".")
+    return head if last in ("url", "data", "file_data") and ".content." in head else param

@@ -36,7 +36,7 @@ from inferd.server.generation import (
     token_piece,
     visible_logprobs,
 )
-from inferd.server.media import check_media_parts, media_policy
+from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
@@ -48,7 +48,9 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_body(await request.body(), ChatCompletionRequest)
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
-    check_media_parts(body.messages, media_policy(request), model)  # URL policy, then modality
+    # URL policy, then modality, then each part decoded (text-only models stop at the modality)
+    media = await decode_request_media(body.messages, media_policy(request), model)
+    del media  # the engine takes no media yet (the first vision model brings its media path)
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages = offer(_messages(body.messages), tools)
     n = check_n(body.n)

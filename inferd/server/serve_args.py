@@ -14,12 +14,19 @@ from inferd.server.defaults import (
     API_KEYS_ENV,
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_HEADER_TIMEOUT,
+    DEFAULT_MAX_AUDIO_SAMPLE_RATE,
+    DEFAULT_MAX_AUDIO_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_LOGPROBS_TOKENS,
     DEFAULT_MAX_MEDIA_BYTES,
+    DEFAULT_MAX_NUM_AUDIOS,
     DEFAULT_MAX_NUM_IMAGES,
+    DEFAULT_MAX_NUM_VIDEOS,
+    DEFAULT_MAX_VIDEO_FRAMES,
+    DEFAULT_MAX_VIDEO_SECONDS,
     DEFAULT_MEDIA_FETCH_TIMEOUT,
 )
 
@@ -159,6 +166,51 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help=f"most images in one request (default: {DEFAULT_MAX_NUM_IMAGES})",
     )
     g.add_argument(
+        "--max-num-audios",
+        type=int,
+        default=DEFAULT_MAX_NUM_AUDIOS,
+        help=f"most audio clips in one request (default: {DEFAULT_MAX_NUM_AUDIOS})",
+    )
+    g.add_argument(
+        "--max-num-videos",
+        type=int,
+        default=DEFAULT_MAX_NUM_VIDEOS,
+        help=f"most videos in one request (default: {DEFAULT_MAX_NUM_VIDEOS})",
+    )
+    g.add_argument(
+        "--max-image-pixels",
+        type=int,
+        default=DEFAULT_MAX_IMAGE_PIXELS,
+        help="largest image (and video frame) decoded, width x height, checked from the header "
+        f"before decoding (default: {DEFAULT_MAX_IMAGE_PIXELS})",
+    )
+    g.add_argument(
+        "--max-video-seconds",
+        type=float,
+        default=DEFAULT_MAX_VIDEO_SECONDS,
+        help=f"longest video decoded (default: {DEFAULT_MAX_VIDEO_SECONDS:g})",
+    )
+    g.add_argument(
+        "--max-video-frames",
+        type=int,
+        default=DEFAULT_MAX_VIDEO_FRAMES,
+        help="most frames in a video stream, all decoded to sample a few "
+        f"(default: {DEFAULT_MAX_VIDEO_FRAMES})",
+    )
+    g.add_argument(
+        "--max-audio-seconds",
+        type=float,
+        default=DEFAULT_MAX_AUDIO_SECONDS,
+        help=f"longest audio clip decoded (default: {DEFAULT_MAX_AUDIO_SECONDS:g})",
+    )
+    g.add_argument(
+        "--max-audio-sample-rate",
+        type=int,
+        default=DEFAULT_MAX_AUDIO_SAMPLE_RATE,
+        metavar="HZ",
+        help=f"highest audio sample rate decoded (default: {DEFAULT_MAX_AUDIO_SAMPLE_RATE})",
+    )
+    g.add_argument(
         "--max-media-bytes",
         type=int,
         default=DEFAULT_MAX_MEDIA_BYTES,
@@ -178,6 +230,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
 
     A flag whose dest is a ServerOptions field's name is taken as is; the rest are translated
     below."""
+    from inferd.media.limits import MediaLimits
     from inferd.server.auth import keys_from_env
     from inferd.server.crosssite import HostAllowList, is_loopback
     from inferd.server.media import MediaPolicy
@@ -215,7 +268,16 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 remote_ports=ports,
                 max_media_bytes=args.max_media_bytes,
                 max_num_images=args.max_num_images,
+                max_num_audios=args.max_num_audios,
+                max_num_videos=args.max_num_videos,
                 fetch_timeout=args.media_fetch_timeout,
+                limits=MediaLimits(
+                    max_image_pixels=args.max_image_pixels,
+                    max_video_seconds=args.max_video_seconds,
+                    max_video_frames=args.max_video_frames,
+                    max_audio_seconds=args.max_audio_seconds,
+                    max_audio_sample_rate=args.max_audio_sample_rate,
+                ),
             ),
         }
     )
@@ -238,6 +300,7 @@ def describe(options: ServerOptions) -> list[str]:
 
     keys = options.api_keys
     policy = options.media_policy
+    lim = policy.limits
     auth = f"{len(keys)} API key(s) required" if keys else "none (no --api-key)"
     limit = options.request_timeout
     media = ["data:"]
@@ -253,5 +316,9 @@ def describe(options: ServerOptions) -> list[str]:
         f"timeout {'none' if limit is None else f'{limit:g}s'}, "
         f"body within {'none' if options.body_timeout is None else f'{options.body_timeout:g}s'}",
         f"media      {', '.join(media)}; at most {policy.max_num_images} images, "
+        f"{policy.max_num_audios} audio clips, {policy.max_num_videos} videos, "
         f"{policy.max_media_bytes} bytes each",
+        f"decoding   images up to {lim.max_image_pixels} pixels; video up to "
+        f"{lim.max_video_seconds:g} s and {lim.max_video_frames} frames; audio up to "
+        f"{lim.max_audio_seconds:g} s at {lim.max_audio_sample_rate} Hz",
     ]

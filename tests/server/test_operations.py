@@ -16,12 +16,13 @@ import pytest
 from inferd import __version__
 from inferd.cli import _parser, main
 from inferd.engine.outputs import RequestOutput
+from inferd.media.limits import MediaLimits
 from inferd.server.app import build_app
 from inferd.server.auth import keys_from_env
 from inferd.server.crosssite import HostAllowList
 from inferd.server.limits import RequestDeadline, RequestTimeoutError
 from inferd.server.options import ServerOptions
-from inferd.server.serve_args import server_options
+from inferd.server.serve_args import describe, server_options
 
 
 def _get(app: object, *paths: str) -> list[httpx.Response]:
@@ -106,6 +107,10 @@ def test_server_options_from_the_serve_flags() -> None:
         (["--remote-media-ports", "80,http"], "--remote-media-ports must be comma-separated"),
         (["--remote-media-ports", "0"], "ports must be between 1 and 65535"),
         (["--allowed-origins", "nope"], "must be http(s)://host[:port]"),
+        (["--max-num-audios", "-1"], "--max-num-audios must not be negative"),
+        (["--max-image-pixels", "0"], "--max-image-pixels must be at least 1"),
+        (["--max-video-seconds", "0"], "--max-video-seconds must be positive"),
+        (["--max-audio-sample-rate", "0"], "--max-audio-sample-rate must be at least 1"),
     ],
 )
 def test_serve_flags_are_checked_before_the_model_loads(
@@ -114,6 +119,33 @@ def test_serve_flags_are_checked_before_the_model_loads(
     missing_model = str(tmp_path / "never-loaded.gguf")
     assert main(["serve", "-m", missing_model, *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_media_flags_reach_the_policy_and_the_startup_lines() -> None:
+    flags = [
+        *("serve", "--max-num-images", "3", "--max-num-audios", "2", "--max-num-videos", "0"),
+        *("--max-image-pixels", "4000000", "--max-video-seconds", "30", "--max-video-frames"),
+        *("900", "--max-audio-seconds", "45.5", "--max-audio-sample-rate", "48000"),
+    ]
+    options = server_options(_parser().parse_args(flags), {})
+    policy = options.media_policy
+    assert (policy.max_num_images, policy.max_num_audios, policy.max_num_videos) == (3, 2, 0)
+    assert policy.limits == MediaLimits(
+        max_image_pixels=4_000_000,
+        max_video_seconds=30.0,
+        max_video_frames=900,
+        max_audio_seconds=45.5,
+        max_audio_sample_rate=48_000,
+    )
+    lines = describe(options)
+    media = "media      data:; at most 3 images, 2 audio clips, 0 videos, 20971520 bytes each"
+    assert media in lines
+    assert (
+        "decoding   images up to 4000000 pixels; video up to 30 s and 900 frames; audio up to "
+        "45.5 s at 48000 Hz"
+    ) in lines
+    defaults = server_options(_parser().parse_args(["serve"]), {}).media_policy
+    assert defaults.limits == MediaLimits() and defaults.max_num_videos == 2
 
 
 def test_api_keys_from_the_environment() -> None:
@@ -154,6 +186,7 @@ _WORKER = """
 import asyncio, sys
 import httpx
 from inferd.engine.outputs import RequestOutput
+from inferd.media.limits import MediaLimits
 from inferd.server.app import build_app
 from inferd.server.limits import RequestDeadline, RequestTimeoutError
 

@@ -64,7 +64,8 @@ def ops(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         *("--allowed-origins", ORIGIN, "--access-log-format", "json"),
         *("--log-payloads", str(payloads)),
         *("--allowed-media-root", str(media), "--max-num-images", "2"),
-        *("--max-media-bytes", str(MAX_MEDIA)),
+        *("--max-media-bytes", str(MAX_MEDIA), "--max-num-audios", "1", "--max-num-videos", "1"),
+        *("--max-image-pixels", "1000000", "--max-audio-seconds", "30"),
     ]
     with live_server(args, tmp / "serve.log") as live:
         yield Ops(live, media, secret, payloads)
@@ -326,6 +327,41 @@ def test_an_allowed_image_reaches_the_modality_check(
     )
 
 
+def test_a_text_model_refuses_corrupt_media_before_decoding_and_stays_healthy(
+    ops: Ops, model: str, http: httpx.Client
+) -> None:
+    """Media a decoder would refuse (a corrupt PNG, a decompression bomb, a ZIP called PNG)
+    gets the modality 400 from a text model: nothing is decoded for it."""
+    from tests.media.corpus import png
+
+    (ops.media / "zip-7781.png").write_bytes(b"PK\x03\x04" + b"\x00" * 60)
+    bomb = "data:image/png;base64," + base64.b64encode(png(100_000, 100_000)).decode()
+    corrupt = f"file://{ops.media}/cat-7781.png"  # the PNG signature over zeros
+    for url in (corrupt, bomb, f"file://{ops.media}/zip-7781.png"):
+        resp = http.post("/v1/chat/completions", json=_media(image_part(url)))
+        assert resp.status_code == 400, url[:60]
+        error = openai_error(resp)
+        assert (error["code"], error["param"]) == ("unsupported_modality", "messages.0.content.1")
+    block = {
+        "type": "image",
+        "source": {"type": "base64", "media_type": "image/png", "data": bomb.split(",", 1)[1]},
+    }
+    resp = http.post(
+        "/v1/messages",
+        json={"model": model, "max_tokens": 4, "messages": [{"role": "user", "content": [block]}]},
+        headers={"anthropic-version": "2023-06-01"},
+    )
+    assert resp.status_code == 400
+    assert "does not accept image input" in resp.json()["error"]["message"]
+    assert http.get("/health").json() == {"status": "ok"}
+    ok = http.post("/v1/chat/completions", json=chat("Say hi."))
+    assert ok.status_code == 200 and ok.json()["usage"]["completion_tokens"] >= 1
+    log = ops.server.log.read_text()
+    assert "at most 2 images, 1 audio clips, 1 videos, 4096 bytes each" in log
+    assert "decoding   images up to 1000000 pixels; video up to 600 s and 18000 frames; " in log
+    assert "audio up to 30 s at 192000 Hz" in log
+
+
 # -- the table of hostile requests ---------------------------------------------------------------
 @dataclass(frozen=True)
 class Hostile:
@@ -487,6 +523,26 @@ HOSTILE = [
         body=_media(*[image_part("data:image/png;base64,iVBORw0K")] * 3),
         param="messages",
         code="too_many_images",
+    ),
+    Hostile(
+        "too many audio clips",
+        400,
+        "carries 2 audio clips; this server accepts at most 1 per request (--max-num-audios)",
+        body=_media(
+            *[{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}] * 2
+        ),
+        param="messages",
+        code="too_many_audios",
+    ),
+    Hostile(
+        "too many videos",
+        400,
+        "carries 2 videos; this server accepts at most 1 per request (--max-num-videos)",
+        body=_media(
+            *[{"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}] * 2
+        ),
+        param="messages",
+        code="too_many_videos",
     ),
     Hostile(
         "audio for a text model",
