@@ -279,3 +279,29 @@ def test_anthropic_image_block_answers_and_counts_its_tokens(
     assert "".join(b.text for b in msg.content if b.type == "text") == text
     counted = claude.messages.count_tokens(model=model_id, messages=messages)
     assert counted.input_tokens == prompt_tokens
+
+
+def test_anthropic_url_block_streams_like_its_base64_twin(
+    claude: anthropic.Anthropic, model_id: str, media_dirs: tuple[Path, Path]
+) -> None:
+    picture = media_dirs[0] / "picture.png"
+
+    def ask(source: dict[str, str]) -> tuple[str, int]:
+        blocks: Any = [{"type": "text", "text": "Here:"}, {"type": "image", "source": source}]
+        with claude.messages.stream(
+            model=model_id,
+            max_tokens=4,
+            messages=[{"role": "user", "content": blocks}],
+            extra_body={"temperature": 0},
+        ) as stream:
+            final = stream.get_final_message()
+        text = "".join(b.text for b in final.content if b.type == "text")
+        return text, final.usage.input_tokens
+
+    by_url = ask({"type": "url", "url": picture.as_uri()})
+    data = base64.b64encode(picture.read_bytes()).decode()
+    assert by_url == ask({"type": "base64", "media_type": "image/png", "data": data})
+    text_only = claude.messages.count_tokens(
+        model=model_id, messages=[{"role": "user", "content": "Here:"}]
+    )
+    assert by_url[1] > text_only.input_tokens + 4  # the image's tile tokens are in the count
