@@ -305,3 +305,13 @@ def test_anthropic_url_block_streams_like_its_base64_twin(
         model=model_id, messages=[{"role": "user", "content": "Here:"}]
     )
     assert by_url[1] > text_only.input_tokens + 4  # the image's tile tokens are in the count
+
+
+def test_an_image_outside_a_user_turn_is_refused(oai: openai.OpenAI, model_id: str) -> None:
+    part = {"type": "image_url", "image_url": {"url": data_url(png_bytes(generated(8, 8)))}}
+    messages: Any = [{"role": "system", "content": [part]}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model=model_id, messages=messages, max_tokens=1)
+    assert "messages.0.content.0: images are accepted in user messages only" in str(
+        caught.value.message
+    )
