@@ -15,7 +15,7 @@ access log, and the request timeout, which aborts the generation.
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -23,7 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.outputs import RequestOutput
+from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.anthropic_tools import (
@@ -39,13 +41,13 @@ from inferd.server.generation import (
     ENGINE_ERRORS,
     SSE_HEADERS,
     admit,
-    chat_prompt_ids,
+    chat_prompt_with_media,
     collect,
     engine_error,
     start,
 )
 from inferd.server.limits import RequestTimeoutError
-from inferd.server.media import check_media_parts, decode_request_media, media_policy
+from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
@@ -76,9 +78,10 @@ async def count_tokens(request: Request) -> Response:
         state: ServerState = request.app.state.inferd
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
-        check_media_parts(body.messages, media_policy(request), model)
+        # images are decoded and tiled: their placeholder tokens count like the text's
+        media = await decode_request_media(body.messages, media_policy(request), model)
         tools = parse_anthropic_tools(body.tools, body.tool_choice)
-        prompt = await _prompt(model, body, state, check_length=False, tools=tools)
+        prompt, _ = await _prompt(model, body, state, media, check_length=False, tools=tools)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
         return _error(request, err)
@@ -94,9 +97,8 @@ async def _create_message(request: Request) -> Response:
     model = state.resolve_model(body.model)
     # URL policy, then modality, then each part decoded (text-only models stop at the modality)
     media = await decode_request_media(body.messages, media_policy(request), model)
-    del media  # the engine takes no media yet (the first vision model brings its media path)
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
-    prompt = await _prompt(model, body, state, tools=tools)
+    prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     params = _sampling_params(body, model)
     tool_constraint = tools.constraint() if tools is not None else None
     if tool_constraint is not None:
@@ -112,7 +114,7 @@ async def _create_message(request: Request) -> Response:
     }
     if body.max_tokens == 0:
         return _empty_message(message, len(prompt), body.stream)
-    streams = start(request, model, [(prompt, params)])
+    streams = start(request, model, [(prompt, params)], media=inputs)
     if body.stream:
         stream = _stream(
             request,
@@ -200,11 +202,13 @@ async def _prompt(
     model: ServedModel,
     body: _Prompted,
     state: ServerState,
+    media: Sequence[DecodedMedia],
     *,
     check_length: bool = True,
     tools: ToolRequest | None = None,
-) -> list[int]:
-    """Token ids of the conversation, ending in the assistant's turn (or its prefill)."""
+) -> tuple[list[int], list[MediaInput]]:
+    """Token ids of the conversation, ending in the assistant's turn (or its prefill), and the
+    images of its image blocks (``media``, decoded in order) to submit with them."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
     known: set[str] = set()  # tool_use ids so far, which every tool_result must answer
@@ -213,17 +217,39 @@ async def _prompt(
         if system:
             messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
-        content = _text(m.content, f"messages.{i}.content", known)
+        content = _content(m.content, m.role, f"messages.{i}.content", known)
         messages.append({"role": m.role, "content": content})
     messages = offer(messages, tools)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
-    return await chat_prompt_ids(
+    return await chat_prompt_with_media(
         model,
         messages,
+        media,
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
     )
+
+
+def _content(
+    content: str | list[dict[str, Any]], role: str, param: str, known: set[str]
+) -> str | list[dict[str, Any]]:
+    """A message's text; with image blocks (a user turn's, decoded in order by
+    decode_request_media), its parts as the chat template takes them: text and
+    ``{"type": "image"}`` where each image goes."""
+    if isinstance(content, str) or not any(b.get("type") == "image" for b in content):
+        return _text(content, param, known)
+    if role != "user":
+        raise bad_request(f"{param}: images are accepted in user messages only", param)
+    parts: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        if block.get("type") == "image":
+            parts.append({"type": "image"})
+            continue
+        text, tool = _block_text(block, f"{param}.{j}", known)
+        separator = "\n" if tool and parts and parts[-1]["type"] == "text" else ""
+        parts.append({"type": "text", "text": separator + text})
+    return parts
 
 
 def _text(content: str | list[dict[str, Any]], param: str, known: set[str]) -> str:
@@ -231,24 +257,28 @@ def _text(content: str | list[dict[str, Any]], param: str, known: set[str]) -> s
         return content
     texts: list[str] = []
     for j, block in enumerate(content):
-        kind = block.get("type")
-        where = f"{param}.{j}"
-        tool_text = block_text(block, where, known)
-        if tool_text is not None:
-            texts.append(tool_text if not texts else "\n" + tool_text)
-        elif kind == "text":
-            text = block.get("text")
-            if not isinstance(text, str):
-                raise bad_request(f"{where}.text: must be a string", f"{where}.text")
-            texts.append(text)
-        elif kind in _NON_TEXT_BLOCKS:
-            raise bad_request(
-                f"{where}: this server takes text blocks only and cannot accept {kind} blocks",
-                where,
-            )
-        else:
-            raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
+        text, tool = _block_text(block, f"{param}.{j}", known)
+        texts.append("\n" + text if tool and texts else text)
     return "".join(texts)
+
+
+def _block_text(block: dict[str, Any], where: str, known: set[str]) -> tuple[str, bool]:
+    """One text block's text, or a tool block's (then True: it follows others after a newline)."""
+    kind = block.get("type")
+    tool_text = block_text(block, where, known)
+    if tool_text is not None:
+        return tool_text, True
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise bad_request(f"{where}.text: must be a string", f"{where}.text")
+        return text, False
+    if kind in _NON_TEXT_BLOCKS:
+        raise bad_request(
+            f"{where}: this server takes text blocks only and cannot accept {kind} blocks",
+            where,
+        )
+    raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
 
 
 # Usage fields of Anthropic's API that this server has nothing to report for (no prompt-cache

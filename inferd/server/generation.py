@@ -24,13 +24,15 @@ from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineSt
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError
+from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
+from inferd.media.types import DecodedImage, DecodedMedia
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
 from inferd.server.limits import request_deadline
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
+from inferd.serving.multimodal import ImagePromptError
 from inferd.serving.served import ServedModel
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
@@ -195,18 +197,7 @@ async def chat_prompt_ids(
     (``check_length``) a prompt too long to fit the context, found before tokenizing."""
 
     def work() -> list[int]:
-        try:
-            rendered = model.render_chat(
-                messages,
-                add_generation_prompt=add_generation_prompt,
-                prefill=prefill,
-                special_in_content=special_in_content,
-            )
-        except NoChatTemplateError as exc:
-            raise bad_request(str(exc), "messages") from None
-        except ChatTemplateError as exc:
-            message = f"the chat template could not render these messages: {exc}"
-            raise bad_request(message, "messages") from None
+        rendered = _render(model, messages, add_generation_prompt, prefill, special_in_content)
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         return encode_text(
@@ -214,6 +205,66 @@ async def chat_prompt_ids(
         )
 
     return await asyncio.to_thread(work)
+
+
+async def chat_prompt_with_media(
+    model: ServedModel,
+    messages: list[dict[str, object]],
+    media: Sequence[DecodedMedia],
+    *,
+    special_in_content: bool,
+    prefill: str = "",
+    check_length: bool = True,
+) -> tuple[list[int], list[MediaInput]]:
+    """``chat_prompt_ids`` for a conversation whose image parts are ``{"type": "image"}``
+    (one per decoded image of ``media``, in order), and the MediaInputs to submit with the ids.
+    On a worker thread too: resizing and tiling the images costs CPU. A prompt and images that
+    disagree (a marker typed as text with --special-tokens-in-content, too many tiles) is a 400."""
+    images = [(m.image, m.digest) for m in media if isinstance(m, DecodedImage)]
+    if not images:
+        ids = await chat_prompt_ids(
+            model,
+            messages,
+            special_in_content=special_in_content,
+            prefill=prefill,
+            check_length=check_length,
+        )
+        return ids, []
+
+    def work() -> tuple[list[int], list[MediaInput]]:
+        rendered = _render(model, messages, True, prefill, special_in_content)
+        if check_length:
+            check_fits(model, len(rendered.text), "messages")
+        try:
+            return model.prompt_with_images(
+                rendered.text, images, literal_spans=rendered.literal_spans
+            )
+        except ImagePromptError as exc:
+            raise bad_request(f"messages: {exc}", "messages") from None
+
+    return await asyncio.to_thread(work)
+
+
+def _render(
+    model: ServedModel,
+    messages: list[dict[str, object]],
+    add_generation_prompt: bool,
+    prefill: str,
+    special_in_content: bool,
+) -> RenderedChat:
+    """The conversation's prompt text; 400s for a template that is missing or fails."""
+    try:
+        return model.render_chat(
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            prefill=prefill,
+            special_in_content=special_in_content,
+        )
+    except NoChatTemplateError as exc:
+        raise bad_request(str(exc), "messages") from None
+    except ChatTemplateError as exc:
+        message = f"the chat template could not render these messages: {exc}"
+        raise bad_request(message, "messages") from None
 
 
 @functools.cache

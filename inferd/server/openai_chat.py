@@ -25,7 +25,7 @@ from inferd.server.generation import (
     SSE_HEADERS,
     Generation,
     admit,
-    chat_prompt_ids,
+    chat_prompt_with_media,
     clamp,
     collect,
     for_choice,
@@ -50,20 +50,20 @@ async def create_chat_completion(request: Request) -> Response:
     _reject_unsupported(body)
     # URL policy, then modality, then each part decoded (text-only models stop at the modality)
     media = await decode_request_media(body.messages, media_policy(request), model)
-    del media  # the engine takes no media yet (the first vision model brings its media path)
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages = offer(_messages(body.messages), tools)
     n = check_n(body.n)
     tool_constraint = tools.constraint(answer_schema(body)) if tools is not None else None
     params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
     calls = tool_constraint is not None  # the reply may hold tool calls
-    prompt = await chat_prompt_ids(
-        model, messages, special_in_content=state.special_tokens_in_content
+    prompt, inputs = await chat_prompt_with_media(
+        model, messages, media, special_in_content=state.special_tokens_in_content
     )
     params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    streams = start(request, model, [(prompt, for_choice(params, i)) for i in range(n)])
+    jobs = [(prompt, for_choice(params, i)) for i in range(n)]
+    streams = start(request, model, jobs, media=inputs)  # the n choices share the images
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
@@ -108,9 +108,12 @@ def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
 
 
 def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> dict[str, Any]:
-    content = message.content
+    content: str | list[dict[str, Any]] | None = message.content
     if isinstance(content, list):
-        content = _text_of_parts(index, content)
+        content = _content_of_parts(index, message.role, content)
+    if isinstance(content, list):  # it holds images: a user turn, the template places them
+        turn: dict[str, Any] = {"role": message.role, "content": content}
+        return turn | ({"name": message.name} if message.name is not None else {})
     if content is None and message.role != "assistant":
         raise bad_request(f"messages.{index}.content is required", f"messages.{index}.content")
     if message.tool_calls or message.role == "tool":
@@ -128,8 +131,11 @@ def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> di
     return out
 
 
-def _text_of_parts(index: int, parts: list[dict[str, Any]]) -> str:
-    texts = []
+def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str | list[Any]:
+    """The text of the parts, joined; with images (decode_request_media has checked and
+    decoded them, in this order), the parts as the chat template takes them: text parts and
+    ``{"type": "image"}`` where each image goes."""
+    out: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
         kind = part.get("type")
         param = f"messages.{index}.content.{j}"
@@ -137,14 +143,18 @@ def _text_of_parts(index: int, parts: list[dict[str, Any]]) -> str:
             text = part.get("text")
             if not isinstance(text, str):
                 raise bad_request(f"{param}.text must be a string", f"{param}.text")
-            texts.append(text)
-        elif kind in ("image_url", "input_audio", "audio_url", "video_url", "file"):
-            raise bad_request(
-                f"{param}: this model takes text only and cannot accept {kind} parts", param
-            )
+            out.append({"type": "text", "text": text})
+        elif kind in ("image_url", "input_image") and role == "user":
+            out.append({"type": "image"})
+        elif kind in ("image_url", "input_image"):
+            raise bad_request(f"{param}: images are accepted in user messages only", param)
+        elif kind in ("input_audio", "audio_url", "video_url", "file"):
+            raise bad_request(f"{param}: this model cannot accept {kind} parts", param)
         else:
             raise bad_request(f"{param}: unknown content part type {kind!r}", f"{param}.type")
-    return "".join(texts)
+    if any(p["type"] == "image" for p in out):
+        return out
+    return "".join(p["text"] for p in out)
 
 
 def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> SamplingParams:
