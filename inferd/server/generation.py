@@ -25,14 +25,14 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
-from inferd.media.types import DecodedImage, DecodedMedia
+from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
 from inferd.server.limits import request_deadline
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
-from inferd.serving.multimodal import ImagePromptError
+from inferd.serving.multimodal import ImageItem, MediaPromptError
 from inferd.serving.served import ServedModel
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
@@ -216,12 +216,17 @@ async def chat_prompt_with_media(
     prefill: str = "",
     check_length: bool = True,
 ) -> tuple[list[int], list[MediaInput]]:
-    """``chat_prompt_ids`` for a conversation whose image parts are ``{"type": "image"}``
-    (one per decoded image of ``media``, in order), and the MediaInputs to submit with the ids.
-    On a worker thread too: resizing and tiling the images costs CPU. A prompt and images that
-    disagree (a marker typed as text with --special-tokens-in-content, too many tiles) is a 400."""
-    images = [(m.image, m.digest) for m in media if isinstance(m, DecodedImage)]
-    if not images:
+    """``chat_prompt_ids`` for a conversation whose image and audio parts are ``{"type":
+    "image"}`` and ``{"type": "audio"}`` (one per decoded item of ``media``, in order), and the
+    MediaInputs to submit with the ids. On a worker thread too: tiling images and computing
+    audio features cost CPU. A prompt and media that disagree (a marker typed as text with
+    --special-tokens-in-content, too many tiles, images and audio in one prompt) is a 400."""
+    items: list[ImageItem | DecodedAudio] = [
+        (m.image, m.digest) if isinstance(m, DecodedImage) else m
+        for m in media
+        if isinstance(m, DecodedImage | DecodedAudio)
+    ]
+    if not items:
         ids = await chat_prompt_ids(
             model,
             messages,
@@ -236,10 +241,10 @@ async def chat_prompt_with_media(
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         try:
-            return model.prompt_with_images(
-                rendered.text, images, literal_spans=rendered.literal_spans
+            return model.prompt_with_media(
+                rendered.text, items, literal_spans=rendered.literal_spans
             )
-        except ImagePromptError as exc:
+        except MediaPromptError as exc:
             raise bad_request(f"messages: {exc}", "messages") from None
 
     return await asyncio.to_thread(work)

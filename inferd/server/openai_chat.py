@@ -49,7 +49,9 @@ async def create_chat_completion(request: Request) -> Response:
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
     # URL policy, then modality, then each part decoded (text-only models stop at the modality)
-    media = await decode_request_media(body.messages, media_policy(request), model)
+    media = await decode_request_media(
+        body.messages, media_policy(request), model, audio_rate=model.audio_sample_rate
+    )
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     messages = offer(_messages(body.messages), tools)
     n = check_n(body.n)
@@ -63,7 +65,7 @@ async def create_chat_completion(request: Request) -> Response:
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     jobs = [(prompt, for_choice(params, i)) for i in range(n)]
-    streams = start(request, model, jobs, media=inputs)  # the n choices share the images
+    streams = start(request, model, jobs, media=inputs)  # the n choices share the media
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
@@ -111,7 +113,7 @@ def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> di
     content: str | list[dict[str, Any]] | None = message.content
     if isinstance(content, list):
         content = _content_of_parts(index, message.role, content)
-    if isinstance(content, list):  # it holds images: a user turn, the template places them
+    if isinstance(content, list):  # it holds media: a user turn, the template places them
         turn: dict[str, Any] = {"role": message.role, "content": content}
         return turn | ({"name": message.name} if message.name is not None else {})
     if content is None and message.role != "assistant":
@@ -132,9 +134,9 @@ def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> di
 
 
 def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str | list[Any]:
-    """The text of the parts, joined; with images (decode_request_media has checked and
-    decoded them, in this order), the parts as the chat template takes them: text parts and
-    ``{"type": "image"}`` where each image goes."""
+    """The text of the parts, joined; with images or audio (decode_request_media has checked
+    and decoded them, in this order), the parts as the chat template takes them: text parts,
+    ``{"type": "image"}`` and ``{"type": "audio"}`` where each item goes."""
     out: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
         kind = part.get("type")
@@ -148,11 +150,15 @@ def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str
             out.append({"type": "image"})
         elif kind in ("image_url", "input_image"):
             raise bad_request(f"{param}: images are accepted in user messages only", param)
-        elif kind in ("input_audio", "audio_url", "video_url", "file"):
+        elif kind in ("input_audio", "audio_url") and role == "user":
+            out.append({"type": "audio"})
+        elif kind in ("input_audio", "audio_url"):
+            raise bad_request(f"{param}: audio is accepted in user messages only", param)
+        elif kind in ("video_url", "file"):
             raise bad_request(f"{param}: this model cannot accept {kind} parts", param)
         else:
             raise bad_request(f"{param}: unknown content part type {kind!r}", f"{param}.type")
-    if any(p["type"] == "image" for p in out):
+    if any(p["type"] != "text" for p in out):
         return out
     return "".join(p["text"] for p in out)
 
