@@ -614,6 +614,17 @@ def literal_text(text: str, special: re.Pattern[str] | None) -> RenderedChat:
     return RenderedChat(text, tuple(m.span() for m in special.finditer(text)))
 
 
+def _holds_special(special: re.Pattern[str], value: Any) -> bool:
+    """Whether any string in ``value``, however deep, holds special-token text."""
+    if isinstance(value, str):
+        return special.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(_holds_special(special, v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_special(special, v) for v in value)
+    return False
+
+
 class _Defused:
     """Swaps special-token text in message strings for markers that carry no special token,
     and back after rendering, noting where each landed.
@@ -629,10 +640,17 @@ class _Defused:
         self.marker = re.compile(f"\ufdd0{self.nonce}:(\\d+)\ufdd1")
 
     def message(self, message: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: self._text(v) if k != "role" else v for k, v in message.items()}
+        return {k: self.value(v) if k != "role" else v for k, v in message.items()}
 
-    def _text(self, value: Any) -> Any:
-        return self.special.sub(self._swap, value) if isinstance(value, str) else value
+    def value(self, value: Any) -> Any:
+        """``value`` with its strings defused, however deep (tool calls, tool schemas)."""
+        if isinstance(value, str):
+            return self.special.sub(self._swap, value)
+        if isinstance(value, Mapping):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
 
     def _swap(self, match: re.Match[str]) -> str:
         self.found.append(match.group())
@@ -736,16 +754,22 @@ class ChatTemplate:
         *,
         special: re.Pattern[str] | None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> RenderedChat:
-        """``render``, noting where special-token text from the messages (``special`` matches
-        it) ended up. A conversation that has none renders exactly as ``render`` would."""
-        if special is None or not any(
-            isinstance(v, str) and special.search(v) for m in messages for v in m.values()
-        ):
-            return RenderedChat(self.render(messages, add_generation_prompt=add_generation_prompt))
+        """``render``, noting where special-token text from the messages or the ``tools``
+        (``special`` matches it) ended up. A conversation that has none renders exactly as
+        ``render`` would. ``tools``: the template's ``tools`` variable, when given."""
+        extra = {} if tools is None else {"tools": tools}
+        if special is None or not _holds_special(special, [messages, tools]):
+            text = self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+            return RenderedChat(text)
         defused = _Defused(special)
+        if tools is not None:
+            extra["tools"] = defused.value(tools)
         text = self.render(
-            [defused.message(m) for m in messages], add_generation_prompt=add_generation_prompt
+            [defused.message(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         return defused.restore(text)
 

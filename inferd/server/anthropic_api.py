@@ -28,9 +28,9 @@ from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.anthropic_tools import (
     StreamedBlocks,
-    block_text,
     parse_anthropic_tools,
     reply_blocks,
+    turns,
 )
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.envelope import error_body, error_response
@@ -51,6 +51,7 @@ from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
+from inferd.structured.tool_syntax import CallReader
 
 _NON_TEXT_BLOCKS = (
     "image",
@@ -96,7 +97,7 @@ async def _create_message(request: Request) -> Response:
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     prompt = await _prompt(model, body, state, tools=tools)
     params = _sampling_params(body, model)
-    tool_constraint = tools.constraint() if tools is not None else None
+    tool_constraint = tools.constraint(model.tool_format) if tools is not None else None
     if tool_constraint is not None:
         params = await _constrain(model, params, tool_constraint)
     admit(model, len(prompt), params, "messages")
@@ -118,7 +119,7 @@ async def _create_message(request: Request) -> Response:
             streams[0],
             len(prompt),
             state.keepalive_seconds,
-            calls=tool_constraint is not None,
+            calls=tools.reader(model.tool_format) if tools and tool_constraint else None,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     gens = await collect(request, streams)
@@ -128,7 +129,8 @@ async def _create_message(request: Request) -> Response:
     reason, sequence = _stop(gen.final)
     content = [_text_block(gen.text)]
     if tool_constraint is not None:
-        content, called = reply_blocks(gen.text)
+        assert tools is not None
+        content, called = reply_blocks(gen.text, tools.reader(model.tool_format))
         content = [b | {"citations": None} if b["type"] == "text" else b for b in content]
         reason = "tool_use" if called and reason == "end_turn" else reason
     message |= {
@@ -205,15 +207,16 @@ async def _prompt(
     """Token ids of the conversation, ending in the assistant's turn (or its prefill)."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
-    known: set[str] = set()  # tool_use ids so far, which every tool_result must answer
+    known: dict[str, str] = {}  # tool_use ids so far, to their names
+    fmt = model.tool_format
     if body.system is not None:
-        system = _text(body.system, "system", known)
+        system_turns = turns("system", body.system, "system", {}, fmt, _text)
+        system = "".join(str(m["content"]) for m in system_turns)
         if system:
             messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
-        content = _text(m.content, f"messages.{i}.content", known)
-        messages.append({"role": m.role, "content": content})
-    messages = offer(messages, tools)
+        messages += turns(m.role, m.content, f"messages.{i}.content", known, fmt, _text)
+    messages, template_tools = offer(messages, tools, fmt)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
     return await chat_prompt_ids(
         model,
@@ -221,32 +224,24 @@ async def _prompt(
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
+        tools=template_tools,
     )
 
 
-def _text(content: str | list[dict[str, Any]], param: str, known: set[str]) -> str:
-    if isinstance(content, str):
-        return content
-    texts: list[str] = []
-    for j, block in enumerate(content):
-        kind = block.get("type")
-        where = f"{param}.{j}"
-        tool_text = block_text(block, where, known)
-        if tool_text is not None:
-            texts.append(tool_text if not texts else "\n" + tool_text)
-        elif kind == "text":
-            text = block.get("text")
-            if not isinstance(text, str):
-                raise bad_request(f"{where}.text: must be a string", f"{where}.text")
-            texts.append(text)
-        elif kind in _NON_TEXT_BLOCKS:
-            raise bad_request(
-                f"{where}: this server takes text blocks only and cannot accept {kind} blocks",
-                where,
-            )
-        else:
-            raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
-    return "".join(texts)
+def _text(block: dict[str, Any], where: str) -> str:
+    """A content block other than tool_use / tool_result (anthropic_tools.turns reads those):
+    its text, or a 400."""
+    kind = block.get("type")
+    if kind == "text":
+        text = block.get("text")
+        if not isinstance(text, str):
+            raise bad_request(f"{where}.text: must be a string", f"{where}.text")
+        return text
+    if kind in _NON_TEXT_BLOCKS:
+        raise bad_request(
+            f"{where}: this server takes text blocks only and cannot accept {kind} blocks", where
+        )
+    raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
 
 
 # Usage fields of Anthropic's API that this server has nothing to report for (no prompt-cache
@@ -306,7 +301,7 @@ async def _stream(
     num_prompt_tokens: int,
     keepalive: float,
     *,
-    calls: bool = False,
+    calls: CallReader | None = None,
 ) -> AsyncIterator[bytes]:
     def failure(status: int, text: str) -> bytes:
         return sse.named_event("error", error_body(request.scope, status, text))
@@ -318,7 +313,7 @@ async def _stream(
         "usage": _usage(num_prompt_tokens, 0),
     }
     yield _event("message_start", {"message": start_message})
-    blocks = StreamedBlocks(_event) if calls else None
+    blocks = StreamedBlocks(_event, calls) if calls is not None else None
     if blocks is None:
         text_block = {"type": "text", "text": ""}
         yield _event("content_block_start", {"index": 0, "content_block": text_block})

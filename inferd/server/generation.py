@@ -17,6 +17,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from starlette.requests import Request
 
@@ -189,9 +190,11 @@ async def chat_prompt_ids(
     add_generation_prompt: bool = True,
     add_special: bool = True,
     check_length: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Render and tokenize a conversation on a worker thread; 400s for a template failure or
-    (``check_length``) a prompt too long to fit the context, found before tokenizing."""
+    (``check_length``) a prompt too long to fit the context, found before tokenizing.
+    ``tools``: the template's ``tools`` variable (a template that renders tools itself)."""
 
     def work() -> list[int]:
         try:
@@ -200,6 +203,7 @@ async def chat_prompt_ids(
                 add_generation_prompt=add_generation_prompt,
                 prefill=prefill,
                 special_in_content=special_in_content,
+                tools=tools,
             )
         except NoChatTemplateError as exc:
             raise bad_request(str(exc), "messages") from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -29,6 +29,7 @@ from inferd.models.config import ModelConfig
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
+from inferd.structured.tool_syntax import ToolFormat, choose
 from inferd.structured.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class ServedModel:
     created: int
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+    # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
+    tool_format: ToolFormat = field(default_factory=ToolFormat)
 
     @property
     def id(self) -> str:
@@ -72,13 +75,14 @@ class ServedModel:
         add_generation_prompt: bool = True,
         prefill: str = "",
         special_in_content: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
-        messages or the prefill stays plain text (only the template makes control tokens)
-        unless ``special_in_content``."""
+        messages, the tools or the prefill stays plain text (only the template makes control
+        tokens) unless ``special_in_content``. ``tools``: the template's ``tools`` variable."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
         rendered = self.chat_template.render_chat(
-            messages, special=special, add_generation_prompt=add_generation_prompt
+            messages, special=special, add_generation_prompt=add_generation_prompt, tools=tools
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 
@@ -95,11 +99,13 @@ def load_model(
     progress: bool = True,
     chat_template: str | None = None,
     loop: EngineLoop | None = None,
+    tool_call_parser: str | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``loading.model.load``).
 
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
-    the engine (engine/driver.py); by default a thread of its own."""
+    the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
+    tool-call syntax (structured/tool_syntax), when not the one the template shows."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -111,12 +117,17 @@ def load_model(
         progress=progress,
         chat_template=chat_template,
     )
-    served = assemble(loaded, cfg, loop=loop)
+    served = assemble(loaded, cfg, loop=loop, tool_call_parser=tool_call_parser)
     log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)
     return served
 
 
-def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = None) -> ServedModel:
+def assemble(
+    loaded: LoadedModel,
+    cfg: EngineConfig,
+    loop: EngineLoop | None = None,
+    tool_call_parser: str | None = None,
+) -> ServedModel:
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel.
     ``loop``: who steps the engine; by default a thread of its own."""
     source, model, mcfg, dtype = loaded.source, loaded.model, loaded.config, loaded.dtype
@@ -179,4 +190,5 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         created=int(time.time()),
         sizing=sizing,
         isq=isq.method if isq is not None else None,
+        tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
