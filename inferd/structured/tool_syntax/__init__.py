@@ -43,7 +43,7 @@ __all__ = [
 PARSERS = ("hermes", "llama3_json", "mistral", "pythonic")
 
 _TAKES_TOOLS = re.compile(r"\btools\b")
-_PYTHONIC = re.compile(r"\[\s*func_name\w*\(|\w+\(\s*\w+\s*=\s*\w+")
+_PYTHONIC = re.compile(r"\[\s*\w+\(\s*\w+\s*=")  # an example call: [func_name(param=...
 
 
 def syntax_named(name: str, template: str = "") -> ToolSyntax:
