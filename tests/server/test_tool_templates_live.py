@@ -208,7 +208,7 @@ def test_anthropic_tool_use_goes_through_the_same_syntax(family: tuple[str, Live
         "tools": tools,
         "tool_choice": {"type": "any", "disable_parallel_tool_use": True},
         "max_tokens": 60,
-        "temperature": 0,
+        "extra_body": {"temperature": 0},
     }
     with anthropic.Anthropic(
         base_url=family[1].url, api_key="unused", max_retries=0, _strict_response_validation=True
