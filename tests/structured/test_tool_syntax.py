@@ -198,6 +198,19 @@ def test_llama3_reads_the_python_tag_and_arguments_key() -> None:
     assert (content, reader.names, reader.closed) == ("", ["ping"], 1)
 
 
+def test_mistral_reads_a_list_whose_control_token_the_detokenizer_dropped(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    syntax = syntax_named("mistral")
+    bare = syntax.calls_text(CALLS).removeprefix("[TOOL_CALLS]")
+    for chunks in ([bare], list("Ok. " + bare)):
+        content, reader, pieces = _read(syntax, chunks)
+        assert content in ("", "Ok. ")
+        _check_read(reader, pieces, CALLS)
+    assert _accepts(compiler, smollm2_tokenizer, syntax, False, bare)
+    assert _accepts(compiler, smollm2_tokenizer, syntax, True, "Ok. " + bare)
+
+
 def test_pythonic_refuses_schemas_it_cannot_write_as_keywords() -> None:
     odd = ToolSpec("odd", "", {"type": "object", "anyOf": [{"required": ["a"]}]})
     with pytest.raises(ConstraintError, match="pythonic"):

@@ -1,6 +1,10 @@
 """The Mistral tool-call syntax: ``[TOOL_CALLS][{"name": "NAME", "arguments": {...}}, ...]``,
 or the newer form (templates that write ``[ARGS]``), ``[TOOL_CALLS]NAME[ARGS]{...}`` once per
 call. Both are read; the grammar writes the form the template uses.
+
+In Mistral's own tokenizers ``[TOOL_CALLS]`` is a control token, which the detokenizer drops
+from the text (and a grammar's text cannot produce), so the list form also starts at its
+``[{"name": `` and the grammar leaves the marker optional.
 """
 
 from __future__ import annotations
@@ -23,13 +27,17 @@ from inferd.structured.tool_syntax.base import (
 
 CALLS = "[TOOL_CALLS]"
 ARGS = "[ARGS]"
+LIST = '[{"name": '
 
 
 @dataclass(frozen=True, slots=True)
 class Mistral:
     name: str = "mistral"
-    starts: tuple[str, ...] = (CALLS,)
     named_form: bool = False  # NAME[ARGS]{...} rather than a JSON list
+
+    @property
+    def starts(self) -> tuple[str, ...]:
+        return (CALLS,) if self.named_form else (CALLS, LIST)
 
     def triggers(self, tools: Sequence[ToolSpec]) -> tuple[str, ...]:
         return self.starts
@@ -65,13 +73,13 @@ class Mistral:
             return f"calls: call{repeat}\ncall: {alternatives}\n{rules}"
         repeat = ' (", " call)*' if parallel else ""
         return (
-            f'calls: "{CALLS}[" call{repeat} "]"\n'
+            f'calls: "{CALLS}"? "[" call{repeat} "]"\n'
             f"call: {json_rule(call_variants(tools, 'arguments'))}\n"
         )
 
     def parse(self, text: str) -> list[ParsedCall] | None:
         cursor = Cursor(text)
-        cursor.pos = len(CALLS)
+        cursor.pos = len(CALLS) if text.startswith(CALLS) else 0
         if text[cursor.pos : cursor.pos + 1] == "[":
             cursor.pos += 1
             return read_calls(cursor, _read_listed)
