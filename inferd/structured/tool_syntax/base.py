@@ -22,6 +22,8 @@ from inferd.structured.constraint import Constraint
 # Fixed JSON spacing in grammars: one space after ``:`` and ``,``, never a newline, so a raw
 # newline or a family's marker can only come after a call, never inside one.
 _WORD = re.compile(r"[A-Za-z0-9_.-]")
+_IN_STRING = re.compile(r"[^\\\"']+")  # nothing that escapes or may close a string
+_OUTSIDE = re.compile(r"[^\\\"'{}\[\]();,\n]+")  # nothing that opens, closes or ends a value
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
@@ -83,9 +85,9 @@ class ToolSyntax(Protocol):
         family's start marker on."""
         ...
 
-    def parse(self, text: str) -> list[ParsedCall] | None:
-        """The calls in ``text`` (from a start marker on, maybe cut short); None when the
-        text is not a call after all (it diverged before any name was whole)."""
+    def parse(self, cursor: Cursor) -> list[ParsedCall] | None:
+        """The calls in the cursor's text (from a start marker on, maybe cut short); None when
+        the text is not a call after all (it diverged before any name was whole)."""
         ...
 
 
@@ -170,8 +172,13 @@ class Diverged(Exception):
 
 @dataclass(slots=True)
 class Cursor:
+    """A place in a family's output. ``memo`` (shared by the reader across parses of a text
+    that only grows) keeps where each value's scan stopped, so parsing again costs only the
+    new text."""
+
     text: str
     pos: int = 0
+    memo: dict[int, tuple[int, int, str, bool, bool]] = field(default_factory=dict)
 
     @property
     def at_end(self) -> bool:
@@ -227,9 +234,17 @@ class Cursor:
         """A JSON (or Python literal) value from here: the text so far, and whether it is
         whole. Strings, brackets and braces are tracked, so ``,`` ``}`` ``]`` ``)`` inside
         them do not end it; a scalar ends at the first of those outside them."""
-        start, depth, quote, escaped = self.pos, 0, "", False
-        text = self.text
+        start, text = self.pos, self.text
+        self.pos, depth, quote, escaped, done = self.memo.get(start, (start, 0, "", False, False))
+        if done:
+            return text[start : self.pos], True
         while self.pos < len(text):
+            # Runs of characters that change nothing are skipped in one C-level step: the
+            # reader parses its text again as it grows, so this keeps long arguments cheap.
+            plain = None if escaped else (_IN_STRING if quote else _OUTSIDE).match(text, self.pos)
+            if plain is not None:
+                self.pos = plain.end()
+                continue
             ch = text[self.pos]
             if quote:
                 if escaped:
@@ -240,7 +255,7 @@ class Cursor:
                     quote = ""
                     if depth == 0:
                         self.pos += 1
-                        return text[start : self.pos], True
+                        return self._whole(start)
             elif ch in "\"'":
                 quote = ch
             elif ch in "{[(":
@@ -249,17 +264,22 @@ class Cursor:
                 if depth == 0:
                     if self.pos == start:
                         raise Diverged
-                    return text[start : self.pos], True
+                    return self._whole(start)
                 depth -= 1
                 if depth == 0:
                     self.pos += 1
-                    return text[start : self.pos], True
+                    return self._whole(start)
             elif ch in ",;\n" and depth == 0:
                 if self.pos == start:
                     raise Diverged
-                return text[start : self.pos], True
+                return self._whole(start)
             self.pos += 1
+        self.memo[start] = (self.pos, depth, quote, escaped, False)
         return text[start : self.pos], False
+
+    def _whole(self, start: int) -> tuple[str, bool]:
+        self.memo[start] = (self.pos, 0, "", False, True)
+        return self.text[start : self.pos], True
 
 
 def read_calls(cursor: Cursor, read_one: Any) -> list[ParsedCall] | None:
@@ -295,6 +315,7 @@ class CallReader:
     names: list[str] = field(default_factory=list)
     arguments: list[str] = field(default_factory=list)
     closed: int = 0  # calls the syntax has ended
+    memo: dict[int, tuple[int, int, str, bool, bool]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.starts:
@@ -311,10 +332,11 @@ class CallReader:
     def feed(self, text: str) -> tuple[str, list[CallPiece]]:
         if self.section is not None:
             self.section += text
-            if self.names or self.syntax.parse(self.section) is not None:
+            if self.names or self._parse() is not None:
                 return "", self._pieces()
             # Not a call after all (``[`` opening plain text): read it again as content.
             self.buffer, self.section = self.section, None
+            self.memo.clear()
         else:
             self.buffer += text
         content = ""
@@ -328,7 +350,7 @@ class CallReader:
                 return content, []
             content += self.buffer[:at]
             section = self.buffer[at:]
-            if self.syntax.parse(section) is None:  # a marker in plain text: it is content
+            if self.syntax.parse(Cursor(section)) is None:  # a marker in plain text: content
                 content += section[: len(marker)]
                 self.buffer = section[len(marker) :]
                 continue
@@ -341,8 +363,7 @@ class CallReader:
         return rest
 
     def _pieces(self) -> list[CallPiece]:
-        assert self.section is not None
-        parsed = self.syntax.parse(self.section) or []
+        parsed = self._parse() or []
         pieces: list[CallPiece] = []
         for index, call in enumerate(parsed):
             name = None
@@ -356,6 +377,10 @@ class CallReader:
                 pieces.append(CallPiece(index, name, grown))
         self.closed = sum(1 for c in parsed if c.closed)
         return pieces
+
+    def _parse(self) -> list[ParsedCall] | None:
+        assert self.section is not None
+        return self.syntax.parse(Cursor(self.section, memo=self.memo))
 
 
 def _first_marker(text: str, markers: Sequence[str]) -> tuple[int, str]:

@@ -59,8 +59,8 @@ class Hermes:
             f"body: {json_rule(call_variants(tools, 'arguments'))}\n"
         )
 
-    def parse(self, text: str) -> list[ParsedCall] | None:
-        return read_calls(Cursor(text), _read_one)
+    def parse(self, cursor: Cursor) -> list[ParsedCall] | None:
+        return read_calls(cursor, _read_one)
 
 
 def _read_one(cursor: Cursor, calls: list[ParsedCall]) -> bool:

@@ -55,8 +55,7 @@ class Llama3Json:
             f'calls: "{TAG}"? call{repeat}\ncall: {json_rule(call_variants(tools, "parameters"))}\n'
         )
 
-    def parse(self, text: str) -> list[ParsedCall] | None:
-        cursor = Cursor(text)
+    def parse(self, cursor: Cursor) -> list[ParsedCall] | None:
         if cursor.text.startswith(TAG):
             cursor.pos = len(TAG)
         return read_calls(cursor, _read_one)

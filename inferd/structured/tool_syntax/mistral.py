@@ -77,10 +77,9 @@ class Mistral:
             f"call: {json_rule(call_variants(tools, 'arguments'))}\n"
         )
 
-    def parse(self, text: str) -> list[ParsedCall] | None:
-        cursor = Cursor(text)
-        cursor.pos = len(CALLS) if text.startswith(CALLS) else 0
-        if text[cursor.pos : cursor.pos + 1] == "[":
+    def parse(self, cursor: Cursor) -> list[ParsedCall] | None:
+        cursor.pos = len(CALLS) if cursor.text.startswith(CALLS) else 0
+        if cursor.text[cursor.pos : cursor.pos + 1] == "[":
             cursor.pos += 1
             return read_calls(cursor, _read_listed)
         return read_calls(cursor, _read_named)

@@ -73,8 +73,7 @@ class Pythonic:
         rules = "".join(_tool_rules(i, t) for i, t in enumerate(tools))
         return f'calls: "[" call{repeat} "]"\ncall: {alternatives}\n{rules}'
 
-    def parse(self, text: str) -> list[ParsedCall] | None:
-        cursor = Cursor(text)
+    def parse(self, cursor: Cursor) -> list[ParsedCall] | None:
         cursor.literal("[")
         return read_calls(cursor, _read_one)
 
