@@ -216,6 +216,9 @@ def test_pythonic_refuses_schemas_it_cannot_write_as_keywords() -> None:
     odd = ToolSpec("odd", "", {"type": "object", "anyOf": [{"required": ["a"]}]})
     with pytest.raises(ConstraintError, match="pythonic"):
         calls_constraint(syntax_named("pythonic"), [odd], parallel=False, lazy=False)
+    dashed = ToolSpec("d", "", {"type": "object", "properties": {'a"-b': {"type": "string"}}})
+    with pytest.raises(ConstraintError, match="not a Python identifier"):
+        calls_constraint(syntax_named("pythonic"), [dashed], parallel=False, lazy=False)
 
 
 # -- the grammars ----------------------------------------------------------------------------

@@ -100,6 +100,13 @@ def _tool_rules(index: int, tool: ToolSpec) -> str:
         )
     defs = {k: params[k] for k in ("$defs", "definitions") if k in params}
     props: Mapping[str, Any] = params.get("properties", {})
+    for key in props:
+        if not key.isidentifier():
+            raise ConstraintError(
+                f"the pythonic tool-call syntax writes arguments as keywords; {tool.name!r} has "
+                f"a property {key!r} that is not a Python identifier",
+                "tools",
+            )
     required = set(params.get("required", ()))
     names = list(props)
     p = f"t{index}"
