@@ -190,6 +190,21 @@ def test_in_situ_quant_names() -> None:
         parse_models({"a": {"GGUF": {"model_id": "smollm2"}, "in_situ_quant": "Q6K"}})
 
 
+def test_tool_call_parser_names_a_syntax() -> None:
+    doc = {
+        "a": {"GGUF": {"model_id": "smollm2"}, "tool_call_parser": "mistral"},
+        "b": {"Plain": {"model_id": "org/b", "tool_call_parser": "pythonic"}},
+        "c": {"Plain": {"model_id": "org/c"}},
+    }
+    assert [s.tool_call_parser for s in parse_models(doc)] == ["mistral", "pythonic", None]
+    with pytest.raises(SpecError, match=r"a.tool_call_parser: expected one of hermes, .* 'xml'"):
+        parse_models({"a": {"GGUF": {"model_id": "smollm2"}, "tool_call_parser": "xml"}})
+    with pytest.raises(SpecError, match=r"e\.Embedding\.tool_call_parser: does not apply"):
+        parse_models({"e": {"Embedding": {"model_id": "minilm", "tool_call_parser": "hermes"}}})
+    with pytest.raises(ValueError, match="tool_call_parser must be one of"):
+        ModelSpec("smollm2", tool_call_parser="xml")
+
+
 def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="cannot read the models file"):
         load_models_file(tmp_path / "nope.json")
@@ -223,3 +238,7 @@ def test_serve_refuses_an_unknown_default_and_config_with_m(tmp_path: Path) -> N
     assert "the default model 'nope' is not among the models: smollm2" in out.stderr
     out = _serve("--config", str(path), "-m", "smollm2")
     assert out.returncode == 2 and "give -m or --config, not both" in out.stderr
+    out = _serve("--config", str(path), "--tool-call-parser", "mistral")
+    assert out.returncode == 2 and "use tool_call_parser" in out.stderr
+    out = _serve("--tool-call-parser", "xml")
+    assert out.returncode == 2 and "invalid choice: 'xml'" in out.stderr

@@ -32,7 +32,7 @@ import secrets
 import string
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from types import FrameType
@@ -614,16 +614,15 @@ def literal_text(text: str, special: re.Pattern[str] | None) -> RenderedChat:
     return RenderedChat(text, tuple(m.span() for m in special.finditer(text)))
 
 
-def _texts(message: Mapping[str, Any]) -> Iterator[str]:
-    """The strings of a message a caller wrote: its values, and the text of content parts
-    (``[{"type": "image"}, {"type": "text", "text": ...}]``, as multimodal templates take)."""
-    for key, value in message.items():
-        if isinstance(value, str) and key != "role":
-            yield value
-        elif isinstance(value, list):
-            for part in value:
-                if isinstance(part, Mapping) and isinstance(part.get("text"), str):
-                    yield part["text"]
+def _holds_special(special: re.Pattern[str], value: Any) -> bool:
+    """Whether any string in ``value``, however deep, holds special-token text."""
+    if isinstance(value, str):
+        return special.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(_holds_special(special, v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_holds_special(special, v) for v in value)
+    return False
 
 
 class _Defused:
@@ -641,17 +640,17 @@ class _Defused:
         self.marker = re.compile(f"\ufdd0{self.nonce}:(\\d+)\ufdd1")
 
     def message(self, message: Mapping[str, Any]) -> dict[str, Any]:
-        return {k: self._text(v) if k != "role" else v for k, v in message.items()}
+        return {k: self.value(v) if k != "role" else v for k, v in message.items()}
 
-    def _text(self, value: Any) -> Any:
-        if isinstance(value, list):  # content parts: their text, not their types
-            return [self._part(p) for p in value]
-        return self.special.sub(self._swap, value) if isinstance(value, str) else value
-
-    def _part(self, part: Any) -> Any:
-        if not isinstance(part, Mapping):
-            return part
-        return {k: self._text(v) if k == "text" else v for k, v in part.items()}
+    def value(self, value: Any) -> Any:
+        """``value`` with its strings defused, however deep (tool calls, tool schemas)."""
+        if isinstance(value, str):
+            return self.special.sub(self._swap, value)
+        if isinstance(value, Mapping):
+            return {k: self.value(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self.value(v) for v in value]
+        return value
 
     def _swap(self, match: re.Match[str]) -> str:
         self.found.append(match.group())
@@ -755,14 +754,22 @@ class ChatTemplate:
         *,
         special: re.Pattern[str] | None,
         add_generation_prompt: bool = True,
+        tools: list[dict[str, Any]] | None = None,
     ) -> RenderedChat:
-        """``render``, noting where special-token text from the messages (``special`` matches
-        it) ended up. A conversation that has none renders exactly as ``render`` would."""
-        if special is None or not any(special.search(t) for m in messages for t in _texts(m)):
-            return RenderedChat(self.render(messages, add_generation_prompt=add_generation_prompt))
+        """``render``, noting where special-token text from the messages or the ``tools``
+        (``special`` matches it) ended up. A conversation that has none renders exactly as
+        ``render`` would. ``tools``: the template's ``tools`` variable, when given."""
+        extra = {} if tools is None else {"tools": tools}
+        if special is None or not _holds_special(special, [messages, tools]):
+            text = self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+            return RenderedChat(text)
         defused = _Defused(special)
+        if tools is not None:
+            extra["tools"] = defused.value(tools)
         text = self.render(
-            [defused.message(m) for m in messages], add_generation_prompt=add_generation_prompt
+            [defused.message(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         return defused.restore(text)
 

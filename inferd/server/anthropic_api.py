@@ -30,9 +30,9 @@ from inferd.server import sse
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.anthropic_tools import (
     StreamedBlocks,
-    block_text,
     parse_anthropic_tools,
     reply_blocks,
+    turns,
 )
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.envelope import error_body, error_response
@@ -53,6 +53,7 @@ from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
+from inferd.structured.tool_syntax import CallReader
 
 _NON_TEXT_BLOCKS = (
     "image",
@@ -100,7 +101,7 @@ async def _create_message(request: Request) -> Response:
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     params = _sampling_params(body, model)
-    tool_constraint = tools.constraint() if tools is not None else None
+    tool_constraint = tools.constraint(model.tool_format) if tools is not None else None
     if tool_constraint is not None:
         params = await _constrain(model, params, tool_constraint)
     admit(model, len(prompt), params, "messages")
@@ -122,7 +123,7 @@ async def _create_message(request: Request) -> Response:
             streams[0],
             len(prompt),
             state.keepalive_seconds,
-            calls=tool_constraint is not None,
+            calls=tools.reader(model.tool_format) if tools and tool_constraint else None,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     gens = await collect(request, streams)
@@ -132,7 +133,8 @@ async def _create_message(request: Request) -> Response:
     reason, sequence = _stop(gen.final)
     content = [_text_block(gen.text)]
     if tool_constraint is not None:
-        content, called = reply_blocks(gen.text)
+        assert tools is not None
+        content, called = reply_blocks(gen.text, tools.reader(model.tool_format))
         content = [b | {"citations": None} if b["type"] == "text" else b for b in content]
         reason = "tool_use" if called and reason == "end_turn" else reason
     message |= {
@@ -211,15 +213,20 @@ async def _prompt(
     images of its image blocks (``media``, decoded in order) to submit with them."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
-    known: set[str] = set()  # tool_use ids so far, which every tool_result must answer
+    known: dict[str, str] = {}  # tool_use ids so far, to their names
+    fmt = model.tool_format
     if body.system is not None:
-        system = _text(body.system, "system", known)
+        system_turns = turns("system", body.system, "system", {}, fmt, _text)
+        system = "".join(str(m["content"]) for m in system_turns)
         if system:
             messages.append({"role": "system", "content": system})
     for i, m in enumerate(body.messages):
-        content = _content(m.content, m.role, f"messages.{i}.content", known)
-        messages.append({"role": m.role, "content": content})
-    messages = offer(messages, tools)
+        where = f"messages.{i}.content"
+        if isinstance(m.content, list) and any(b.get("type") == "image" for b in m.content):
+            messages.append({"role": m.role, "content": _image_turn(m.content, m.role, where)})
+        else:
+            messages += turns(m.role, m.content, where, known, fmt, _text)
+    messages, template_tools = offer(messages, tools, fmt)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
     return await chat_prompt_with_media(
         model,
@@ -228,55 +235,39 @@ async def _prompt(
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
+        tools=template_tools,
     )
 
 
-def _content(
-    content: str | list[dict[str, Any]], role: str, param: str, known: set[str]
-) -> str | list[dict[str, Any]]:
-    """A message's text; with image blocks (a user turn's, decoded in order by
-    decode_request_media), its parts as the chat template takes them: text and
-    ``{"type": "image"}`` where each image goes."""
-    if isinstance(content, str) or not any(b.get("type") == "image" for b in content):
-        return _text(content, param, known)
+def _image_turn(content: list[dict[str, Any]], role: str, where: str) -> list[dict[str, Any]]:
+    """A user message with image blocks (decoded in order by decode_request_media) as the chat
+    template takes it: text parts and ``{"type": "image"}`` where each image goes."""
     if role != "user":
-        raise bad_request(f"{param}: images are accepted in user messages only", param)
+        raise bad_request(f"{where}: images are accepted in user messages only", where)
     parts: list[dict[str, Any]] = []
     for j, block in enumerate(content):
+        at = f"{where}.{j}"
         if block.get("type") == "image":
             parts.append({"type": "image"})
-            continue
-        text, tool = _block_text(block, f"{param}.{j}", known)
-        separator = "\n" if tool and parts and parts[-1]["type"] == "text" else ""
-        parts.append({"type": "text", "text": separator + text})
+        elif block.get("type") in ("tool_use", "tool_result"):
+            raise bad_request(f"{at}: a message with images takes no tool blocks", at)
+        else:
+            parts.append({"type": "text", "text": _text(block, at)})
     return parts
 
 
-def _text(content: str | list[dict[str, Any]], param: str, known: set[str]) -> str:
-    if isinstance(content, str):
-        return content
-    texts: list[str] = []
-    for j, block in enumerate(content):
-        text, tool = _block_text(block, f"{param}.{j}", known)
-        texts.append("\n" + text if tool and texts else text)
-    return "".join(texts)
-
-
-def _block_text(block: dict[str, Any], where: str, known: set[str]) -> tuple[str, bool]:
-    """One text block's text, or a tool block's (then True: it follows others after a newline)."""
+def _text(block: dict[str, Any], where: str) -> str:
+    """A content block other than tool_use / tool_result (anthropic_tools.turns reads those):
+    its text, or a 400."""
     kind = block.get("type")
-    tool_text = block_text(block, where, known)
-    if tool_text is not None:
-        return tool_text, True
     if kind == "text":
         text = block.get("text")
         if not isinstance(text, str):
             raise bad_request(f"{where}.text: must be a string", f"{where}.text")
-        return text, False
+        return text
     if kind in _NON_TEXT_BLOCKS:
         raise bad_request(
-            f"{where}: this server takes text blocks only and cannot accept {kind} blocks",
-            where,
+            f"{where}: this server takes text blocks only and cannot accept {kind} blocks", where
         )
     raise bad_request(f"{where}: unknown content block type {kind!r}", f"{where}.type")
 
@@ -338,7 +329,7 @@ async def _stream(
     num_prompt_tokens: int,
     keepalive: float,
     *,
-    calls: bool = False,
+    calls: CallReader | None = None,
 ) -> AsyncIterator[bytes]:
     def failure(status: int, text: str) -> bytes:
         return sse.named_event("error", error_body(request.scope, status, text))
@@ -350,7 +341,7 @@ async def _stream(
         "usage": _usage(num_prompt_tokens, 0),
     }
     yield _event("message_start", {"message": start_message})
-    blocks = StreamedBlocks(_event) if calls else None
+    blocks = StreamedBlocks(_event, calls) if calls is not None else None
     if blocks is None:
         text_block = {"type": "text", "text": ""}
         yield _event("content_block_start", {"index": 0, "content_block": text_block})

@@ -2,8 +2,9 @@
 any, tool, none; ``disable_parallel_tool_use``), ``tool_use`` / ``tool_result`` blocks in the
 history, and ``tool_use`` blocks in the reply, streamed with ``input_json_delta`` events.
 
-The model side is the same as OpenAI tools (server/openai_tools.py): the Hermes system block,
-constrained calls (``any`` and ``tool`` wholly, ``auto`` from the moment a call opens).
+The model side is the same as OpenAI tools (server/openai_tools.py): the model's ToolFormat
+(its chat template's tools, or the generic block), constrained calls (``any`` and ``tool``
+wholly, ``auto`` from the moment a call opens), read in the model's syntax.
 """
 
 from __future__ import annotations
@@ -11,12 +12,18 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from inferd.server.errors import APIError, bad_request
-from inferd.server.openai_tools import ToolRequest, parse_tools
-from inferd.structured.hermes import CallReader, call_text
+from inferd.server.openai_tools import (
+    ToolRequest,
+    assistant_calls,
+    parse_tools,
+    result_text,
+    tool_result,
+)
+from inferd.structured.tool_syntax import CallReader, ToolFormat
 
 _CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
 
@@ -66,24 +73,56 @@ def _choice(choice: Any) -> tuple[Any, bool | None]:
 # -- the history -----------------------------------------------------------------------------
 
 
-def block_text(block: dict[str, Any], where: str, known: set[str]) -> str | None:
-    """A tool_use or tool_result block as the model reads it; None for other blocks."""
-    kind = block.get("type")
-    if kind == "tool_use":
-        name, call_id = block.get("name"), block.get("id")
-        if not isinstance(name, str) or not isinstance(call_id, str):
-            raise bad_request(f"{where}: a tool_use block needs a name and an id", where)
-        known.add(call_id)
-        return call_text(name, json.dumps(block.get("input", {}), ensure_ascii=False))
-    if kind == "tool_result":
-        call_id = block.get("tool_use_id")
-        if call_id not in known:
-            raise bad_request(
-                f"{where}.tool_use_id: no tool_use block with id {call_id!r} comes before it",
-                f"{where}.tool_use_id",
-            )
-        return f"<tool_response>\n{_result_text(block.get('content'), where)}\n</tool_response>"
-    return None
+def turns(
+    role: str,
+    content: str | list[dict[str, Any]],
+    where: str,
+    known: dict[str, str],
+    fmt: ToolFormat,
+    block_text: Callable[[dict[str, Any], str], str],
+) -> list[dict[str, Any]]:
+    """One Anthropic message as the template's messages: tool_use blocks become the turn's
+    calls and tool_result blocks tool results, each the way the model's ToolFormat renders
+    them (server/openai_tools.py); ``block_text`` reads any other block. ``known`` maps the
+    tool_use ids so far to their names: every tool_result must answer one."""
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    texts: list[str] = []
+    calls: list[tuple[str, str, str]] = []
+    results: list[dict[str, Any]] = []
+    for j, block in enumerate(content):
+        at = f"{where}.{j}"
+        kind = block.get("type")
+        if kind == "tool_use":
+            calls.append(_call(block, at, known))
+        elif kind == "tool_result":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or call_id not in known:
+                raise bad_request(
+                    f"{at}.tool_use_id: no tool_use block with id {call_id!r} comes before it",
+                    f"{at}.tool_use_id",
+                )
+            text = _result_text(block.get("content"), at)
+            if fmt.in_template:
+                results.append(tool_result(call_id, known[call_id], text, fmt))
+            else:  # in order among the text, as a user turn reads it
+                texts.append(("\n" if texts else "") + result_text(text))
+        else:
+            texts.append(block_text(block, at))
+    text = "".join(texts)
+    if calls:
+        return [assistant_calls(text, calls, fmt)]
+    if results:
+        return results + ([{"role": role, "content": text}] if text else [])
+    return [{"role": role, "content": text}]
+
+
+def _call(block: dict[str, Any], where: str, known: dict[str, str]) -> tuple[str, str, str]:
+    name, call_id = block.get("name"), block.get("id")
+    if not isinstance(name, str) or not isinstance(call_id, str):
+        raise bad_request(f"{where}: a tool_use block needs a name and an id", where)
+    known[call_id] = name
+    return call_id, name, json.dumps(block.get("input", {}), ensure_ascii=False)
 
 
 def _result_text(content: Any, where: str) -> str:
@@ -104,13 +143,11 @@ def new_tool_use_id() -> str:
     return f"toolu_{uuid.uuid4().hex[:24]}"
 
 
-def reply_blocks(text: str) -> tuple[list[dict[str, Any]], bool]:
+def reply_blocks(text: str, reader: CallReader) -> tuple[list[dict[str, Any]], bool]:
     """The reply's content blocks (text, then tool_use) and whether it calls a tool."""
-    reader = CallReader()
     content, _ = reader.feed(text)
     content += reader.finish()
-    closed = reader.calls - (1 if reader.in_call else 0)
-    calls = list(zip(reader.names, reader.arguments, strict=False))[:closed]
+    calls = list(zip(reader.names, reader.arguments, strict=False))[: reader.closed]
     blocks: list[dict[str, Any]] = []
     if content.strip() or not calls:
         blocks.append({"type": "text", "text": content if not calls else content.strip()})
@@ -132,7 +169,7 @@ class StreamedBlocks:
     call (its input as ``input_json_delta`` pieces), each opened and closed in order."""
 
     event: Callable[[str, dict[str, Any]], bytes]
-    reader: CallReader = field(default_factory=CallReader)
+    reader: CallReader
     index: int = -1
     open_kind: str | None = None
     open_call: int = -1

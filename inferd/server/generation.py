@@ -17,6 +17,7 @@ import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from starlette.requests import Request
 
@@ -192,12 +193,16 @@ async def chat_prompt_ids(
     add_generation_prompt: bool = True,
     add_special: bool = True,
     check_length: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
     """Render and tokenize a conversation on a worker thread; 400s for a template failure or
-    (``check_length``) a prompt too long to fit the context, found before tokenizing."""
+    (``check_length``) a prompt too long to fit the context, found before tokenizing.
+    ``tools``: the template's ``tools`` variable (a template that renders tools itself)."""
 
     def work() -> list[int]:
-        rendered = _render(model, messages, add_generation_prompt, prefill, special_in_content)
+        rendered = _render(
+            model, messages, add_generation_prompt, prefill, special_in_content, tools
+        )
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         return encode_text(
@@ -215,6 +220,7 @@ async def chat_prompt_with_media(
     special_in_content: bool,
     prefill: str = "",
     check_length: bool = True,
+    tools: list[dict[str, Any]] | None = None,
 ) -> tuple[list[int], list[MediaInput]]:
     """``chat_prompt_ids`` for a conversation whose image and audio parts are ``{"type":
     "image"}`` and ``{"type": "audio"}`` (one per decoded item of ``media``, in order), and the
@@ -233,11 +239,12 @@ async def chat_prompt_with_media(
             special_in_content=special_in_content,
             prefill=prefill,
             check_length=check_length,
+            tools=tools,
         )
         return ids, []
 
     def work() -> tuple[list[int], list[MediaInput]]:
-        rendered = _render(model, messages, True, prefill, special_in_content)
+        rendered = _render(model, messages, True, prefill, special_in_content, tools)
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         try:
@@ -256,14 +263,17 @@ def _render(
     add_generation_prompt: bool,
     prefill: str,
     special_in_content: bool,
+    tools: list[dict[str, Any]] | None = None,
 ) -> RenderedChat:
-    """The conversation's prompt text; 400s for a template that is missing or fails."""
+    """The conversation's prompt text; 400s for a template that is missing or fails.
+    ``tools``: the template's ``tools`` variable (a template that renders tools itself)."""
     try:
         return model.render_chat(
             messages,
             add_generation_prompt=add_generation_prompt,
             prefill=prefill,
             special_in_content=special_in_content,
+            tools=tools,
         )
     except NoChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None

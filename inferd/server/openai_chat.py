@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -41,6 +42,7 @@ from inferd.server.openai_tools import StreamedCalls, history_turn, message, off
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
+from inferd.structured.tool_syntax import CallReader, ToolFormat
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -53,13 +55,19 @@ async def create_chat_completion(request: Request) -> Response:
         body.messages, media_policy(request), model, audio_rate=model.audio_sample_rate
     )
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    messages = offer(_messages(body.messages), tools)
+    fmt = model.tool_format
+    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
     n = check_n(body.n)
-    tool_constraint = tools.constraint(answer_schema(body)) if tools is not None else None
+    tool_constraint = tools.constraint(fmt, answer_schema(body)) if tools is not None else None
     params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
-    calls = tool_constraint is not None  # the reply may hold tool calls
+    # The reply may hold tool calls: a new reader of them per choice.
+    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
     prompt, inputs = await chat_prompt_with_media(
-        model, messages, media, special_in_content=state.special_tokens_in_content
+        model,
+        messages,
+        media,
+        special_in_content=state.special_tokens_in_content,
+        tools=template_tools,
     )
     params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")
@@ -104,12 +112,14 @@ def _reject_unsupported(body: ChatCompletionRequest) -> None:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
 
-def _messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
-    known_calls: set[str] = set()  # ids of the assistant tool calls so far
-    return [_message_dict(i, m, known_calls) for i, m in enumerate(messages)]
+def _messages(messages: list[ChatMessage], fmt: ToolFormat) -> list[dict[str, Any]]:
+    known_calls: dict[str, str] = {}  # ids of the assistant tool calls so far, to their names
+    return [_message_dict(i, m, known_calls, fmt) for i, m in enumerate(messages)]
 
 
-def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> dict[str, Any]:
+def _message_dict(
+    index: int, message: ChatMessage, known_calls: dict[str, str], fmt: ToolFormat
+) -> dict[str, Any]:
     content: str | list[dict[str, Any]] | None = message.content
     if isinstance(content, list):
         content = _content_of_parts(index, message.role, content)
@@ -126,6 +136,7 @@ def _message_dict(index: int, message: ChatMessage, known_calls: set[str]) -> di
             message.tool_calls,
             message.tool_call_id,
             known_calls,
+            fmt,
         )
     out: dict[str, Any] = {"role": message.role, "content": content or ""}
     if message.name is not None:
@@ -254,7 +265,7 @@ async def _collect(
     model: ServedModel,
     streams: list[AsyncIterator[RequestOutput]],
     num_prompt_tokens: int,
-    calls: bool,
+    calls: Callable[[], CallReader] | None,
 ) -> Response:
     """Gather every choice, aborting them all if the client goes away first."""
     gens = await collect(request, streams)
@@ -268,12 +279,16 @@ async def _collect(
 
 
 def _choice(
-    model: ServedModel, index: int, gen: Generation, want_logprobs: bool, calls: bool
+    model: ServedModel,
+    index: int,
+    gen: Generation,
+    want_logprobs: bool,
+    calls: Callable[[], CallReader] | None,
 ) -> dict[str, Any]:
     reply: dict[str, Any] = {"role": "assistant", "content": gen.text, "refusal": None}
     finish = gen.final.finish_reason
-    if calls:
-        content, tool_calls = message(gen.text)
+    if calls is not None:
+        content, tool_calls = message(gen.text, calls())
         if tool_calls:
             reply |= {"content": content, "tool_calls": tool_calls}
             finish = "tool_calls" if finish == "stop" else finish
@@ -292,9 +307,9 @@ async def _stream(
     num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
-    calls: bool,
+    calls: Callable[[], CallReader] | None,
 ) -> AsyncIterator[bytes]:
-    readers = [StreamedCalls() for _ in streams] if calls else None
+    readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None, lps: Any = None) -> bytes:
         body = completion.envelope("chat.completion.chunk")

@@ -20,8 +20,14 @@ from typing import Any
 
 from inferd.server.errors import bad_request
 from inferd.structured.constraint import Constraint, ConstraintError
-from inferd.structured.hermes import CallPiece, CallReader, ToolSpec, call_text, calls_constraint
-from inferd.structured.hermes import system_block as tools_block
+from inferd.structured.tool_syntax import (
+    CallPiece,
+    CallReader,
+    ToolFormat,
+    ToolSpec,
+    calls_constraint,
+)
+from inferd.structured.tool_syntax.base import arguments_value
 
 MAX_TOOLS = 128
 _NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -38,14 +44,27 @@ class ToolRequest:
     def active(self) -> bool:
         return self.choice != "none"
 
-    def constraint(self, answer: Any = None) -> Constraint | None:
-        """What tool use holds the output to; ``answer``: response_format's schema for a text
-        reply (only auto leaves room for one: required and named output a call)."""
+    @property
+    def callable(self) -> list[ToolSpec]:
+        return [t for t in self.tools if self.named is None or t.name == self.named]
+
+    def constraint(self, fmt: ToolFormat, answer: Any = None) -> Constraint | None:
+        """What tool use holds the output to, in the model's syntax; ``answer``:
+        response_format's schema for a text reply (only auto leaves room for one: required
+        and named output a call). A 400 when the syntax cannot hold these tools."""
         if not self.active:
             return None
-        tools = [t for t in self.tools if self.named is None or t.name == self.named]
         auto = self.choice == "auto"
-        return calls_constraint(tools, parallel=self.parallel, lazy=auto, answer=answer)
+        try:
+            return calls_constraint(
+                fmt.syntax, self.callable, parallel=self.parallel, lazy=auto, answer=answer
+            )
+        except ConstraintError as exc:
+            raise bad_request(f"tools: {exc}", "tools") from None
+
+    def reader(self, fmt: ToolFormat) -> CallReader:
+        """A reader of the reply for calls to these tools."""
+        return fmt.reader(self.callable)
 
 
 def parse_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolRequest | None:
@@ -117,27 +136,43 @@ def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
 # -- the history -----------------------------------------------------------------------------
 
 
-def offer(messages: list[dict[str, Any]], request: ToolRequest | None) -> list[dict[str, Any]]:
-    """``messages`` with the tools block in the system turn (one is added when none leads)."""
+def offer(
+    messages: list[dict[str, Any]], request: ToolRequest | None, fmt: ToolFormat
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The messages and the template's ``tools`` variable: the tools for a template that takes
+    them, else None and the generic block in the system turn (one is added when none leads)."""
     if request is None or not request.active:
-        return messages
-    block = tools_block(request.tools)
+        return messages, None
+    if fmt.in_template:
+        return messages, [_template_tool(t) for t in request.tools]
+    block = fmt.syntax.system_block(request.tools)
     if messages and messages[0]["role"] in ("system", "developer"):
         first = dict(messages[0])
         first["content"] = f"{first['content']}\n\n{block}" if first["content"] else block
-        return [first, *messages[1:]]
-    return [{"role": "system", "content": block}, *messages]
+        return [first, *messages[1:]], None
+    return [{"role": "system", "content": block}, *messages], None
+
+
+def _template_tool(tool: ToolSpec) -> dict[str, Any]:
+    """A tool as chat templates read it (OpenAI's shape, as Hugging Face passes it)."""
+    fn = {"name": tool.name, "description": tool.description, "parameters": tool.parameters}
+    return {"type": "function", "function": fn}
 
 
 def history_turn(
-    index: int, role: str, content: str, tool_calls: Any, tool_call_id: Any, known: set[str]
+    index: int,
+    role: str,
+    content: str,
+    tool_calls: Any,
+    tool_call_id: Any,
+    known: dict[str, str],
+    fmt: ToolFormat,
 ) -> dict[str, Any]:
-    """A tool-related turn of the history as the template renders it; ``known`` collects the
-    ids of assistant calls so far, which every tool result must answer."""
+    """A tool-related turn of the history as the template renders it; ``known`` maps the ids
+    of assistant calls so far to their names: every tool result must answer one."""
     if role == "assistant" and tool_calls:
         calls = [_history_call(index, j, c, known) for j, c in enumerate(tool_calls)]
-        text = "\n".join(calls)
-        return {"role": "assistant", "content": f"{content}\n{text}" if content else text}
+        return assistant_calls(content, calls, fmt)
     if role == "tool":
         param = f"messages.{index}.tool_call_id"
         if not isinstance(tool_call_id, str):
@@ -146,11 +181,41 @@ def history_turn(
             raise bad_request(
                 f"{param}: no assistant tool call with id {tool_call_id!r} comes before it", param
             )
-        return {"role": "user", "content": f"<tool_response>\n{content}\n</tool_response>"}
+        return tool_result(tool_call_id, known[tool_call_id], content, fmt)
     return {"role": role, "content": content}
 
 
-def _history_call(index: int, j: int, call: Any, known: set[str]) -> str:
+def assistant_calls(
+    content: str, calls: list[tuple[str, str, str]], fmt: ToolFormat
+) -> dict[str, Any]:
+    """An assistant turn with calls (id, name, arguments JSON): ``tool_calls`` for a template
+    that renders them, else the calls written in the model's syntax after the content."""
+    if fmt.in_template:
+        tool_calls = [
+            {
+                "id": call_id,
+                "type": "function",
+                "function": {"name": name, "arguments": arguments_value(arguments)},
+            }
+            for call_id, name, arguments in calls
+        ]
+        return {"role": "assistant", "content": content, "tool_calls": tool_calls}
+    text = fmt.syntax.calls_text([(name, arguments) for _, name, arguments in calls])
+    return {"role": "assistant", "content": f"{content}\n{text}" if content else text}
+
+
+def tool_result(call_id: str, name: str, content: str, fmt: ToolFormat) -> dict[str, Any]:
+    """A tool's result: a ``tool`` turn for a template that renders them, else a user turn."""
+    if fmt.in_template:
+        return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+    return {"role": "user", "content": result_text(content)}
+
+
+def result_text(content: str) -> str:
+    return f"<tool_response>\n{content}\n</tool_response>"
+
+
+def _history_call(index: int, j: int, call: Any, known: dict[str, str]) -> tuple[str, str, str]:
     param = f"messages.{index}.tool_calls.{j}"
     fn = call.get("function") if isinstance(call, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
@@ -159,9 +224,10 @@ def _history_call(index: int, j: int, call: Any, known: set[str]) -> str:
     if not isinstance(arguments, str):
         raise bad_request(f"{param}.function.arguments must be a string", param)
     call_id = call.get("id")
-    if isinstance(call_id, str):
-        known.add(call_id)
-    return call_text(fn["name"], arguments)
+    if not isinstance(call_id, str):
+        call_id = f"call_{index}_{j}"
+    known[call_id] = fn["name"]
+    return call_id, fn["name"], arguments
 
 
 # -- the response ----------------------------------------------------------------------------
@@ -171,16 +237,14 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def message(text: str) -> tuple[str | None, list[dict[str, Any]]]:
+def message(text: str, reader: CallReader) -> tuple[str | None, list[dict[str, Any]]]:
     """A whole reply split into its content (None when it only calls) and its tool calls; a
     call cut short (max_tokens) is dropped."""
-    reader = CallReader()
     content, _ = reader.feed(text)
     content += reader.finish()
-    closed = reader.calls - (1 if reader.in_call else 0)
     calls = [
         {"id": new_call_id(), "type": "function", "function": {"name": n, "arguments": a}}
-        for n, a in list(zip(reader.names, reader.arguments, strict=False))[:closed]
+        for n, a in list(zip(reader.names, reader.arguments, strict=False))[: reader.closed]
     ]
     if not calls:
         return content, []
@@ -192,7 +256,7 @@ class StreamedCalls:
     """One choice's stream: content deltas and tool-call deltas as OpenAI sends them (the id,
     type and name once, then the arguments in pieces)."""
 
-    reader: CallReader = field(default_factory=CallReader)
+    reader: CallReader
     ids: list[str] = field(default_factory=list)
 
     def deltas(self, text: str) -> Iterator[dict[str, Any]]:

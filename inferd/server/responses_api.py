@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -59,6 +60,7 @@ from inferd.server.responses_store import ResponseStore
 from inferd.server.state import ServerState
 from inferd.server.streams import close_stream
 from inferd.serving.served import ServedModel
+from inferd.structured.tool_syntax.base import CallReader
 
 MAX_CHAIN = 10_000  # responses one previous_response_id chain may hold
 _TERMINAL = ("completed", "incomplete", "failed", "cancelled")
@@ -92,8 +94,11 @@ async def create_response(request: Request) -> Response:
     items = input_items(body.input, calls_of(history))
     tools = tool_request(body)
     fields = sampling_fields(body)
+    fmt = model.tool_format
     try:
-        tool_constraint = tools.constraint(answer_schema(fields)) if tools is not None else None
+        tool_constraint = (
+            tools.constraint(fmt, answer_schema(fields)) if tools is not None else None
+        )
         params = sampling_params(
             fields,
             model,
@@ -104,13 +109,17 @@ async def create_response(request: Request) -> Response:
         params = await constrain(fields, model, params, tool_constraint)
     except APIError as exc:
         raise renamed(exc) from None
-    messages = offer(chat_messages(body.instructions, history + items), tools)
-    prompt = await _prompt(model, messages, state, body)
+    messages, template_tools = offer(
+        chat_messages(body.instructions, history + items, fmt), tools, fmt
+    )
+    prompt = await _prompt(model, messages, template_tools, state, body)
     if body.max_output_tokens is None:
         params = replace(params, max_tokens=_room(model, len(prompt)))
     admit(model, len(prompt), params, "input")
     response = _skeleton(body, model, tools is not None and tools.parallel)
-    run = _Run(response, len(prompt), tool_constraint is not None, body.store is not False)
+    # The reply may hold tool calls: a reader of them, in the model's syntax.
+    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    run = _Run(response, len(prompt), calls, body.store is not False)
     if body.background:
         return await _background(state, model, run, items, owner, prompt, params)
     streams = start(request, model, [(prompt, params)])
@@ -121,7 +130,7 @@ async def create_response(request: Request) -> Response:
     if gens is None:
         return Response(status_code=499)
     (gen,) = gens
-    builder = OutputBuilder(run.calls)
+    builder = OutputBuilder(run.reader())
     builder.feed(gen.text)
     builder.finish(gen.final.finish_reason != "length")
     final = run.finished(builder, gen.final)
@@ -159,7 +168,11 @@ def _history(
 
 
 async def _prompt(
-    model: ServedModel, messages: list[dict[str, Any]], state: ServerState, body: ResponsesRequest
+    model: ServedModel,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    state: ServerState,
+    body: ResponsesRequest,
 ) -> list[int]:
     """The prompt's ids; with ``truncation: auto`` the oldest turns are dropped (never the
     instructions or tools block, never the last turn) until the reply has room."""
@@ -172,6 +185,7 @@ async def _prompt(
                 messages,
                 special_in_content=state.special_tokens_in_content,
                 check_length=not auto,
+                tools=tools,
             )
         except APIError as exc:
             raise _as_input(exc) from None
@@ -234,11 +248,20 @@ def _skeleton(body: ResponsesRequest, model: ServedModel, parallel: bool) -> dic
 class _Run:
     """One response being generated: its object and how to finish it."""
 
-    def __init__(self, response: dict[str, Any], prompt_tokens: int, calls: bool, store: bool):
+    def __init__(
+        self,
+        response: dict[str, Any],
+        prompt_tokens: int,
+        calls: Callable[[], CallReader] | None,
+        store: bool,
+    ):
         self.response = response
         self.prompt_tokens = prompt_tokens
-        self.calls = calls
+        self.calls = calls  # a new reader of the reply's tool calls; None when it holds none
         self.store = store
+
+    def reader(self) -> CallReader | None:
+        return self.calls() if self.calls is not None else None
 
     def snapshot(self, status: str) -> dict[str, Any]:
         return self.response | {"status": status}
@@ -297,7 +320,7 @@ async def _stream(
     ]
     for chunk in send(opening):
         yield chunk
-    builder = OutputBuilder(run.calls)
+    builder = OutputBuilder(run.reader())
     last: RequestOutput | None = None
     failure: tuple[int, str, str | None] | None = None
     try:
@@ -372,7 +395,7 @@ async def _generate_in_background(
     state: ServerState, run: _Run, outputs: AsyncIterator[RequestOutput]
 ) -> None:
     store = state.responses
-    builder = OutputBuilder(run.calls)
+    builder = OutputBuilder(run.reader())
     last: RequestOutput | None = None
     await asyncio.to_thread(store.update, run.snapshot("in_progress"), unless_status=_TERMINAL)
     try:

@@ -19,6 +19,7 @@ from pydantic import Field
 from inferd.server.errors import APIError, bad_request
 from inferd.server.openai_tools import ToolRequest, history_turn, parse_tools
 from inferd.server.protocol import SamplingFields, _Lenient
+from inferd.structured.tool_syntax import ToolFormat
 
 MAX_METADATA_PAIRS = 16
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
@@ -290,20 +291,24 @@ def calls_of(items: list[dict[str, Any]]) -> set[str]:
 # -- items -> chat messages -------------------------------------------------------------------
 
 
-def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def chat_messages(
+    instructions: str | None, items: list[dict[str, Any]], fmt: ToolFormat
+) -> list[dict[str, Any]]:
     """The conversation as chat messages: an assistant message and the function calls after it
-    make one assistant turn, as chat's ``tool_calls`` do."""
+    make one assistant turn, as chat's ``tool_calls`` do (rendered in the model's ``fmt``)."""
     messages: list[dict[str, Any]] = []
     if instructions:
         messages.append({"role": "system", "content": instructions})
-    known: set[str] = set()
+    known: dict[str, str] = {}  # call ids so far, to their names
     turn: dict[str, Any] | None = None  # the assistant turn being gathered
 
     def flush() -> None:
         nonlocal turn
         if turn is not None:
             messages.append(
-                history_turn(len(messages), "assistant", turn["text"], turn["calls"], None, known)
+                history_turn(
+                    len(messages), "assistant", turn["text"], turn["calls"], None, known, fmt
+                )
             )
             turn = None
 
@@ -321,7 +326,9 @@ def chat_messages(instructions: str | None, items: list[dict[str, Any]]) -> list
         elif kind == "function_call_output":
             flush()
             messages.append(
-                history_turn(len(messages), "tool", item["output"], None, item["call_id"], known)
+                history_turn(
+                    len(messages), "tool", item["output"], None, item["call_id"], known, fmt
+                )
             )
         elif kind == "message":
             flush()

@@ -3,8 +3,8 @@ that announce them.
 
 One builder serves both ways of answering: a stream sends the events as they come, a plain
 response feeds the whole text at once and keeps only the items, so the two cannot disagree.
-With tools, the text goes through the Hermes call reader (structured/hermes.py) as chat's does:
-prose becomes a ``message`` item (an ``output_text`` part), each ``<tool_call>`` a
+With tools, the text goes through the model's call reader (structured/tool_syntax) as chat's does:
+prose becomes a ``message`` item (an ``output_text`` part), each call a
 ``function_call`` item whose arguments stream as ``response.function_call_arguments.delta``.
 Whitespace between calls opens no message.
 """
@@ -16,21 +16,20 @@ from typing import Any
 
 from inferd.server.openai_tools import new_call_id
 from inferd.server.responses_input import new_id
-from inferd.structured.hermes import CallReader
+from inferd.structured.tool_syntax.base import CallReader
 
 Event = dict[str, Any]
 
 
 @dataclass(slots=True)
 class OutputBuilder:
-    calls: bool  # the reply may hold tool calls (tools offered, tool_choice not none)
+    reader: CallReader | None  # None: the reply holds no tool calls (none offered, or none)
     items: list[dict[str, Any]] = field(default_factory=list)
-    reader: CallReader = field(default_factory=CallReader)
     open: dict[str, Any] | None = None
     blank: str = ""  # whitespace waiting for prose to follow it
 
     def feed(self, text: str) -> list[Event]:
-        if not self.calls:
+        if self.reader is None:
             return self._text(text)
         content, pieces = self.reader.feed(text)
         events = self._text(content)
@@ -53,7 +52,7 @@ class OutputBuilder:
 
     def finish(self, complete: bool) -> list[Event]:
         """Close the last item (``complete``: the model ended its turn, else it was cut)."""
-        events = self._text(self.reader.finish()) if self.calls else []
+        events = self._text(self.reader.finish()) if self.reader is not None else []
         if not self.items:  # an empty reply is still a message, with empty text
             events += self._open_message()
         return events + self._close("completed" if complete else "incomplete")
@@ -69,7 +68,7 @@ class OutputBuilder:
             return []
         events: list[Event] = []
         if self.open is None or self.open["type"] != "message":
-            if self.calls and not text.strip():
+            if self.reader is not None and not text.strip():
                 self.blank += text
                 return []
             events += self._close("completed")

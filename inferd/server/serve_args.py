@@ -30,6 +30,7 @@ from inferd.server.defaults import (
     DEFAULT_MEDIA_FETCH_TIMEOUT,
     DEFAULT_RESPONSES_TTL,
 )
+from inferd.structured.tool_syntax import PARSERS
 
 if TYPE_CHECKING:
     from inferd.server.options import ServerOptions
@@ -238,6 +239,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MEDIA_FETCH_TIMEOUT,
         metavar="SECONDS",
         help="time limit of one remote media fetch, redirects included (default: 10)",
+    )
+    g = p.add_argument_group("tool calls")
+    g.add_argument(
+        "--tool-call-parser",
+        choices=PARSERS,
+        default=None,
+        help="the syntax the model writes tool calls in (default: the one its chat template "
+        "shows; hermes when it shows none); goes with -m, tool_call_parser in a --config file",
     )
 
 

@@ -45,7 +45,7 @@ async def tokenize(request: Request) -> Response:
     if body.messages is not None:
         ids = await chat_prompt_ids(
             model,
-            _messages(body.messages),
+            _messages(body.messages, model.tool_format),
             special_in_content=state.special_tokens_in_content,
             add_generation_prompt=body.add_generation_prompt,
             add_special=body.add_special_tokens,

@@ -107,7 +107,14 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         max_num_seqs=spec.max_seqs or base.max_num_seqs,
         isq=spec.in_situ_quant or base.isq,
     )
-    return load_model(source, cfg, progress=progress, chat_template=spec.chat_template, loop=loop)
+    return load_model(
+        source,
+        cfg,
+        progress=progress,
+        chat_template=spec.chat_template,
+        loop=loop,
+        tool_call_parser=spec.tool_call_parser,
+    )
 
 
 def _load_embedding(

@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,6 +39,7 @@ from inferd.serving.multimodal import (
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
+from inferd.structured.tool_syntax import ToolFormat, choose
 from inferd.structured.vocabulary import Vocabulary
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,8 @@ class ServedModel:
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
     audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
+    # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
+    tool_format: ToolFormat = field(default_factory=ToolFormat)
 
     @property
     def id(self) -> str:
@@ -160,17 +163,19 @@ class ServedModel:
         add_generation_prompt: bool = True,
         prefill: str = "",
         special_in_content: bool = False,
+        tools: list[dict[str, Any]] | None = None,
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
-        messages or the prefill stays plain text (only the template makes control tokens)
-        unless ``special_in_content``. A multimodal model's template gets every content as a list
-        of parts (text as ``{"type": "text", "text": ...}``): SmolVLM's iterates the parts of
-        each message and would drop plain string content without a word."""
+        messages, the tools or the prefill stays plain text (only the template makes control
+        tokens) unless ``special_in_content``. ``tools``: the template's ``tools`` variable. A
+        multimodal model's template gets every content as a list of parts (text as ``{"type":
+        "text", "text": ...}``): SmolVLM's iterates the parts of each message and would drop
+        plain string content without a word."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
         if self.images is not None or self.audio is not None:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
-            messages, special=special, add_generation_prompt=add_generation_prompt
+            messages, special=special, add_generation_prompt=add_generation_prompt, tools=tools
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 
@@ -187,11 +192,13 @@ def load_model(
     progress: bool = True,
     chat_template: str | None = None,
     loop: EngineLoop | None = None,
+    tool_call_parser: str | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``loading.model.load``).
 
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
-    the engine (engine/driver.py); by default a thread of its own."""
+    the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
+    tool-call syntax (structured/tool_syntax), when not the one the template shows."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -203,12 +210,17 @@ def load_model(
         progress=progress,
         chat_template=chat_template,
     )
-    served = assemble(loaded, cfg, loop=loop)
+    served = assemble(loaded, cfg, loop=loop, tool_call_parser=tool_call_parser)
     log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)
     return served
 
 
-def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = None) -> ServedModel:
+def assemble(
+    loaded: LoadedModel,
+    cfg: EngineConfig,
+    loop: EngineLoop | None = None,
+    tool_call_parser: str | None = None,
+) -> ServedModel:
     """The engine (KV cache, scheduler, runner) around a loaded model, as a ServedModel.
     ``loop``: who steps the engine; by default a thread of its own."""
     source, model, mcfg, dtype = loaded.source, loaded.model, loaded.config, loaded.dtype
@@ -279,6 +291,7 @@ def assemble(loaded: LoadedModel, cfg: EngineConfig, loop: EngineLoop | None = N
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
         audio=_audio_prompter(loaded),
+        tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 
 

@@ -10,8 +10,9 @@ A models file maps labels (for people; never an API id) to one entry each::
 Each entry names exactly one kind (``GGUF``, ``Plain`` or ``Embedding``) whose object holds the
 source: ``model_id`` is a store name, a file or a directory; GGUF also takes
 ``quantized_model_id`` + ``quantized_filename`` (a file inside a directory or store entry).
-The optional settings (``alias``, ``chat_template``, ``jinja_explicit``, ``dtype``,
-``in_situ_quant``, ``max_seq_len``, ``max_seqs``) may sit beside the kind or inside it.
+The optional settings (``alias``, ``chat_template``, ``jinja_explicit``, ``tool_call_parser``,
+``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``) may sit beside the kind or inside
+it.
 
 The API id is the alias, else derived from the source: a store name as is, a file's stem, a
 directory's name. Every mistake is reported with its key path and what was expected, all at
@@ -29,6 +30,7 @@ from typing import Any
 
 from inferd.config import DTYPES
 from inferd.store import CATALOG
+from inferd.structured.tool_syntax import PARSERS
 
 KINDS = ("GGUF", "Plain", "Embedding")
 _SOURCE_FIELDS = ("model_id", "quantized_model_id", "quantized_filename", "tok_model_id")
@@ -36,12 +38,13 @@ _SETTINGS = (
     "alias",
     "chat_template",
     "jinja_explicit",
+    "tool_call_parser",
     "dtype",
     "in_situ_quant",
     "max_seq_len",
     "max_seqs",
 )
-_GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "in_situ_quant")
+_GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "tool_call_parser", "in_situ_quant")
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
     **dict.fromkeys(("Q8", "Q8_0", "Q8_1", "Q8K"), "q8"),
@@ -77,8 +80,14 @@ class ModelSpec:
     in_situ_quant: str | None = None  # q8 | q4
     max_seq_len: int | None = None
     max_seqs: int | None = None
+    tool_call_parser: str | None = None  # None: the syntax the chat template shows
 
     def __post_init__(self) -> None:
+        if self.tool_call_parser not in (None, *PARSERS):
+            raise ValueError(
+                f"tool_call_parser must be one of {', '.join(PARSERS)}; "
+                f"got {self.tool_call_parser!r}"
+            )
         if self.kind not in ("auto", *KINDS):
             raise ValueError(f"kind must be one of auto, {', '.join(KINDS)}; got {self.kind!r}")
         if self.in_situ_quant not in (None, "q8", "q4"):
@@ -214,6 +223,7 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         in_situ_quant=values.get("in_situ_quant"),
         max_seq_len=values.get("max_seq_len"),
         max_seqs=values.get("max_seqs"),
+        tool_call_parser=values.get("tool_call_parser"),
     )
 
 
@@ -279,6 +289,9 @@ def _setting(
         return None
     if name == "dtype" and value not in DTYPES:
         problems.append(f"{path}: expected one of {', '.join(DTYPES)}, got {value!r}")
+        return None
+    if name == "tool_call_parser" and value not in PARSERS:
+        problems.append(f"{path}: expected one of {', '.join(PARSERS)}, got {value!r}")
         return None
     if name == "in_situ_quant":
         method = ISQ_NAMES.get(value.strip().upper())

@@ -34,7 +34,11 @@ def registry_from_args(
     template_flag = getattr(args, "chat_template", None)
     if args.config is None:
         template = read_chat_template(template_flag) if template_flag is not None else None
-        spec = ModelSpec(model_id=args.model or DEFAULT_MODEL, chat_template=template)
+        spec = ModelSpec(
+            model_id=args.model or DEFAULT_MODEL,
+            chat_template=template,
+            tool_call_parser=getattr(args, "tool_call_parser", None),
+        )
         model = load_spec(spec, cfg, progress=True, loop=loop)
         slot = ModelSlot.of_loaded(model)
         slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
@@ -44,6 +48,10 @@ def registry_from_args(
         raise ValueError("give -m or --config, not both")
     if template_flag is not None:
         raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
+    if getattr(args, "tool_call_parser", None) is not None:
+        raise ValueError(
+            "--tool-call-parser goes with -m; in a --config file, use tool_call_parser"
+        )
     specs = load_models_file(args.config)
     slots = [
         ModelSlot(

@@ -122,8 +122,9 @@ class GrammarCompiler:
             raise ConstraintError(compiled.error or "invalid constraint", _param(constraint))
         with self._lock:  # deep_copy reads the shared pristine matcher
             copy = compiled.matcher.deep_copy()
-        if constraint.trigger:
-            return LazyMatcher(None, copy, constraint.trigger.encode(), self.vocabulary.get())
+        if constraint.triggers:
+            triggers = tuple(t.encode() for t in constraint.triggers)
+            return LazyMatcher(None, copy, triggers, self.vocabulary.get())
         return TokenMatcher(copy)
 
     def _timed_out(self, constraint: Constraint) -> ConstraintError:

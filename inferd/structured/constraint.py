@@ -37,9 +37,9 @@ class ConstraintKind(enum.Enum):
 class Constraint:
     kind: ConstraintKind
     source: str  # canonical text: schema JSON, regex, JSON list of choices, or grammar
-    # Non-empty: the output is free until this text appears in it, then the constraint holds
-    # from the trigger's first character on (a lazy grammar: tool calls under tool_choice auto).
-    trigger: str = ""
+    # Non-empty: the output is free until one of these texts appears in it, then the constraint
+    # holds from the trigger's first character on (a lazy grammar: tool calls under auto).
+    triggers: tuple[str, ...] = ()
 
     @property
     def digest(self) -> str:
@@ -48,9 +48,9 @@ class Constraint:
         return hashlib.sha256(text).hexdigest()
 
     @classmethod
-    def lark(cls, text: str, trigger: str = "") -> Constraint:
+    def lark(cls, text: str, triggers: tuple[str, ...] = ()) -> Constraint:
         """A grammar inferd wrote (not a caller's: those go through ``grammar``)."""
-        return cls(ConstraintKind.LARK, text, trigger)
+        return cls(ConstraintKind.LARK, text, triggers)
 
     @classmethod
     def json_object(cls) -> Constraint:

@@ -37,13 +37,13 @@ class TokenMatcher:
 
 @dataclass(slots=True)
 class LazyMatcher(TokenMatcher):
-    """Free output until ``trigger`` appears in it; from the trigger's first byte on, the
-    output follows ``waiting`` (a grammar that starts with the trigger). The bytes from the
+    """Free output until one of ``triggers`` appears in it; from that trigger's first byte on,
+    the output follows ``waiting`` (a grammar that starts with any trigger). The bytes from the
     trigger to the end of the token that completed it are fed to the grammar as tokens of
     their own: llguidance matches bytes, so any split of them into tokens is accepted."""
 
     waiting: llguidance.LLMatcher | None = None
-    trigger: bytes = b""
+    triggers: tuple[bytes, ...] = ()
     tokenizer: llguidance.LLTokenizer | None = None
     tail: bytes = field(default=b"")  # the output's last bytes, to find a trigger across tokens
 
@@ -52,10 +52,11 @@ class LazyMatcher(TokenMatcher):
             return self.inner.consume_token(token)
         assert self.waiting is not None and self.tokenizer is not None
         self.tail += self.tokenizer.decode_bytes([token])
-        at = self.tail.find(self.trigger)
-        if at < 0:
-            self.tail = self.tail[-(len(self.trigger) - 1) :] if len(self.trigger) > 1 else b""
+        found = [at for at in (self.tail.find(t) for t in self.triggers) if at >= 0]
+        if not found:
+            keep = max(len(t) for t in self.triggers) - 1
+            self.tail = self.tail[-keep:] if keep > 0 else b""
             return True
         self.inner, self.waiting = self.waiting, None
-        ids = self.tokenizer.tokenize_bytes(self.tail[at:])
+        ids = self.tokenizer.tokenize_bytes(self.tail[min(found) :])
         return self.inner.consume_tokens(ids)

@@ -11,7 +11,8 @@ import pytest
 
 from inferd.server.responses_input import chat_messages, input_items
 from inferd.server.responses_output import OutputBuilder, output_text
-from inferd.structured.hermes import call_text
+from inferd.structured.tool_syntax import ToolFormat
+from inferd.structured.tool_syntax.hermes import call_text
 
 CALLS = (
     "Let me check.\n"
@@ -22,7 +23,7 @@ CALLS = (
 
 
 def _run(text: str, pieces: list[str], calls: bool, complete: bool = True) -> tuple[Any, Any]:
-    builder = OutputBuilder(calls)
+    builder = OutputBuilder(ToolFormat().reader([]) if calls else None)
     events = [e for piece in pieces for e in builder.feed(piece)]
     events += builder.finish(complete)
     assert "".join(pieces) == text
@@ -94,7 +95,7 @@ def test_an_output_read_back_renders_as_the_chat_history() -> None:
         if i["type"] == "function_call"
     ]
     items += input_items(results, known)
-    messages = chat_messages("Be brief.", items)
+    messages = chat_messages("Be brief.", items, ToolFormat())
     assert [m["role"] for m in messages] == ["system", "assistant", "user", "user"]
     assert messages[1]["content"].startswith("Let me check.")
     assert messages[1]["content"].count("<tool_call>") == 2
