@@ -1,13 +1,13 @@
 """OpenAI function tools on /v1/chat/completions: the request's ``tools``, ``tool_choice`` and
 ``parallel_tool_calls``, the tool turns of the history, and the calls in the response.
 
-Tools are offered to the model in a system block (structured/hermes.py: the Hermes syntax) and
-its output is constrained: with ``required`` or a named tool the whole reply is one call (or
-several, with ``parallel_tool_calls``); with ``auto`` the reply is free until the model opens a
-``<tool_call>``, then the grammar holds, so every call it emits parses and matches its tool's
-schema. ``none`` offers no tools and constrains nothing. In the history, an assistant turn's
-``tool_calls`` are written back in the same syntax and a ``tool`` result becomes a user turn
-wrapping it in ``<tool_response>`` tags.
+Tools are offered to the model the way its ``ToolFormat`` says (structured/tool_syntax): through
+the chat template's ``tools`` variable when the template takes one, else in a generic system
+block. Its output is constrained in the model's call syntax: with ``required`` or a named tool
+the whole reply is one call (or several, with ``parallel_tool_calls``); with ``auto`` the reply
+is free until the model opens a call, then the grammar holds, so every call it emits parses and
+matches its tool's schema. ``none`` offers no tools and constrains nothing. In the history, an
+assistant turn's ``tool_calls`` and the ``tool`` results are written back in the same format.
 """
 
 from __future__ import annotations
