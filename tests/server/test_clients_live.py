@@ -1,8 +1,8 @@
 """Real agent and extraction clients driven against a live `inferd serve` of the default model:
-pydantic-ai, the OpenAI Agents SDK, langchain-openai and the anthropic SDK, each in strict mode
-where it has one. The 135M model is weak, so every assertion is about validity (the object
-validates, the tool was called with valid arguments, the round trip completed), never meaning.
-(instructor is not here: its releases pin jiter<0.15, which openai 3.57 cannot share.)"""
+pydantic-ai, the OpenAI Agents SDK, langchain-openai, instructor and the anthropic SDK, each in
+strict mode where it has one. The 135M model is weak, so every assertion is about validity (the
+object validates, the tool was called with valid arguments, the round trip completed), never
+meaning. (instructor is installed without its pins: see the Makefile.)"""
 
 from __future__ import annotations
 
@@ -405,3 +405,41 @@ def test_openai_agents_structured_output_type(server: LiveServer, model: str) ->
             await client.close()
 
     assert isinstance(asyncio.run(run()).final_output, City)
+
+
+# --- instructor ------------------------------------------------------------------------------
+
+
+class Reading(BaseModel):
+    """instructor's response model: an int and a closed set, the shapes extraction asks most."""
+
+    model_config = ConfigDict(extra="forbid")
+    degrees: int = Field(ge=-100, le=100)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_extracts_a_response_model(server: LiveServer, model: str, mode: str) -> None:
+    """TOOLS sends a named function tool; JSON_SCHEMA sends response_format json_schema. Either
+    way instructor validates the reply into the model, and max_retries=0 means one request: a
+    reply that failed validation would raise here instead of being retried into shape."""
+    import instructor
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.api, api_key="dummy", max_retries=0) as openai_client:
+        client = instructor.from_openai(openai_client, mode=instructor.Mode[mode])
+        out, raw = client.chat.completions.create_with_completion(
+            model=model,
+            response_model=Reading,
+            messages=[{"role": "user", "content": "It is 21 degrees celsius in Paris."}],
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            max_retries=0,
+        )
+    assert isinstance(out, Reading)
+    Reading.model_validate(out.model_dump())
+    choice = raw.choices[0]
+    if mode == "TOOLS":  # the reply really came as a tool call, not text instructor salvaged
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    else:
+        assert choice.message.content and not choice.message.tool_calls
