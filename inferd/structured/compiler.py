@@ -26,6 +26,11 @@ from inferd.structured.vocabulary import Vocabulary
 COMPILE_TIMEOUT_S = 10.0
 CACHE_ENTRIES = 256
 COMPILE_THREADS = 2
+# llguidance recurses once per link of a rule chain (Lark ``a0: "x" a1``, or JSON-schema $defs
+# each naming the next): a chain that fits MAX_SOURCE_CHARS overflows a default 8 MiB thread
+# stack and kills the process. 256 MiB holds the longest chain that fits (measured: 11k Lark
+# rules, 5k $defs); it is address space, only the pages a compile touches are ever committed.
+COMPILE_STACK_BYTES = 256 * 1024 * 1024
 
 # JSON layout: one space after ":" and ",", no other whitespace. Free whitespace lets a small
 # model pad forever with newlines; this spacing is what models see most in their training.
@@ -54,9 +59,7 @@ class GrammarCompiler:
     def __init__(self, vocabulary: Vocabulary, timeout: float = COMPILE_TIMEOUT_S) -> None:
         self.vocabulary = vocabulary
         self.timeout = timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            COMPILE_THREADS, thread_name_prefix="grammar-compile"
-        )
+        self._pool = _deep_stack_pool()
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Compiled] = OrderedDict()
         self._pending: dict[str, concurrent.futures.Future[_Compiled]] = {}
@@ -132,6 +135,24 @@ class GrammarCompiler:
             "compile; simplify it",
             _param(constraint),
         )
+
+
+def _deep_stack_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The compile threads, every one started now with a COMPILE_STACK_BYTES stack: a thread
+    takes the stack size set when it starts, and a pool starts its threads on demand."""
+    pool = concurrent.futures.ThreadPoolExecutor(
+        COMPILE_THREADS, thread_name_prefix="grammar-compile"
+    )
+    everyone = threading.Barrier(COMPILE_THREADS + 1)
+    previous = threading.stack_size(COMPILE_STACK_BYTES)
+    try:
+        # Each task blocks until all are running, so each one needed a thread of its own.
+        for _ in range(COMPILE_THREADS):
+            pool.submit(everyone.wait)
+        everyone.wait()
+    finally:
+        threading.stack_size(previous)
+    return pool
 
 
 def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compiled:
