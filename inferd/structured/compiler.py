@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -31,6 +33,10 @@ COMPILE_THREADS = 2
 # stack and kills the process. 256 MiB holds the longest chain that fits (measured: 11k Lark
 # rules, 5k $defs); it is address space, only the pages a compile touches are ever committed.
 COMPILE_STACK_BYTES = 256 * 1024 * 1024
+# Compiling is CPU-bound: at normal priority two compile threads take the cores from the
+# engine's threads (whose parallel regions then wait on a descheduled peer) and every stream
+# stalls. Niced, they run on what inference leaves.
+COMPILE_NICE = 10
 
 # JSON layout: one space after ":" and ",", no other whitespace. Free whitespace lets a small
 # model pad forever with newlines; this spacing is what models see most in their training.
@@ -148,11 +154,18 @@ def _deep_stack_pool() -> concurrent.futures.ThreadPoolExecutor:
     try:
         # Each task blocks until all are running, so each one needed a thread of its own.
         for _ in range(COMPILE_THREADS):
-            pool.submit(everyone.wait)
+            pool.submit(_lower_priority_then_wait, everyone)
         everyone.wait()
     finally:
         threading.stack_size(previous)
     return pool
+
+
+def _lower_priority_then_wait(everyone: threading.Barrier) -> None:
+    # Linux nices one thread by its id; elsewhere the thread keeps the process's priority.
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    everyone.wait()
 
 
 def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compiled:

@@ -515,7 +515,7 @@ def test_anthropic_bad_output_format_is_a_400_naming_it(
             model=model,
             max_tokens=8,
             messages=[{"role": "user", "content": "Hi"}],
-            output_config={"format": fmt},  # type: ignore[typeddict-item]
+            output_config={"format": fmt},  # type: ignore[typeddict-item,call-overload,unused-ignore]
         )
     assert caught.value.status_code == 400
     assert field in caught.value.message and "output_config.format" in caught.value.message

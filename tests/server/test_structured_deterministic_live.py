@@ -36,7 +36,7 @@ WEATHER = {
     "required": ["city", "unit"],
     "additionalProperties": False,
 }
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+TOOL: Any = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
 OTHERS = 8
 
 
@@ -74,13 +74,13 @@ async def _schema_reply(client: openai.AsyncOpenAI) -> tuple[str, list[float]]:
 async def _tool_reply(client: openai.AsyncOpenAI) -> list[tuple[str, str]]:
     reply = await client.chat.completions.create(
         messages=[{"role": "user", "content": "What is the weather in Paris?"}],
-        tools=[TOOL],  # type: ignore[list-item]
+        tools=[TOOL],
         tool_choice="required",
         **_sampled(12),
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
-    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]  # type: ignore[union-attr]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
     for name, arguments in calls:
         assert name == "get_weather"
         jsonschema.validate(json.loads(arguments), WEATHER)
