@@ -176,3 +176,22 @@ def test_a_gbnf_grammar_past_the_rule_bound_is_refused_before_compiling() -> Non
     assert Constraint.grammar(chain(MAX_GBNF_RULES)).kind is ConstraintKind.GRAMMAR
     with pytest.raises(ConstraintError, match=f"at most {MAX_GBNF_RULES}"):
         Constraint.grammar(chain(MAX_GBNF_RULES + 1))
+
+
+def test_compile_threads_run_niced_below_the_engine(smollm2_vocabulary: Vocabulary) -> None:
+    import os
+    import threading
+
+    from inferd.structured.compiler import COMPILE_NICE, COMPILE_THREADS
+
+    before = {t.ident for t in threading.enumerate()}
+    compiler = GrammarCompiler(smollm2_vocabulary)
+    try:
+        mine = [t for t in threading.enumerate() if t.ident not in before]
+        assert len(mine) == COMPILE_THREADS  # all started up front, with the deep stack
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        for thread in mine:
+            assert thread.native_id is not None
+            assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + COMPILE_NICE)
+    finally:
+        compiler.shutdown()
