@@ -14,6 +14,9 @@ $(STAMP): pyproject.toml
 	# torch first and pinned exactly: a looser spec would pull a multi-GB CUDA build.
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[test]'
+	# instructor pins jiter<0.15, openai 3.57 needs jiter>=0.16; it only calls jiter.from_json,
+	# so it goes in without its pins (its runtime deps are in the test extra).
+	$(PY) -m pip install --quiet --no-deps instructor==1.17.0
 	touch $(STAMP)
 
 install: $(STAMP)

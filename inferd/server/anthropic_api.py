@@ -14,6 +14,7 @@ access log, and the request timeout, which aborts the generation.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
@@ -27,6 +28,7 @@ from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.media.types import DecodedMedia
 from inferd.server import sse
+from inferd.server.anthropic_output import output_format
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.anthropic_tools import (
     StreamedBlocks,
@@ -82,6 +84,7 @@ async def count_tokens(request: Request) -> Response:
         # images are decoded and tiled: their placeholder tokens count like the text's
         media = await decode_request_media(body.messages, media_policy(request), model)
         tools = parse_anthropic_tools(body.tools, body.tool_choice)
+        output_format(body.output_config, body.output_format)  # checked, though not counted
         prompt, _ = await _prompt(model, body, state, media, check_length=False, tools=tools)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
@@ -101,9 +104,16 @@ async def _create_message(request: Request) -> Response:
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     params = _sampling_params(body, model)
-    tool_constraint = tools.constraint(model.tool_format) if tools is not None else None
+    # checked on a worker thread, as chat's response_format is (server/constraints.py)
+    fmt = await asyncio.to_thread(output_format, body.output_config, body.output_format)
+    # With tools in use the format is the shape of a text answer beside the calls (as chat's
+    # response_format beside tools); alone, it holds the whole reply.
+    answer = fmt[1] if fmt else None
+    tool_constraint = tools.constraint(model.tool_format, answer) if tools is not None else None
     if tool_constraint is not None:
-        params = await _constrain(model, params, tool_constraint)
+        params = await _constrain(model, params, tool_constraint, "tools")
+    elif fmt is not None:
+        params = await _constrain(model, params, fmt[0], fmt[2])
     admit(model, len(prompt), params, "messages")
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex}",
@@ -176,15 +186,15 @@ def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool
 
 
 async def _constrain(
-    model: ServedModel, params: SamplingParams, constraint: Constraint
+    model: ServedModel, params: SamplingParams, constraint: Constraint, param: str
 ) -> SamplingParams:
     grammars = model.engine.engine.grammars
     if grammars is None:
-        raise bad_request("tools: this model does not support constrained output", "tools")
+        raise bad_request(f"{param}: this model does not support constrained output", param)
     try:
         await grammars.prepare(constraint)
     except ConstraintError as exc:
-        raise bad_request(f"tools: {exc}", "tools") from None
+        raise bad_request(f"{param}: {exc}", param) from None
     return replace(params, constraint=constraint)
 
 
@@ -193,11 +203,6 @@ def _reject_unsupported(body: _Prompted) -> None:
         raise bad_request("thinking: extended thinking is not supported by this server", "thinking")
     if body.mcp_servers:
         raise bad_request("mcp_servers: MCP is not supported by this server", "mcp_servers")
-    if body.output_config is not None and body.output_config.get("format") is not None:
-        raise bad_request(
-            "output_config.format: structured output is not supported yet",
-            "output_config.format",
-        )
 
 
 async def _prompt(

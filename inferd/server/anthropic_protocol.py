@@ -24,10 +24,12 @@ class _Prompted(_Lenient):
     system: str | list[dict[str, Any]] | None = None
     tools: list[Any] | None = None  # checked by server/anthropic_tools.py
     tool_choice: Any = None
+    # format: structured output (server/anthropic_output.py); effort is accepted and ignored
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None  # the structured-outputs beta's spelling
     # Known to Anthropic, not supported here: a request that uses one gets a 400 naming it.
     thinking: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
-    output_config: dict[str, Any] | None = None
 
 
 class MessagesRequest(_Prompted):

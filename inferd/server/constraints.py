@@ -9,6 +9,7 @@ any engine work starts, and a hostile one never stalls other requests.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from dataclasses import replace
@@ -42,7 +43,9 @@ async def constrain(
 ) -> SamplingParams:
     """``params`` with the request's constraint, compiled; unchanged when it asks for none.
     ``tools``: the constraint its tool use puts on the output (chat), which excludes others."""
-    constraint = request_constraint(body)
+    # A schema's checks walk all of it in Python: a large one would hold the event loop (and
+    # every stream's tokens) for a while, so it is checked on a worker thread.
+    constraint = await asyncio.to_thread(request_constraint, body)
     if tools is not None:
         # response_format is already inside ``tools`` (see answer_schema); the extensions have
         # no JSON form a tool call could sit beside.

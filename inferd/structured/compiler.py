@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import os
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -26,6 +28,15 @@ from inferd.structured.vocabulary import Vocabulary
 COMPILE_TIMEOUT_S = 10.0
 CACHE_ENTRIES = 256
 COMPILE_THREADS = 2
+# llguidance recurses once per link of a rule chain (Lark ``a0: "x" a1``, or JSON-schema $defs
+# each naming the next): a chain that fits MAX_SOURCE_CHARS overflows a default 8 MiB thread
+# stack and kills the process. 256 MiB holds the longest chain that fits (measured: 11k Lark
+# rules, 5k $defs); it is address space, only the pages a compile touches are ever committed.
+COMPILE_STACK_BYTES = 256 * 1024 * 1024
+# Compiling is CPU-bound: at normal priority two compile threads take the cores from the
+# engine's threads (whose parallel regions then wait on a descheduled peer) and every stream
+# stalls. Niced, they run on what inference leaves.
+COMPILE_NICE = 10
 
 # JSON layout: one space after ":" and ",", no other whitespace. Free whitespace lets a small
 # model pad forever with newlines; this spacing is what models see most in their training.
@@ -54,9 +65,7 @@ class GrammarCompiler:
     def __init__(self, vocabulary: Vocabulary, timeout: float = COMPILE_TIMEOUT_S) -> None:
         self.vocabulary = vocabulary
         self.timeout = timeout
-        self._pool = concurrent.futures.ThreadPoolExecutor(
-            COMPILE_THREADS, thread_name_prefix="grammar-compile"
-        )
+        self._pool = _deep_stack_pool()
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Compiled] = OrderedDict()
         self._pending: dict[str, concurrent.futures.Future[_Compiled]] = {}
@@ -133,6 +142,31 @@ class GrammarCompiler:
             "compile; simplify it",
             _param(constraint),
         )
+
+
+def _deep_stack_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The compile threads, every one started now with a COMPILE_STACK_BYTES stack: a thread
+    takes the stack size set when it starts, and a pool starts its threads on demand."""
+    pool = concurrent.futures.ThreadPoolExecutor(
+        COMPILE_THREADS, thread_name_prefix="grammar-compile"
+    )
+    everyone = threading.Barrier(COMPILE_THREADS + 1)
+    previous = threading.stack_size(COMPILE_STACK_BYTES)
+    try:
+        # Each task blocks until all are running, so each one needed a thread of its own.
+        for _ in range(COMPILE_THREADS):
+            pool.submit(_lower_priority_then_wait, everyone)
+        everyone.wait()
+    finally:
+        threading.stack_size(previous)
+    return pool
+
+
+def _lower_priority_then_wait(everyone: threading.Barrier) -> None:
+    # Linux nices one thread by its id; elsewhere the thread keeps the process's priority.
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), COMPILE_NICE)
+    everyone.wait()
 
 
 def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compiled:

@@ -1,12 +1,13 @@
 """Real agent and extraction clients driven against a live `inferd serve` of the default model:
-pydantic-ai, the OpenAI Agents SDK, langchain-openai and the anthropic SDK, each in strict mode
-where it has one. The 135M model is weak, so every assertion is about validity (the object
-validates, the tool was called with valid arguments, the round trip completed), never meaning.
-(instructor is not here: its releases pin jiter<0.15, which openai 3.57 cannot share.)"""
+pydantic-ai, the OpenAI Agents SDK, langchain-openai, instructor and the anthropic SDK, each in
+strict mode where it has one. The 135M model is weak, so every assertion is about validity (the
+object validates, the tool was called with valid arguments, the round trip completed), never
+meaning. (instructor is installed without its pins: see the Makefile.)"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Iterator
 from typing import Any, Literal
@@ -405,3 +406,116 @@ def test_openai_agents_structured_output_type(server: LiveServer, model: str) ->
             await client.close()
 
     assert isinstance(asyncio.run(run()).final_output, City)
+
+
+# --- instructor ------------------------------------------------------------------------------
+
+
+class Reading(BaseModel):
+    """instructor's response model: an int and a closed set, the shapes extraction asks most."""
+
+    model_config = ConfigDict(extra="forbid")
+    degrees: int = Field(ge=-100, le=100)
+    unit: Literal["celsius", "fahrenheit"]
+
+
+@pytest.mark.parametrize("mode", ["TOOLS", "JSON_SCHEMA"])
+def test_instructor_extracts_a_response_model(server: LiveServer, model: str, mode: str) -> None:
+    """TOOLS sends a named function tool; JSON_SCHEMA sends response_format json_schema. Either
+    way instructor validates the reply into the model, and max_retries=0 means one request: a
+    reply that failed validation would raise here instead of being retried into shape."""
+    import instructor
+    from openai import OpenAI
+
+    with OpenAI(base_url=server.api, api_key="dummy", max_retries=0) as openai_client:
+        client = instructor.from_openai(openai_client, mode=instructor.Mode[mode])
+        out, raw = client.chat.completions.create_with_completion(
+            model=model,
+            response_model=Reading,
+            messages=[{"role": "user", "content": "It is 21 degrees celsius in Paris."}],
+            temperature=0,
+            max_tokens=MAX_TOKENS,
+            max_retries=0,
+        )
+    assert isinstance(out, Reading)
+    Reading.model_validate(out.model_dump())
+    choice = raw.choices[0]
+    if mode == "TOOLS":  # the reply really came as a tool call, not text instructor salvaged
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+    else:
+        assert choice.message.content and not choice.message.tool_calls
+
+
+# --- anthropic SDK: structured outputs (output_config.format) --------------------------------
+
+FORECAST = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 40},
+        "high": {"type": "integer", "minimum": -50, "maximum": 60},
+        "sky": {"enum": ["clear", "cloudy", "rain"]},
+    },
+    "required": ["city", "high", "sky"],
+    "additionalProperties": False,
+}
+
+
+def test_anthropic_output_config_format_validates_streamed_or_not(
+    claude: anthropic.Anthropic, model: str
+) -> None:
+    import jsonschema
+
+    request: dict[str, Any] = {
+        "model": model,
+        "max_tokens": MAX_TOKENS,
+        "messages": [{"role": "user", "content": "Tomorrow's forecast for Oslo?"}],
+        "output_config": {"format": {"type": "json_schema", "schema": FORECAST}},
+        "extra_body": {"temperature": 0},
+    }
+    out = claude.messages.create(**request)
+    assert out.stop_reason == "end_turn"  # the schema closed the object within max_tokens
+    (block,) = out.content
+    assert block.type == "text"
+    jsonschema.validate(json.loads(block.text), FORECAST)
+    with claude.messages.stream(**request) as stream:
+        streamed = stream.get_final_message()
+    assert [b.type for b in streamed.content] == ["text"]
+    assert streamed.content[0].text == block.text  # type: ignore[union-attr]
+
+
+def test_anthropic_parse_with_an_output_format_model(
+    claude: anthropic.Anthropic, model: str
+) -> None:
+    """messages.parse turns a pydantic model into output_config.format and parses the reply."""
+    out = claude.messages.parse(
+        model=model,
+        max_tokens=MAX_TOKENS,
+        messages=[{"role": "user", "content": "Name a city and its country."}],
+        output_format=City,
+        extra_body={"temperature": 0},
+    )
+    assert isinstance(out.parsed_output, City)
+
+
+@pytest.mark.parametrize(
+    ("fmt", "field"),
+    [
+        ({"type": "json_schema", "schema": {"type": "object", "proprties": {}}}, "proprties"),
+        ({"type": "json_schema", "schema": {"enum": list(range(5000))}}, "enums"),
+        ({"type": "json_schema"}, "output_config.format.schema"),
+        ({"type": "regex", "schema": {}}, "output_config.format.type"),
+    ],
+    ids=["unknown-keyword", "huge-enum", "no-schema", "not-json-schema"],
+)
+def test_anthropic_bad_output_format_is_a_400_naming_it(
+    claude: anthropic.Anthropic, model: str, fmt: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(anthropic.BadRequestError) as caught:
+        claude.messages.create(
+            model=model,
+            max_tokens=8,
+            messages=[{"role": "user", "content": "Hi"}],
+            output_config={"format": fmt},  # type: ignore[typeddict-item,call-overload,unused-ignore]
+        )
+    assert caught.value.status_code == 400
+    assert field in caught.value.message and "output_config.format" in caught.value.message

@@ -130,3 +130,68 @@ def test_unpack_reads_bits_low_first() -> None:
     bitmask = torch.tensor([[0b101, -(2**31)]], dtype=torch.int32)
     allowed = unpack(bitmask, 64).flatten().nonzero().flatten().tolist()
     assert allowed == [0, 2, 63]
+
+
+def _lark_chain(links: int) -> str:
+    return (
+        "start: r0\n"
+        + "\n".join(f'r{i}: "x" r{i + 1} | "y"' for i in range(links))
+        + (f'\nr{links}: "z"')
+    )
+
+
+def _ref_chain(links: int) -> dict[str, object]:
+    defs: dict[str, object] = {
+        f"d{i}": {"type": "object", "properties": {"x": {"$ref": f"#/$defs/d{i + 1}"}}}
+        for i in range(links)
+    }
+    defs[f"d{links}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+@pytest.mark.parametrize(
+    "constraint",
+    [Constraint.grammar(_lark_chain(11_000)), Constraint.json_schema(_ref_chain(3_500))],
+    ids=["lark-rule-chain", "schema-ref-chain"],
+)
+def test_a_chain_that_fits_the_size_bound_compiles_without_overflowing_the_stack(
+    smollm2_vocabulary: Vocabulary, constraint: Constraint
+) -> None:
+    # llguidance recurses once per link: on a default 8 MiB thread stack either chain kills
+    # the process (a segfault, not an exception), so reaching the assertion is the test.
+    compiler = GrammarCompiler(smollm2_vocabulary, timeout=60.0)
+    try:
+        assert compiler.matcher(constraint) is not None
+    finally:
+        compiler.shutdown()
+
+
+def test_a_gbnf_grammar_past_the_rule_bound_is_refused_before_compiling() -> None:
+    from inferd.structured.constraint import MAX_GBNF_RULES
+
+    def chain(rules: int) -> str:
+        lines = [f'a{i} ::= "x" a{i + 1}' for i in range(rules - 2)]
+        return "\n".join(["root ::= a0", *lines, f'a{rules - 2} ::= "z"'])
+
+    assert Constraint.grammar(chain(MAX_GBNF_RULES)).kind is ConstraintKind.GRAMMAR
+    with pytest.raises(ConstraintError, match=f"at most {MAX_GBNF_RULES}"):
+        Constraint.grammar(chain(MAX_GBNF_RULES + 1))
+
+
+def test_compile_threads_run_niced_below_the_engine(smollm2_vocabulary: Vocabulary) -> None:
+    import os
+    import threading
+
+    from inferd.structured.compiler import COMPILE_NICE, COMPILE_THREADS
+
+    before = {t.ident for t in threading.enumerate()}
+    compiler = GrammarCompiler(smollm2_vocabulary)
+    try:
+        mine = [t for t in threading.enumerate() if t.ident not in before]
+        assert len(mine) == COMPILE_THREADS  # all started up front, with the deep stack
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        for thread in mine:
+            assert thread.native_id is not None
+            assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + COMPILE_NICE)
+    finally:
+        compiler.shutdown()
