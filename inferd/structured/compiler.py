@@ -20,7 +20,7 @@ import llguidance
 
 from inferd.structured.constraint import Constraint, ConstraintKind
 from inferd.structured.errors import ConstraintError
-from inferd.structured.matcher import LazyMatcher, TokenMatcher
+from inferd.structured.matcher import LazyMatcher, TokenMatcher, TriggerTable
 from inferd.structured.vocabulary import Vocabulary
 
 COMPILE_TIMEOUT_S = 10.0
@@ -46,6 +46,7 @@ _LIMITS = llguidance.LLParserLimits(
 class _Compiled:
     matcher: llguidance.LLMatcher | None
     error: str | None
+    table: TriggerTable | None = None  # a lazy constraint's trigger, in tokens
 
 
 class GrammarCompiler:
@@ -60,6 +61,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Compiled] = OrderedDict()
         self._pending: dict[str, concurrent.futures.Future[_Compiled]] = {}
+        self._triggers: dict[str, TriggerTable] = {}
 
     def matcher(self, constraint: Constraint) -> TokenMatcher:
         """A fresh matcher for one request: compiled now (bounded) unless already cached."""
@@ -108,6 +110,9 @@ class GrammarCompiler:
     def _compile(self, constraint: Constraint) -> _Compiled:
         try:
             compiled = _build(self.vocabulary.get(), constraint)
+            if compiled.matcher is not None and constraint.trigger:
+                table = self._trigger_table(constraint.trigger)
+                compiled = _Compiled(compiled.matcher, None, table)
         except Exception as exc:  # a library error is the constraint's problem, not ours
             compiled = _Compiled(None, f"cannot compile the constraint: {exc}")
         with self._lock:
@@ -123,8 +128,21 @@ class GrammarCompiler:
         with self._lock:  # deep_copy reads the shared pristine matcher
             copy = compiled.matcher.deep_copy()
         if constraint.trigger:
-            return LazyMatcher(None, copy, constraint.trigger.encode(), self.vocabulary.get())
+            tokenizer = self.vocabulary.get()
+            trigger = constraint.trigger.encode()
+            return LazyMatcher(None, copy, trigger, tokenizer, table=compiled.table)
         return TokenMatcher(copy)
+
+    def _trigger_table(self, trigger: str) -> TriggerTable:
+        """Which tokens complete ``trigger`` (built once per trigger, on a compile thread)."""
+        with self._lock:
+            table = self._triggers.get(trigger)
+        if table is None:
+            vocab = self.vocabulary
+            table = TriggerTable.build(vocab.get(), trigger.encode(), vocab.vocab_size)
+            with self._lock:
+                self._triggers[trigger] = table
+        return table
 
     def _timed_out(self, constraint: Constraint) -> ConstraintError:
         return ConstraintError(

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import llguidance
+import torch
 
 
 @dataclass(slots=True)
@@ -34,6 +35,11 @@ class TokenMatcher:
             return None
         return self.inner.get_error() or "constraint error"
 
+    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+        """What this step's mask comes from: a grammar matcher, and the tokens allowed beside
+        its own (None: only its own); None when the next token is free."""
+        return None if self.inner is None else (self.inner, None)
+
 
 @dataclass(slots=True)
 class LazyMatcher(TokenMatcher):
@@ -46,6 +52,7 @@ class LazyMatcher(TokenMatcher):
     trigger: bytes = b""
     tokenizer: llguidance.LLTokenizer | None = None
     tail: bytes = field(default=b"")  # the output's last bytes, to find a trigger across tokens
+    table: TriggerTable | None = None
 
     def consume(self, token: int) -> bool:
         if self.inner is not None:
@@ -59,3 +66,60 @@ class LazyMatcher(TokenMatcher):
         self.inner, self.waiting = self.waiting, None
         ids = self.tokenizer.tokenize_bytes(self.tail[at:])
         return self.inner.consume_tokens(ids)
+
+    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+        """While waiting, the next token is free unless it would complete the trigger: then
+        the bytes from the trigger on must start a valid call (a token such as ``>"`` after
+        ``<tool_call`` would open a call the grammar refuses). So a token that completes the
+        trigger is allowed only where the grammar, fed the trigger's start, allows it."""
+        if self.inner is not None:
+            return self.inner, None
+        assert self.waiting is not None and self.tokenizer is not None and self.table is not None
+        start = self.table.partial(self.tail)
+        completing = self.table.completing[start]
+        if completing is None:
+            return None  # no token completes the trigger from here: free
+        probe = self.waiting.deep_copy()
+        if start:
+            probe.consume_tokens(self.tokenizer.tokenize_bytes(self.trigger[:start]))
+        return probe, ~completing
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerTable:
+    """For each length k of the trigger's start the output ends with (0: none), the tokens
+    whose bytes, after those k, contain the whole trigger (None: no such token). Built once
+    per vocabulary and trigger."""
+
+    trigger: bytes
+    completing: tuple[torch.Tensor | None, ...]
+
+    @classmethod
+    def build(
+        cls, tokenizer: llguidance.LLTokenizer, trigger: bytes, vocab_size: int
+    ) -> TriggerTable:
+        sets: list[list[int]] = [[] for _ in trigger]
+        last = trigger[-1:]
+        for token in range(min(vocab_size, tokenizer.vocab_size)):
+            text = tokenizer.decode_bytes([token])
+            if last not in text:  # a completed trigger ends inside the token
+                continue
+            for k in range(len(trigger)):
+                if trigger in trigger[:k] + text:
+                    sets[k].append(token)
+        tables: list[torch.Tensor | None] = []
+        for ids in sets:
+            if not ids:
+                tables.append(None)
+                continue
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[ids] = True
+            tables.append(mask)
+        return cls(trigger, tuple(tables))
+
+    def partial(self, tail: bytes) -> int:
+        """Length of the longest start of the trigger that ``tail`` ends with."""
+        for k in range(min(len(self.trigger) - 1, len(tail)), 0, -1):
+            if tail.endswith(self.trigger[:k]):
+                return k
+        return 0

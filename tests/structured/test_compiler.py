@@ -13,7 +13,9 @@ import torch
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.structured.compiler import GrammarCompiler
 from inferd.structured.constraint import Constraint, ConstraintError, ConstraintKind
+from inferd.structured.hermes import ToolSpec, calls_constraint
 from inferd.structured.masks import MaskJob, unpack
+from inferd.structured.matcher import TokenMatcher
 from inferd.structured.vocabulary import Vocabulary
 
 PERSON = {
@@ -130,3 +132,35 @@ def test_unpack_reads_bits_low_first() -> None:
     bitmask = torch.tensor([[0b101, -(2**31)]], dtype=torch.int32)
     allowed = unpack(bitmask, 64).flatten().nonzero().flatten().tolist()
     assert allowed == [0, 2, 63]
+
+
+def test_a_half_written_trigger_is_completed_only_into_a_valid_call(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    """tool_choice auto: after ``<tool_call`` a token such as ``>"`` would complete the trigger
+    and open a call the grammar refuses (the request then failed with a 500); the mask allows
+    only the completions the grammar takes, and leaves every other token free."""
+    tool = ToolSpec("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    lazy = calls_constraint([tool], parallel=True, lazy=True)
+    vocab = 49152
+    tokenizer = smollm2_tokenizer.tokenizer
+    head = tokenizer.encode("Sure <tool_call", add_special_tokens=False).ids
+    closers = [i for t, i in tokenizer.get_vocab().items() if t.startswith(">")]
+    assert len(closers) > 1
+
+    def walked() -> TokenMatcher:
+        matcher = compiler.matcher(lazy)
+        assert all(matcher.consume(t) for t in head)
+        return matcher
+
+    free = compiler.matcher(lazy)
+    assert MaskJob.start([free], vocab).rows == []  # no trigger begun: the row is free
+    logits = torch.zeros(1, vocab)
+    MaskJob.start([walked()], vocab).apply(logits)
+    allowed = torch.isfinite(logits[0])
+    assert allowed[tokenizer.token_to_id(">")]
+    assert allowed[tokenizer.token_to_id("s")]  # "<tool_calls" opens no call: free text
+    refused = [t for t in closers if not allowed[t]]
+    assert refused  # ">\"", ">.", ... would break the call
+    for token in closers:
+        assert walked().consume(token) == bool(allowed[token])
