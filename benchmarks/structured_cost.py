@@ -2,7 +2,7 @@
 unconstrained, at 1 and 16 concurrent streams, on inferd and on llama.cpp in the same run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/structured_cost.py [--rounds N] [--out PREFIX]
-        [--peer llama-server|llama.cpp-server|none]
+        [--peer llama-server|llama.cpp-server|none] [--quick]
 
 inferd is started as ``inferd serve`` with default settings; the peer on the same GGUF file:
 ``llama-server`` (llama.cpp's own server, ``-np 16``; from PATH or ``$LLAMA_SERVER``, built by
@@ -78,10 +78,13 @@ class CatalogWorkload(Workload):
         return [{"role": "user", "content": ask}]
 
 
-WORKLOADS = [
-    CatalogWorkload("1 stream", requests=4, concurrency=1, max_tokens=MAX_TOKENS),
-    CatalogWorkload("16 streams", requests=32, concurrency=16, max_tokens=MAX_TOKENS),
-]
+def workloads(quick: bool) -> list[CatalogWorkload]:
+    """1 stream (4 requests) and 16 streams (32 requests); ``quick``: half as many."""
+    scale = 2 if quick else 1
+    return [
+        CatalogWorkload("1 stream", 4 // scale, 1, MAX_TOKENS),
+        CatalogWorkload("16 streams", 32 // scale, 16, MAX_TOKENS),
+    ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +105,13 @@ def start_inferd(gguf: Path, log: Path) -> Iterator[str]:
         yield url + "/v1"
 
 
-def measure(name: str, api: str, rounds: int) -> list[Row]:
+def measure(name: str, api: str, rounds: int, quick: bool) -> list[Row]:
     model = httpx.get(api + "/models", timeout=30).json()["data"][0]["id"]
-    asyncio.run(run_http(api, model, WORKLOADS[0], name))  # warm up (kernels, caches)
+    warm = CatalogWorkload("warm-up", 1, 1, 16)
+    asyncio.run(run_http(api, model, warm, name, FORMAT))  # kernels, caches, the grammar
     runs: dict[tuple[str, str], list[Any]] = {}
     for _ in range(rounds):
-        for workload in WORKLOADS:
+        for workload in workloads(quick):
             for mode, extra in (("free", {}), ("schema", FORMAT)):
                 summary = asyncio.run(run_http(api, model, workload, name, extra))
                 runs.setdefault((workload.name, mode), []).append(summary)
@@ -196,6 +200,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default="benchmarks/structured_cost")
     parser.add_argument("--peer", default="llama-server")
+    parser.add_argument("--quick", action="store_true", help="half the requests (busy machine)")
     args = parser.parse_args()
     gguf = ModelStore().entry_path(DEFAULT_MODEL)
     if gguf is None:
@@ -204,6 +209,7 @@ def main() -> None:
         "load": Path("/proc/loadavg").read_text().split()[:3],
         "rounds": args.rounds,
         "peer": args.peer,
+        "quick": args.quick,
         "checks": {},
     }
     rows: list[Row] = []
@@ -226,7 +232,7 @@ def main() -> None:
             except (PeerUnavailable, subprocess.SubprocessError, RuntimeError) as exc:
                 meta["checks"][name] = f"not run: {exc}"
                 continue
-            rows += measure(name, api, args.rounds)
+            rows += measure(name, api, args.rounds, args.quick)
             meta["checks"][name] = check_constrained(api)
     cost = costs(rows)
     prefix = Path(args.out)

@@ -29,7 +29,7 @@ import pytest
 from tests.server.live import LiveServer, live_server
 
 REQUESTS = int(os.environ.get("INFERD_PROOF_N", "200"))
-GREEDY = 10  # prompts per mode compared streamed against non-streamed
+GREEDY = int(os.environ.get("INFERD_PROOF_GREEDY", "10"))  # prompts per mode, streamed vs not
 SEQS = 64  # the proof server's running sequences, and the client's concurrency
 MAX_TOKENS = 160
 MIN_FINISHED = 0.95  # share of a mode's outputs that must end before max_tokens
@@ -186,7 +186,7 @@ def proof_server(
     log = tmp_path_factory.mktemp("proof") / "serve.log"
     args = ["-m", str(smollm2_gguf), "--max-seqs", str(SEQS)]
     args += ["--max-seq-len", "1024", "--max-waiting", "1024"]
-    with live_server(args, log) as live:
+    with live_server(args, log, startup_timeout=600) as live:  # bf16 prepacking, on a busy CI
         yield live
 
 
