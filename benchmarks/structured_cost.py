@@ -2,7 +2,7 @@
 unconstrained, at 1 and 16 concurrent streams, on inferd and on llama.cpp in the same run.
 
     PYTHONPATH=. .venv/bin/python benchmarks/structured_cost.py [--rounds N] [--out PREFIX]
-        [--peer llama-server|llama.cpp-server|none] [--quick]
+        [--peer llama-server|llama.cpp-server|none] [--quick] [--max-tokens N]
 
 inferd is started as ``inferd serve`` with default settings; the peer on the same GGUF file:
 ``llama-server`` (llama.cpp's own server, ``-np 16``; from PATH or ``$LLAMA_SERVER``, built by
@@ -78,12 +78,12 @@ class CatalogWorkload(Workload):
         return [{"role": "user", "content": ask}]
 
 
-def workloads(quick: bool) -> list[CatalogWorkload]:
+def workloads(quick: bool, max_tokens: int) -> list[CatalogWorkload]:
     """1 stream (4 requests) and 16 streams (32 requests); ``quick``: half as many."""
     scale = 2 if quick else 1
     return [
-        CatalogWorkload("1 stream", 4 // scale, 1, MAX_TOKENS),
-        CatalogWorkload("16 streams", 32 // scale, 16, MAX_TOKENS),
+        CatalogWorkload("1 stream", 4 // scale, 1, max_tokens),
+        CatalogWorkload("16 streams", 32 // scale, 16, max_tokens),
     ]
 
 
@@ -105,13 +105,13 @@ def start_inferd(gguf: Path, log: Path) -> Iterator[str]:
         yield url + "/v1"
 
 
-def measure(name: str, api: str, rounds: int, quick: bool) -> list[Row]:
+def measure(name: str, api: str, rounds: int, quick: bool, max_tokens: int) -> list[Row]:
     model = httpx.get(api + "/models", timeout=30).json()["data"][0]["id"]
     warm = CatalogWorkload("warm-up", 1, 1, 16)
     asyncio.run(run_http(api, model, warm, name, FORMAT))  # kernels, caches, the grammar
     runs: dict[tuple[str, str], list[Any]] = {}
     for _ in range(rounds):
-        for workload in workloads(quick):
+        for workload in workloads(quick, max_tokens):
             for mode, extra in (("free", {}), ("schema", FORMAT)):
                 summary = asyncio.run(run_http(api, model, workload, name, extra))
                 runs.setdefault((workload.name, mode), []).append(summary)
@@ -171,7 +171,8 @@ def costs(rows: list[Row]) -> list[dict[str, Any]]:
 
 def markdown(rows: list[Row], cost: list[dict[str, Any]], meta: dict[str, Any]) -> str:
     lines = [
-        f"Load before the run: {meta['load']}. Rounds: {meta['rounds']}. Peer: {meta['peer']}.",
+        f"Load before the run: {meta['load']}. Rounds: {meta['rounds']}. Peer: {meta['peer']}. "
+        f"Quick: {meta['quick']}. max_tokens: {meta['max_tokens']}.",
         f"Schema outputs checked: {meta['checks']}.",
         "",
         "| server | workload | mode | tokens/s | TTFT p50 ms | ITL p50 ms | tokens | incomplete |",
@@ -201,6 +202,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/structured_cost")
     parser.add_argument("--peer", default="llama-server")
     parser.add_argument("--quick", action="store_true", help="half the requests (busy machine)")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args()
     gguf = ModelStore().entry_path(DEFAULT_MODEL)
     if gguf is None:
@@ -210,6 +212,7 @@ def main() -> None:
         "rounds": args.rounds,
         "peer": args.peer,
         "quick": args.quick,
+        "max_tokens": args.max_tokens,
         "checks": {},
     }
     rows: list[Row] = []
@@ -232,7 +235,7 @@ def main() -> None:
             except (PeerUnavailable, subprocess.SubprocessError, RuntimeError) as exc:
                 meta["checks"][name] = f"not run: {exc}"
                 continue
-            rows += measure(name, api, args.rounds, args.quick)
+            rows += measure(name, api, args.rounds, args.quick, args.max_tokens)
             meta["checks"][name] = check_constrained(api)
     cost = costs(rows)
     prefix = Path(args.out)
