@@ -130,7 +130,10 @@ class GrammarCompiler:
         if constraint.trigger:
             tokenizer = self.vocabulary.get()
             trigger = constraint.trigger.encode()
-            return LazyMatcher(None, copy, trigger, tokenizer, table=compiled.table)
+            # The digest leaves the trigger out: a grammar first compiled eagerly (tool_choice
+            # required) is cached without the table; it is built once per trigger.
+            table = compiled.table or self._trigger_table(constraint.trigger)
+            return LazyMatcher(None, copy, trigger, tokenizer, table=table)
         return TokenMatcher(copy)
 
     def _trigger_table(self, trigger: str) -> TriggerTable:

@@ -8,7 +8,8 @@ Cheap by design: one server with 32 running sequences takes all of a mode's requ
 and the schemas bound every string and array so an output is a few dozen tokens. Honest by
 design: an output cut short by max_tokens finishes as "length" and is counted, not validated
 (a prefix of valid JSON is not valid JSON); the test asserts that every one that finishes is
-valid, and that nearly all finish where the schema bounds the output (MIN_FINISHED). ``INFERD_PROOF_N`` lowers the 200 for a quick local run.
+valid, and that nearly all finish where the schema bounds the output (MIN_FINISHED).
+``INFERD_PROOF_N`` and ``INFERD_PROOF_GREEDY`` lower the 200 and 10 for a quick local run.
 """
 
 from __future__ import annotations

@@ -164,3 +164,16 @@ def test_a_half_written_trigger_is_completed_only_into_a_valid_call(
     assert refused  # ">\"", ">.", ... would break the call
     for token in closers:
         assert walked().consume(token) == bool(allowed[token])
+
+
+def test_one_grammar_serves_eager_and_lazy_use(compiler: GrammarCompiler) -> None:
+    """required then auto with the same tools: one cached grammar, and the lazy matcher still
+    knows which tokens complete its trigger."""
+    tool = ToolSpec("f", "", {"type": "object"})
+    eager = calls_constraint([tool], parallel=False, lazy=False)
+    lazy = calls_constraint([tool], parallel=False, lazy=True)
+    assert eager.digest == lazy.digest
+    compiler.matcher(eager)
+    matcher = compiler.matcher(lazy)
+    assert all(matcher.consume(t) for t in compiler.vocabulary.get().tokenize_str("Hi <tool_call"))
+    assert MaskJob.start([matcher], 49152).rows == [0]  # the trigger is half written: masked
