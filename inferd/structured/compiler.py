@@ -22,7 +22,7 @@ import llguidance
 
 from inferd.structured.constraint import Constraint, ConstraintKind
 from inferd.structured.errors import ConstraintError
-from inferd.structured.matcher import LazyMatcher, TokenMatcher
+from inferd.structured.matcher import LazyMatcher, TokenMatcher, TriggerTable
 from inferd.structured.vocabulary import Vocabulary
 
 COMPILE_TIMEOUT_S = 10.0
@@ -69,6 +69,7 @@ class GrammarCompiler:
         self._lock = threading.Lock()
         self._cache: OrderedDict[str, _Compiled] = OrderedDict()
         self._pending: dict[str, concurrent.futures.Future[_Compiled]] = {}
+        self._triggers: dict[str, TriggerTable] = {}
 
     def matcher(self, constraint: Constraint) -> TokenMatcher:
         """A fresh matcher for one request: compiled now (bounded) unless already cached."""
@@ -117,6 +118,9 @@ class GrammarCompiler:
     def _compile(self, constraint: Constraint) -> _Compiled:
         try:
             compiled = _build(self.vocabulary.get(), constraint)
+            if compiled.matcher is not None:
+                for trigger in constraint.triggers:  # their tables built here, off the caller
+                    self._trigger_table(trigger)
         except Exception as exc:  # a library error is the constraint's problem, not ours
             compiled = _Compiled(None, f"cannot compile the constraint: {exc}")
         with self._lock:
@@ -132,9 +136,22 @@ class GrammarCompiler:
         with self._lock:  # deep_copy reads the shared pristine matcher
             copy = compiled.matcher.deep_copy()
         if constraint.triggers:
-            triggers = tuple(t.encode() for t in constraint.triggers)
-            return LazyMatcher(None, copy, triggers, self.vocabulary.get())
+            # The digest leaves the triggers out: a grammar first compiled eagerly (tool_choice
+            # required) has no tables yet; they are built once per trigger.
+            tables = tuple(self._trigger_table(t) for t in constraint.triggers)
+            return LazyMatcher(None, copy, self.vocabulary.get(), tables=tables)
         return TokenMatcher(copy)
+
+    def _trigger_table(self, trigger: str) -> TriggerTable:
+        """Which tokens complete ``trigger`` (built once per trigger, on a compile thread)."""
+        with self._lock:
+            table = self._triggers.get(trigger)
+        if table is None:
+            vocab = self.vocabulary
+            table = TriggerTable.build(vocab.get(), trigger.encode(), vocab.vocab_size)
+            with self._lock:
+                self._triggers[trigger] = table
+        return table
 
     def _timed_out(self, constraint: Constraint) -> ConstraintError:
         return ConstraintError(

@@ -33,25 +33,33 @@ def _executor() -> llguidance.LLExecutor:
 class MaskJob:
     rows: list[int]  # rows of the logits that are constrained
     future: concurrent.futures.Future[torch.Tensor] | None
+    # Per constrained row: tokens allowed beside the grammar's (a lazy matcher's free text
+    # while its trigger is half written), or None.
+    extra: list[torch.Tensor | None]
 
     @classmethod
     def start(cls, matchers: Sequence[TokenMatcher | None], vocab_size: int) -> MaskJob:
         """Begin the masks for ``matchers`` (one per logits row, None: unconstrained)."""
-        # A lazy matcher still waiting for its trigger leaves its row free.
-        present = [(i, m.inner) for i, m in enumerate(matchers) if m and m.inner is not None]
-        rows = [i for i, _ in present]
+        # A lazy matcher still waiting for its trigger mostly leaves its row free.
+        present = [(i, m.mask_source()) for i, m in enumerate(matchers) if m is not None]
+        chosen = [(i, source) for i, source in present if source is not None]
+        rows = [i for i, _ in chosen]
         if not rows:
-            return cls(rows, None)
-        chosen = [(inner, j) for j, (_, inner) in enumerate(present)]  # j: its row in the masks
-        future = _THREAD.submit(_fill, chosen, len(rows), vocab_size)
-        return cls(rows, future)
+            return cls(rows, None, [])
+        inners = [(source[0], j) for j, (_, source) in enumerate(chosen)]  # j: row in the masks
+        future = _THREAD.submit(_fill, inners, len(rows), vocab_size)
+        return cls(rows, future, [source[1] for _, source in chosen])
 
     def apply(self, logits: torch.Tensor) -> None:
         """Mask ``logits`` [rows, vocab] in place (waits for the masks if still running)."""
         if self.future is None:
             return
         bitmask = self.future.result()
-        allowed = unpack(bitmask, logits.shape[-1]).to(logits.device)
+        allowed = unpack(bitmask, logits.shape[-1])
+        for j, extra in enumerate(self.extra):
+            if extra is not None:
+                allowed[j] |= extra[: logits.shape[-1]]
+        allowed = allowed.to(logits.device)
         index = torch.tensor(self.rows, dtype=torch.long, device=logits.device)
         with torch.inference_mode():  # the logits are inference tensors
             rows = logits.index_select(0, index)

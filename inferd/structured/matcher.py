@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import llguidance
+import torch
 
 
 @dataclass(slots=True)
@@ -34,17 +35,22 @@ class TokenMatcher:
             return None
         return self.inner.get_error() or "constraint error"
 
+    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+        """What this step's mask comes from: a grammar matcher, and the tokens allowed beside
+        its own (None: only its own); None when the next token is free."""
+        return None if self.inner is None else (self.inner, None)
+
 
 @dataclass(slots=True)
 class LazyMatcher(TokenMatcher):
-    """Free output until one of ``triggers`` appears in it; from that trigger's first byte on,
+    """Free output until one of its triggers appears in it; from that trigger's first byte on,
     the output follows ``waiting`` (a grammar that starts with any trigger). The bytes from the
     trigger to the end of the token that completed it are fed to the grammar as tokens of
     their own: llguidance matches bytes, so any split of them into tokens is accepted."""
 
     waiting: llguidance.LLMatcher | None = None
-    triggers: tuple[bytes, ...] = ()
     tokenizer: llguidance.LLTokenizer | None = None
+    tables: tuple[TriggerTable, ...] = ()  # one per trigger: which tokens complete it
     tail: bytes = field(default=b"")  # the output's last bytes, to find a trigger across tokens
 
     def consume(self, token: int) -> bool:
@@ -52,11 +58,76 @@ class LazyMatcher(TokenMatcher):
             return self.inner.consume_token(token)
         assert self.waiting is not None and self.tokenizer is not None
         self.tail += self.tokenizer.decode_bytes([token])
-        found = [at for at in (self.tail.find(t) for t in self.triggers) if at >= 0]
+        found = [at for at in (self.tail.find(t.trigger) for t in self.tables) if at >= 0]
         if not found:
-            keep = max(len(t) for t in self.triggers) - 1
+            keep = max(len(t.trigger) for t in self.tables) - 1
             self.tail = self.tail[-keep:] if keep > 0 else b""
             return True
         self.inner, self.waiting = self.waiting, None
         ids = self.tokenizer.tokenize_bytes(self.tail[min(found) :])
         return self.inner.consume_tokens(ids)
+
+    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+        """While waiting, the next token is free unless it would complete a trigger: then the
+        bytes from the trigger on must start a valid call (a token such as ``>"`` after
+        ``<tool_call`` would open a call the grammar refuses). So a token that completes a
+        trigger is allowed only where the grammar, fed the trigger's start, allows it. The
+        grammar is fed the longest start the output ends with; the triggers of one syntax begin
+        alike (``[name(`` for each tool), so their started parts are the same bytes."""
+        if self.inner is not None:
+            return self.inner, None
+        assert self.waiting is not None and self.tokenizer is not None
+        live: list[tuple[int, TriggerTable, torch.Tensor]] = []
+        for table in self.tables:
+            start = table.partial(self.tail)
+            mask = table.completing[start]
+            if mask is not None:
+                live.append((start, table, mask))
+        if not live:
+            return None  # no token completes a trigger from here: free
+        completing = torch.stack([mask for _, _, mask in live]).any(0)
+        start, table, _ = max(live, key=lambda entry: entry[0])
+        probe = self.waiting.deep_copy()
+        if start:
+            probe.consume_tokens(self.tokenizer.tokenize_bytes(table.trigger[:start]))
+        return probe, ~completing
+
+
+@dataclass(frozen=True, slots=True)
+class TriggerTable:
+    """For each length k of the trigger's start the output ends with (0: none), the tokens
+    whose bytes, after those k, contain the whole trigger (None: no such token). Built once
+    per vocabulary and trigger."""
+
+    trigger: bytes
+    completing: tuple[torch.Tensor | None, ...]
+
+    @classmethod
+    def build(
+        cls, tokenizer: llguidance.LLTokenizer, trigger: bytes, vocab_size: int
+    ) -> TriggerTable:
+        sets: list[list[int]] = [[] for _ in trigger]
+        last = trigger[-1:]
+        for token in range(min(vocab_size, tokenizer.vocab_size)):
+            text = tokenizer.decode_bytes([token])
+            if last not in text:  # a completed trigger ends inside the token
+                continue
+            for k in range(len(trigger)):
+                if trigger in trigger[:k] + text:
+                    sets[k].append(token)
+        tables: list[torch.Tensor | None] = []
+        for ids in sets:
+            if not ids:
+                tables.append(None)
+                continue
+            mask = torch.zeros(vocab_size, dtype=torch.bool)
+            mask[ids] = True
+            tables.append(mask)
+        return cls(trigger, tuple(tables))
+
+    def partial(self, tail: bytes) -> int:
+        """Length of the longest start of the trigger that ``tail`` ends with."""
+        for k in range(min(len(self.trigger) - 1, len(tail)), 0, -1):
+            if tail.endswith(self.trigger[:k]):
+                return k
+        return 0

@@ -14,6 +14,10 @@ from inferd.loading.tokenizer import TokenizerBundle
 from inferd.structured.compiler import GrammarCompiler
 from inferd.structured.constraint import Constraint, ConstraintError, ConstraintKind
 from inferd.structured.masks import MaskJob, unpack
+from inferd.structured.matcher import TokenMatcher
+from inferd.structured.tool_syntax import ToolSpec
+from inferd.structured.tool_syntax.base import calls_constraint
+from inferd.structured.tool_syntax.hermes import Hermes
 from inferd.structured.vocabulary import Vocabulary
 
 PERSON = {
@@ -195,3 +199,48 @@ def test_compile_threads_run_niced_below_the_engine(smollm2_vocabulary: Vocabula
             assert os.getpriority(os.PRIO_PROCESS, thread.native_id) == min(19, base + COMPILE_NICE)
     finally:
         compiler.shutdown()
+
+
+def test_a_half_written_trigger_is_completed_only_into_a_valid_call(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    """tool_choice auto: after ``<tool_call`` a token such as ``>"`` would complete the trigger
+    and open a call the grammar refuses (the request then failed with a 500); the mask allows
+    only the completions the grammar takes, and leaves every other token free."""
+    tool = ToolSpec("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    lazy = calls_constraint(Hermes(), [tool], parallel=True, lazy=True)
+    vocab = 49152
+    tokenizer = smollm2_tokenizer.tokenizer
+    head = tokenizer.encode("Sure <tool_call", add_special_tokens=False).ids
+    closers = [i for t, i in tokenizer.get_vocab().items() if t.startswith(">")]
+    assert len(closers) > 1
+
+    def walked() -> TokenMatcher:
+        matcher = compiler.matcher(lazy)
+        assert all(matcher.consume(t) for t in head)
+        return matcher
+
+    free = compiler.matcher(lazy)
+    assert MaskJob.start([free], vocab).rows == []  # no trigger begun: the row is free
+    logits = torch.zeros(1, vocab)
+    MaskJob.start([walked()], vocab).apply(logits)
+    allowed = torch.isfinite(logits[0])
+    assert allowed[tokenizer.token_to_id(">")]
+    assert allowed[tokenizer.token_to_id("s")]  # "<tool_calls" opens no call: free text
+    refused = [t for t in closers if not allowed[t]]
+    assert refused  # ">\"", ">.", ... would break the call
+    for token in closers:
+        assert walked().consume(token) == bool(allowed[token])
+
+
+def test_one_grammar_serves_eager_and_lazy_use(compiler: GrammarCompiler) -> None:
+    """required then auto with the same tools: one cached grammar, and the lazy matcher still
+    knows which tokens complete its trigger."""
+    tool = ToolSpec("f", "", {"type": "object"})
+    eager = calls_constraint(Hermes(), [tool], parallel=False, lazy=False)
+    lazy = calls_constraint(Hermes(), [tool], parallel=False, lazy=True)
+    assert eager.digest == lazy.digest
+    compiler.matcher(eager)
+    matcher = compiler.matcher(lazy)
+    assert all(matcher.consume(t) for t in compiler.vocabulary.get().tokenize_str("Hi <tool_call"))
+    assert MaskJob.start([matcher], 49152).rows == [0]  # the trigger is half written: masked
