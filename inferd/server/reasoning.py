@@ -20,6 +20,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from inferd.serving.served import ServedModel
 
 AUTO = "auto"  # split when the chat template mentions the markers
 NONE = "none"  # never split
@@ -51,6 +57,36 @@ def opened_in_prompt(prompt_tail: str, markers: Markers) -> bool:
     """Whether the prompt ends inside an open think block (the output starts in reasoning)."""
     opened = prompt_tail.rfind(markers.open)
     return opened >= 0 and prompt_tail.rfind(markers.close) < opened
+
+
+# Enough of the prompt's end to hold a generation prompt that opens a think block.
+_PROMPT_TAIL_TOKENS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningSplit:
+    """How one reply splits: on these markers, starting in reasoning or not."""
+
+    markers: Markers
+    started_in_reasoning: bool
+
+    def splitter(self) -> ReasoningSplitter:
+        return ReasoningSplitter(self.markers, self.started_in_reasoning)
+
+    def split(self, text: str) -> tuple[str, str]:
+        return split(text, self.markers, self.started_in_reasoning)
+
+
+def reasoning_split(
+    model: ServedModel, prompt: Sequence[int], parser: str
+) -> ReasoningSplit | None:
+    """The split for ``model``'s reply to ``prompt`` (token ids), or None when not splitting.
+    The prompt's tail is decoded with its special tokens to see whether it opened the block."""
+    markers = markers_for(model.chat_template.source, parser)
+    if markers is None:
+        return None
+    tail = model.tokenizer.decode(prompt[-_PROMPT_TAIL_TOKENS:], skip_special=False)
+    return ReasoningSplit(markers, opened_in_prompt(tail, markers))
 
 
 class _State(Enum):
