@@ -1,8 +1,9 @@
 """Reasoning split from the answer, live: SmolLM2 behind `inferd serve` with a synthetic template
 whose generation prompt opens ``<think>`` (so auto-detection splits). Earlier assistant turns
 reason in ``<think>..</think>`` then answer; the 135M model copies that shape greedily, so its
-reply closes the block and goes on. The raw reply, from /v1/completions on the same prompt ids (never split),
-must equal reasoning + content with the markers removed; streamed deltas join to the same."""
+reply closes the block and goes on. The raw reply, from /v1/completions on the same prompt ids
+(never split), must equal reasoning + content with the markers removed; streamed deltas join to
+the same."""
 
 from __future__ import annotations
 
