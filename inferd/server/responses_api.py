@@ -40,6 +40,7 @@ from inferd.server.generation import (
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import offer
 from inferd.server.protocol import parse_body
+from inferd.server.reasoning import ReasoningSplit
 from inferd.server.responses_input import (
     ResponsesRequest,
     calls_of,
@@ -111,6 +112,7 @@ async def create_response(request: Request) -> Response:
     admit(model, len(prompt), params, "input")
     response = _skeleton(body, model, tools is not None and tools.parallel)
     run = _Run(response, len(prompt), tool_constraint is not None, body.store is not False)
+    run.thinking = state.reasoning(model, prompt)
     if body.background:
         return await _background(state, model, run, items, owner, prompt, params)
     streams = start(request, model, [(prompt, params)])
@@ -121,7 +123,7 @@ async def create_response(request: Request) -> Response:
     if gens is None:
         return Response(status_code=499)
     (gen,) = gens
-    builder = OutputBuilder(run.calls)
+    builder = run.builder()
     builder.feed(gen.text)
     builder.finish(gen.final.finish_reason != "length")
     final = run.finished(builder, gen.final)
@@ -239,6 +241,11 @@ class _Run:
         self.prompt_tokens = prompt_tokens
         self.calls = calls
         self.store = store
+        self.thinking: ReasoningSplit | None = None  # how to split the reasoning off, if at all
+
+    def builder(self) -> OutputBuilder:
+        splitter = self.thinking.splitter() if self.thinking is not None else None
+        return OutputBuilder(self.calls, thinking=splitter)
 
     def snapshot(self, status: str) -> dict[str, Any]:
         return self.response | {"status": status}
@@ -297,7 +304,7 @@ async def _stream(
     ]
     for chunk in send(opening):
         yield chunk
-    builder = OutputBuilder(run.calls)
+    builder = run.builder()
     last: RequestOutput | None = None
     failure: tuple[int, str, str | None] | None = None
     try:
@@ -372,7 +379,7 @@ async def _generate_in_background(
     state: ServerState, run: _Run, outputs: AsyncIterator[RequestOutput]
 ) -> None:
     store = state.responses
-    builder = OutputBuilder(run.calls)
+    builder = run.builder()
     last: RequestOutput | None = None
     await asyncio.to_thread(store.update, run.snapshot("in_progress"), unless_status=_TERMINAL)
     try:

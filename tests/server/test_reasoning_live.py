@@ -55,7 +55,9 @@ def raw(thinker: LiveServer) -> str:
 
 
 def _client(live: LiveServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=live.api, api_key="unused", max_retries=0)
+    return openai.OpenAI(
+        base_url=live.api, api_key="unused", max_retries=0, _strict_response_validation=True
+    )
 
 
 def test_chat_reasoning_content_and_stream(thinker: LiveServer, raw: str) -> None:
@@ -80,3 +82,21 @@ def test_chat_reasoning_content_and_stream(thinker: LiveServer, raw: str) -> Non
                         order.append(key)
         assert pieces == {"reasoning_content": reasoning, "content": message.content}
         assert order[0] == "reasoning_content" and order[-1] == "content"
+
+
+def test_responses_reasoning_item_then_message(thinker: LiveServer, raw: str) -> None:
+    with _client(thinker) as client:
+        ask = {"model": "default", "input": MESSAGES, "max_output_tokens": MAX_TOKENS}
+        response = client.responses.create(**ask, temperature=0, store=False)  # type: ignore[call-overload]
+        reasoning, message = response.output
+        assert reasoning.type == "reasoning" and message.type == "message"
+        assert reasoning.content is not None
+        thought = reasoning.content[0].text
+        assert thought + response.output_text == raw.replace("</think>", "", 1)
+        assert thought == raw[: raw.index("</think>")]
+        with client.responses.stream(**ask, temperature=0, store=False) as stream:  # type: ignore[arg-type]
+            deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
+            streamed = stream.get_final_response()
+        assert "".join(deltas) == thought
+        assert [item.type for item in streamed.output] == ["reasoning", "message"]
+        assert streamed.output_text == response.output_text
