@@ -94,7 +94,7 @@ def test_responses_reasoning_item_then_message(thinker: LiveServer, raw: str) ->
         thought = reasoning.content[0].text
         assert thought + response.output_text == raw.replace("</think>", "", 1)
         assert thought == raw[: raw.index("</think>")]
-        with client.responses.stream(**ask, temperature=0, store=False) as stream:  # type: ignore[arg-type]
+        with client.responses.stream(**ask, temperature=0, store=False) as stream:  # type: ignore[call-overload]
             deltas = [e.delta for e in stream if e.type == "response.reasoning_text.delta"]
             streamed = stream.get_final_response()
         assert "".join(deltas) == thought
