@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -100,3 +102,30 @@ def test_responses_reasoning_item_then_message(thinker: LiveServer, raw: str) ->
         assert "".join(deltas) == thought
         assert [item.type for item in streamed.output] == ["reasoning", "message"]
         assert streamed.output_text == response.output_text
+
+
+def test_anthropic_thinking_block_then_text(thinker: LiveServer, raw: str) -> None:
+    with anthropic.Anthropic(base_url=thinker.url, api_key="unused", max_retries=0) as client:
+        ask: dict[str, Any] = {
+            "model": "default",
+            "messages": MESSAGES,
+            "max_tokens": MAX_TOKENS,
+            "extra_body": {"temperature": 0},  # this SDK version dropped the kwarg
+            "thinking": {"type": "enabled", "budget_tokens": 1024},
+        }
+        reply = client.messages.create(**ask)
+        assert [block.type for block in reply.content] == ["thinking", "text"]
+        thinking, text = reply.content
+        assert thinking.type == "thinking" and text.type == "text"
+        assert thinking.thinking + text.text == raw.replace("</think>", "", 1)
+        assert thinking.thinking == raw[: raw.index("</think>")]
+        with client.messages.stream(**ask) as stream:
+            streamed = stream.get_final_message()
+
+        def shape(content: Any) -> list[tuple[str, str]]:
+            return [(b.type, b.thinking if b.type == "thinking" else b.text) for b in content]
+
+        assert shape(streamed.content) == shape(reply.content)
+        # without thinking asked for, the reply is the raw text, as before
+        plain = client.messages.create(**(ask | {"thinking": {"type": "disabled"}}))
+        assert [b.text for b in plain.content if b.type == "text"] == [raw]
