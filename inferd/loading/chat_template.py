@@ -755,14 +755,21 @@ class ChatTemplate:
         *,
         special: re.Pattern[str] | None,
         add_generation_prompt: bool = True,
+        variables: Mapping[str, Any] | None = None,
     ) -> RenderedChat:
         """``render``, noting where special-token text from the messages (``special`` matches
-        it) ended up. A conversation that has none renders exactly as ``render`` would."""
+        it) ended up. A conversation that has none renders exactly as ``render`` would.
+        ``variables``: more template variables (``enable_thinking``, ...)."""
+        extra = dict(variables or {})
         if special is None or not any(special.search(t) for m in messages for t in _texts(m)):
-            return RenderedChat(self.render(messages, add_generation_prompt=add_generation_prompt))
+            return RenderedChat(
+                self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
+            )
         defused = _Defused(special)
         text = self.render(
-            [defused.message(m) for m in messages], add_generation_prompt=add_generation_prompt
+            [defused.message(m) for m in messages],
+            add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         return defused.restore(text)
 

@@ -246,7 +246,16 @@ async def _prompt(
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
+        variables=_thinking_variables(body),
     )
+
+
+def _thinking_variables(body: _Prompted) -> dict[str, object]:
+    """A template that takes ``enable_thinking`` (Qwen3) hears whether thinking was asked
+    for; a request that does not say leaves the template's default."""
+    if body.thinking is None:
+        return {}
+    return {"enable_thinking": body.thinking.get("type") != "disabled"}
 
 
 def _content(

@@ -15,8 +15,9 @@ import ctypes.util
 import functools
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from starlette.requests import Request
 
@@ -192,12 +193,15 @@ async def chat_prompt_ids(
     add_generation_prompt: bool = True,
     add_special: bool = True,
     check_length: bool = True,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render and tokenize a conversation on a worker thread; 400s for a template failure or
     (``check_length``) a prompt too long to fit the context, found before tokenizing."""
 
     def work() -> list[int]:
-        rendered = _render(model, messages, add_generation_prompt, prefill, special_in_content)
+        rendered = _render(
+            model, messages, add_generation_prompt, prefill, special_in_content, variables
+        )
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         return encode_text(
@@ -215,6 +219,7 @@ async def chat_prompt_with_media(
     special_in_content: bool,
     prefill: str = "",
     check_length: bool = True,
+    variables: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[MediaInput]]:
     """``chat_prompt_ids`` for a conversation whose image and audio parts are ``{"type":
     "image"}`` and ``{"type": "audio"}`` (one per decoded item of ``media``, in order), and the
@@ -233,11 +238,12 @@ async def chat_prompt_with_media(
             special_in_content=special_in_content,
             prefill=prefill,
             check_length=check_length,
+            variables=variables,
         )
         return ids, []
 
     def work() -> tuple[list[int], list[MediaInput]]:
-        rendered = _render(model, messages, True, prefill, special_in_content)
+        rendered = _render(model, messages, True, prefill, special_in_content, variables)
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         try:
@@ -256,6 +262,7 @@ def _render(
     add_generation_prompt: bool,
     prefill: str,
     special_in_content: bool,
+    variables: Mapping[str, Any] | None = None,
 ) -> RenderedChat:
     """The conversation's prompt text; 400s for a template that is missing or fails."""
     try:
@@ -264,6 +271,7 @@ def _render(
             add_generation_prompt=add_generation_prompt,
             prefill=prefill,
             special_in_content=special_in_content,
+            variables=variables,
         )
     except NoChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None

@@ -39,7 +39,7 @@ from inferd.server.generation import (
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
-from inferd.server.reasoning import ReasoningSplit
+from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 
@@ -59,8 +59,16 @@ async def create_chat_completion(request: Request) -> Response:
     tool_constraint = tools.constraint(answer_schema(body)) if tools is not None else None
     params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
     calls = tool_constraint is not None  # the reply may hold tool calls
+    try:
+        variables = template_variables(body.chat_template_kwargs)
+    except ValueError as exc:
+        raise bad_request(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from None
     prompt, inputs = await chat_prompt_with_media(
-        model, messages, media, special_in_content=state.special_tokens_in_content
+        model,
+        messages,
+        media,
+        special_in_content=state.special_tokens_in_content,
+        variables=variables,
     )
     params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")

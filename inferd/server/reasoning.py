@@ -53,6 +53,25 @@ def markers_for(template_source: str, parser: str) -> Markers | None:
     return THINK_MARKERS if mentioned else None
 
 
+# Variables a request may not set: the server's own (the conversation, the special tokens).
+_RESERVED = frozenset(
+    {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools", "documents"}
+)
+
+
+def template_variables(given: dict[str, object] | None) -> dict[str, object]:
+    """A request's extra chat template variables (``chat_template_kwargs``), checked: plain
+    names with scalar values, none of the server's own. ValueError says what is wrong."""
+    out: dict[str, object] = {}
+    for name, value in (given or {}).items():
+        if not name.isidentifier() or name in _RESERVED:
+            raise ValueError(f"{name!r} cannot be set")
+        if value is not None and not isinstance(value, bool | int | float | str):
+            raise ValueError(f"{name!r} must be a string, number, boolean or null")
+        out[name] = value
+    return out
+
+
 def opened_in_prompt(prompt_tail: str, markers: Markers) -> bool:
     """Whether the prompt ends inside an open think block (the output starts in reasoning)."""
     opened = prompt_tail.rfind(markers.open)

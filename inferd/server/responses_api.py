@@ -160,6 +160,15 @@ def _history(
     return [item for turn in reversed(turns) for item in turn]
 
 
+def _effort_variables(reasoning: dict[str, Any] | None) -> dict[str, object]:
+    """``reasoning.effort`` for templates that take it: ``reasoning_effort`` as given, and
+    ``enable_thinking`` (Qwen3) off for effort "none"; no effort leaves the defaults."""
+    effort = (reasoning or {}).get("effort")
+    if not isinstance(effort, str):
+        return {}
+    return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+
+
 async def _prompt(
     model: ServedModel, messages: list[dict[str, Any]], state: ServerState, body: ResponsesRequest
 ) -> list[int]:
@@ -174,6 +183,7 @@ async def _prompt(
                 messages,
                 special_in_content=state.special_tokens_in_content,
                 check_length=not auto,
+                variables=_effort_variables(body.reasoning),
             )
         except APIError as exc:
             raise _as_input(exc) from None

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -160,6 +160,7 @@ class ServedModel:
         add_generation_prompt: bool = True,
         prefill: str = "",
         special_in_content: bool = False,
+        variables: Mapping[str, Any] | None = None,
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
         messages or the prefill stays plain text (only the template makes control tokens)
@@ -170,7 +171,10 @@ class ServedModel:
         if self.images is not None or self.audio is not None:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
-            messages, special=special, add_generation_prompt=add_generation_prompt
+            messages,
+            special=special,
+            add_generation_prompt=add_generation_prompt,
+            variables=variables,
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 

@@ -126,6 +126,27 @@ def test_anthropic_thinking_block_then_text(thinker: LiveServer, raw: str) -> No
             return [(b.type, b.thinking if b.type == "thinking" else b.text) for b in content]
 
         assert shape(streamed.content) == shape(reply.content)
-        # without thinking asked for, the reply is the raw text, as before
+        # thinking disabled: the template hears enable_thinking=false (its prompt opens no
+        # block, so it is shorter), and no thinking block comes back
         plain = client.messages.create(**(ask | {"thinking": {"type": "disabled"}}))
-        assert [b.text for b in plain.content if b.type == "text"] == [raw]
+        assert [b.type for b in plain.content] == ["text"]
+        assert plain.usage.input_tokens < reply.usage.input_tokens
+
+
+def test_chat_template_kwargs_reach_the_template(thinker: LiveServer) -> None:
+    def ask(extra: dict[str, Any]) -> httpx.Response:
+        body = {"messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0} | extra
+        return httpx.post(thinker.api + "/chat/completions", json=body, timeout=120)
+
+    thinking = ask({}).json()
+    off = ask({"chat_template_kwargs": {"enable_thinking": False}})
+    assert off.status_code == 200, off.text
+    # the template left out its "<think>\n": the prompt is shorter, and the reply no longer
+    # starts inside the block
+    assert off.json()["usage"]["prompt_tokens"] < thinking["usage"]["prompt_tokens"]
+    message = off.json()["choices"][0]["message"]
+    assert message != thinking["choices"][0]["message"]
+    for bad in ({"messages": []}, {"enable_thinking": {"deep": True}}):
+        r = ask({"chat_template_kwargs": bad})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "chat_template_kwargs"
