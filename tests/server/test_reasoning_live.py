@@ -146,7 +146,8 @@ def test_chat_template_kwargs_reach_the_template(thinker: LiveServer) -> None:
     assert off.json()["usage"]["prompt_tokens"] < thinking["usage"]["prompt_tokens"]
     message = off.json()["choices"][0]["message"]
     assert message != thinking["choices"][0]["message"]
-    for bad in ({"messages": []}, {"enable_thinking": {"deep": True}}):
+    bads: list[dict[str, Any]] = [{"messages": []}, {"enable_thinking": {"deep": True}}]
+    for bad in bads:
         r = ask({"chat_template_kwargs": bad})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == "chat_template_kwargs"
