@@ -75,3 +75,11 @@ def test_prompt_that_opens_the_block() -> None:
     assert opened_in_prompt("<|im_start|>assistant\n<think>\n", THINK_MARKERS)
     assert not opened_in_prompt("assistant\n<think>\n\n</think>\n\n", THINK_MARKERS)
     assert not opened_in_prompt("<|im_start|>assistant\n", THINK_MARKERS)
+
+
+def test_unknown_parser_names_the_flag() -> None:
+    from inferd.server.options import ServerOptions
+
+    assert ServerOptions(reasoning_parser="none").reasoning_parser == "none"
+    with pytest.raises(ValueError, match="--reasoning-parser"):
+        ServerOptions(reasoning_parser="deepseek")
