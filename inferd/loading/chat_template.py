@@ -755,11 +755,13 @@ class ChatTemplate:
         special: re.Pattern[str] | None,
         add_generation_prompt: bool = True,
         tools: list[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> RenderedChat:
         """``render``, noting where special-token text from the messages or the ``tools``
         (``special`` matches it) ended up. A conversation that has none renders exactly as
-        ``render`` would. ``tools``: the template's ``tools`` variable, when given."""
-        extra = {} if tools is None else {"tools": tools}
+        ``render`` would. ``tools``: the template's ``tools`` variable, when given;
+        ``variables``: more template variables (``enable_thinking``, ...)."""
+        extra = dict(variables or {}) | ({} if tools is None else {"tools": tools})
         if special is None or not _holds_special(special, [messages, tools]):
             text = self.render(messages, add_generation_prompt=add_generation_prompt, **extra)
             return RenderedChat(text)

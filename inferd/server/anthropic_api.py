@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from dataclasses import replace
+from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -52,10 +52,15 @@ from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.protocol import parse_body
+from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
 from inferd.structured.tool_syntax import CallReader
+
+# thinking.type values; enabled and adaptive both show a reasoning model's thinking (the
+# budget is not enforced: the reasoning ends when the model closes it, within max_tokens).
+_THINKING_TYPES = ("enabled", "adaptive", "disabled")
 
 _NON_TEXT_BLOCKS = (
     "image",
@@ -125,6 +130,8 @@ async def _create_message(request: Request) -> Response:
     }
     if body.max_tokens == 0:
         return _empty_message(message, len(prompt), body.stream)
+    wants_thinking = body.thinking is not None and body.thinking.get("type") != "disabled"
+    thinking = state.reasoning(model, prompt) if wants_thinking else None
     streams = start(request, model, [(prompt, params)], media=inputs)
     if body.stream:
         stream = _stream(
@@ -134,6 +141,7 @@ async def _create_message(request: Request) -> Response:
             len(prompt),
             state.keepalive_seconds,
             calls=tools.reader(model.tool_format) if tools and tool_constraint else None,
+            thinking=thinking,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     gens = await collect(request, streams)
@@ -141,14 +149,18 @@ async def _create_message(request: Request) -> Response:
         return Response(status_code=499)
     (gen,) = gens
     reason, sequence = _stop(gen.final)
-    content = [_text_block(gen.text)]
+    text, thought = gen.text, []
+    if thinking is not None:
+        reasoning, text = thinking.split(text)
+        thought = [_thinking_block(reasoning)] if reasoning else []
+    content = [_text_block(text)]
     if tool_constraint is not None:
         assert tools is not None
-        content, called = reply_blocks(gen.text, tools.reader(model.tool_format))
+        content, called = reply_blocks(text, tools.reader(model.tool_format))
         content = [b | {"citations": None} if b["type"] == "text" else b for b in content]
         reason = "tool_use" if called and reason == "end_turn" else reason
     message |= {
-        "content": content,
+        "content": thought + content,
         "stop_reason": reason,
         "stop_sequence": sequence,
         "usage": _usage(len(prompt), gen.final.num_output_tokens),
@@ -164,6 +176,11 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
 
 def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text, "citations": None}
+
+
+def _thinking_block(text: str) -> dict[str, Any]:
+    # No signature: this server does not check thinking blocks sent back (it drops them).
+    return {"type": "thinking", "thinking": text, "signature": ""}
 
 
 def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool) -> Response:
@@ -199,8 +216,9 @@ async def _constrain(
 
 
 def _reject_unsupported(body: _Prompted) -> None:
-    if body.thinking is not None and body.thinking.get("type") != "disabled":
-        raise bad_request("thinking: extended thinking is not supported by this server", "thinking")
+    if body.thinking is not None and body.thinking.get("type") not in _THINKING_TYPES:
+        kinds = ", ".join(_THINKING_TYPES)
+        raise bad_request(f"thinking.type: must be one of {kinds}", "thinking.type")
     if body.mcp_servers:
         raise bad_request("mcp_servers: MCP is not supported by this server", "mcp_servers")
 
@@ -241,7 +259,16 @@ async def _prompt(
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
         tools=template_tools,
+        variables=_thinking_variables(body),
     )
+
+
+def _thinking_variables(body: _Prompted) -> dict[str, object]:
+    """A template that takes ``enable_thinking`` (Qwen3) hears whether thinking was asked
+    for; a request that does not say leaves the template's default."""
+    if body.thinking is None:
+        return {}
+    return {"enable_thinking": body.thinking.get("type") != "disabled"}
 
 
 def _image_turn(content: list[dict[str, Any]], role: str, where: str) -> list[dict[str, Any]]:
@@ -335,6 +362,7 @@ async def _stream(
     keepalive: float,
     *,
     calls: CallReader | None = None,
+    thinking: ReasoningSplit | None = None,
 ) -> AsyncIterator[bytes]:
     def failure(status: int, text: str) -> bytes:
         return sse.named_event("error", error_body(request.scope, status, text))
@@ -347,9 +375,33 @@ async def _stream(
     }
     yield _event("message_start", {"message": start_message})
     blocks = StreamedBlocks(_event, calls) if calls is not None else None
-    if blocks is None:
-        text_block = {"type": "text", "text": ""}
-        yield _event("content_block_start", {"index": 0, "content_block": text_block})
+    thought = _StreamedThinking(thinking.splitter()) if thinking is not None else None
+    text_index: int | None = None  # the plain text block, once opened
+
+    def text_delta(text: str, force: bool = False) -> Iterator[bytes]:
+        """The answer's text (or blocks, with tools), after any thinking block is closed;
+        ``force`` opens the text block even for no text."""
+        nonlocal text_index
+        first = 0
+        if thought is not None:
+            if not text and not force:
+                return
+            first = yield from thought.close()
+        if blocks is not None:
+            blocks.index = max(blocks.index, first - 1)
+            yield from blocks.feed(text)
+            return
+        if text_index is None:
+            text_index = first
+            text_block = {"type": "text", "text": ""}
+            yield _event("content_block_start", {"index": text_index, "content_block": text_block})
+        if text:
+            delta = {"type": "text_delta", "text": text}
+            yield _event("content_block_delta", {"index": text_index, "delta": delta})
+
+    if thought is None:
+        for event in text_delta(""):  # the text block opens at once, as before
+            yield event
     yield _event("ping", {})
     last: RequestOutput | None = None
     try:
@@ -362,12 +414,13 @@ async def _stream(
                 yield failure(status, out.error or "the request was aborted")
                 return
             last = out
-            if blocks is not None:
-                for event in blocks.feed(out.text):
+            text = out.text
+            if thought is not None:
+                events, text = thought.feed(text, out.finished)
+                for event in events:
                     yield event
-            elif out.text:
-                delta = {"type": "text_delta", "text": out.text}
-                yield _event("content_block_delta", {"index": 0, "delta": delta})
+            for event in text_delta(text):
+                yield event
     except ENGINE_ERRORS as exc:
         err = engine_error(exc)
         yield failure(err.status, err.message)
@@ -383,8 +436,13 @@ async def _stream(
         return
     reason, sequence = _stop(last)
     if blocks is None:
-        yield _event("content_block_stop", {"index": 0})
+        if text_index is None:  # all thinking: an empty text block still ends the reply
+            for event in text_delta("", force=True):
+                yield event
+        yield _event("content_block_stop", {"index": text_index})
     else:
+        for event in text_delta("", force=True):  # closes a thinking block nothing followed
+            yield event
         for event in blocks.finish():
             yield event
         reason = "tool_use" if blocks.calls and reason == "end_turn" else reason
@@ -396,3 +454,38 @@ async def _stream(
         },
     )
     yield _event("message_stop", {})
+
+
+@dataclass(slots=True)
+class _StreamedThinking:
+    """A reasoning model's thinking as a ``thinking`` block at index 0 (thinking_delta events),
+    closed when the answer starts."""
+
+    splitter: ReasoningSplitter
+    opened: bool = False
+    closed: bool = False
+
+    def feed(self, text: str, finished: bool) -> tuple[list[bytes], str]:
+        """The thinking events for this piece, and the answer's text in it."""
+        reasoning, content = self.splitter.feed(text)
+        if finished:
+            more_reasoning, more_content = self.splitter.finish()
+            reasoning, content = reasoning + more_reasoning, content + more_content
+        events: list[bytes] = []
+        if reasoning and not self.closed:
+            if not self.opened:
+                self.opened = True
+                block = _thinking_block("")
+                events.append(_event("content_block_start", {"index": 0, "content_block": block}))
+            delta = {"type": "thinking_delta", "thinking": reasoning}
+            events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
+        return events, content
+
+    def close(self) -> Generator[bytes, None, int]:
+        """Close the thinking block if open; returns the index the next block takes."""
+        if self.opened and not self.closed:
+            delta = {"type": "signature_delta", "signature": ""}
+            yield _event("content_block_delta", {"index": 0, "delta": delta})
+            yield _event("content_block_stop", {"index": 0})
+        self.closed = True
+        return 1 if self.opened else 0

@@ -15,7 +15,7 @@ import ctypes.util
 import functools
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -194,6 +194,7 @@ async def chat_prompt_ids(
     add_special: bool = True,
     check_length: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> list[int]:
     """Render and tokenize a conversation on a worker thread; 400s for a template failure or
     (``check_length``) a prompt too long to fit the context, found before tokenizing.
@@ -201,7 +202,7 @@ async def chat_prompt_ids(
 
     def work() -> list[int]:
         rendered = _render(
-            model, messages, add_generation_prompt, prefill, special_in_content, tools
+            model, messages, add_generation_prompt, prefill, special_in_content, tools, variables
         )
         if check_length:
             check_fits(model, len(rendered.text), "messages")
@@ -221,6 +222,7 @@ async def chat_prompt_with_media(
     prefill: str = "",
     check_length: bool = True,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[MediaInput]]:
     """``chat_prompt_ids`` for a conversation whose image and audio parts are ``{"type":
     "image"}`` and ``{"type": "audio"}`` (one per decoded item of ``media``, in order), and the
@@ -240,11 +242,12 @@ async def chat_prompt_with_media(
             prefill=prefill,
             check_length=check_length,
             tools=tools,
+            variables=variables,
         )
         return ids, []
 
     def work() -> tuple[list[int], list[MediaInput]]:
-        rendered = _render(model, messages, True, prefill, special_in_content, tools)
+        rendered = _render(model, messages, True, prefill, special_in_content, tools, variables)
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         try:
@@ -264,9 +267,11 @@ def _render(
     prefill: str,
     special_in_content: bool,
     tools: list[dict[str, Any]] | None = None,
+    variables: Mapping[str, Any] | None = None,
 ) -> RenderedChat:
     """The conversation's prompt text; 400s for a template that is missing or fails.
-    ``tools``: the template's ``tools`` variable (a template that renders tools itself)."""
+    ``tools``: the template's ``tools`` variable (a template that renders tools itself);
+    ``variables``: more template variables (``enable_thinking``, ...)."""
     try:
         return model.render_chat(
             messages,
@@ -274,6 +279,7 @@ def _render(
             prefill=prefill,
             special_in_content=special_in_content,
             tools=tools,
+            variables=variables,
         )
     except NoChatTemplateError as exc:
         raise bad_request(str(exc), "messages") from None

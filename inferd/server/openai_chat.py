@@ -40,6 +40,7 @@ from inferd.server.generation import (
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
@@ -62,25 +63,38 @@ async def create_chat_completion(request: Request) -> Response:
     params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
     # The reply may hold tool calls: a new reader of them per choice.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    try:
+        variables = template_variables(body.chat_template_kwargs)
+    except ValueError as exc:
+        raise bad_request(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from None
     prompt, inputs = await chat_prompt_with_media(
         model,
         messages,
         media,
         special_in_content=state.special_tokens_in_content,
         tools=template_tools,
+        variables=variables,
     )
     params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
+    thinking = state.reasoning(model, prompt)
     jobs = [(prompt, for_choice(params, i)) for i in range(n)]
     streams = start(request, model, jobs, media=inputs)  # the n choices share the media
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
-            completion, model, streams, len(prompt), include_usage, state.keepalive_seconds, calls
+            completion,
+            model,
+            streams,
+            len(prompt),
+            include_usage,
+            state.keepalive_seconds,
+            calls,
+            thinking,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect(request, completion, model, streams, len(prompt), calls)
+    return await _collect(request, completion, model, streams, len(prompt), calls, thinking)
 
 
 # Parameters OpenAI knows that this server does not support yet, with what to say about them.
@@ -266,6 +280,7 @@ async def _collect(
     streams: list[AsyncIterator[RequestOutput]],
     num_prompt_tokens: int,
     calls: Callable[[], CallReader] | None,
+    thinking: ReasoningSplit | None,
 ) -> Response:
     """Gather every choice, aborting them all if the client goes away first."""
     gens = await collect(request, streams)
@@ -273,7 +288,9 @@ async def _collect(
         return Response(status_code=499)
     want_logprobs = gens[0].final.logprobs is not None or any(g.logprobs for g in gens)
     body = completion.envelope("chat.completion")
-    body["choices"] = [_choice(model, i, gen, want_logprobs, calls) for i, gen in enumerate(gens)]
+    body["choices"] = [
+        _choice(model, i, gen, want_logprobs, calls, thinking) for i, gen in enumerate(gens)
+    ]
     body["usage"] = _usage(num_prompt_tokens, sum(g.final.num_output_tokens for g in gens))
     return JSONResponse(body)
 
@@ -284,11 +301,16 @@ def _choice(
     gen: Generation,
     want_logprobs: bool,
     calls: Callable[[], CallReader] | None,
+    thinking: ReasoningSplit | None,
 ) -> dict[str, Any]:
-    reply: dict[str, Any] = {"role": "assistant", "content": gen.text, "refusal": None}
+    text = gen.text
+    reply: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if thinking is not None:  # the answer is what follows the reasoning
+        reasoning, text = thinking.split(text)
+        reply |= {"content": text, "reasoning_content": reasoning or None}
     finish = gen.final.finish_reason
     if calls is not None:
-        content, tool_calls = message(gen.text, calls())
+        content, tool_calls = message(text, calls())
         if tool_calls:
             reply |= {"content": content, "tool_calls": tool_calls}
             finish = "tool_calls" if finish == "stop" else finish
@@ -308,8 +330,10 @@ async def _stream(
     include_usage: bool,
     keepalive: float,
     calls: Callable[[], CallReader] | None,
+    thinking: ReasoningSplit | None,
 ) -> AsyncIterator[bytes]:
     readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
+    splitters = [thinking.splitter() for _ in streams] if thinking is not None else None
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None, lps: Any = None) -> bytes:
         body = completion.envelope("chat.completion.chunk")
@@ -322,19 +346,28 @@ async def _stream(
 
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
+        text = out.text
+        if splitters is not None:  # reasoning first, as its own delta
+            reasoning, text = splitters[index].feed(text)
+            if out.finished:
+                more_reasoning, more_text = splitters[index].finish()
+                reasoning, text = reasoning + more_reasoning, text + more_text
+            if reasoning:
+                yield chunk(index, {"reasoning_content": reasoning}, None, lps)
+                lps = None
         if readers is not None:
-            yield from with_calls(index, out, readers[index], lps)
+            yield from with_calls(index, out, text, readers[index], lps)
             return
-        if out.text or (lps and lps["content"]):
-            yield chunk(index, {"content": out.text}, None, lps)
+        if text or (lps and lps["content"]):
+            yield chunk(index, {"content": text}, None, lps)
         if out.finished:
             yield chunk(index, {}, out.finish_reason)
 
     def with_calls(
-        index: int, out: RequestOutput, reader: StreamedCalls, lps: Any
+        index: int, out: RequestOutput, text: str, reader: StreamedCalls, lps: Any
     ) -> Iterator[bytes]:
         """Content and tool-call deltas; logprobs ride on the step's first delta."""
-        deltas = list(reader.deltas(out.text))
+        deltas = list(reader.deltas(text))
         if out.finished:
             deltas += reader.finish()
         if not deltas and lps and lps["content"]:

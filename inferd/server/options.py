@@ -27,6 +27,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_LOGPROBS_TOKENS,
 )
 from inferd.server.media import MediaPolicy
+from inferd.server.reasoning import PARSERS
 from inferd.server.responses_store import DEFAULT_TTL_SECONDS, MEMORY
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
 
@@ -62,6 +63,9 @@ class ServerOptions:
     # Special-token text inside message content makes control tokens (off: read as plain text,
     # so content cannot forge turns; only the chat template makes control tokens).
     allow_special_tokens_in_content: bool = False
+    # -- replies: split <think> reasoning from the answer (auto: when the template mentions it;
+    # think: always; none: never) (server/reasoning.py)
+    reasoning_parser: str = "auto"
     # -- stored responses (/v1/responses): an SQLite file, or ":memory:" (`inferd serve`
     # defaults to a file under INFERD_HOME), and how long a stored response lives
     responses_store: str = MEMORY
@@ -80,6 +84,8 @@ class ServerOptions:
             raise ValueError("--max-body-bytes must be at least 1")
         if self.max_header_bytes is not None and self.max_header_bytes < 1024:
             raise ValueError("--max-header-bytes must be at least 1024")
+        if self.reasoning_parser not in PARSERS:
+            raise ValueError(f"--reasoning-parser must be one of {', '.join(PARSERS)}")
         if self.max_logprobs_tokens < 1:
             raise ValueError("--max-logprobs-tokens must be at least 1")
         if self.request_timeout is not None and not self.request_timeout > 0:

@@ -41,6 +41,7 @@ from inferd.server.generation import (
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import offer
 from inferd.server.protocol import parse_body
+from inferd.server.reasoning import ReasoningSplit
 from inferd.server.responses_input import (
     ResponsesRequest,
     calls_of,
@@ -120,6 +121,7 @@ async def create_response(request: Request) -> Response:
     # The reply may hold tool calls: a reader of them, in the model's syntax.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
     run = _Run(response, len(prompt), calls, body.store is not False)
+    run.thinking = state.reasoning(model, prompt)
     if body.background:
         return await _background(state, model, run, items, owner, prompt, params)
     streams = start(request, model, [(prompt, params)])
@@ -130,7 +132,7 @@ async def create_response(request: Request) -> Response:
     if gens is None:
         return Response(status_code=499)
     (gen,) = gens
-    builder = OutputBuilder(run.reader())
+    builder = run.builder()
     builder.feed(gen.text)
     builder.finish(gen.final.finish_reason != "length")
     final = run.finished(builder, gen.final)
@@ -167,6 +169,15 @@ def _history(
     return [item for turn in reversed(turns) for item in turn]
 
 
+def _effort_variables(reasoning: dict[str, Any] | None) -> dict[str, object]:
+    """``reasoning.effort`` for templates that take it: ``reasoning_effort`` as given, and
+    ``enable_thinking`` (Qwen3) off for effort "none"; no effort leaves the defaults."""
+    effort = (reasoning or {}).get("effort")
+    if not isinstance(effort, str):
+        return {}
+    return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
+
+
 async def _prompt(
     model: ServedModel,
     messages: list[dict[str, Any]],
@@ -186,6 +197,7 @@ async def _prompt(
                 special_in_content=state.special_tokens_in_content,
                 check_length=not auto,
                 tools=tools,
+                variables=_effort_variables(body.reasoning),
             )
         except APIError as exc:
             raise _as_input(exc) from None
@@ -259,6 +271,11 @@ class _Run:
         self.prompt_tokens = prompt_tokens
         self.calls = calls  # a new reader of the reply's tool calls; None when it holds none
         self.store = store
+        self.thinking: ReasoningSplit | None = None  # how to split the reasoning off, if at all
+
+    def builder(self) -> OutputBuilder:
+        splitter = self.thinking.splitter() if self.thinking is not None else None
+        return OutputBuilder(self.reader(), thinking=splitter)
 
     def reader(self) -> CallReader | None:
         return self.calls() if self.calls is not None else None
@@ -320,7 +337,7 @@ async def _stream(
     ]
     for chunk in send(opening):
         yield chunk
-    builder = OutputBuilder(run.reader())
+    builder = run.builder()
     last: RequestOutput | None = None
     failure: tuple[int, str, str | None] | None = None
     try:
@@ -395,7 +412,7 @@ async def _generate_in_background(
     state: ServerState, run: _Run, outputs: AsyncIterator[RequestOutput]
 ) -> None:
     store = state.responses
-    builder = OutputBuilder(run.reader())
+    builder = run.builder()
     last: RequestOutput | None = None
     await asyncio.to_thread(store.update, run.snapshot("in_progress"), unless_status=_TERMINAL)
     try:

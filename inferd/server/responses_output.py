@@ -6,7 +6,9 @@ response feeds the whole text at once and keeps only the items, so the two canno
 With tools, the text goes through the model's call reader (structured/tool_syntax) as chat's does:
 prose becomes a ``message`` item (an ``output_text`` part), each call a
 ``function_call`` item whose arguments stream as ``response.function_call_arguments.delta``.
-Whitespace between calls opens no message.
+Whitespace between calls opens no message. A reasoning model's thinking (server/reasoning.py)
+comes first, as a ``reasoning`` item whose ``reasoning_text`` part streams as
+``response.reasoning_text.delta``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.server.openai_tools import new_call_id
+from inferd.server.reasoning import ReasoningSplitter
 from inferd.server.responses_input import new_id
 from inferd.structured.tool_syntax.base import CallReader
 
@@ -27,8 +30,16 @@ class OutputBuilder:
     items: list[dict[str, Any]] = field(default_factory=list)
     open: dict[str, Any] | None = None
     blank: str = ""  # whitespace waiting for prose to follow it
+    thinking: ReasoningSplitter | None = None  # splits a reasoning model's thinking off first
 
     def feed(self, text: str) -> list[Event]:
+        events: list[Event] = []
+        if self.thinking is not None:
+            reasoning, text = self.thinking.feed(text)
+            events += self._reasoning(reasoning)
+        return events + self._content(text)
+
+    def _content(self, text: str) -> list[Event]:
         if self.reader is None:
             return self._text(text)
         content, pieces = self.reader.feed(text)
@@ -52,9 +63,14 @@ class OutputBuilder:
 
     def finish(self, complete: bool) -> list[Event]:
         """Close the last item (``complete``: the model ended its turn, else it was cut)."""
-        events = self._text(self.reader.finish()) if self.reader is not None else []
-        if not self.items:  # an empty reply is still a message, with empty text
-            events += self._open_message()
+        events: list[Event] = []
+        if self.thinking is not None:
+            reasoning, text = self.thinking.finish()
+            events += self._reasoning(reasoning) + self._content(text)
+        events += self._text(self.reader.finish()) if self.reader is not None else []
+        if all(item["type"] == "reasoning" for item in self.items):
+            events += self._close("completed" if complete else "incomplete")
+            events += self._open_message()  # an empty answer is still a message, empty text
         return events + self._close("completed" if complete else "incomplete")
 
     @property
@@ -62,6 +78,29 @@ class OutputBuilder:
         return any(item["type"] == "function_call" for item in self.items)
 
     # -- items -------------------------------------------------------------------------------
+
+    def _reasoning(self, text: str) -> list[Event]:
+        """A ``reasoning`` item (its text as one ``reasoning_text`` part), opened on the first
+        piece; it comes before any other item, since thinking precedes the answer."""
+        if not text:
+            return []
+        events: list[Event] = []
+        if self.open is None:
+            item: dict[str, Any] = {
+                "id": new_id("rs"),
+                "type": "reasoning",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": ""}],
+                "status": "in_progress",
+            }
+            self.items.append(item)
+            self.open = item
+            added = {"type": "response.output_item.added", "output_index": len(self.items) - 1}
+            events.append(added | {"item": _copy(item)})
+        assert self.open is not None and self.open["type"] == "reasoning"
+        self.open["content"][0]["text"] += text
+        events.append(self._part_event("response.reasoning_text.delta") | {"delta": text})
+        return events
 
     def _text(self, text: str) -> list[Event]:
         if not text:
@@ -119,7 +158,12 @@ class OutputBuilder:
             return []
         index = self.items.index(item)
         events: list[Event] = []
-        if item["type"] == "message":
+        if item["type"] == "reasoning":
+            text = item["content"][0]["text"]
+            events.append(
+                self._part_event("response.reasoning_text.done", item, index) | {"text": text}
+            )
+        elif item["type"] == "message":
             part = item["content"][0]
             events.append(
                 self._part_event("response.output_text.done", item, index)

@@ -113,6 +113,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "message content can forge turns; off by default: only the chat template makes them",
     )
     g.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=("auto", "think", "none"),
+        help="split a reply's <think>...</think> reasoning from its answer (reasoning_content, "
+        "reasoning items, thinking blocks): auto when the chat template mentions <think>, "
+        "think always, none never (default: auto)",
+    )
+    g.add_argument(
         "--max-logprobs-tokens",
         type=int,
         default=DEFAULT_MAX_LOGPROBS_TOKENS,

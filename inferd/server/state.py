@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
+from inferd.server.reasoning import ReasoningSplit, reasoning_split
 from inferd.server.responses_store import ResponseStore
 from inferd.serving.loading import Servable
 from inferd.serving.registry import (
@@ -54,6 +56,10 @@ class ServerState:
     @property
     def special_tokens_in_content(self) -> bool:
         return self.options.allow_special_tokens_in_content
+
+    def reasoning(self, model: ServedModel, prompt: Sequence[int]) -> ReasoningSplit | None:
+        """How this model's reply to this prompt splits into reasoning and answer, or None."""
+        return reasoning_split(model, prompt, self.options.reasoning_parser)
 
     @property
     def models(self) -> dict[str, ServedModel]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -164,10 +164,12 @@ class ServedModel:
         prefill: str = "",
         special_in_content: bool = False,
         tools: list[dict[str, Any]] | None = None,
+        variables: Mapping[str, Any] | None = None,
     ) -> RenderedChat:
         """The prompt text, then ``prefill`` (the start of the reply). Special-token text in the
         messages, the tools or the prefill stays plain text (only the template makes control
-        tokens) unless ``special_in_content``. ``tools``: the template's ``tools`` variable. A
+        tokens) unless ``special_in_content``. ``tools``: the template's ``tools`` variable;
+        ``variables``: more template variables (``enable_thinking``, ...). A
         multimodal model's template gets every content as a list of parts (text as ``{"type":
         "text", "text": ...}``): SmolVLM's iterates the parts of each message and would drop
         plain string content without a word."""
@@ -175,7 +177,11 @@ class ServedModel:
         if self.images is not None or self.audio is not None:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
-            messages, special=special, add_generation_prompt=add_generation_prompt, tools=tools
+            messages,
+            special=special,
+            add_generation_prompt=add_generation_prompt,
+            tools=tools,
+            variables=variables,
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 

@@ -333,10 +333,10 @@ ERRORS: list[tuple[str, Any, int, str, str]] = [
     ),
     (
         "thinking",
-        {"max_tokens": 5, "messages": HI, "thinking": {"type": "enabled", "budget_tokens": 1024}},
+        {"max_tokens": 5, "messages": HI, "thinking": {"type": "deep"}},
         400,
         "invalid_request_error",
-        "thinking: extended thinking is not supported by this server",
+        "thinking.type: must be one of enabled, adaptive, disabled",
     ),
     (
         "unknown model",
