@@ -35,7 +35,8 @@ lint: $(STAMP)
 test: pull lint
 	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
 	$(VENV)/bin/inferd pull gemma3   # the second real model (tests/models/*gemma3*)
-	$(PY) -m pytest -q
+	# two workers (CI has two cores); --dist loadfile keeps each file's live server in one worker
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 # Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).
 bench: pull
