@@ -314,6 +314,8 @@ def _choice(
         if tool_calls:
             reply |= {"content": content, "tool_calls": tool_calls}
             finish = "tool_calls" if finish == "stop" else finish
+        else:  # a call cut short by max_tokens is dropped, not left in the text as its syntax
+            reply["content"] = content
     return {
         "index": index,
         "message": reply,
