@@ -297,6 +297,15 @@ def read_calls(cursor: Cursor, read_one: Any) -> list[ParsedCall] | None:
     return calls
 
 
+def read_arguments(cursor: Cursor, name: str, calls: list[ParsedCall]) -> str | None:
+    """The JSON arguments of the call ``name`` at the cursor, appended to ``calls`` (still
+    open) as far as they are written; None while the value is unfinished."""
+    calls.append(ParsedCall(name, "", False))
+    arguments, done = cursor.value()
+    calls[-1] = ParsedCall(name, arguments, False)
+    return arguments if done else None
+
+
 # -- the reader ------------------------------------------------------------------------------
 
 

@@ -21,6 +21,7 @@ from inferd.structured.tool_syntax.base import (
     arguments_value,
     call_variants,
     json_rule,
+    read_arguments,
     read_calls,
     tools_listing,
 )
@@ -95,10 +96,8 @@ def _read_listed(cursor: Cursor, calls: list[ParsedCall]) -> bool:
     cursor.literal('{"name": ')
     name = cursor.json_string()
     cursor.literal(', "arguments": ')
-    calls.append(ParsedCall(name, "", False))
-    arguments, done = cursor.value()
-    calls[-1] = ParsedCall(name, arguments, False)
-    if not done:
+    arguments = read_arguments(cursor, name, calls)
+    if arguments is None:
         return False
     cursor.spaces()
     cursor.literal("}")
