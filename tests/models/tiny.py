@@ -33,18 +33,22 @@ ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3")
 SLIDING_WINDOW = 6  # shorter than the test prompts, so the window really hides keys
 
 
-def byte_level_tokenizer() -> Tokenizer:
+def byte_level_tokenizer(
+    vocab_size: int = VOCAB, extra_specials: list[str] | None = None
+) -> Tokenizer:
+    """A byte-level BPE trained on CORPUS, with the chat specials (and a multimodal model's
+    own markers, ``extra_specials``) as special tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB,
-        special_tokens=SPECIALS,
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS + (extra_specials or []),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() == VOCAB
+    assert tok.get_vocab_size() == vocab_size
     return tok
 
 

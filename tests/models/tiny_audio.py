@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
-from tests.models.tiny import CORPUS, SPECIALS, randomize
+from tests.models.tiny import byte_level_tokenizer, randomize
 
 AUDIO_TOKENS = ["<|audio_bos|>", "<|AUDIO|>", "<|audio_eos|>"]
 AUDIO_VOCAB = 330
@@ -37,18 +37,7 @@ AUDIO_TEMPLATE = (
 
 
 def audio_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=AUDIO_VOCAB,
-        special_tokens=SPECIALS + AUDIO_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() == AUDIO_VOCAB
-    return tok
+    return byte_level_tokenizer(AUDIO_VOCAB, AUDIO_TOKENS)
 
 
 def save_tiny_qwen2_audio(directory: Path, seed: int = 0) -> tuple[Any, Any]:

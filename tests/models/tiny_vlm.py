@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Tokenizer
 
-from tests.models.tiny import CORPUS, SPECIALS, randomize
+from tests.models.tiny import SPECIALS, byte_level_tokenizer, randomize
 
 TILE = 32  # max_image_size.longest_edge == vision image_size
 LONGEST = 96  # size.longest_edge: at most 3x3 tiles
@@ -46,18 +46,7 @@ VLM_TEMPLATE = (
 
 
 def vlm_tokenizer() -> Tokenizer:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VLM_VOCAB,
-        special_tokens=SPECIALS + IMAGE_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS, trainer)
-    assert tok.get_vocab_size() == VLM_VOCAB
-    return tok
+    return byte_level_tokenizer(VLM_VOCAB, IMAGE_TOKENS)
 
 
 def _tokenizer() -> Any:
