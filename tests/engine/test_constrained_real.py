@@ -169,3 +169,37 @@ def test_preempted_constrained_requests_match_their_solo_output(smollm2_gguf: Pa
             jsonschema.validate(json.loads(text), PERSON)
     finally:
         tiny.shutdown()
+
+
+def test_a_prefix_cache_hit_keeps_the_constraint(served: ServedModel) -> None:
+    """The second identical request reads its prompt from the prefix cache: the same greedy
+    output, still valid (the matcher starts fresh whatever the KV holds)."""
+    prompt = served.chat_prompt([{"role": "user", "content": "One person, as JSON, please."}])
+    params = SamplingParams(max_tokens=60, temperature=0, constraint=Constraint.json_schema(PERSON))
+    first = asyncio.run(_run(served, prompt, params))
+    hits = served.engine.stats().prefix_cache_hits
+    again = asyncio.run(_run(served, prompt, params))
+    assert served.engine.stats().prefix_cache_hits > hits
+    assert again.text == first.text
+    jsonschema.validate(json.loads(again.text), PERSON)
+
+
+def test_a_stop_string_cuts_the_constrained_output(served: ServedModel) -> None:
+    """A stop string ends a constrained reply like any other: what came before it is the start
+    of the same valid output the unstopped request writes."""
+    prompt = served.chat_prompt([{"role": "user", "content": "A person as JSON."}])
+    schema = Constraint.json_schema(PERSON)
+    whole = asyncio.run(
+        _run(served, prompt, SamplingParams(max_tokens=60, temperature=0, constraint=schema))
+    )
+    jsonschema.validate(json.loads(whole.text), PERSON)
+    cut = asyncio.run(
+        _run(
+            served,
+            prompt,
+            SamplingParams(max_tokens=60, temperature=0, constraint=schema, stop=('"age"',)),
+        )
+    )
+    assert cut.finish_reason == "stop"
+    assert '"age"' in whole.text and whole.text.startswith(cut.text)
+    assert cut.text == whole.text[: whole.text.index('"age"')]
