@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,6 +13,23 @@ from inferd.store import DEFAULT_MODEL, ModelStore
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
     from tests.media.corpus import Corpus
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, share the cores out among the workers.
+
+    Each worker (and every server it starts, which inherits the environment) would otherwise
+    run one compute thread per core, so two workers on two cores run four spinning threads:
+    decode slows by an order of magnitude and the tests that need a token before a deadline
+    see none. An explicit OMP_NUM_THREADS is left as set.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        import torch
+
+        torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="session")

@@ -1,9 +1,10 @@
 """--request-timeout on a real server, plus the settings the operations module leaves at default:
 keys from INFERD_API_KEYS, no docs, no CORS, the text access log.
 
-The timeout is 2 s; the requests meant to time out ask for 900 tokens with ignore_eos,
-which takes far longer on any CPU this runs on. Anthropic's API has no ignore_eos: its requests
-prefill a reply that repeats one word, which greedy decoding keeps repeating.
+The timeout is 4 s, time enough for first tokens on a busy two-core machine; the requests meant
+to time out ask for 900 tokens with ignore_eos, which takes far longer on any CPU this runs on.
+Anthropic's API has no ignore_eos: its requests prefill a reply that repeats one word,
+which greedy decoding keeps repeating.
 
 Every generating route is covered: chat and text completions (504 in OpenAI's envelope, or an
 error event then [DONE] mid-stream) and messages (504 in Anthropic's envelope, or an error
@@ -29,7 +30,7 @@ from tests.server.live import LiveServer, live_server
 
 ENV_KEYS = ("env-key-1", "env-key-2")
 AUTH = {"Authorization": f"Bearer {ENV_KEYS[1]}"}
-TIMEOUT_MESSAGE = "the request timed out after 2s (--request-timeout) while generating"
+TIMEOUT_MESSAGE = "the request timed out after 4s (--request-timeout) while generating"
 LONG: dict[str, Any] = {
     "messages": [{"role": "user", "content": "Write a very long story about the sea."}],
     "max_tokens": 900,
@@ -74,7 +75,7 @@ def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     tmp = tmp_path_factory.mktemp("timeout")
     args = [
         *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "1024"),
-        *("--request-timeout", "2", "--no-docs", "--access-log-format", "text"),
+        *("--request-timeout", "4", "--no-docs", "--access-log-format", "text"),
     ]
     saved = os.environ.get("INFERD_API_KEYS")
     os.environ["INFERD_API_KEYS"] = f" {ENV_KEYS[0]}, {ENV_KEYS[1]} ,"
@@ -197,7 +198,7 @@ def test_a_body_that_never_arrives_gets_408(server: LiveServer, anthropic_caller
     status_line, _, rest = reply.partition(b"\r\n")
     assert status_line == b"HTTP/1.1 408 Request Timeout"
     body = json.loads(rest.split(b"\r\n\r\n", 1)[1])
-    message = "the request timed out after 2s (--request-timeout) while sending the request body"
+    message = "the request timed out after 4s (--request-timeout) while sending the request body"
     if anthropic_caller:
         assert _without_request_id(body) == {
             "type": "error",
