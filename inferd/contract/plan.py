@@ -76,7 +76,8 @@ _PUBLIC_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]*(?:/[A-Za-z0-9][A-Za-z0-9.
 # as separate argv entries and never through a shell, but a value that *looks* like shell
 # text is a configuration mistake worth refusing before it reaches a log or a wrapper script.
 _SHELL_SHAPED = re.compile(r"[\s$`;|&<>(){}\[\]*?!~'\"\\#^%]|[\x00-\x1f\x7f]")
-_DTYPES = frozenset({"auto", "bf16", "f32"})
+# inferd's --dtype choices; the contract imports no inferd module, so a test keeps the two equal.
+_DTYPES = frozenset({"auto", "bf16", "f16", "f32"})
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,7 @@ class Limits:
     max_batch_size: int | None = None  # mistral.rs: sizing input for device mapping
     max_num_batched_tokens: int | None = None  # inferd: token budget of one engine step
     kv_cache_tokens: int | None = None  # inferd: KV pool size
-    dtype: str | None = None  # inferd: auto | bf16 | f32
+    dtype: str | None = None  # inferd: auto | bf16 | f16 | f32
     seed: int | None = None  # inferd: default sampling seed
     prefix_caching: Toggle | None = None  # inferd: block reuse bounded by the KV pool, no count
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from inferd.cli import _parser
+from inferd.config import DTYPES
 from inferd.contract.example import example_plan
 from inferd.contract.plan import (
     AccessLog,
@@ -292,3 +293,10 @@ def test_public_id_must_be_hub_shaped() -> None:
         with pytest.raises(PlanError, match="public_id"):
             dataclasses.replace(example_plan().model, public_id=bad)
     assert isinstance(example_plan().model, ModelSource)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_inferd_serve_takes_is_a_valid_plan_dtype(dtype: str) -> None:
+    base = inferd_plan()
+    plan = _replace(base, limits=dataclasses.replace(base.limits, dtype=dtype))
+    assert _parser().parse_args(list(plan.launch_args())).dtype == dtype
