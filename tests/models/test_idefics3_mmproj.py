@@ -54,6 +54,9 @@ def test_the_projector_gives_the_encoder_and_the_image_settings(
     assert loaded.config.vision is not None and from_hf.config.vision is not None
     assert loaded.config.vision.image_token_id == from_hf.config.vision.image_token_id
     assert loaded.config.architecture == "llama"  # the decoder is the GGUF's, as it says
+    alone = load(loaded.source.path, dtype="f32", progress=False)  # no --mmproj: text only
+    assert alone.image_config is None and alone.config.vision is None
+    assert not isinstance(alone.model, Idefics3ForCausalLM)
 
 
 @pytest.mark.parametrize("case", list(CASES))
