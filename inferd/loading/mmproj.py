@@ -185,7 +185,10 @@ def _check_width(gguf: GGUFFile, vision: VisionConfig, text_hidden: int) -> None
 
 
 def _check_tensors(gguf: GGUFFile, vision: VisionConfig) -> None:
-    names = {i.name for i in gguf.tensor_infos()}
+    """Exactly the tensors of an idefics3 projector of this shape (the connector's is checked
+    by ``_check_width``), so that no weight read later can fail."""
+    shapes = {i.name: i.shape for i in gguf.tensor_infos()}
+    names = set(shapes)
     wanted = set(projector_plan(vision.num_layers).values())
     missing, extra = sorted(wanted - names), sorted(names - wanted)
     if missing:
@@ -197,6 +200,34 @@ def _check_tensors(gguf: GGUFFile, vision: VisionConfig) -> None:
             f"{gguf.path}: the projector holds {len(extra)} tensors an idefics3 projector has "
             f"not, e.g. {extra[0]} (another kind of projector?)"
         )
+    for name, shape in _expected_shapes(vision).items():
+        if shapes[name] != shape:
+            raise ProjectorError(
+                f"{gguf.path}: tensor {name} has shape {shapes[name]}, the projector's metadata "
+                f"says {shape}"
+            )
+
+
+def _expected_shapes(vision: VisionConfig) -> dict[str, tuple[int, ...]]:
+    h, ff, p = vision.hidden_size, vision.intermediate_size, vision.patch_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "v.patch_embd.weight": (h, vision.num_channels, p, p),
+        "v.patch_embd.bias": (h,),
+        "v.position_embd.weight": ((vision.image_size // p) ** 2, h),
+        "v.post_ln.weight": (h,),
+        "v.post_ln.bias": (h,),
+    }
+    for i in range(vision.num_layers):
+        b = f"v.blk.{i}."
+        for name in ("ln1", "ln2", "attn_q", "attn_k", "attn_v", "attn_out", "ffn_down"):
+            shapes[b + name + ".bias"] = (h,)
+        for name in ("ln1", "ln2"):
+            shapes[b + name + ".weight"] = (h,)
+        for name in ("attn_q", "attn_k", "attn_v", "attn_out"):
+            shapes[b + name + ".weight"] = (h, h)
+        shapes[b + "ffn_up.weight"], shapes[b + "ffn_up.bias"] = (ff, h), (ff,)
+        shapes[b + "ffn_down.weight"] = (h, ff)
+    return shapes
 
 
 def _image_config(where: str, meta: Mapping[str, Any], vision: VisionConfig) -> Idefics3ImageConfig:

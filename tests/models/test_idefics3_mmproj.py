@@ -131,9 +131,12 @@ def test_mismatched_projectors_are_refused_before_loading(
     write_mmproj(hf, processor.image_processor, gemma, projector_type="gemma3")
     narrow = tmp_path / "narrow.gguf"
     write_mmproj(hf, processor.image_processor, narrow, connector_width=32)
+    wide_mlp = tmp_path / "wide-mlp.gguf"
+    write_mmproj(hf, processor.image_processor, wide_mlp, feed_forward_length=96)
     cases: list[tuple[Path, Path, str]] = [
         (lm, gemma, "projector type 'gemma3' is not supported"),
         (lm, narrow, "gives 32-wide embeddings .* language model is 64 wide"),
+        (lm, wide_mlp, r"tensor v.blk.0.ffn_up.weight has shape \(80, 48\), .* says \(96, 48\)"),
         (lm, lm, "is not a multimodal projector .*'llama'"),
         (text_only_gguf, proj, "tokenizer has no <image>"),
         (hf_dir, proj, "--mmproj goes with a GGUF language model"),

@@ -66,12 +66,14 @@ def write_mmproj(
     projector_type: str = "idefics3",
     longest_edge: bool = True,
     connector_width: int | None = None,
+    feed_forward_length: int | None = None,
     f16: bool = False,
 ) -> None:
     """``hf``'s projector file, its image settings from ``image_processor`` as the converter
     takes them (``size.longest_edge`` -> ``preproc_image_size``). The keywords make broken
     files: another ``projector_type``, no ``preproc_image_size`` (an older converter), a
-    connector of ``connector_width`` outputs; ``f16`` stores the matrices in half precision,
+    connector of ``connector_width`` outputs, metadata saying another
+    ``feed_forward_length`` than the tensors have; ``f16`` stores the matrices in half precision,
     as the converter does by default."""
     import gguf
 
@@ -88,7 +90,7 @@ def write_mmproj(
     writer.add_vision_image_size(vc.image_size)
     writer.add_vision_patch_size(vc.patch_size)
     writer.add_vision_embedding_length(vc.hidden_size)
-    writer.add_vision_feed_forward_length(vc.intermediate_size)
+    writer.add_vision_feed_forward_length(feed_forward_length or vc.intermediate_size)
     writer.add_vision_block_count(vc.num_hidden_layers)
     writer.add_vision_head_count(vc.num_attention_heads)
     writer.add_vision_image_mean(list(image_processor.image_mean))
