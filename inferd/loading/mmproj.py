@@ -37,6 +37,7 @@ from inferd.models.idefics3_image import FAKE_TOKEN, GLOBAL_TOKEN, IMAGE_TOKEN, 
 
 PROJECTOR_TYPES = ("idefics3",)  # the ones inferd can run
 CLIP_ARCHITECTURE = "clip"  # llama.cpp's general.architecture for a projector file
+_WHOLE_TOKEN_TYPES = (3, 4)  # llama.cpp's CONTROL and USER_DEFINED: matched whole in text
 
 
 class ProjectorError(ModelConfigError):
@@ -163,6 +164,17 @@ def _image_token_id(where: str, lm: Mapping[str, Any]) -> int:
         raise ProjectorError(
             f"{where}: the language model's tokenizer has no {', '.join(missing)} token; this "
             "projector goes with a SmolVLM / Idefics3 language model"
+        )
+    types = list(lm.get("tokenizer.ggml.token_type") or [])
+    plain = [
+        t
+        for t in (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN)
+        if types and types[tokens.index(t)] not in _WHOLE_TOKEN_TYPES
+    ]
+    if plain:  # a normal token's text is split by the BPE: the image rows would miss it
+        raise ProjectorError(
+            f"{where}: the language model's tokenizer has {', '.join(plain)} as a normal token, "
+            "not a control or user-defined one it keeps whole"
         )
     return tokens.index(IMAGE_TOKEN)
 

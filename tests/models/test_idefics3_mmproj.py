@@ -6,12 +6,14 @@ Face directory's, and a projector that does not fit the language model is refuse
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+from tokenizers import Tokenizer
 
 from inferd.config import EngineConfig
 from inferd.engine.driver import CallerLoop
@@ -27,7 +29,8 @@ from inferd.serving.served import ServedModel, load_model
 from tests.models.test_idefics3_parity import CASES, expand, our_embeddings, paged_forward
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny import hf_config, write_gguf
-from tests.models.tiny_mmproj import write_mmproj, write_smolvlm_ggufs
+from tests.models.tiny_mmproj import write_language_model, write_mmproj, write_smolvlm_ggufs
+from tests.models.tiny_vlm import vlm_tokenizer
 
 
 @pytest.fixture(scope="module")
@@ -131,6 +134,11 @@ def test_mismatched_projectors_are_refused_before_loading(
     write_mmproj(hf, processor.image_processor, gemma, projector_type="gemma3")
     narrow = tmp_path / "narrow.gguf"
     write_mmproj(hf, processor.image_processor, narrow, connector_width=32)
+    spec = json.loads(vlm_tokenizer().to_str())
+    for token in spec["added_tokens"]:  # <image> typed as a normal token: the BPE splits it
+        token["special"] = token["special"] and token["content"] != "<image>"
+    split_image = tmp_path / "split-image.gguf"
+    write_language_model(hf, split_image, Tokenizer.from_str(json.dumps(spec)))
     wide_mlp = tmp_path / "wide-mlp.gguf"
     write_mmproj(hf, processor.image_processor, wide_mlp, feed_forward_length=96)
     cases: list[tuple[Path, Path, str]] = [
@@ -139,6 +147,7 @@ def test_mismatched_projectors_are_refused_before_loading(
         (lm, wide_mlp, r"tensor v.blk.0.ffn_up.weight has shape \(80, 48\), .* says \(96, 48\)"),
         (lm, lm, "is not a multimodal projector .*'llama'"),
         (text_only_gguf, proj, "tokenizer has no <image>"),
+        (split_image, proj, "has <image> as a normal token"),
         (hf_dir, proj, "--mmproj goes with a GGUF language model"),
     ]
     for model, projector, message in cases:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tokenizers import Tokenizer
 
 from tests.models.tiny import write_gguf
 from tests.models.tiny_vlm import VLM_TEMPLATE, vlm_tokenizer
@@ -27,16 +28,17 @@ _LAYER_NAMES = {
 }
 
 
-def write_language_model(hf: Any, path: Path) -> None:
+def write_language_model(hf: Any, path: Path, tokenizer: Tokenizer | None = None) -> None:
     """The decoder of ``hf`` (an Idefics3ForConditionalGeneration) as a Llama GGUF, with the
-    VLM tokenizer and template, as llama.cpp converts SmolVLM's text model."""
+    VLM tokenizer (or ``tokenizer``) and template, as llama.cpp converts SmolVLM's text
+    model."""
     from transformers import LlamaForCausalLM
 
     with torch.device("meta"):
         llama = LlamaForCausalLM(hf.config.text_config)
     llama.model = hf.model.text_model
     llama.lm_head = hf.lm_head
-    write_gguf(llama, path, tokenizer=vlm_tokenizer(), chat_template=VLM_TEMPLATE)
+    write_gguf(llama, path, tokenizer=tokenizer or vlm_tokenizer(), chat_template=VLM_TEMPLATE)
 
 
 def mmproj_tensors(hf: Any) -> dict[str, torch.Tensor]:
