@@ -200,3 +200,18 @@ def test_engine_greedy_equals_the_hf_directory(
         ids, tokens = greedy(from_gguf, messages)
         assert (ids, tokens) == greedy(from_hf, messages)
         assert len(tokens) == 8
+
+
+def test_llm_takes_the_projector(
+    ggufs: tuple[Path, Path], engines: tuple[ServedModel, ServedModel]
+) -> None:
+    from inferd.llm import LLM
+
+    image = generated(70, 50, seed=9)
+    content = [{"type": "image", "image": image}, {"type": "text", "text": "What is it?"}]
+    messages = [{"role": "user", "content": content}]
+    ids, tokens = greedy(engines[1], messages)  # the Hugging Face directory's engine
+    with LLM(ggufs[0], mmproj=ggufs[1], dtype="f32") as llm:
+        [out] = llm.chat(messages, SamplingParams(max_tokens=8, temperature=0), use_tqdm=False)
+    assert out.prompt_token_ids == ids
+    assert list(out.outputs[0].token_ids) == tokens
