@@ -33,7 +33,13 @@ from PIL import Image
 
 from inferd.loading.gguf import GGUFFile
 from inferd.models.config import LLAMA_FAMILY, ModelConfigError, VisionConfig
-from inferd.models.idefics3_image import FAKE_TOKEN, GLOBAL_TOKEN, IMAGE_TOKEN, Idefics3ImageConfig
+from inferd.models.idefics3_image import (
+    FAKE_TOKEN,
+    GLOBAL_TOKEN,
+    IMAGE_TOKEN,
+    MAX_GRID,
+    Idefics3ImageConfig,
+)
 
 PROJECTOR_TYPES = ("idefics3",)  # the ones inferd can run
 CLIP_ARCHITECTURE = "clip"  # llama.cpp's general.architecture for a projector file
@@ -125,7 +131,9 @@ def open_projector(path: str | Path, lm: Mapping[str, Any]) -> Projector:
     vision = _vision_config(where, meta, _image_token_id(where, lm))
     _check_width(gguf, vision, int(lm.get(f"{lm_arch}.embedding_length", 0)))
     _check_tensors(gguf, vision)
-    return Projector(gguf, str(kind), vision, _image_config(where, meta, vision))
+    image = _image_config(where, meta, vision)
+    _check_grid_tokens(where, lm, image)
+    return Projector(gguf, str(kind), vision, image)
 
 
 def _get(where: str, meta: Mapping[str, Any], key: str) -> Any:
@@ -177,6 +185,22 @@ def _image_token_id(where: str, lm: Mapping[str, Any]) -> int:
             "not a control or user-defined one it keeps whole"
         )
     return tokens.index(IMAGE_TOKEN)
+
+
+def _check_grid_tokens(where: str, lm: Mapping[str, Any], image: Idefics3ImageConfig) -> None:
+    """A split image marks each tile ``<row_r_col_c>``: every mark its largest grid needs
+    must be one token of the language model's."""
+    if not image.splitting:
+        return
+    side = min(-(-image.longest_edge // image.tile), MAX_GRID)
+    tokens = set(lm.get("tokenizer.ggml.tokens") or [])
+    marks = [f"<row_{r}_col_{c}>" for r in range(1, side + 1) for c in range(1, side + 1)]
+    missing = [m for m in marks if m not in tokens]
+    if missing:
+        raise ProjectorError(
+            f"{where}: images split into up to {side}x{side} tiles, but the language model's "
+            f"tokenizer has no {missing[0]} token"
+        )
 
 
 def _check_width(gguf: GGUFFile, vision: VisionConfig, text_hidden: int) -> None:

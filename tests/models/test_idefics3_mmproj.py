@@ -139,6 +139,9 @@ def test_mismatched_projectors_are_refused_before_loading(
         token["special"] = token["special"] and token["content"] != "<image>"
     split_image = tmp_path / "split-image.gguf"
     write_language_model(hf, split_image, Tokenizer.from_str(json.dumps(spec)))
+    renamed = json.loads(vlm_tokenizer().to_str().replace("<row_3_col_2>", "<row_3_col_b>"))
+    no_mark = tmp_path / "no-mark.gguf"  # a 3x3 split needs <row_3_col_2>
+    write_language_model(hf, no_mark, Tokenizer.from_str(json.dumps(renamed)))
     wide_mlp = tmp_path / "wide-mlp.gguf"
     write_mmproj(hf, processor.image_processor, wide_mlp, feed_forward_length=96)
     cases: list[tuple[Path, Path, str]] = [
@@ -148,6 +151,7 @@ def test_mismatched_projectors_are_refused_before_loading(
         (lm, lm, "is not a multimodal projector .*'llama'"),
         (text_only_gguf, proj, "tokenizer has no <image>"),
         (split_image, proj, "has <image> as a normal token"),
+        (no_mark, proj, "split into up to 3x3 tiles, .* has no <row_3_col_2> token"),
         (hf_dir, proj, "--mmproj goes with a GGUF language model"),
     ]
     for model, projector, message in cases:
