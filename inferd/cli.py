@@ -104,6 +104,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "model's own; needed for chat with a model that has none (a base model)",
     )
     p.add_argument(
+        "--mmproj",
+        metavar="FILE",
+        default=None,
+        help="a llama.cpp multimodal projector (mmproj .gguf) for a GGUF language model: the "
+        "model then takes images (SmolVLM / Idefics3 projectors)",
+    )
+    p.add_argument(
         "--dtype",
         default=d.dtype,
         choices=DTYPES,
@@ -214,7 +221,7 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     model_id = tool_model_id(args) or DEFAULT_MODEL
     template = read_chat_template(args.chat_template) if args.chat_template else None
-    spec = ModelSpec(model_id=model_id, chat_template=template)
+    spec = ModelSpec(model_id=model_id, chat_template=template, mmproj=args.mmproj)
     model = load_spec(spec, _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
         model.shutdown()

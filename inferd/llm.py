@@ -107,7 +107,8 @@ class LLM:
     """One chat model loaded for offline use. ``model``: a store name, a .gguf file, a model
     directory or a Hugging Face cache id, as ``inferd serve -m`` takes. ``options`` are
     ``EngineConfig`` fields (``dtype``, ``max_num_seqs``, ``max_model_len``,
-    ``kv_cache_tokens``, ``seed``...); ``chat_template`` replaces the model's own (Jinja)."""
+    ``kv_cache_tokens``, ``seed``...); ``chat_template`` replaces the model's own (Jinja);
+    ``mmproj``: a llama.cpp multimodal projector for a GGUF model (``--mmproj``)."""
 
     def __init__(
         self,
@@ -115,9 +116,14 @@ class LLM:
         *,
         chat_template: str | None = None,
         progress_bar: bool = False,
+        mmproj: str | Path | None = None,
         **options: Any,
     ) -> None:
-        spec = ModelSpec(model_id=str(model), chat_template=chat_template)
+        spec = ModelSpec(
+            model_id=str(model),
+            chat_template=chat_template,
+            mmproj=str(mmproj) if mmproj is not None else None,
+        )
         # The caller steps the engine: nothing runs between calls.
         served = load_spec(spec, EngineConfig(**options), progress=progress_bar, loop=CallerLoop())
         if not isinstance(served, ServedModel):

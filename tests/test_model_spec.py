@@ -242,3 +242,22 @@ def test_serve_refuses_an_unknown_default_and_config_with_m(tmp_path: Path) -> N
     assert out.returncode == 2 and "use tool_call_parser" in out.stderr
     out = _serve("--tool-call-parser", "xml")
     assert out.returncode == 2 and "invalid choice: 'xml'" in out.stderr
+
+
+def test_mmproj_is_a_projector_file_beside_a_gguf_model(tmp_path: Path) -> None:
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "proj" / "mmproj.gguf").write_bytes(b"GGUF")
+    doc = {"vlm": {"GGUF": {"model_id": "lm.gguf"}, "mmproj": "proj/mmproj.gguf"}}
+    [spec] = parse_models(doc, base=tmp_path)
+    assert spec.mmproj == str(tmp_path / "proj" / "mmproj.gguf")  # against the file's folder
+    assert parse_models({"a": {"GGUF": {"model_id": "smollm2"}}})[0].mmproj is None
+    bad = {
+        "plain": {"Plain": {"model_id": "dir", "mmproj": "proj/mmproj.gguf"}},
+        "missing": {"GGUF": {"model_id": "lm.gguf"}, "mmproj": "proj/none.gguf"},
+    }
+    with pytest.raises(SpecError) as err:
+        parse_models(bad, base=tmp_path)
+    assert err.value.problems == [
+        "plain.Plain.mmproj: only GGUF entries take a projector (mmproj)",
+        f"missing.mmproj: expected a projector .gguf file; {tmp_path}/proj/none.gguf is not a file",
+    ]

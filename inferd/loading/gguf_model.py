@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
+from dataclasses import replace
 
 import torch
 from gguf import GGMLQuantizationType
@@ -11,6 +12,7 @@ from gguf import GGMLQuantizationType
 from inferd.layers.linear import PackedKind
 from inferd.layers.rotary import inverse_frequencies
 from inferd.loading.gguf import GGUFFile
+from inferd.loading.mmproj import Projector
 from inferd.loading.quantize import Isq
 from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
@@ -38,13 +40,17 @@ def load_gguf_model(
     progress: bool = True,
     packed_kernels: bool = True,
     isq: Isq | None = None,
+    projector: Projector | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16; f32
     on AVX2);
-    ``isq`` quantizes every projection instead (see loading/quantize.py)."""
+    ``isq`` quantizes every projection instead (see loading/quantize.py); ``projector`` (a
+    checked ``--mmproj`` file) adds its image encoder and connector to the decoder."""
     infos = {info.name: info for info in gguf.tensor_infos()}
     names = set(infos)
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+    if projector is not None:
+        cfg = replace(cfg, vision=projector.vision)
     if any(n.startswith("rope_factors_") for n in names):
         raise ModelConfigError("LongRoPE scaling (rope_factors_* tensors) is not supported yet")
     freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
@@ -61,15 +67,20 @@ def load_gguf_model(
 
         return load
 
-    weights = (
+    weights = [
         WeightSource(target, read(srcs, transform), _packed_kind(infos[s].qtype for s in srcs))
         for target, (srcs, transform) in plan.items()
-    )
+    ]
+    if projector is not None:  # the encoder's plain nn.Linear layers are never packed
+        weights += [
+            WeightSource(ours, projector.reader(theirs))
+            for ours, theirs in projector.weight_plan().items()
+        ]
     fill(
         model,
         weights,
         dtype,
-        total=len(plan),
+        total=len(weights),
         packed_kernels=packed_kernels,
         isq=isq,
         progress=progress,

@@ -17,6 +17,7 @@ from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import read_audio_config, read_image_config
 from inferd.loading.hf_tokenizer import chat_template_source
+from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
@@ -44,6 +45,7 @@ class LoadedModel:
     isq: Isq | None = None
     image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
+    projector: Path | None = None  # the --mmproj file the image encoder came from
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -70,18 +72,25 @@ def load(
     packed_kernels: bool = True,
     progress: bool = True,
     chat_template: str | None = None,
+    mmproj: str | Path | None = None,
 ) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
     as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
-    Jinja source that replaces the model's own template."""
+    Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
+    projector file for a GGUF language model (loading/mmproj.py)."""
     if not isinstance(source, ModelSource):
         source = resolve_source(str(source))
     torch_dtype = resolve_dtype(dtype)
     request = isq_for(isq, source.digest)
     if source.path.is_dir():
+        if mmproj is not None:
+            raise ProjectorError(
+                f"{source.path}: --mmproj goes with a GGUF language model; a Hugging Face "
+                "directory carries its own vision encoder"
+            )
         return _load_hf(source, torch_dtype, request, packed_kernels, progress, chat_template)
-    return _load_gguf(source, torch_dtype, request, packed_kernels, progress, chat_template)
+    return _load_gguf(source, torch_dtype, request, packed_kernels, progress, chat_template, mmproj)
 
 
 def _load_gguf(
@@ -91,10 +100,13 @@ def _load_gguf(
     packed_kernels: bool,
     progress: bool,
     chat_template: str | None,
+    mmproj: str | Path | None = None,
 ) -> LoadedModel:
     gguf = GGUFFile(source.path)
+    # The projector is checked against the language model before any weight is read.
+    projector = open_projector(mmproj, gguf.metadata) if mmproj is not None else None
     model, cfg = load_gguf_model(
-        gguf, dtype, progress=progress, packed_kernels=packed_kernels, isq=isq
+        gguf, dtype, progress=progress, packed_kernels=packed_kernels, isq=isq, projector=projector
     )
     tokenizer = tokenizer_from_gguf(gguf.metadata)
     template = ChatTemplate.from_metadata(
@@ -102,7 +114,19 @@ def _load_gguf(
     )
     if chat_template is not None:
         template = ChatTemplate(chat_template, template.bos_token, template.eos_token)
-    return LoadedModel(source, model, cfg, dtype, tokenizer, template, isq=isq)
+    if projector is None:
+        return LoadedModel(source, model, cfg, dtype, tokenizer, template, isq=isq)
+    return LoadedModel(
+        source,
+        model,
+        cfg,
+        dtype,
+        tokenizer,
+        template,
+        isq=isq,
+        image_config=projector.image,
+        projector=projector.path,
+    )
 
 
 def _load_hf(

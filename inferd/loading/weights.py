@@ -37,7 +37,7 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    if cfg.architecture in VISION_ARCHITECTURES:
+    if cfg.architecture in VISION_ARCHITECTURES or cfg.vision is not None:  # or a --mmproj
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
         return Idefics3ForCausalLM

@@ -95,6 +95,11 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         return _load_embedding(spec, source, loop)
     if kind == "GGUF" and not source.path.is_file():
         raise ModelLoadError(f"{source.path}: a GGUF model must be a .gguf file")
+    if spec.mmproj is not None and kind != "GGUF":
+        raise ModelLoadError(
+            f"{source.path}: --mmproj goes with a GGUF language model; a Hugging Face "
+            "directory carries its own vision encoder"
+        )
     if kind == "Plain" and not source.path.is_dir():
         raise ModelLoadError(
             f"{source.path}: a Plain model must be a directory (config.json, *.safetensors, "
@@ -114,6 +119,7 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         chat_template=spec.chat_template,
         loop=loop,
         tool_call_parser=spec.tool_call_parser,
+        mmproj=spec.mmproj,
     )
 
 

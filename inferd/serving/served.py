@@ -199,12 +199,14 @@ def load_model(
     chat_template: str | None = None,
     loop: EngineLoop | None = None,
     tool_call_parser: str | None = None,
+    mmproj: str | Path | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``loading.model.load``).
 
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
-    tool-call syntax (structured/tool_syntax), when not the one the template shows."""
+    tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
+    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py)."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -215,6 +217,7 @@ def load_model(
         packed_kernels=cfg.packed_kernels,
         progress=progress,
         chat_template=chat_template,
+        mmproj=mmproj,
     )
     served = assemble(loaded, cfg, loop=loop, tool_call_parser=tool_call_parser)
     log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)

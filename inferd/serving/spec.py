@@ -11,8 +11,8 @@ Each entry names exactly one kind (``GGUF``, ``Plain`` or ``Embedding``) whose o
 source: ``model_id`` is a store name, a file or a directory; GGUF also takes
 ``quantized_model_id`` + ``quantized_filename`` (a file inside a directory or store entry).
 The optional settings (``alias``, ``chat_template``, ``jinja_explicit``, ``tool_call_parser``,
-``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``) may sit beside the kind or inside
-it.
+``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``, and for GGUF ``mmproj``: a
+llama.cpp multimodal projector file) may sit beside the kind or inside it.
 
 The API id is the alias, else derived from the source: a store name as is, a file's stem, a
 directory's name. Every mistake is reported with its key path and what was expected, all at
@@ -43,6 +43,7 @@ _SETTINGS = (
     "in_situ_quant",
     "max_seq_len",
     "max_seqs",
+    "mmproj",
 )
 _GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "tool_call_parser", "in_situ_quant")
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
@@ -81,6 +82,7 @@ class ModelSpec:
     max_seq_len: int | None = None
     max_seqs: int | None = None
     tool_call_parser: str | None = None  # None: the syntax the chat template shows
+    mmproj: str | None = None  # a llama.cpp multimodal projector file (GGUF models)
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in (None, *PARSERS):
@@ -224,6 +226,7 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         max_seq_len=values.get("max_seq_len"),
         max_seqs=values.get("max_seqs"),
         tool_call_parser=values.get("tool_call_parser"),
+        mmproj=values.get("mmproj"),
     )
 
 
@@ -303,6 +306,8 @@ def _setting(
     if name == "alias" and value == "default":
         problems.append(f"{path}: 'default' names the default model; choose another alias")
         return None
+    if name == "mmproj":
+        return _projector_file(Path(value), base, path, kind, problems)
     if name == "jinja_explicit":
         return _read_text(Path(value), base, path, problems)
     if name == "chat_template":
@@ -338,6 +343,19 @@ def _template(value: str, base: Path, path: str, problems: list[str]) -> str | N
         problems.append(f"{path}: {value} has no string chat_template field")
         return None
     return template
+
+
+def _projector_file(
+    file: Path, base: Path, path: str, kind: str, problems: list[str]
+) -> str | None:
+    if kind != "GGUF":
+        problems.append(f"{path}: only GGUF entries take a projector (mmproj)")
+        return None
+    full = file.expanduser() if file.expanduser().is_absolute() else base / file
+    if not full.is_file():
+        problems.append(f"{path}: expected a projector .gguf file; {full} is not a file")
+        return None
+    return str(full)
 
 
 def _read_text(file: Path, base: Path, path: str, problems: list[str]) -> str | None:

@@ -38,14 +38,17 @@ def registry_from_args(
             model_id=args.model or DEFAULT_MODEL,
             chat_template=template,
             tool_call_parser=getattr(args, "tool_call_parser", None),
+            mmproj=getattr(args, "mmproj", None),
         )
         model = load_spec(spec, cfg, progress=True, loop=loop)
         slot = ModelSlot.of_loaded(model)
         slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
         registry = ModelRegistry([slot], default_id=args.default_model_id, **policy)
-        return registry, _describe_model(model, cfg)
+        return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec)]
     if args.model is not None:
         raise ValueError("give -m or --config, not both")
+    if getattr(args, "mmproj", None) is not None:
+        raise ValueError("--mmproj goes with -m; in a --config file, use mmproj")
     if template_flag is not None:
         raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
     if getattr(args, "tool_call_parser", None) is not None:
@@ -68,6 +71,20 @@ def registry_from_args(
         f"model      {s.id}  ({s.kind}, label {s.label}) loading in the background" for s in slots
     ]
     return registry, [*lines, f"default    {registry.default_id}"]
+
+
+def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
+    """The projector line: which file gave the image encoder, and how it takes images."""
+    if spec.mmproj is None or not isinstance(model, ServedModel) or model.images is None:
+        return []
+    vision, images = model.config.vision, model.images.config
+    assert vision is not None
+    split = f"long side {images.longest_edge} px, split" if images.splitting else "not split"
+    return [
+        f"projector  {spec.mmproj}  (idefics3: image encoder {vision.num_layers} layers, "
+        f"hidden {vision.hidden_size}; {images.tile} px tiles of {images.image_seq_len} "
+        f"tokens, images {split})"
+    ]
 
 
 def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:

@@ -159,10 +159,14 @@ GGUF_ARCH = {
 }
 
 
-def write_gguf(hf: Any, path: Path) -> None:
+def write_gguf(
+    hf: Any, path: Path, *, tokenizer: Tokenizer | None = None, chat_template: str = CHATML
+) -> None:
     """``hf`` as a float32 GGUF laid out as llama.cpp's convert_hf_to_gguf.py writes it: its
     tensor names, Q/K rows permuted for Llama only, Gemma norms stored as ``1 + w``, Phi-3's
-    fused tensors as they are, and the metadata keys each architecture's loader reads."""
+    fused tensors as they are, and the metadata keys each architecture's loader reads.
+    ``tokenizer`` (default: the tiny byte-level one) and ``chat_template`` go in as
+    ``tokenizer.ggml.*`` keys and ``tokenizer.chat_template``."""
     import gguf
 
     c = hf.config
@@ -230,24 +234,26 @@ def write_gguf(hf: Any, path: Path) -> None:
         elif arch == "gemma2" and name.endswith("norm.weight"):
             t = t + 1
         writer.add_tensor(names[name], t.numpy())
-    _add_tokenizer(writer)
+    _add_tokenizer(writer, tokenizer or byte_level_tokenizer(), chat_template)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
 
 
-def _add_tokenizer(writer: Any) -> None:
-    """The tiny byte-level tokenizer in llama.cpp's ``tokenizer.ggml.*`` keys."""
-    spec = json.loads(byte_level_tokenizer().to_str())
+def _add_tokenizer(writer: Any, tokenizer: Tokenizer, chat_template: str) -> None:
+    """A byte-level tokenizer in llama.cpp's ``tokenizer.ggml.*`` keys, its special tokens as
+    control tokens."""
+    spec = json.loads(tokenizer.to_str())
+    specials = {t["content"] for t in spec["added_tokens"] if t["special"]}
     vocab: dict[str, int] = spec["model"]["vocab"]
     tokens = sorted(vocab, key=vocab.__getitem__)
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
     writer.add_tokenizer_model("gpt2")
     writer.add_tokenizer_pre("gpt2")
     writer.add_token_list(tokens)
-    writer.add_token_types([3 if t in SPECIALS else 1 for t in tokens])
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
     writer.add_token_merges(merges)
     writer.add_eos_token_id(vocab["<|im_end|>"])
     writer.add_add_bos_token(False)
-    writer.add_chat_template(CHATML)
+    writer.add_chat_template(chat_template)
