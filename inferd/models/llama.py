@@ -145,7 +145,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         ``embeds``: the input embeddings when the caller made them (``embed`` of the ids with
         an image encoder's rows written over its placeholder tokens)."""
         x = self.embed(input_ids) if embeds is None else embeds
-        rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
+        rotation = self.rotation_at(positions, x.dtype)  # shared by every layer
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
             window_meta = sliding_window_metadata(meta, self.config.sliding_window)
@@ -153,6 +153,10 @@ class LlamaForCausalLM(nn.Module, KernelUser):
             sliding = self.config.window_of(i) is not None
             x = layer(x, rotation, window_meta if sliding else meta, cache)
         return self.norm(x)
+
+    def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotary embedding of a step's positions (M-RoPE models take [3, n] positions)."""
+        return self.rotary.at(positions, dtype)
 
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """An image's embeddings, one row per placeholder token (models with an encoder)."""
