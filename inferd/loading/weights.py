@@ -21,8 +21,8 @@ from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequenci
 from inferd.loading.quantize import Isq
 from inferd.models.config import (
     AUDIO_ARCHITECTURES,
-    VISION_ARCHITECTURES,
     QWEN_VL_ARCHITECTURES,
+    VISION_ARCHITECTURES,
     ModelConfig,
     ModelConfigError,
 )

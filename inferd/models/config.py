@@ -533,7 +533,9 @@ def _qwen2_5_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig
     }
     decoder = config_from_hf(text, has_lm_head=has_lm_head)
     if 2 * sum(int(s) for s in section) != decoder.head_dim:
-        raise ModelConfigError(f"mrope_section {section} does not cover head_dim {decoder.head_dim}")
+        raise ModelConfigError(
+            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
+        )
     if str(vision.get("hidden_act", "silu")) != "silu":
         raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")
     vrope = vision.get("rope_parameters") or {}

@@ -166,5 +166,18 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         """Each clip's embeddings, one row per placeholder token (models with an encoder)."""
         raise ModelConfigError(f"{self.config.architecture} models take no audio")
 
+    def encode_grids(
+        self, patches: torch.Tensor, grids: Sequence[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
+        """Each image's or video's embeddings from its patches (Qwen2.5-VL's encoder)."""
+        raise ModelConfigError(f"{self.config.architecture} models take no patch grids")
+
+    def rope_index(
+        self, num_tokens: int, media: Sequence[tuple[int, tuple[int, int, int], float]]
+    ) -> torch.Tensor:
+        """A prompt's M-RoPE positions [3, num_tokens] (models whose config has
+        ``mrope_section``)."""
+        raise ModelConfigError(f"{self.config.architecture} models use one position a token")
+
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

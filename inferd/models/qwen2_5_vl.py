@@ -191,7 +191,8 @@ class QwenVisionEncoder(nn.Module):
         head_dim = cfg.hidden_size // cfg.num_heads
         quarter = head_dim // 2
         self.inv_freq = 1.0 / (
-            cfg.rope_theta ** (torch.arange(0, quarter, 2, dtype=torch.float, device="cpu") / quarter)
+            cfg.rope_theta
+            ** (torch.arange(0, quarter, 2, dtype=torch.float, device="cpu") / quarter)
         )
 
     def forward(self, patches: torch.Tensor, grids: Sequence[Grid]) -> torch.Tensor:
