@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loading.hf_model import load_safetensors_model
@@ -155,7 +154,9 @@ CASES: dict[str, tuple[str, list[Any]]] = {
 }
 
 
-def prepare(spec: tuple[str, int, int, int], image: QwenVisualConfig, video: QwenVisualConfig):  # type: ignore[no-untyped-def]
+def prepare(
+    spec: tuple[str, int, int, int], image: QwenVisualConfig, video: QwenVisualConfig
+) -> PreparedVisual:
     kind, height, width, seed = spec
     if kind == "image":
         return prepare_image(generated(height, width, seed=seed), image)
