@@ -77,19 +77,23 @@ class VisionAttention(nn.Module):
         self.proj = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, groups: Segments
     ) -> torch.Tensor:
-        """x [n, d]; cos, sin [n, head_dim] float32; keep [n, n]: who sees whom."""
+        """x [n, d]; cos, sin [n, head_dim] float32; groups: the runs that attend within."""
         n = x.shape[0]
         q, k, v = self.qkv(x).view(n, 3, self.num_heads, self.head_dim).unbind(1)
         c, s = cos[:, None], sin[:, None]
         # Rotated in float32, as the reference does, then back to the model dtype.
         q = (q.float() * c + rotate_half(q.float()) * s).to(x.dtype)
         k = (k.float() * c + rotate_half(k.float()) * s).to(x.dtype)
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=keep
-        )
-        return self.proj(out.transpose(0, 1).reshape(n, -1))
+        out = torch.empty_like(q)
+        for rows in groups.batches:  # [runs, length]: runs of one length, batched
+
+            def part(t: torch.Tensor, rows: torch.Tensor = rows) -> torch.Tensor:
+                return t[rows].transpose(1, 2)  # [runs, heads, length, head_dim]
+
+            out[rows] = F.scaled_dot_product_attention(part(q), part(k), part(v)).transpose(1, 2)
+        return self.proj(out.reshape(n, -1))
 
 
 class VisionMLP(nn.Module):
@@ -112,9 +116,9 @@ class VisionBlock(nn.Module):
         self.mlp = VisionMLP(cfg)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, keep: torch.Tensor
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, groups: Segments
     ) -> torch.Tensor:
-        x = x + self.attn(self.norm1(x), cos, sin, keep)
+        x = x + self.attn(self.norm1(x), cos, sin, groups)
         return x + self.mlp(self.norm2(x))
 
 
@@ -129,6 +133,26 @@ class PatchMerger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ln_q(x).view(-1, self.width))
+
+
+@dataclass(frozen=True, slots=True)
+class Segments:
+    """Consecutive runs of rows that attend among themselves (a frame, or a window), as row
+    indices grouped by run length: one batched attention call per length instead of a mask
+    over all rows (windows are a few dozen patches; a frame may be thousands)."""
+
+    batches: tuple[torch.Tensor, ...]  # each [runs, length] of row indices
+
+    @classmethod
+    def of(cls, ids: torch.Tensor) -> Segments:
+        """From each row's run id (runs consecutive)."""
+        _, lengths = torch.unique_consecutive(ids, return_counts=True)
+        starts = torch.cumsum(lengths, 0) - lengths
+        batches = []
+        for length in lengths.unique().tolist():
+            first = starts[lengths == length]
+            batches.append(first[:, None] + torch.arange(length))
+        return cls(tuple(batches))
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +230,7 @@ class QwenVisionEncoder(nn.Module):
         )
         angles = torch.cat((freqs, freqs), -1)
         cos, sin = angles.cos(), angles.sin()
-        frame = layout.frame[:, None] == layout.frame[None, :]
-        window = layout.window[:, None] == layout.window[None, :]
+        frame, window = Segments.of(layout.frame), Segments.of(layout.window)
         full = set(self.cfg.fullatt_block_indexes)
         for i, block in enumerate(self.blocks):
             x = block(x, cos, sin, frame if i in full else window)
