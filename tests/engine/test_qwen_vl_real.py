@@ -198,3 +198,26 @@ def test_a_video_with_an_odd_frame_count_repeats_its_last(served: ServedModel) -
     assert torch.equal(pixels[3], pixels[2])
     assert not torch.equal(pixels[1], pixels[2])
     assert np.asarray(video.frames).shape[0] == 3
+
+
+def test_requests_batched_together_keep_their_own_positions(
+    served: ServedModel, tiny_qwen2_5_vl: Any
+) -> None:
+    """An image request, a video request and a text request in the same steps (one's decode
+    beside another's prefill): each equals transformers' greedy output alone."""
+    hf, engine = tiny_qwen2_5_vl[1], served.engine.engine
+    prompts = [
+        (f"{IMAGE} Say what you see.", [WIDE]),
+        (f"Watch {VIDEO} closely, then say it.", [clip(4, 40, 100, 31)]),
+        ("Only words here, nothing else at all.", []),
+    ]
+    jobs = [served.prompt_with_media(text, media) for text, media in prompts]
+    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    for n, (ids, media) in enumerate(jobs):
+        engine.add_request(f"batch-{n}", ids, params, media=media)
+    tokens: dict[str, list[int]] = {f"batch-{n}": [] for n in range(len(jobs))}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens[out.request_id] += out.token_ids
+    for n, (ids, media) in enumerate(jobs):
+        assert tokens[f"batch-{n}"] == reference(hf, ids, media)
