@@ -9,8 +9,8 @@ repeated ``temporal_patch_size`` times, and cut into patches ordered merge group
 encoder's ``[t * h * w, C * T * P * P]`` with grid ``(1, h, w)`` in patches.
 
 A video's sampled frames (at least ``temporal_patch_size``, a multiple of it: the last repeated)
-are resized together to one ``smart_resize`` size, bicubic with antialiasing in torch (what
-torchvision does to a tensor: float, rounded back to bytes), rescaled and normalized in one
+are resized together to one ``smart_resize`` size, bicubic with antialiasing on the bytes (what
+torchvision does to a byte tensor on the CPU), rescaled and normalized in one
 step (``(x - 255 * mean) / (255 * std)``), then cut the same way, consecutive frame pairs
 being one temporal patch: grid ``(frames / 2, h, w)``; ``seconds_per_grid`` (the temporal
 patch's duration) sets its temporal positions.
@@ -188,14 +188,14 @@ def prepare_image(image: Image.Image, cfg: QwenVisualConfig) -> PreparedVisual:
 
 
 def resize_frames(frames: torch.Tensor, height: int, width: int) -> torch.Tensor:
-    """[n, 3, H, W] uint8 -> bicubic with antialiasing, rounded back to bytes (torchvision's
-    resize of a byte tensor)."""
+    """[n, 3, H, W] uint8 -> bicubic with antialiasing, on the bytes: what torchvision's
+    resize does to a byte tensor on the CPU (torch's native uint8 kernel, whose results differ
+    from resizing floats and rounding)."""
     if frames.shape[-2:] == (height, width):
         return frames
-    out = F.interpolate(
-        frames.float(), size=(height, width), mode="bicubic", align_corners=False, antialias=True
+    return F.interpolate(
+        frames, size=(height, width), mode="bicubic", align_corners=False, antialias=True
     )
-    return out.round_().clamp_(0, 255).to(torch.uint8)
 
 
 def prepare_video(frames: np.ndarray, sampled_fps: float, cfg: QwenVisualConfig) -> PreparedVisual:

@@ -147,7 +147,7 @@ def test_video_resize_keeps_bounds_and_content(
     configs: tuple[QwenVisualConfig, QwenVisualConfig],
 ) -> None:
     """A large clip shrinks to smart_resize's size within the video bounds, and a smooth
-    gradient stays a gradient (antialiased bicubic, rounded back to bytes)."""
+    gradient stays a gradient (antialiased bicubic on the bytes, as torchvision on the CPU)."""
     cfg = configs[1]
     y, x = np.mgrid[0:240, 0:320]
     frame = np.stack([x * 255 // 319, y * 255 // 239, np.full_like(x, 128)], -1).astype(np.uint8)
