@@ -1,8 +1,8 @@
 """`inferd serve` on a Hugging Face Qwen2.5-VL directory: /v1/models says it takes images and
 videos, and an ``image_url`` part and a ``video_url`` part (the extension vLLM and mistral.rs
 accept) sent through the OpenAI SDK (strict) reach the model: greedy output equal to
-transformers' generate on the same pixels, usage counting their placeholder tokens; a video
-sent to a model without video is refused by name (tests/server/test_vision_live.py)."""
+transformers' generate on the same pixels, usage counting their placeholder tokens; an
+Anthropic ``image`` block likewise; a video outside a user turn refused."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -140,3 +141,36 @@ def test_a_video_outside_a_user_turn_is_refused(oai: openai.OpenAI, model_id: st
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model=model_id, messages=messages, max_tokens=1)
     assert "videos are accepted in user messages only" in caught.value.message
+
+
+def test_anthropic_image_block_reaches_the_model(
+    server: LiveServer, model_id: str, tiny_qwen2_5_vl: tuple[Path, Any, Any]
+) -> None:
+    directory = tiny_qwen2_5_vl[0]
+    cfg = config_from_hf(json.loads((directory / "config.json").read_text()))
+    configs = read_visual_configs(directory, cfg)
+    assert configs is not None
+    image = generated(70, 130, seed=43)
+    question = "Describe it."
+    parts = [{"type": "image"}, {"type": "text", "text": question}]
+    prompt_tokens, text = reference(tiny_qwen2_5_vl, parts, [prepare_image(image, configs[0])])
+    source = {"type": "base64", "media_type": "image/png", "data": data_url(png_bytes(image))}
+    source["data"] = source["data"].split(",", 1)[1]
+    messages: Any = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "source": source}, {"type": "text", "text": question}],
+        }
+    ]
+    with anthropic.Anthropic(
+        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as claude:
+        msg = claude.messages.create(
+            model=model_id,
+            max_tokens=NEW,
+            messages=messages,
+            extra_body={"temperature": 0, "ignore_eos": True},
+        )
+        counted = claude.messages.count_tokens(model=model_id, messages=messages)
+    assert msg.usage.input_tokens == counted.input_tokens == prompt_tokens
+    assert "".join(b.text for b in msg.content if b.type == "text") == text
