@@ -123,6 +123,16 @@ def tiny_qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, An
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Qwen2.5-VL directory, its transformers model and processor parts."""
+    from tests.models.tiny_qwen_vl import save_tiny_qwen2_5_vl
+
+    directory = tmp_path_factory.mktemp("qwen2_5_vl")
+    model, processor = save_tiny_qwen2_5_vl(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def media_corpus(tmp_path_factory: pytest.TempPathFactory) -> Corpus:
     """Images, audio and videos (good and hostile) generated once (tests/media/corpus.py)."""
     from tests.media.corpus import build

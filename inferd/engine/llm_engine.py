@@ -138,6 +138,8 @@ class LLMEngine:
                 raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
             if m.modality == "audio":
                 self._check_clip(m)
+            elif self.model_config.qwen_vision is not None:
+                self._check_grid(m)
             else:
                 self._check_image(m)
             end = m.positions[-1]
@@ -155,6 +157,28 @@ class LLMEngine:
                 f"an image of {tiles} tiles fills {tiles * vision.tokens_per_tile} "
                 f"placeholder tokens, not {len(m.positions)}"
             )
+
+    def _check_grid(self, m: MediaInput) -> None:
+        """An image's or video's patch grid fills its placeholders, which run unbroken (its
+        M-RoPE positions are laid out over them), and its pixels or patches match the grid."""
+        q = self.model_config.qwen_vision
+        assert q is not None
+        unit = q.spatial_merge_size
+        if m.grid is None or min(m.grid) < 1 or m.grid[1] % unit or m.grid[2] % unit:
+            raise _media_error(f"an {m.modality} needs a patch grid in whole {unit}x{unit} groups")
+        t, h, w = m.grid
+        if t * h * w // unit**2 != len(m.positions):
+            raise _media_error(
+                f"an {m.modality} of grid {list(m.grid)} fills {t * h * w // unit**2} "
+                f"placeholder tokens, not {len(m.positions)}"
+            )
+        if m.positions[-1] - m.positions[0] + 1 != len(m.positions):
+            raise _media_error(f"an {m.modality}'s placeholder tokens must be consecutive")
+        p, frames = q.patch_size, t * q.temporal_patch_size
+        pixels = (frames, q.in_channels, h * p, w * p)
+        patches = (t * h * w, q.patch_dim)
+        if tuple(m.pixel_values.shape) != (patches if m.expand is None else pixels):
+            raise _media_error(f"an {m.modality}'s pixels do not match its grid {list(m.grid)}")
 
     def _check_clip(self, m: MediaInput) -> None:
         """A clip's features fit the encoder's window and give one row per placeholder: the

@@ -38,11 +38,16 @@ class MediaInput:
     # What the model's encoder takes, or a compact form of it that ``expand`` turns into it
     # when the encoder runs (an image's tiles of bytes): a request holds it until it finishes.
     # An image: its tiles [tiles, 3, H, W] for ``encode_images``; audio: its window's log-mel
-    # features [1, mels, frames] for ``encode_audio``.
+    # features [1, mels, frames] for ``encode_audio``; an image or video with a ``grid``: its
+    # flat patches [t * h * w, patch values] for ``encode_grids``.
     pixel_values: torch.Tensor
     expand: Callable[[torch.Tensor], torch.Tensor] | None = None
-    modality: str = "image"  # "image" | "audio": which encoder and placeholder token
+    modality: str = "image"  # "image" | "video" | "audio": which encoder and placeholder token
     frames: int = 0  # audio: the mel frames the clip covers (the rest of its window is padding)
+    # Qwen2.5-VL: the patch grid (t, h, w), which sets both the encoder's attention and the
+    # M-RoPE positions of its tokens, and the temporal position step of a video (0: an image).
+    grid: tuple[int, int, int] | None = None
+    rope_step: float = 0.0
 
     def encoder_input(self) -> torch.Tensor:
         return self.pixel_values if self.expand is None else self.expand(self.pixel_values)
@@ -72,6 +77,10 @@ class Request:
     # Follows params.constraint through the output: it has consumed every output token once.
     matcher: TokenMatcher | None = None
     media: tuple[MediaInput, ...] = ()  # media whose encoder rows replace prompt embeddings
+    # M-RoPE models: the prompt's [3, prompt tokens] positions, computed by the runner on first
+    # use; a token past the prompt at index p has position p + rope_delta on all three axes.
+    rope_positions: torch.Tensor | None = None
+    rope_delta: int = 0
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

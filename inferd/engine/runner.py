@@ -52,6 +52,7 @@ class ModelInputs:
     prompt_rows: torch.Tensor | None = None  # rows whose logits score the next prompt token
     prompt_spans: tuple[PromptSpan, ...] = ()  # same order as prompt_rows
     media: tuple[MediaSlice, ...] = ()  # rows whose embeddings an image encoder gives
+    rope_positions: torch.Tensor | None = None  # [3, num_tokens]: M-RoPE models' positions
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,9 +118,10 @@ class ModelRunner:
         """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
         embeds = self._embeddings(inputs) if inputs.media else None
+        positions = inputs.positions if inputs.rope_positions is None else inputs.rope_positions
         with self._row_kernels(output):
             hidden = self.model(
-                inputs.input_ids, inputs.positions, inputs.meta, self.kv_caches, embeds=embeds
+                inputs.input_ids, positions, inputs.meta, self.kv_caches, embeds=embeds
             )
         with dense_rows(self.deterministic):
             logits = self.model.compute_logits(hidden[inputs.sample_rows])
@@ -172,6 +174,9 @@ class ModelRunner:
     def _encode_batch(self, batch: list[MediaInput]) -> list[torch.Tensor]:
         """One encoder call for media of one modality: each one's rows."""
         inputs = torch.cat([m.encoder_input() for m in batch])
+        grids = [m.grid for m in batch if m.grid is not None]
+        if grids:
+            return self.model.encode_grids(inputs, grids)
         if batch[0].modality == "audio":
             return self.model.encode_audio(inputs, [m.frames for m in batch])
         tiles = [m.pixel_values.shape[0] for m in batch]
@@ -199,12 +204,15 @@ class ModelRunner:
         prompt_rows: list[int] = []
         prompt_spans: list[PromptSpan] = []
         media: list[MediaSlice] = []
+        rope: list[torch.Tensor] | None = [] if self.config.mrope_section is not None else None
         bs = self.block_size
         for chunk in output.chunks:
             req, row = chunk.request, len(ids)
             span = range(chunk.start, chunk.start + chunk.num_tokens)
             ids.extend(req.token_at(p) for p in span)
             positions.extend(span)
+            if rope is not None:
+                rope.append(self._rope_positions(req, chunk.start, chunk.start + chunk.num_tokens))
             slots.extend(req.block_ids[p // bs] * bs + p % bs for p in span)
             prompt_chunk = chunk.start < req.num_prompt_tokens
             if req.media and prompt_chunk:
@@ -252,7 +260,23 @@ class ModelRunner:
             prompt_rows=torch.tensor(prompt_rows, dtype=torch.long) if prompt_rows else None,
             prompt_spans=tuple(prompt_spans),
             media=tuple(media),
+            rope_positions=torch.cat(rope, dim=1) if rope else None,
         )
+
+    def _rope_positions(self, req: Request, start: int, end: int) -> torch.Tensor:
+        """M-RoPE positions [3, end - start] of a request's tokens ``[start, end)``: the
+        prompt's as the model lays them out around its media, then ``p + delta``."""
+        if req.rope_positions is None:
+            n = req.num_prompt_tokens
+            spans = [(m.positions[0], m.grid, m.rope_step) for m in req.media if m.grid]
+            req.rope_positions = self.model.rope_index(n, spans)
+            req.rope_delta = int(req.rope_positions.max()) + 1 - n if n else 0
+        n = req.rope_positions.shape[1]
+        prompt = req.rope_positions[:, start : min(end, n)]
+        if end <= n:
+            return prompt
+        later = torch.arange(max(start, n), end) + req.rope_delta
+        return torch.cat((prompt, later.expand(3, -1)), dim=1)
 
 
 # The most tiles one encoder call takes when it gathers several images: the call's activations
@@ -262,6 +286,9 @@ ENCODER_BATCH_TILES = 16
 # An audio clip's 30 s window weighs about four tiles in the encoder (Qwen2-Audio: 1500
 # positions of 1280 wide, 20 heads, against SmolVLM's 1024 patches of 768, 12 heads).
 AUDIO_CLIP_TILES = 4
+# A SigLIP tile's patches (SmolVLM's 512 px tiles of 16 px): what a grid of Qwen2.5-VL patches
+# is counted in.
+GRID_TILE_PATCHES = 1024
 
 
 def _tile_batches(media: list[MediaInput]) -> list[list[MediaInput]]:
@@ -270,13 +297,24 @@ def _tile_batches(media: list[MediaInput]) -> list[list[MediaInput]]:
     batches: list[list[MediaInput]] = []
     tiles = ENCODER_BATCH_TILES
     for m in media:
-        n = AUDIO_CLIP_TILES if m.modality == "audio" else m.pixel_values.shape[0]
+        n = _encoder_tiles(m)
         if not batches or tiles + n > ENCODER_BATCH_TILES or batches[-1][0].modality != m.modality:
             batches.append([])
             tiles = 0
         batches[-1].append(m)
         tiles += n
     return batches
+
+
+def _encoder_tiles(m: MediaInput) -> int:
+    """What one medium weighs in an encoder call, in tiles: an audio clip AUDIO_CLIP_TILES,
+    patches by the grid ``GRID_TILE_PATCHES`` to a tile."""
+    if m.modality == "audio":
+        return AUDIO_CLIP_TILES
+    if m.grid is not None:
+        t, h, w = m.grid
+        return -(-t * h * w // GRID_TILE_PATCHES)
+    return int(m.pixel_values.shape[0])
 
 
 def _media_slices(req: Request, chunk: ScheduledChunk, row: int) -> list[MediaSlice]:

@@ -119,3 +119,21 @@ def qwen2_audio_text_plan(cfg: ModelConfig, names: set[str]) -> Plan:
             plan["lm_head.weight"] = (Part("language_model.lm_head.weight", cfg.vocab_size),)
         return plan
     return hf_plan(cfg, "model.language_model.")
+
+
+# Qwen2.5-VL: the published checkpoints keep the decoder under ``model.`` and the encoder under
+# ``visual.``; transformers v5 holds them as ``model.language_model.`` and ``model.visual.``.
+QWEN_VL_MODULES = ("visual.",)
+
+
+def qwen_vl_plan(cfg: ModelConfig, params: dict[str, int], names: set[str]) -> Plan:
+    """The decoder's and the encoder's layout in either spelling."""
+    v5 = "model.language_model.embed_tokens.weight" in names
+    plan = hf_plan(cfg, "model.language_model." if v5 else "model.")
+    prefix = "model." if "model.visual.merger.ln_q.weight" in names else ""
+    plan |= {
+        name: (Part(prefix + name, rows),)
+        for name, rows in params.items()
+        if name.startswith(QWEN_VL_MODULES)
+    }
+    return plan

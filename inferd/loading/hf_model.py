@@ -22,6 +22,7 @@ from inferd.loading.hf_layout import (
     checkpoint_prefix,
     hf_plan,
     qwen2_audio_text_plan,
+    qwen_vl_plan,
     vision_plan,
 )
 from inferd.loading.hf_tokenizer import read_json, tokenizer_from_hf
@@ -69,6 +70,9 @@ def load_safetensors_model(
     if cfg.vision is not None:
         plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX)
         plan |= vision_plan({n: p.shape[0] for n, p in model.named_parameters()})
+    elif cfg.qwen_vision is not None:
+        params = {n: p.shape[0] for n, p in model.named_parameters()}
+        plan = qwen_vl_plan(cfg, params, set(checkpoint.names()))
     elif cfg.audio is not None:
         names = set(checkpoint.names())
         plan = qwen2_audio_text_plan(cfg, names)

@@ -9,11 +9,16 @@ from pathlib import Path
 
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
-from inferd.models.idefics3_image import Idefics3ImageConfig
+from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
+from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.whisper_features import AudioFeatureError, WhisperFeatureConfig
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG = "processor_config.json"
+VIDEO_PREPROCESSOR_CONFIG = "video_preprocessor_config.json"
+# transformers' Qwen2-VL processors' pixel bounds when the settings name none.
+QWEN_IMAGE_PIXELS = (56 * 56, 28 * 28 * 1280)
+QWEN_VIDEO_PIXELS = (128 * 28 * 28, 28 * 28 * 768)
 
 
 def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig | None:
@@ -59,3 +64,38 @@ def read_audio_config(directory: Path, cfg: ModelConfig) -> WhisperFeatureConfig
             f"{audio.num_mel_bins}"
         )
     return features
+
+
+def read_visual_configs(
+    directory: Path, cfg: ModelConfig
+) -> tuple[QwenVisualConfig, QwenVisualConfig] | None:
+    """How to prepare images and videos for a Qwen2.5-VL model; None for other models. The
+    video settings: ``video_preprocessor_config.json``, else the processor's
+    ``video_processor``, else the image settings (as transformers falls back to them)."""
+    vision = cfg.qwen_vision
+    if vision is None:
+        return None
+    processor = read_json(directory / PROCESSOR_CONFIG)
+    image = read_json(directory / PREPROCESSOR_CONFIG) or processor.get("image_processor")
+    if not isinstance(image, dict) or not image:
+        raise ModelConfigError(f"{directory}: no image processor settings ({PREPROCESSOR_CONFIG})")
+    video = read_json(directory / VIDEO_PREPROCESSOR_CONFIG) or processor.get("video_processor")
+    if not isinstance(video, dict) or not video:
+        video, video_pixels = image, QWEN_IMAGE_PIXELS
+    else:
+        video_pixels = QWEN_VIDEO_PIXELS
+    try:
+        configs = (
+            QwenVisualConfig.from_hf(image, QWEN_IMAGE_PIXELS),
+            QwenVisualConfig.from_hf(video, video_pixels),
+        )
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    for c in configs:
+        shape = (c.patch_size, c.temporal_patch_size, c.merge_size)
+        if shape != (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size):
+            raise ModelConfigError(
+                f"{directory}: the processor's patches (size, time, merge) {shape} are not "
+                "the encoder's"
+            )
+    return configs

@@ -15,7 +15,7 @@ from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
-from inferd.loading.hf_processor import read_audio_config, read_image_config
+from inferd.loading.hf_processor import read_audio_config, read_image_config, read_visual_configs
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
@@ -23,6 +23,7 @@ from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
+from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.whisper_features import WhisperFeatureConfig
 from inferd.source import ModelSource, resolve_source
 
@@ -46,6 +47,8 @@ class LoadedModel:
     image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
     projector: Path | None = None  # the --mmproj file the image encoder came from
+    # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).
+    visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -150,4 +153,7 @@ def _load_hf(
     stop_ids = tuple(generation_stop_ids(directory))
     images = read_image_config(directory, cfg)
     audio = read_audio_config(directory, cfg)
-    return LoadedModel(source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images, audio)
+    visual = read_visual_configs(directory, cfg)
+    return LoadedModel(
+        source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images, audio, visual
+    )

@@ -21,6 +21,7 @@ from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequenci
 from inferd.loading.quantize import Isq
 from inferd.models.config import (
     AUDIO_ARCHITECTURES,
+    QWEN_VL_ARCHITECTURES,
     VISION_ARCHITECTURES,
     ModelConfig,
     ModelConfigError,
@@ -41,6 +42,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
         return Idefics3ForCausalLM
+    if cfg.architecture in QWEN_VL_ARCHITECTURES:
+        from inferd.models.qwen2_5_vl import Qwen2_5_VLForCausalLM
+
+        return Qwen2_5_VLForCausalLM
     if cfg.architecture in AUDIO_ARCHITECTURES:
         from inferd.models.qwen2_audio import Qwen2AudioForCausalLM
 

@@ -84,6 +84,41 @@ class AudioConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class QwenVisionConfig:
+    """Qwen2.5-VL's vision encoder (3D patch embedding, 2D rotary, windowed attention with a
+    few full-attention blocks, RMSNorm + SwiGLU blocks, a 2x2 patch merger) and its tokens."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int  # depth
+    num_heads: int
+    out_hidden_size: int  # the merger's output: the text model's width
+    patch_size: int
+    temporal_patch_size: int
+    spatial_merge_size: int
+    window_size: int  # a window's side in pixels
+    fullatt_block_indexes: tuple[int, ...]
+    tokens_per_second: float  # video: temporal positions per second of a temporal patch
+    image_token_id: int
+    video_token_id: int
+    vision_start_token_id: int
+    rope_theta: float = 10000.0
+    in_channels: int = 3
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
+            raise ModelConfigError(
+                f"vision hidden size {self.hidden_size} over {self.num_heads} heads cannot "
+                "rotate in two axes"
+            )
+
+    @property
+    def patch_dim(self) -> int:
+        """Values of one flattened patch: channels x temporal x patch x patch."""
+        return self.in_channels * self.temporal_patch_size * self.patch_size**2
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -112,6 +147,10 @@ class ModelConfig:
     rope_local_theta: float | None = None
     vision: VisionConfig | None = None  # an image encoder feeds the decoder (Idefics3)
     audio: AudioConfig | None = None  # an audio encoder feeds the decoder (Qwen2-Audio)
+    qwen_vision: QwenVisionConfig | None = None  # Qwen2.5-VL's image and video encoder
+    # M-RoPE (Qwen2.5-VL): rotary pairs split into temporal/height/width sections, each turned
+    # by its own position id; None: one position per token.
+    mrope_section: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -135,12 +174,16 @@ class ModelConfig:
             return self.vision.image_token_id
         if modality == "audio" and self.audio is not None:
             return self.audio.audio_token_id
+        if self.qwen_vision is not None and modality in ("image", "video"):
+            q = self.qwen_vision
+            return q.image_token_id if modality == "image" else q.video_token_id
         return None
 
     @property
     def input_modalities(self) -> tuple[str, ...]:
         """What the model reads: text, and the media its encoders take."""
-        return ("text", *(m for m in ("image", "audio") if self.placeholder_token(m) is not None))
+        media = ("image", "video", "audio")
+        return ("text", *(m for m in media if self.placeholder_token(m) is not None))
 
     def window_of(self, layer: int) -> int | None:
         """The sliding window of one layer, or None for full attention."""
@@ -279,6 +322,7 @@ HF_MODEL_TYPES = {
     "idefics3": "idefics3",  # SmolVLM: a Llama text model under a SigLIP-style image encoder
     "smolvlm": "smolvlm",  # SmolVLM2: the same model and image processor (video aside)
     "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
+    "qwen2_5_vl": "qwen2_5_vl",  # a Qwen2 text model (M-RoPE) under an image/video encoder
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
@@ -286,6 +330,9 @@ VISION_ARCHITECTURES = frozenset({"idefics3", "smolvlm"})
 
 # Architectures whose decoder takes an audio encoder's rows (models/qwen2_audio.py).
 AUDIO_ARCHITECTURES = frozenset({"qwen2_audio"})
+
+# Qwen2.5-VL: a Qwen2 decoder with M-RoPE under an image and video encoder (models/qwen2_5_vl.py).
+QWEN_VL_ARCHITECTURES = frozenset({"qwen2_5_vl"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -316,6 +363,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         return _idefics3_from_hf(hf, has_lm_head)
     if model_type in AUDIO_ARCHITECTURES:
         return _qwen2_audio_from_hf(hf, has_lm_head)
+    if model_type in QWEN_VL_ARCHITECTURES:
+        return _qwen2_5_vl_from_hf(hf, has_lm_head)
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
         raise ModelConfigError(
@@ -456,6 +505,70 @@ def _qwen2_audio_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfi
         audio_token_id=int(hf.get("audio_token_index", hf.get("audio_token_id", 151646))),
     )
     return replace(decoder, architecture="qwen2_audio", audio=encoder)
+
+
+def _qwen2_5_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Qwen2.5-VL: the published config.json is flat (the text keys at the top, ``rope_scaling``
+    of type ``mrope``); transformers v5 saves them under ``text_config``. Either way a Qwen2
+    decoder, whose rotary pairs M-RoPE splits by ``mrope_section``."""
+    vision = hf.get("vision_config")
+    if not isinstance(vision, Mapping):
+        raise ModelConfigError("config.json of qwen2_5_vl needs a vision_config")
+    nested = hf.get("text_config")
+    text = dict(nested) if isinstance(nested, Mapping) else dict(hf)
+    tied = bool(text.get("tie_word_embeddings", hf.get("tie_word_embeddings", False)))
+    rope = _hf_rope(text)
+    section = rope.get("mrope_section")
+    if not isinstance(section, list) or not section:
+        raise ModelConfigError("config.json of qwen2_5_vl lacks rope mrope_section")
+    plain_rope = {k: v for k, v in rope.items() if k not in ("mrope_section", "type", "rope_type")}
+    plain_rope.setdefault("rope_theta", text.get("rope_theta", 1000000.0))
+    text = {
+        **QWEN2_DEFAULTS,
+        **text,
+        "model_type": "qwen2",
+        "tie_word_embeddings": tied,
+        "rope_parameters": plain_rope,
+        "rope_scaling": None,
+    }
+    decoder = config_from_hf(text, has_lm_head=has_lm_head)
+    if 2 * sum(int(s) for s in section) != decoder.head_dim:
+        raise ModelConfigError(
+            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
+        )
+    if str(vision.get("hidden_act", "silu")) != "silu":
+        raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")
+    vrope = vision.get("rope_parameters") or {}
+
+    def token(name: str, default: int) -> int:
+        return int(hf.get(name, text.get(name, default)))
+
+    encoder = QwenVisionConfig(
+        hidden_size=int(vision.get("hidden_size", 1280)),
+        intermediate_size=int(vision.get("intermediate_size", 3420)),
+        num_layers=int(vision.get("depth", 32)),
+        num_heads=int(vision.get("num_heads", 16)),
+        out_hidden_size=int(vision.get("out_hidden_size", decoder.hidden_size)),
+        patch_size=int(vision.get("patch_size", 14)),
+        temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
+        spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
+        window_size=int(vision.get("window_size", 112)),
+        fullatt_block_indexes=tuple(int(i) for i in vision.get("fullatt_block_indexes", ())),
+        tokens_per_second=float(vision.get("tokens_per_second", 4)),
+        image_token_id=token("image_token_id", 151655),
+        video_token_id=token("video_token_id", 151656),
+        vision_start_token_id=token("vision_start_token_id", 151652),
+        rope_theta=float(vrope.get("rope_theta", 10000.0)) if isinstance(vrope, Mapping) else 1e4,
+        in_channels=int(vision.get("in_chans", vision.get("in_channels", 3))),
+    )
+    if encoder.out_hidden_size != decoder.hidden_size:
+        raise ModelConfigError("vision_config out_hidden_size differs from the text hidden_size")
+    return replace(
+        decoder,
+        architecture="qwen2_5_vl",
+        qwen_vision=encoder,
+        mrope_section=tuple(int(s) for s in section),
+    )
 
 
 def _float_or_none(value: Any) -> float | None:

@@ -145,7 +145,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         ``embeds``: the input embeddings when the caller made them (``embed`` of the ids with
         an image encoder's rows written over its placeholder tokens)."""
         x = self.embed(input_ids) if embeds is None else embeds
-        rotation = self.rotary.at(positions, x.dtype)  # shared by every layer
+        rotation = self.rotation_at(positions, x.dtype)  # shared by every layer
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
             window_meta = sliding_window_metadata(meta, self.config.sliding_window)
@@ -154,6 +154,10 @@ class LlamaForCausalLM(nn.Module, KernelUser):
             x = layer(x, rotation, window_meta if sliding else meta, cache)
         return self.norm(x)
 
+    def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
+        """The rotary embedding of a step's positions (M-RoPE models take [3, n] positions)."""
+        return self.rotary.at(positions, dtype)
+
     def encode_images(self, pixel_values: torch.Tensor) -> torch.Tensor:
         """An image's embeddings, one row per placeholder token (models with an encoder)."""
         raise ModelConfigError(f"{self.config.architecture} models take no images")
@@ -161,6 +165,19 @@ class LlamaForCausalLM(nn.Module, KernelUser):
     def encode_audio(self, features: torch.Tensor, frames: Sequence[int]) -> list[torch.Tensor]:
         """Each clip's embeddings, one row per placeholder token (models with an encoder)."""
         raise ModelConfigError(f"{self.config.architecture} models take no audio")
+
+    def encode_grids(
+        self, patches: torch.Tensor, grids: Sequence[tuple[int, int, int]]
+    ) -> list[torch.Tensor]:
+        """Each image's or video's embeddings from its patches (Qwen2.5-VL's encoder)."""
+        raise ModelConfigError(f"{self.config.architecture} models take no patch grids")
+
+    def rope_index(
+        self, num_tokens: int, media: Sequence[tuple[int, tuple[int, int, int], float]]
+    ) -> torch.Tensor:
+        """A prompt's M-RoPE positions [3, num_tokens] (models whose config has
+        ``mrope_section``)."""
+        raise ModelConfigError(f"{self.config.architecture} models use one position a token")
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

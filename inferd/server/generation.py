@@ -26,7 +26,7 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
-from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia
+from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia, DecodedVideo
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.errors import APIError, bad_request
@@ -229,10 +229,10 @@ async def chat_prompt_with_media(
     MediaInputs to submit with the ids. On a worker thread too: tiling images and computing
     audio features cost CPU. A prompt and media that disagree (a marker typed as text with
     --special-tokens-in-content, too many tiles, images and audio in one prompt) is a 400."""
-    items: list[ImageItem | DecodedAudio] = [
+    items: list[ImageItem | DecodedAudio | DecodedVideo] = [
         (m.image, m.digest) if isinstance(m, DecodedImage) else m
         for m in media
-        if isinstance(m, DecodedImage | DecodedAudio)
+        if isinstance(m, DecodedImage | DecodedAudio | DecodedVideo)
     ]
     if not items:
         ids = await chat_prompt_ids(

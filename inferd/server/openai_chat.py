@@ -179,7 +179,12 @@ def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str
             out.append({"type": "audio"})
         elif kind in ("input_audio", "audio_url"):
             raise bad_request(f"{param}: audio is accepted in user messages only", param)
-        elif kind in ("video_url", "file"):
+        elif kind == "video_url" and role == "user":
+            # decode_request_media has refused it unless the model takes video.
+            out.append({"type": "video"})
+        elif kind == "video_url":
+            raise bad_request(f"{param}: videos are accepted in user messages only", param)
+        elif kind == "file":
             raise bad_request(f"{param}: this model cannot accept {kind} parts", param)
         else:
             raise bad_request(f"{param}: unknown content part type {kind!r}", f"{param}.type")

@@ -16,11 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from PIL import Image
 
 from inferd.engine.request import MediaInput
 from inferd.loading.tokenizer import TokenizerBundle
-from inferd.media.types import DecodedAudio
+from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     Idefics3ImageConfig,
@@ -28,6 +29,15 @@ from inferd.models.idefics3_image import (
     prepare_image,
 )
 from inferd.models.qwen2_audio_input import AUDIO_TOKEN, prepare_audio
+from inferd.models.qwen2_vl_image import (
+    IMAGE_PAD,
+    VIDEO_PAD,
+    PreparedVisual,
+    QwenVisualConfig,
+    prepare_video,
+    visual_patches,
+)
+from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen_image
 from inferd.models.whisper_features import WhisperFeatureConfig
 
 ImageItem = tuple[Image.Image, str]  # a decoded image and its content digest
@@ -214,3 +224,104 @@ class AudioPrompter:
             )
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+
+@dataclass(frozen=True, slots=True)
+class GridPrompter:
+    """Images and videos for Qwen2.5-VL: each ``<|image_pad|>`` (``<|video_pad|>``) the chat
+    template writes becomes one placeholder per encoder row of the next image (video), and
+    each item a MediaInput with its patch grid (which also sets its M-RoPE positions). Images
+    and videos may mix in one prompt; each kind is matched to its markers in order."""
+
+    image_config: QwenVisualConfig
+    video_config: QwenVisualConfig
+    tokenizer: TokenizerBundle
+    image_token_id: int
+    video_token_id: int
+    tokens_per_second: float
+
+    def prepare(
+        self,
+        text: str,
+        media: Sequence[ImageItem | DecodedVideo],
+        *,
+        add_special: bool = True,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of ``text`` with its image and video markers expanded, and one MediaInput
+        per item, in prompt order."""
+        markers = {
+            "image": (IMAGE_PAD, self.image_token_id),
+            "video": (VIDEO_PAD, self.video_token_id),
+        }
+        queues: dict[str, list[ImageItem | DecodedVideo]] = {"image": [], "video": []}
+        for item in media:
+            queues["video" if isinstance(item, DecodedVideo) else "image"].append(item)
+        cuts: list[tuple[int, str]] = []
+        for kind, (marker, _) in markers.items():
+            expander = MarkerExpander(self.tokenizer, markers[kind][1], marker, kind)
+            found = expander._markers(text, literal_spans)
+            if len(found) != len(queues[kind]):
+                raise MediaPromptError(
+                    f"the prompt has {len(found)} {kind} markers for {len(queues[kind])} {kind}s"
+                )
+            cuts += [(at, kind) for at in found]
+        cuts.sort()
+        ids: list[int] = []
+        inputs: list[MediaInput] = []
+        start = 0
+        taken = {"image": 0, "video": 0}
+        for at, kind in cuts:
+            marker, token = markers[kind]
+            expander = MarkerExpander(self.tokenizer, token, marker, kind)
+            ids += expander._encode(text, start, at, literal_spans, add_special and start == 0)
+            item = queues[kind][taken[kind]]
+            taken[kind] += 1
+            prepared, digest = self._prepare(item)
+            first = len(ids)
+            ids += self.tokenizer.encode(prepared.prompt_text())
+            positions = tuple(p for p in range(first, len(ids)) if ids[p] == token)
+            if len(positions) != prepared.num_embeddings:
+                raise MediaPromptError(
+                    f"the tokenizer does not keep the {kind} placeholder as one token"
+                )
+            inputs.append(self._media(prepared, digest, positions))
+            start = at + len(marker)
+        expander = MarkerExpander(self.tokenizer, self.image_token_id, IMAGE_PAD, "image")
+        ids += expander._encode(text, start, len(text), literal_spans, add_special and start == 0)
+        return ids, inputs
+
+    def _prepare(self, item: ImageItem | DecodedVideo) -> tuple[PreparedVisual, str]:
+        try:
+            if isinstance(item, DecodedVideo):
+                return prepare_video(item.frames, sampled_fps(item), self.video_config), item.digest
+            image, digest = item
+            return prepare_qwen_image(image, self.image_config), digest
+        except ImageConfigError as exc:  # e.g. an aspect ratio past 200
+            raise MediaPromptError(str(exc)) from None
+
+    def _media(
+        self, prepared: PreparedVisual, digest: str, positions: tuple[int, ...]
+    ) -> MediaInput:
+        cfg, modality = prepared.cfg, prepared.modality
+
+        def expand(pixels: torch.Tensor) -> torch.Tensor:
+            return visual_patches(pixels, cfg, modality)
+
+        return MediaInput(
+            digest,
+            positions,
+            prepared.pixels,
+            expand,
+            modality=modality,
+            grid=prepared.grid,
+            rope_step=prepared.seconds_per_grid * self.tokens_per_second,
+        )
+
+
+def sampled_fps(video: DecodedVideo) -> float:
+    """Frames kept a second: the stream's rate thinned by the sampling (transformers' video
+    metadata ``sampled_fps``)."""
+    if video.fps > 0 and video.total_frames > 0:
+        return video.fps * len(video.frames) / video.total_frames
+    return len(video.frames) / video.duration if video.duration > 0 else 1.0

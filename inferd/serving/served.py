@@ -27,10 +27,11 @@ from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
-from inferd.media.types import DecodedAudio
+from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
+    GridPrompter,
     ImageItem,
     ImagePrompter,
     ImagePromptError,
@@ -64,6 +65,7 @@ class ServedModel:
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
     audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
+    visuals: GridPrompter | None = None  # how images and videos enter prompts (Qwen2.5-VL)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
 
@@ -77,6 +79,7 @@ class ServedModel:
         taken = ["text"]
         taken += ["image"] if self.images is not None else []
         taken += ["audio"] if self.audio is not None else []
+        taken += ["image", "video"] if self.visuals is not None else []
         return {"input": taken, "output": ["text"]}
 
     @property
@@ -115,7 +118,7 @@ class ServedModel:
     def prompt_with_media(
         self,
         text: str,
-        media: Sequence[ImageItem | DecodedAudio],
+        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
         *,
         literal_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[int], list[MediaInput]]:
@@ -123,8 +126,15 @@ class ServedModel:
         digest) or audio clips (``DecodedAudio``, any rate and channels), one marker each in
         the text, in order. MediaPromptError when they disagree, when a modality is not the
         model's, or when one prompt mixes modalities (no model here reads both)."""
+        if self.visuals is not None:
+            if any(isinstance(m, DecodedAudio) for m in media):
+                raise MediaPromptError(f"{self.id} takes no audio")
+            visual = [m for m in media if not isinstance(m, DecodedAudio)]
+            return self.visuals.prepare(text, visual, literal_spans=literal_spans)
+        if any(isinstance(m, DecodedVideo) for m in media):
+            raise MediaPromptError(f"{self.id} takes no video")
         clips = [m for m in media if isinstance(m, DecodedAudio)]
-        images = [m for m in media if not isinstance(m, DecodedAudio)]
+        images = [m for m in media if not isinstance(m, DecodedAudio | DecodedVideo)]
         if clips and images:
             raise MediaPromptError(f"{self.id} takes images or audio in a prompt, not both")
         if not media and self.images is None and self.audio is None:
@@ -138,7 +148,7 @@ class ServedModel:
     def chat_prompt_with_media(
         self,
         messages: list[dict[str, Any]],
-        media: Sequence[ImageItem | DecodedAudio],
+        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
         *,
         special_in_content: bool = False,
     ) -> tuple[list[int], list[MediaInput]]:
@@ -174,7 +184,7 @@ class ServedModel:
         "text", "text": ...}``): SmolVLM's iterates the parts of each message and would drop
         plain string content without a word."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
-        if self.images is not None or self.audio is not None:
+        if self.images is not None or self.audio is not None or self.visuals is not None:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
             messages,
@@ -300,6 +310,7 @@ def assemble(
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
         audio=_audio_prompter(loaded),
+        visuals=_grid_prompter(loaded),
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 
@@ -323,3 +334,17 @@ def _audio_prompter(loaded: LoadedModel) -> AudioPrompter | None:
     if audio is None or config is None:
         return None
     return AudioPrompter(config, loaded.tokenizer, audio.audio_token_id)
+
+
+def _grid_prompter(loaded: LoadedModel) -> GridPrompter | None:
+    vision, configs = loaded.config.qwen_vision, loaded.visual_configs
+    if vision is None or configs is None:
+        return None
+    return GridPrompter(
+        configs[0],
+        configs[1],
+        loaded.tokenizer,
+        vision.image_token_id,
+        vision.video_token_id,
+        vision.tokens_per_second,
+    )
