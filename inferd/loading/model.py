@@ -155,5 +155,8 @@ def _load_hf(
     audio = read_audio_config(directory, cfg)
     visual = read_visual_configs(directory, cfg)
     return LoadedModel(
-        source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images, audio, visual
+        *(source, model, cfg, dtype, tokenizer, template, stop_ids, isq),
+        image_config=images,
+        audio_config=audio,
+        visual_configs=visual,
     )
