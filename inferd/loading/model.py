@@ -15,13 +15,14 @@ from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
-from inferd.loading.hf_processor import read_audio_config, read_image_config
+from inferd.loading.hf_processor import read_audio_config, read_image_config, read_video_config
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
+from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.models.whisper_features import WhisperFeatureConfig
 from inferd.source import ModelSource, resolve_source
 
@@ -44,6 +45,7 @@ class LoadedModel:
     isq: Isq | None = None
     image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
+    video_config: SmolVLMVideoConfig | None = None  # how to sample and prepare videos
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -126,4 +128,7 @@ def _load_hf(
     stop_ids = tuple(generation_stop_ids(directory))
     images = read_image_config(directory, cfg)
     audio = read_audio_config(directory, cfg)
-    return LoadedModel(source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images, audio)
+    video = read_video_config(directory, cfg, images)
+    return LoadedModel(
+        source, model, cfg, dtype, tokenizer, template, stop_ids, isq, images, audio, video
+    )

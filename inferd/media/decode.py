@@ -9,7 +9,7 @@ from inferd.media.limits import MediaError, MediaLimits
 from inferd.media.types import DecodedMedia
 
 if TYPE_CHECKING:
-    from inferd.media.video import VideoSampling
+    from inferd.media.video import FrameSampling
 
 
 def decode_media(
@@ -19,7 +19,7 @@ def decode_media(
     declared: str | None = None,
     *,
     audio_rate: int | None = None,
-    video_sampling: VideoSampling | None = None,
+    video_sampling: FrameSampling | None = None,
     video_audio: bool = False,
 ) -> DecodedMedia:
     """Decode ``data`` sent as ``modality`` (image, audio or video); MediaError on failure.

@@ -27,14 +27,17 @@ from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
-from inferd.media.types import DecodedAudio
+from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
+from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
     ImageItem,
     ImagePrompter,
     ImagePromptError,
     MediaPromptError,
+    VideoPrompter,
+    expand_markers,
 )
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
@@ -64,6 +67,7 @@ class ServedModel:
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
     audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
+    videos: VideoPrompter | None = None  # how videos enter prompts (SmolVLM2)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
 
@@ -77,6 +81,7 @@ class ServedModel:
         taken = ["text"]
         taken += ["image"] if self.images is not None else []
         taken += ["audio"] if self.audio is not None else []
+        taken += ["video"] if self.videos is not None else []
         return {"input": taken, "output": ["text"]}
 
     @property
@@ -84,6 +89,12 @@ class ServedModel:
         """The rate this model's audio features are computed at (decoders may resample to it
         once, ``decode_request_media(audio_rate=...)``); None for a model without audio."""
         return self.audio.config.sampling_rate if self.audio is not None else None
+
+    @property
+    def video_sampling(self) -> SmolVLMVideoConfig | None:
+        """Which frames of a video this model's processor keeps (the decoder samples them,
+        ``decode_request_media(video_sampling=...)``); None for a model without video."""
+        return self.videos.config if self.videos is not None else None
 
     def prompt_with_images(
         self,
@@ -115,7 +126,7 @@ class ServedModel:
     def prompt_with_media(
         self,
         text: str,
-        media: Sequence[ImageItem | DecodedAudio],
+        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
         *,
         literal_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[int], list[MediaInput]]:
@@ -124,7 +135,13 @@ class ServedModel:
         the text, in order. MediaPromptError when they disagree, when a modality is not the
         model's, or when one prompt mixes modalities (no model here reads both)."""
         clips = [m for m in media if isinstance(m, DecodedAudio)]
-        images = [m for m in media if not isinstance(m, DecodedAudio)]
+        videos = [m for m in media if isinstance(m, DecodedVideo)]
+        images = [m for m in media if not isinstance(m, DecodedAudio | DecodedVideo)]
+        if videos:
+            if clips or self.videos is None or self.images is None:
+                raise MediaPromptError(f"{self.id} takes no video" + (" with audio" * bool(clips)))
+            groups = [self.images.group(images), self.videos.group(videos)]
+            return expand_markers(self.tokenizer, text, groups, literal_spans=literal_spans)
         if clips and images:
             raise MediaPromptError(f"{self.id} takes images or audio in a prompt, not both")
         if not media and self.images is None and self.audio is None:
@@ -138,7 +155,7 @@ class ServedModel:
     def chat_prompt_with_media(
         self,
         messages: list[dict[str, Any]],
-        media: Sequence[ImageItem | DecodedAudio],
+        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
         *,
         special_in_content: bool = False,
     ) -> tuple[list[int], list[MediaInput]]:
@@ -297,6 +314,7 @@ def assemble(
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
         audio=_audio_prompter(loaded),
+        videos=_video_prompter(loaded),
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 
@@ -320,3 +338,10 @@ def _audio_prompter(loaded: LoadedModel) -> AudioPrompter | None:
     if audio is None or config is None:
         return None
     return AudioPrompter(config, loaded.tokenizer, audio.audio_token_id)
+
+
+def _video_prompter(loaded: LoadedModel) -> VideoPrompter | None:
+    vision, config = loaded.config.vision, loaded.video_config
+    if vision is None or config is None:
+        return None
+    return VideoPrompter(config, vision.image_token_id)
