@@ -204,44 +204,80 @@ class Answer:
     usage: dict[str, int] | None
 
 
+class LiveScenario:
+    """``inferd serve`` on the bundle under the supervisor, and the evidence store beside it:
+    ``ask`` stages evidence, sends it with the prompt to one route and reads the stream."""
+
+    def __init__(self, work: Path, checkpoints: Path) -> None:
+        scratch = work / "scratch"
+        scratch.mkdir(parents=True, exist_ok=True)
+        self.bundle = publish_models(checkpoints, work / "models", scratch)
+        exe = Executable.inferd_module()
+        self.store = EvidenceStore(work / "evidence")
+        port, artifact = free_port(), artifact_sha256(exe.artifact)
+        self.plans = {
+            route: live_plan(self.bundle, artifact, port, self.store.published_root, route)
+            for route in CHECKPOINTS
+        }
+        self.supervisor = Supervisor(self.plans[VISION_ROUTE], exe, log_path=work / "serve.log")
+        self.client = httpx.Client(trust_env=False, timeout=30)
+        self.startup_s = 0.0
+        self._asked = 0
+
+    def __enter__(self) -> LiveScenario:
+        try:
+            self.startup_s = self.supervisor.start().startup_s
+            _wait_route(self.client, self.plans[AUDIO_ROUTE], self.supervisor)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.supervisor.stop(drain_timeout_s=5.0, term_timeout_s=10.0)
+        self.supervisor.__exit__(None, None, None)
+        self.client.close()
+
+    def ask(self, route: str, items: list[tuple[bytes, str]]) -> Answer:
+        """Stage each (bytes, locator), then send them in order with the prompt to ``route``."""
+        self._asked += 1
+        rid = f"req-live-{route}-{self._asked}"
+        ids = []
+        for n, (data, locator) in enumerate(items):
+            evidence_id = f"ev-{self._asked}-{n}"
+            self.store.stage(TENANT, evidence_id, data, locator=locator)
+            ids.append(evidence_id)
+        return _ask(self.client, self.store, self.plans[route], rid, ids)
+
+
 def run_live(work: Path, checkpoints: Path, media: Evidence | None = None) -> dict[str, Any]:
     """Launch, send the worked example's parts, read both streams; the report as JSON data."""
     media = media or evidence()
-    scratch = work / "scratch"
-    scratch.mkdir(parents=True, exist_ok=True)
-    bundle = publish_models(checkpoints, work / "models", scratch)
-    exe = Executable.inferd_module()
-    store = EvidenceStore(work / "evidence")
-    port = free_port()
-    plans = {
-        route: live_plan(bundle, artifact_sha256(exe.artifact), port, store.published_root, route)
-        for route in CHECKPOINTS
-    }
-    supervisor = Supervisor(plans[VISION_ROUTE], exe, log_path=work / "serve.log")
-    with supervisor, httpx.Client(trust_env=False, timeout=30) as client:
-        started = supervisor.start()
-        _wait_route(client, plans[AUDIO_ROUTE], supervisor)
-        staged = {
-            "ev-image": (media.png, "evidence://case-17/camera-2/frame-0412.png"),
-            "ev-audio": (media.wav, "evidence://case-17/radio/clip-0007.wav"),
-            "ev-video": (media.mp4, "evidence://case-17/camera-2/segment-0003.mp4"),
-        }
-        for evidence_id, (data, locator) in staged.items():
-            store.stage(TENANT, evidence_id, data, locator=locator)
+    with LiveScenario(work, checkpoints) as live:
         answers = [
-            _ask(client, store, plans[VISION_ROUTE], "req-live-vision", ["ev-image", "ev-video"]),
-            _ask(client, store, plans[AUDIO_ROUTE], "req-live-audio", ["ev-audio"]),
+            live.ask(
+                VISION_ROUTE,
+                [
+                    (media.png, "evidence://case-17/camera-2/frame-0412.png"),
+                    (media.mp4, "evidence://case-17/camera-2/segment-0003.mp4"),
+                ],
+            ),
+            live.ask(AUDIO_ROUTE, [(media.wav, "evidence://case-17/radio/clip-0007.wav")]),
         ]
-        stopped = supervisor.stop()
+        stopped = live.supervisor.stop()
+        launch = {
+            "argv": list(live.plans[VISION_ROUTE].launch_args()),
+            "routes": list(live.plans),
+            "bundle_sha256": live.bundle.name,
+            "startup_s": round(live.startup_s, 2),
+            "stopped": str(stopped.method),
+        }
     return {
         "note": NOTE,
-        "launch": {
-            "argv": list(plans[VISION_ROUTE].launch_args()),
-            "routes": list(plans),
-            "bundle_sha256": bundle.name,
-            "startup_s": round(started.startup_s, 2),
-            "stopped": str(stopped.method),
-        },
+        "launch": launch,
         "answers": [asdict(a) for a in answers],
         "success": all(a.outcome == "complete" for a in answers),
     }
