@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 from pathlib import Path
 from typing import Any
@@ -145,7 +145,9 @@ def publish_models(checkpoints: Path, root: Path, scratch: Path) -> Path:
         stops = scratch / f"{folder}-generation_config.json"
         stops.write_text(json.dumps({"eos_token_id": list(range(_vocab_size(source)))}))
         files[f"{folder}/generation_config.json"] = stops
-        config[route] = {"Plain": {"model_id": folder}}
+        # relative to the bundle, where the server runs (its working directory), so the
+        # config's bytes, and the bundle's digest, do not depend on where it is published
+        config[route] = {"Plain": {"model_id": f"./{folder}"}, "alias": route}
     (scratch / CONFIG).write_text(json.dumps(config, indent=2))
     files[CONFIG] = scratch / CONFIG
     return publish_bundle(files, root)
@@ -172,7 +174,7 @@ def live_plan(bundle: Path, artifact: str, port: int, media_root: str, route: st
         port=port,
         limits=Limits(
             max_seqs=4,
-            max_seq_len=2048,
+            max_seq_len=512,  # the tiny checkpoints' positions
             paged_attention=PagedAttention.ON,
             prefix_cache_n=None,
             max_num_images=4,
@@ -212,7 +214,7 @@ class LiveScenario:
         scratch = work / "scratch"
         scratch.mkdir(parents=True, exist_ok=True)
         self.bundle = publish_models(checkpoints, work / "models", scratch)
-        exe = Executable.inferd_module()
+        exe = replace(Executable.inferd_module(), cwd=self.bundle)
         self.store = EvidenceStore(work / "evidence")
         port, artifact = free_port(), artifact_sha256(exe.artifact)
         self.plans = {

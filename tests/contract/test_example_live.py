@@ -28,7 +28,9 @@ from tests.models.build_tiny import build
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build(tmp_path_factory.mktemp("tiny-checkpoints"))
+    root = tmp_path_factory.mktemp("tiny-checkpoints")
+    build(root)
+    return root
 
 
 @pytest.fixture(scope="module")
