@@ -230,3 +230,17 @@ def test_greedy_equals_transformers_generate(
             input_ids=torch.tensor([ids]), pixel_values=pixels, max_new_tokens=8, do_sample=False
         )
     assert tokens == out[0, len(ids) :].tolist()
+
+
+def test_many_frames_encode_in_passes_as_one(loaded: LoadedModel, tiny: Any) -> None:
+    """More tiles than one encoder pass takes (a long video): the same rows as transformers'
+    encoder gives for all of them at once."""
+    from inferd.models.idefics3 import TILES_PER_PASS
+
+    model = loaded.model
+    assert isinstance(model, Idefics3ForCausalLM)
+    pixels = torch.randn(TILES_PER_PASS + 5, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ref = tiny[1].model.get_image_features(pixels[None]).pooler_output[0]
+        ours = model.encode_images(pixels)
+    torch.testing.assert_close(ours, ref, atol=1e-5, rtol=1e-5)
