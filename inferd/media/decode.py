@@ -25,8 +25,8 @@ def decode_media(
     """Decode ``data`` sent as ``modality`` (image, audio or video); MediaError on failure.
 
     ``declared`` is the media type the sender gave, checked against the bytes; ``audio_rate``
-    resamples audio to a model's rate (a video's sound too); ``video_sampling`` is a
-    ``VideoSampling``; ``video_audio`` decodes a video's first audio track with its frames.
+    resamples audio to a model's rate (a video's sound too); ``video_sampling`` picks the
+    frames (a model's own, or ``VideoSampling``); ``video_audio`` adds the first audio track.
     """
     if modality == "image":
         from inferd.media.image import decode_image
