@@ -6,10 +6,17 @@ stages a PNG, a WAV and an MP4, builds a request with those parts and the text i
 order, and validates a realistic SSE fixture into a Complete outcome with usage
 128 + 9 = 137. It proves the integration protocol, not that any model wrote the sentence:
 the digests of the binary and the bundle are placeholders, and no process is started.
+
+``--live`` runs the scenario for real instead (``contract/live.py``): ``inferd serve`` on two
+tiny random models in one config, the image and video to SmolVLM2, the audio to Qwen2-Audio
+(no model inferd has takes all three), each a strict stream to Complete. ``--build-tiny DIR``
+builds the checkpoints there first (from a source checkout, transformers needed; the default
+is a temporary folder); ``--checkpoints DIR`` uses ones already built.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 import tempfile
@@ -164,7 +171,18 @@ def _usage(outcome: Outcome) -> dict[str, int] | None:
     return None
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m inferd.contract.example")
+    parser.add_argument("--live", action="store_true", help="run the scenario on inferd serve")
+    parser.add_argument("--build-tiny", type=Path, metavar="DIR", help="build checkpoints here")
+    parser.add_argument("--checkpoints", type=Path, metavar="DIR", help="use checkpoints here")
+    args = parser.parse_args(argv)
+    if args.live:
+        from inferd.contract.live import main as live_main
+
+        return live_main(args.build_tiny, args.checkpoints)
+    if args.build_tiny or args.checkpoints:
+        parser.error("--build-tiny and --checkpoints go with --live")
     with tempfile.TemporaryDirectory(prefix="inferd-contract-example-") as tmp:
         report = build_report(Path(tmp))
     json.dump(report, sys.stdout, indent=2, sort_keys=True, ensure_ascii=False)

@@ -43,6 +43,7 @@ class PagedAttention(StrEnum):
 class ModelFormat(StrEnum):
     GGUF = "gguf"
     PLAIN = "plain"
+    CONFIG = "config"  # inferd: a bundle of several models and the config naming them
 
 
 class Toggle(StrEnum):
@@ -100,7 +101,8 @@ class ModelSource:
     bundle_sha256: str  # the reviewed local bundle (see bundle.py)
     local_dir: str  # absolute, and named by bundle_sha256
     format: ModelFormat
-    entry: str | None = None  # the file inside the bundle a GGUF loader opens
+    entry: str | None = None  # the file inside the bundle a GGUF loader (or --config) opens
+    route: str | None = None  # format config: the model of the config this plan talks to
 
     def __post_init__(self) -> None:
         if not _PUBLIC_ID.fullmatch(self.public_id) or len(self.public_id) > 200:
@@ -113,6 +115,10 @@ class ModelSource:
         _check_local_dir(self.local_dir, self.bundle_sha256)
         if self.entry is not None:
             _check_entry(self.entry)
+        if (self.route is not None) != (self.format is ModelFormat.CONFIG):
+            raise PlanError("model.route names a model of a config bundle, and only there")
+        if self.route is not None and not _PUBLIC_ID.fullmatch(self.route):
+            raise PlanError(f"model.route {self.route!r} is not a model id")
 
     @property
     def entry_path(self) -> str:
@@ -166,6 +172,9 @@ class LaunchPlan:
     access_log: AccessLog = AccessLog.DEFAULT
     surfaces: frozenset[Surface] = field(default_factory=frozenset)
     allow_non_loopback: bool = False
+    # inferd: the one directory the server may read file:// media from (the evidence store's
+    # published root); None: file:// media is refused
+    media_root: str | None = None
 
     def __post_init__(self) -> None:
         _check_host(self.host, self.allow_non_loopback)
@@ -195,6 +204,12 @@ class LaunchPlan:
 
     def identity(self) -> dict[str, Any]:
         record = asdict(self)
+        # Fields added after plans were pinned count only when set, so those plans keep
+        # their identity.
+        if self.media_root is None:
+            del record["media_root"]
+        if self.model.route is None:
+            del record["model"]["route"]
         record["surfaces"] = sorted(self.surfaces)
         # The rendered argv and route bind the rendering rules themselves into the identity.
         record["argv"] = list(self.launch_args())
@@ -207,7 +222,8 @@ class LaunchPlan:
 
 
 class _InferdRenderer:
-    """``inferd serve``: GGUF only, paged KV always on, CPU only.
+    """``inferd serve``: one GGUF file, or a bundle of several models and the ``--config``
+    naming them (format config; the plan talks to ``model.route``); paged KV always on, CPU.
 
     Its prefix cache reuses KV blocks until the pool needs them, so it is on or off, never a
     count; it caps images per request but has no edge flag, so a plan with an edge bound is
@@ -218,10 +234,18 @@ class _InferdRenderer:
     def check(plan: LaunchPlan) -> None:
         m, lim = plan.model, plan.limits
         _require(
-            m.format is ModelFormat.GGUF and m.entry is not None,
-            "inferd serves one GGUF file: model.format gguf with model.entry",
+            m.format in (ModelFormat.GGUF, ModelFormat.CONFIG) and m.entry is not None,
+            "inferd serves one GGUF file (model.format gguf) or a config of models "
+            "(model.format config), named by model.entry",
         )
-        _require(m.entry is None or m.entry.endswith(".gguf"), "model.entry must be a .gguf file")
+        suffix = ".json" if m.format is ModelFormat.CONFIG else ".gguf"
+        _require(
+            m.entry is None or m.entry.endswith(suffix), f"model.entry must be a {suffix} file"
+        )
+        _require(
+            plan.media_root is None or PurePosixPath(plan.media_root).is_absolute(),
+            "media_root must be an absolute path",
+        )
         _require(
             lim.paged_attention is PagedAttention.ON,
             "inferd always pages its KV cache: limits.paged_attention must be on",
@@ -248,6 +272,8 @@ class _InferdRenderer:
 
     @staticmethod
     def route(plan: LaunchPlan) -> str:
+        if plan.model.route is not None:  # a config's model, by its id there
+            return plan.model.route
         # inferd serves a GGUF path under the file's stem.
         assert plan.model.entry is not None
         return PurePosixPath(plan.model.entry).stem
@@ -255,8 +281,9 @@ class _InferdRenderer:
     @staticmethod
     def args(plan: LaunchPlan) -> tuple[str, ...]:
         lim = plan.limits
+        config = plan.model.format is ModelFormat.CONFIG
         return _flags(
-            ("-m", plan.model.entry_path),
+            ("--config" if config else "-m", plan.model.entry_path),
             ("--host", plan.host),
             ("--port", plan.port),
             ("--access-log-format", _json_access_log(plan)),
@@ -269,6 +296,7 @@ class _InferdRenderer:
             # Always explicit: the server's default admits images the plan never asked for.
             ("--max-num-images", lim.max_num_images),
             ("--seed", lim.seed),
+            ("--allowed-media-root", plan.media_root),
         )
 
 
@@ -282,6 +310,7 @@ class _MistralRsRenderer:
             m.format is ModelFormat.PLAIN and m.entry is None,
             "the pinned mistralrs flag set serves a plain bundle directory (no entry)",
         )
+        _require(plan.media_root is None, "the pinned mistralrs flag set has no media root")
         # --prefix-cache-n 0 turns mistral.rs's prefix cache off.
         _require_set(lim, ("max_batch_size", "prefix_cache_n"), given=True, engine=plan.engine.kind)
         inferd_only = (

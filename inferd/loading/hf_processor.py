@@ -11,6 +11,7 @@ from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.qwen2_vl_image import QwenVisualConfig
+from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.models.whisper_features import AudioFeatureError, WhisperFeatureConfig
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
@@ -19,6 +20,7 @@ VIDEO_PREPROCESSOR_CONFIG = "video_preprocessor_config.json"
 # transformers' Qwen2-VL processors' pixel bounds when the settings name none.
 QWEN_IMAGE_PIXELS = (56 * 56, 28 * 28 * 1280)
 QWEN_VIDEO_PIXELS = (128 * 28 * 28, 28 * 28 * 768)
+VIDEO_ARCHITECTURES = frozenset({"smolvlm"})  # SmolVLM2 reads videos; Idefics3 does not
 
 
 def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig | None:
@@ -99,3 +101,26 @@ def read_visual_configs(
                 "the encoder's"
             )
     return configs
+
+
+def read_video_config(
+    directory: Path, cfg: ModelConfig, image: Idefics3ImageConfig | None
+) -> SmolVLMVideoConfig | None:
+    """How to sample and prepare videos for this model; None for a model that takes none.
+    SmolVLM2's settings: ``video_sampling`` in ``preprocessor_config.json`` (the published
+    checkpoints), or transformers' saved video processor (``video_preprocessor_config.json``
+    or ``processor_config.json``'s ``video_processor``)."""
+    if cfg.architecture not in VIDEO_ARCHITECTURES or image is None:
+        return None
+    images = read_json(directory / PREPROCESSOR_CONFIG)
+    settings = (
+        read_json(directory / VIDEO_PREPROCESSOR_CONFIG)
+        or read_json(directory / PROCESSOR_CONFIG).get("video_processor")
+        or (images if images.get("video_sampling") else None)
+    )
+    if not isinstance(settings, dict) or not settings:
+        return None  # a SmolVLM checkpoint without video settings takes images only
+    try:
+        return SmolVLMVideoConfig.from_hf(settings, image)
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e

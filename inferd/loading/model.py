@@ -15,7 +15,12 @@ from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
-from inferd.loading.hf_processor import read_audio_config, read_image_config, read_visual_configs
+from inferd.loading.hf_processor import (
+    read_audio_config,
+    read_image_config,
+    read_video_config,
+    read_visual_configs,
+)
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
@@ -24,6 +29,7 @@ from inferd.models.config import ModelConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
+from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.models.whisper_features import WhisperFeatureConfig
 from inferd.source import ModelSource, resolve_source
 
@@ -49,6 +55,7 @@ class LoadedModel:
     projector: Path | None = None  # the --mmproj file the image encoder came from
     # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).
     visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
+    video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -154,9 +161,11 @@ def _load_hf(
     images = read_image_config(directory, cfg)
     audio = read_audio_config(directory, cfg)
     visual = read_visual_configs(directory, cfg)
+    video = read_video_config(directory, cfg, images)
     return LoadedModel(
         *(source, model, cfg, dtype, tokenizer, template, stop_ids, isq),
         image_config=images,
         audio_config=audio,
         visual_configs=visual,
+        video_config=video,
     )

@@ -9,7 +9,7 @@ from inferd.media.limits import MediaError, MediaLimits
 from inferd.media.types import DecodedMedia
 
 if TYPE_CHECKING:
-    from inferd.media.video import VideoSampling
+    from inferd.media.video import FrameSampling
 
 
 def decode_media(
@@ -19,14 +19,14 @@ def decode_media(
     declared: str | None = None,
     *,
     audio_rate: int | None = None,
-    video_sampling: VideoSampling | None = None,
+    video_sampling: FrameSampling | None = None,
     video_audio: bool = False,
 ) -> DecodedMedia:
     """Decode ``data`` sent as ``modality`` (image, audio or video); MediaError on failure.
 
     ``declared`` is the media type the sender gave, checked against the bytes; ``audio_rate``
-    resamples audio to a model's rate (a video's sound too); ``video_sampling`` is a
-    ``VideoSampling``; ``video_audio`` decodes a video's first audio track with its frames.
+    resamples audio to a model's rate (a video's sound too); ``video_sampling`` picks the
+    frames (a model's own, or ``VideoSampling``); ``video_audio`` adds the first audio track.
     """
     if modality == "image":
         from inferd.media.image import decode_image

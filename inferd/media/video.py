@@ -19,6 +19,7 @@ import bisect
 import io
 import math
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import av
 import numpy as np
@@ -35,6 +36,13 @@ DEFAULT_SAMPLE_FPS = 2.0  # Qwen2-VL's default
 DEFAULT_SAMPLE_FRAMES = 32
 
 
+class FrameSampling(Protocol):
+    """Which frames of a video to keep: a model's processor may sample its own way (SmolVLM2's
+    ``models.smolvlm_video.SmolVLMVideoConfig``); ``VideoSampling`` is the default."""
+
+    def indices(self, total: int, duration: float, fps: float = 0.0) -> list[int]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class VideoSampling:
     fps: float = DEFAULT_SAMPLE_FPS  # frames kept per second of video
@@ -44,8 +52,9 @@ class VideoSampling:
         if not self.fps > 0 or self.max_frames < 1:
             raise ValueError("video sampling needs fps > 0 and max_frames >= 1")
 
-    def indices(self, total: int, duration: float) -> list[int]:
-        """Which of ``total`` frames to keep, evenly spaced."""
+    def indices(self, total: int, duration: float, fps: float = 0.0) -> list[int]:
+        """Which of ``total`` frames to keep, evenly spaced (``fps``, the stream's rate, is
+        not needed here)."""
         wanted = max(1, min(self.max_frames, math.ceil(duration * self.fps - 1e-9), total))
         return [i * total // wanted for i in range(wanted)]
 
@@ -54,7 +63,7 @@ def decode_video(
     data: bytes,
     limits: MediaLimits | None = None,
     declared: str | None = None,
-    sampling: VideoSampling | None = None,
+    sampling: FrameSampling | None = None,
     with_audio: bool = False,
 ) -> DecodedVideo:
     """Decode the sampled frames of one video; MediaError says what is wrong."""
@@ -78,7 +87,7 @@ def decode_video(
 
 
 def _decode(
-    data: bytes, found: Format, limits: MediaLimits, sampling: VideoSampling
+    data: bytes, found: Format, limits: MediaLimits, sampling: FrameSampling
 ) -> DecodedVideo:
     with av.open(io.BytesIO(data), format=DEMUXERS[found.name], mode="r") as container:
         if not container.streams.video:
@@ -99,7 +108,7 @@ def _decode(
     if total == 0:
         raise MediaError(f"the {found.name} video stream holds no frames")
     duration = seconds if seconds else total / fps
-    wanted = sampling.indices(total, duration)
+    wanted = sampling.indices(total, duration, fps)
     sought = _sought_frames(data, found, wanted, limits, packets)
     frames, stamps = sought or _sampled_frames(data, found, wanted, limits, fps)
     if len(frames) < len(wanted):

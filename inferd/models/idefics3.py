@@ -17,6 +17,8 @@ from inferd.models.config import ModelConfig, ModelConfigError, VisionConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.vision import VisionTransformer
 
+TILES_PER_PASS = 16  # tiles through the image encoder at once (the runner batches 16 too)
+
 
 def pixel_shuffle(x: torch.Tensor, scale: int) -> torch.Tensor:
     """[tiles, side*side, d] -> [tiles, side*side / scale^2, d * scale^2]: each token gathers
@@ -67,5 +69,11 @@ class Idefics3ForCausalLM(LlamaForCausalLM):
         in the decoder's dtype, in the order of its ``<image>`` tokens."""
         self.encoder_calls += 1
         dtype = self.vision_model.post_layernorm.weight.dtype
-        features = self.connector(self.vision_model(pixel_values.to(dtype)))
+        # Tiles are independent: a long video's frames (64 in SmolVLM2's settings) are encoded
+        # a few at a time so the encoder's attention never holds all of them at once.
+        parts = [
+            self.connector(self.vision_model(tiles.to(dtype)))
+            for tiles in pixel_values.split(TILES_PER_PASS)
+        ]
+        features = torch.cat(parts)
         return features.reshape(-1, features.shape[-1]).to(self.embed_tokens.weight.dtype)

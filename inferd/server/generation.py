@@ -224,15 +224,14 @@ async def chat_prompt_with_media(
     tools: list[dict[str, Any]] | None = None,
     variables: Mapping[str, Any] | None = None,
 ) -> tuple[list[int], list[MediaInput]]:
-    """``chat_prompt_ids`` for a conversation whose image and audio parts are ``{"type":
-    "image"}`` and ``{"type": "audio"}`` (one per decoded item of ``media``, in order), and the
-    MediaInputs to submit with the ids. On a worker thread too: tiling images and computing
-    audio features cost CPU. A prompt and media that disagree (a marker typed as text with
-    --special-tokens-in-content, too many tiles, images and audio in one prompt) is a 400."""
+    """``chat_prompt_ids`` for a conversation whose image, audio and video parts are
+    ``{"type": "image"}``, ``{"type": "audio"}`` and ``{"type": "video"}`` (one per decoded
+    item of ``media``, in order), and the MediaInputs to submit with the ids. On a worker
+    thread too: tiling images and computing audio features cost CPU. A prompt and media that
+    disagree (a marker typed as text with --special-tokens-in-content, too many tiles, images
+    and audio in one prompt) is a 400."""
     items: list[ImageItem | DecodedAudio | DecodedVideo] = [
-        (m.image, m.digest) if isinstance(m, DecodedImage) else m
-        for m in media
-        if isinstance(m, DecodedImage | DecodedAudio | DecodedVideo)
+        (m.image, m.digest) if isinstance(m, DecodedImage) else m for m in media
     ]
     if not items:
         ids = await chat_prompt_ids(

@@ -62,7 +62,7 @@ from inferd.server.media_fetch import (
 )
 
 if TYPE_CHECKING:
-    from inferd.media.video import VideoSampling
+    from inferd.media.video import FrameSampling
 
 MODALITIES = ("text", "image", "audio", "video", "file")
 
@@ -509,7 +509,7 @@ async def decode_request_media(
     model: object = None,
     *,
     audio_rate: int | None = None,
-    video_sampling: VideoSampling | None = None,
+    video_sampling: FrameSampling | None = None,
     video_audio: bool = False,
 ) -> list[DecodedMedia]:
     """The request's media, checked, loaded and decoded, in the order they appear.
@@ -552,7 +552,7 @@ def _decode(
     data: bytes,
     limits: MediaLimits,
     audio_rate: int | None,
-    video_sampling: VideoSampling | None,
+    video_sampling: FrameSampling | None,
     video_audio: bool,
 ) -> DecodedMedia:
     from inferd.media.decode import decode_media

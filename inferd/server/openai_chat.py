@@ -53,7 +53,11 @@ async def create_chat_completion(request: Request) -> Response:
     _reject_unsupported(body)
     # URL policy, then modality, then each part decoded (text-only models stop at the modality)
     media = await decode_request_media(
-        body.messages, media_policy(request), model, audio_rate=model.audio_sample_rate
+        body.messages,
+        media_policy(request),
+        model,
+        audio_rate=model.audio_sample_rate,
+        video_sampling=model.video_sampling,
     )
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     fmt = model.tool_format
@@ -161,7 +165,7 @@ def _message_dict(
 def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str | list[Any]:
     """The text of the parts, joined; with images or audio (decode_request_media has checked
     and decoded them, in this order), the parts as the chat template takes them: text parts,
-    ``{"type": "image"}`` and ``{"type": "audio"}`` where each item goes."""
+    ``{"type": "image"}``, ``{"type": "audio"}`` and ``{"type": "video"}`` where each goes."""
     out: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
         kind = part.get("type")

@@ -34,10 +34,11 @@ from inferd.models.qwen2_vl_image import (
     VIDEO_PAD,
     PreparedVisual,
     QwenVisualConfig,
-    prepare_video,
     visual_patches,
 )
 from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen_image
+from inferd.models.qwen2_vl_image import prepare_video as prepare_qwen_video
+from inferd.models.smolvlm_video import VIDEO_TOKEN, SmolVLMVideoConfig, prepare_video
 from inferd.models.whisper_features import WhisperFeatureConfig
 
 ImageItem = tuple[Image.Image, str]  # a decoded image and its content digest
@@ -96,6 +97,84 @@ class Expansion:
 
 
 @dataclass(frozen=True, slots=True)
+class MarkerGroup:
+    """One modality's markers in rendered prompt text and the items they stand for, in order."""
+
+    marker: str
+    placeholder_id: int
+    modality: str
+    items: Sequence[Expansion]
+
+    def mismatch(self, found: int) -> MediaPromptError:
+        items = "images" if self.modality == "image" else f"{self.modality} clips"
+        items = "videos" if self.modality == "video" else items
+        return MediaPromptError(
+            f"the prompt has {found} {self.modality} markers for {len(self.items)} {items}"
+        )
+
+
+def expand_markers(
+    tokenizer: TokenizerBundle,
+    text: str,
+    groups: Sequence[MarkerGroup],
+    *,
+    add_special: bool = True,
+    literal_spans: Sequence[tuple[int, int]] = (),
+) -> tuple[list[int], list[MediaInput]]:
+    """Token ids of ``text`` with the markers of every group expanded, and one MediaInput per
+    item in prompt order (an image and a video in one prompt interleave as written). Markers
+    inside ``literal_spans`` (user text) are plain text, not media."""
+    cuts: list[tuple[int, MarkerGroup, Expansion]] = []
+    for group in groups:
+        found = _markers(text, group.marker, literal_spans)
+        if len(found) != len(group.items):
+            raise group.mismatch(len(found))
+        cuts += [(at, group, item) for at, item in zip(found, group.items, strict=True)]
+    cuts.sort(key=lambda cut: cut[0])
+    ids: list[int] = []
+    media: list[MediaInput] = []
+    start = 0
+    for cut, group, item in cuts:
+        ids += _encode(tokenizer, text, start, cut, literal_spans, add_special and start == 0)
+        first = len(ids)
+        ids += tokenizer.encode(item.text)
+        positions = tuple(p for p in range(first, len(ids)) if ids[p] == group.placeholder_id)
+        if len(positions) != item.num_embeddings:
+            raise MediaPromptError(
+                f"the tokenizer does not keep the {group.modality} placeholder as one token"
+            )
+        media.append(item.media(positions))
+        start = cut + len(group.marker)
+    ids += _encode(tokenizer, text, start, len(text), literal_spans, add_special and start == 0)
+    return ids, media
+
+
+def _markers(text: str, marker: str, literal_spans: Sequence[tuple[int, int]]) -> list[int]:
+    found, at = [], text.find(marker)
+    while at >= 0:
+        if not any(a <= at < b for a, b in literal_spans):
+            found.append(at)
+        at = text.find(marker, at + len(marker))
+    return found
+
+
+def _encode(
+    tokenizer: TokenizerBundle,
+    text: str,
+    start: int,
+    end: int,
+    literal_spans: Sequence[tuple[int, int]],
+    add_special: bool,
+) -> list[int]:
+    spans = [
+        (max(a, start) - start, min(b, end) - start)
+        for a, b in literal_spans
+        if a < end and b > start
+    ]
+    return tokenizer.encode(text[start:end], add_special=add_special, literal_spans=spans)
+
+
+@dataclass(frozen=True, slots=True)
 class MarkerExpander:
     """Expands one modality's markers in rendered prompt text (the shared work of the
     per-modality prompters below)."""
@@ -115,51 +194,10 @@ class MarkerExpander:
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its markers expanded, and one MediaInput per item, in
         order. Markers inside ``literal_spans`` (user text) are plain text, not media."""
-        cuts = self._markers(text, literal_spans)
-        if len(cuts) != len(items):
-            raise MediaPromptError(
-                f"the prompt has {len(cuts)} {self.modality} markers for {len(items)} "
-                + ("images" if self.modality == "image" else f"{self.modality} clips")
-            )
-        ids: list[int] = []
-        media: list[MediaInput] = []
-        start = 0
-        for cut, item in zip(cuts, items, strict=True):
-            ids += self._encode(text, start, cut, literal_spans, add_special and start == 0)
-            first = len(ids)
-            ids += self.tokenizer.encode(item.text)
-            positions = tuple(p for p in range(first, len(ids)) if ids[p] == self.placeholder_id)
-            if len(positions) != item.num_embeddings:
-                raise MediaPromptError(
-                    f"the tokenizer does not keep the {self.modality} placeholder as one token"
-                )
-            media.append(item.media(positions))
-            start = cut + len(self.marker)
-        ids += self._encode(text, start, len(text), literal_spans, add_special and start == 0)
-        return ids, media
-
-    def _markers(self, text: str, literal_spans: Sequence[tuple[int, int]]) -> list[int]:
-        found, at = [], text.find(self.marker)
-        while at >= 0:
-            if not any(a <= at < b for a, b in literal_spans):
-                found.append(at)
-            at = text.find(self.marker, at + len(self.marker))
-        return found
-
-    def _encode(
-        self,
-        text: str,
-        start: int,
-        end: int,
-        literal_spans: Sequence[tuple[int, int]],
-        add_special: bool,
-    ) -> list[int]:
-        spans = [
-            (max(a, start) - start, min(b, end) - start)
-            for a, b in literal_spans
-            if a < end and b > start
-        ]
-        return self.tokenizer.encode(text[start:end], add_special=add_special, literal_spans=spans)
+        group = MarkerGroup(self.marker, self.placeholder_id, self.modality, items)
+        return expand_markers(
+            self.tokenizer, text, [group], add_special=add_special, literal_spans=literal_spans
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,9 +216,17 @@ class ImagePrompter:
         literal_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its image markers expanded, and one MediaInput per image."""
-        expander = MarkerExpander(self.tokenizer, self.image_token_id, self.marker, "image")
+        return expand_markers(
+            self.tokenizer,
+            text,
+            [self.group(images)],
+            add_special=add_special,
+            literal_spans=literal_spans,
+        )
+
+    def group(self, images: Sequence[ImageItem]) -> MarkerGroup:
         items = [self._expansion(image, digest) for image, digest in images]
-        return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
+        return MarkerGroup(self.marker, self.image_token_id, "image", items)
 
     def _expansion(self, image: Image.Image, digest: str) -> Expansion:
         try:
@@ -227,6 +273,33 @@ class AudioPrompter:
 
 
 @dataclass(frozen=True, slots=True)
+class VideoPrompter:
+    """SmolVLM2's videos: each ``<video>`` marker becomes the intro, the frames' timestamps and
+    their image tokens; the frames are sampled by ``config`` when the video is decoded (the
+    server passes it as the decoder's sampling)."""
+
+    config: SmolVLMVideoConfig
+    image_token_id: int
+    marker: str = VIDEO_TOKEN
+
+    def group(self, videos: Sequence[DecodedVideo]) -> MarkerGroup:
+        return MarkerGroup(
+            self.marker, self.image_token_id, "video", [self._expansion(v) for v in videos]
+        )
+
+    def _expansion(self, video: DecodedVideo) -> Expansion:
+        prepared = prepare_video(
+            video.frames, video.frame_indices, video.fps, video.total_frames, self.config
+        )
+
+        def media(positions: tuple[int, ...]) -> MediaInput:
+            # the frames are tiles for the image encoder: modality "image" to the runner
+            return MediaInput(video.digest, positions, prepared.tiles, prepared.normalizer)
+
+        return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+
+@dataclass(frozen=True, slots=True)
 class GridPrompter:
     """Images and videos for Qwen2.5-VL: each ``<|image_pad|>`` (``<|video_pad|>``) the chat
     template writes becomes one placeholder per encoder row of the next image (video), and
@@ -250,73 +323,45 @@ class GridPrompter:
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its image and video markers expanded, and one MediaInput
         per item, in prompt order."""
-        markers = {
-            "image": (IMAGE_PAD, self.image_token_id),
-            "video": (VIDEO_PAD, self.video_token_id),
-        }
-        queues: dict[str, list[ImageItem | DecodedVideo]] = {"image": [], "video": []}
-        for item in media:
-            queues["video" if isinstance(item, DecodedVideo) else "image"].append(item)
-        cuts: list[tuple[int, str]] = []
-        for kind, (marker, _) in markers.items():
-            expander = MarkerExpander(self.tokenizer, markers[kind][1], marker, kind)
-            found = expander._markers(text, literal_spans)
-            if len(found) != len(queues[kind]):
-                raise MediaPromptError(
-                    f"the prompt has {len(found)} {kind} markers for {len(queues[kind])} {kind}s"
-                )
-            cuts += [(at, kind) for at in found]
-        cuts.sort()
-        ids: list[int] = []
-        inputs: list[MediaInput] = []
-        start = 0
-        taken = {"image": 0, "video": 0}
-        for at, kind in cuts:
-            marker, token = markers[kind]
-            expander = MarkerExpander(self.tokenizer, token, marker, kind)
-            ids += expander._encode(text, start, at, literal_spans, add_special and start == 0)
-            item = queues[kind][taken[kind]]
-            taken[kind] += 1
-            prepared, digest = self._prepare(item)
-            first = len(ids)
-            ids += self.tokenizer.encode(prepared.prompt_text())
-            positions = tuple(p for p in range(first, len(ids)) if ids[p] == token)
-            if len(positions) != prepared.num_embeddings:
-                raise MediaPromptError(
-                    f"the tokenizer does not keep the {kind} placeholder as one token"
-                )
-            inputs.append(self._media(prepared, digest, positions))
-            start = at + len(marker)
-        expander = MarkerExpander(self.tokenizer, self.image_token_id, IMAGE_PAD, "image")
-        ids += expander._encode(text, start, len(text), literal_spans, add_special and start == 0)
-        return ids, inputs
+        images = [self._expansion(m) for m in media if not isinstance(m, DecodedVideo)]
+        videos = [self._expansion(m) for m in media if isinstance(m, DecodedVideo)]
+        groups = [
+            MarkerGroup(IMAGE_PAD, self.image_token_id, "image", images),
+            MarkerGroup(VIDEO_PAD, self.video_token_id, "video", videos),
+        ]
+        return expand_markers(
+            self.tokenizer, text, groups, add_special=add_special, literal_spans=literal_spans
+        )
 
-    def _prepare(self, item: ImageItem | DecodedVideo) -> tuple[PreparedVisual, str]:
-        try:
-            if isinstance(item, DecodedVideo):
-                return prepare_video(item.frames, sampled_fps(item), self.video_config), item.digest
-            image, digest = item
-            return prepare_qwen_image(image, self.image_config), digest
-        except ImageConfigError as exc:  # e.g. an aspect ratio past 200
-            raise MediaPromptError(str(exc)) from None
-
-    def _media(
-        self, prepared: PreparedVisual, digest: str, positions: tuple[int, ...]
-    ) -> MediaInput:
+    def _expansion(self, item: ImageItem | DecodedVideo) -> Expansion:
+        prepared, digest = self._prepare(item)
         cfg, modality = prepared.cfg, prepared.modality
 
         def expand(pixels: torch.Tensor) -> torch.Tensor:
             return visual_patches(pixels, cfg, modality)
 
-        return MediaInput(
-            digest,
-            positions,
-            prepared.pixels,
-            expand,
-            modality=modality,
-            grid=prepared.grid,
-            rope_step=prepared.seconds_per_grid * self.tokens_per_second,
-        )
+        def media(positions: tuple[int, ...]) -> MediaInput:
+            return MediaInput(
+                digest,
+                positions,
+                prepared.pixels,
+                expand,
+                modality=modality,
+                grid=prepared.grid,
+                rope_step=prepared.seconds_per_grid * self.tokens_per_second,
+            )
+
+        return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+    def _prepare(self, item: ImageItem | DecodedVideo) -> tuple[PreparedVisual, str]:
+        try:
+            if isinstance(item, DecodedVideo):
+                video = prepare_qwen_video(item.frames, sampled_fps(item), self.video_config)
+                return video, item.digest
+            image, digest = item
+            return prepare_qwen_image(image, self.image_config), digest
+        except ImageConfigError as exc:  # e.g. an aspect ratio past 200
+            raise MediaPromptError(str(exc)) from None
 
 
 def sampled_fps(video: DecodedVideo) -> float:

@@ -29,6 +29,7 @@ from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
+from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
     GridPrompter,
@@ -36,6 +37,8 @@ from inferd.serving.multimodal import (
     ImagePrompter,
     ImagePromptError,
     MediaPromptError,
+    VideoPrompter,
+    expand_markers,
 )
 from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
 from inferd.source import ModelSource
@@ -66,6 +69,7 @@ class ServedModel:
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
     audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
     visuals: GridPrompter | None = None  # how images and videos enter prompts (Qwen2.5-VL)
+    videos: VideoPrompter | None = None  # how videos enter prompts (SmolVLM2)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
 
@@ -80,6 +84,7 @@ class ServedModel:
         taken += ["image"] if self.images is not None else []
         taken += ["audio"] if self.audio is not None else []
         taken += ["image", "video"] if self.visuals is not None else []
+        taken += ["video"] if self.videos is not None else []
         return {"input": taken, "output": ["text"]}
 
     @property
@@ -87,6 +92,12 @@ class ServedModel:
         """The rate this model's audio features are computed at (decoders may resample to it
         once, ``decode_request_media(audio_rate=...)``); None for a model without audio."""
         return self.audio.config.sampling_rate if self.audio is not None else None
+
+    @property
+    def video_sampling(self) -> SmolVLMVideoConfig | None:
+        """Which frames of a video this model's processor keeps (the decoder samples them,
+        ``decode_request_media(video_sampling=...)``); None for a model without video."""
+        return self.videos.config if self.videos is not None else None
 
     def prompt_with_images(
         self,
@@ -131,10 +142,14 @@ class ServedModel:
                 raise MediaPromptError(f"{self.id} takes no audio")
             visual = [m for m in media if not isinstance(m, DecodedAudio)]
             return self.visuals.prepare(text, visual, literal_spans=literal_spans)
-        if any(isinstance(m, DecodedVideo) for m in media):
-            raise MediaPromptError(f"{self.id} takes no video")
         clips = [m for m in media if isinstance(m, DecodedAudio)]
+        videos = [m for m in media if isinstance(m, DecodedVideo)]
         images = [m for m in media if not isinstance(m, DecodedAudio | DecodedVideo)]
+        if videos:
+            if clips or self.videos is None or self.images is None:
+                raise MediaPromptError(f"{self.id} takes no video" + (" with audio" * bool(clips)))
+            groups = [self.images.group(images), self.videos.group(videos)]
+            return expand_markers(self.tokenizer, text, groups, literal_spans=literal_spans)
         if clips and images:
             raise MediaPromptError(f"{self.id} takes images or audio in a prompt, not both")
         if not media and self.images is None and self.audio is None:
@@ -311,6 +326,7 @@ def assemble(
         images=_image_prompter(loaded),
         audio=_audio_prompter(loaded),
         visuals=_grid_prompter(loaded),
+        videos=_video_prompter(loaded),
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 
@@ -348,3 +364,10 @@ def _grid_prompter(loaded: LoadedModel) -> GridPrompter | None:
         vision.video_token_id,
         vision.tokens_per_second,
     )
+
+
+def _video_prompter(loaded: LoadedModel) -> VideoPrompter | None:
+    vision, config = loaded.config.vision, loaded.video_config
+    if vision is None or config is None:
+        return None
+    return VideoPrompter(config, vision.image_token_id)

@@ -16,6 +16,7 @@ from inferd.contract.plan import (
     EngineRelease,
     LaunchPlan,
     Limits,
+    ModelFormat,
     ModelSource,
     PagedAttention,
     PlanError,
@@ -96,6 +97,7 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
     """(field, base, variant): each variant differs from its base in that one field."""
     mrs, inf = example_plan(), inferd_plan()
     cuda = _engine(mrs, build=Device.CUDA)
+    config = _model(inf, format=ModelFormat.CONFIG, entry="models.json", route="vision")
     other_bundle = {"bundle_sha256": "9" * 64, "local_dir": "/m/" + "9" * 64}
     out = [
         ("engine.kind", mrs, inf),
@@ -107,6 +109,8 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
         ("model.bundle_sha256", mrs, _model(mrs, **other_bundle)),
         ("model.local_dir", mrs, _model(mrs, local_dir="/srv/other/" + "2" * 64)),
         ("model.entry", inf, _model(inf, entry="other.gguf")),
+        ("model.route", config, _model(config, route="audio")),
+        ("media_root", inf, _replace(inf, media_root="/srv/evidence")),
         ("host", mrs, _replace(mrs, host="127.0.0.2")),
         ("port", mrs, _replace(mrs, port=1235)),
         ("access_log", mrs, _replace(mrs, access_log=AccessLog.DEFAULT)),
@@ -148,6 +152,29 @@ def test_identity_changes_with_every_field(
     field: str, base: LaunchPlan, variant: LaunchPlan
 ) -> None:
     assert variant.identity_sha256() != base.identity_sha256(), field
+
+
+def test_a_config_plan_renders_its_config_and_media_root() -> None:
+    plan = _replace(
+        _model(inferd_plan(), format=ModelFormat.CONFIG, entry="models.json", route="vision"),
+        media_root="/srv/evidence",
+    )
+    args = plan.launch_args()
+    assert args[:3] == ("serve", "--config", f"{plan.model.local_dir}/models.json")
+    assert args[-2:] == ("--allowed-media-root", "/srv/evidence")
+    assert plan.model_route == "vision"
+    # pinned plans keep their identity: the new fields count only when set
+    assert "media_root" not in inferd_plan().identity()
+    assert "route" not in inferd_plan().identity()["model"]
+
+
+def test_routes_belong_to_config_bundles_and_media_roots_to_inferd() -> None:
+    with pytest.raises(PlanError, match="route"):
+        _model(inferd_plan(), route="vision")
+    with pytest.raises(PlanError, match="entry"):
+        _model(inferd_plan(), format=ModelFormat.CONFIG, route="vision")
+    with pytest.raises(PlanError, match="media root"):
+        _replace(example_plan(), media_root="/srv/evidence")
 
 
 def test_every_plan_field_has_a_variant() -> None:

@@ -33,12 +33,16 @@ IMAGE_TOKENS = [
     *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)),
 ]
 VLM_VOCAB = 360
+# SmolVLM2's video settings as its published preprocessor_config.json holds them (smaller):
+# two frames a second, at most six, each resized to 48 px on the long side, then one tile.
+VIDEO_SAMPLING = {"fps": 2, "max_frames": 6, "video_size": {"longest_edge": 48}}
 # ChatML over content parts only, an image part written as <image>: like SmolVLM's templates,
 # it iterates each message's parts, so a plain string content would render as nothing.
 VLM_TEMPLATE = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
     "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}{{ '<image>' }}"
+    "{% elif part['type'] == 'video' %}{{ '<video>' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{{ '<|im_end|>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
@@ -158,6 +162,9 @@ def save_tiny_smolvlm(directory: Path, seed: int = 1) -> tuple[Any, Any, Any]:
         size={"longest_edge": LONGEST}, max_image_size={"longest_edge": TILE}
     )
     images.save_pretrained(str(directory))
+    settings = directory / "preprocessor_config.json"
+    saved = json.loads(settings.read_text())
+    settings.write_text(json.dumps({**saved, "video_sampling": VIDEO_SAMPLING}, indent=2))
     fast.save_pretrained(str(directory))
     processor = {"image_seq_len": IMAGE_SEQ_LEN, "processor_class": "SmolVLMProcessor"}
     (directory / "processor_config.json").write_text(json.dumps(processor))
