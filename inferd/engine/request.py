@@ -11,6 +11,7 @@ import torch
 
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.sampling import SamplingParams
+from inferd.engine.thinking import ThinkingTracker
 from inferd.structured.matcher import TokenMatcher
 
 
@@ -72,10 +73,13 @@ class Request:
     # Follows params.constraint through the output: it has consumed every output token once.
     matcher: TokenMatcher | None = None
     media: tuple[MediaInput, ...] = ()  # media whose encoder rows replace prompt embeddings
+    thinking: ThinkingTracker | None = None  # follows params.thinking through the output
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.params.thinking is not None:
+            self.thinking = ThinkingTracker(self.params.thinking)
 
     @property
     def num_prompt_tokens(self) -> int:
