@@ -155,7 +155,7 @@ def save_tiny_qwen3(directory: Path, seed: int = 0) -> Any:
     tok = qwen3_tokenizer()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(
-        hf_config("qwen3", eos_token_id=tok.token_to_id("<|im_end|>")),
+        hf_config("qwen3", eos_token_id=tok.token_to_id("<|im_end|>"), max_position_embeddings=512),
         dtype=torch.float32,
         attn_implementation="eager",
     )

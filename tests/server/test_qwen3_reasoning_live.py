@@ -37,7 +37,7 @@ OFF = {"enable_thinking": False}
 def qwen3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     folder = tmp_path_factory.mktemp("qwen3")
     save_tiny_qwen3(folder / "model")
-    args = ["-m", str(folder / "model"), "--dtype", "f32", "--max-seq-len", "256"]
+    args = ["-m", str(folder / "model"), "--dtype", "f32", "--max-seq-len", "512"]
     args += ["--access-log-format", "off"]
     with live_server(args, folder / "serve.log") as live:
         yield live
