@@ -69,6 +69,7 @@ _NON_TEXT_BLOCKS = (
     "document",
     "server_tool_use",
     "web_search_tool_result",
+    "thinking",  # in a user turn; an assistant turn's is verified (_block_reader)
     "redacted_thinking",
     "search_result",
     "container_upload",
