@@ -90,6 +90,10 @@ def test_kill_9_mid_write_then_restart(smollm2_gguf: Path, tmp_path: Path) -> No
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     second = live_server(args, tmp_path / "second.log")
     with second as live, _client(live) as again:
+        # marked at startup, before any request reached the store
+        with closing(sqlite3.connect(store)) as db:
+            row = db.execute("SELECT status FROM responses WHERE id = ?", (running.id,))
+            assert row.fetchone() == ("failed",)
         for response in answered:  # every answered response, whole
             assert again.responses.retrieve(response.id).model_dump() == response.model_dump()
         died = again.responses.retrieve(running.id)
