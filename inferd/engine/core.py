@@ -100,6 +100,8 @@ class EngineCore:
         self.generated_tokens += 1
         step = request.detokenizer.push(token)
         text = step.text
+        if request.thinking is not None:
+            request.thinking.feed(text)
         reason: str | None = None
         error = _advance_matcher(request, token)
         if error is not None:
@@ -162,4 +164,5 @@ def _output(
         stop_reason=request.stop_reason,
         error=error,
         logprobs=logprobs,
+        reasoning_tokens=request.thinking.reasoning_tokens if request.thinking else 0,
     )

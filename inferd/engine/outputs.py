@@ -32,6 +32,8 @@ class RequestOutput:
     # One per prompt token (None for the first, which nothing predicts), on a request's first
     # output only, when its params ask for prompt_logprobs.
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
+    # Output tokens spent reasoning so far (params.thinking; 0 without it), markers included.
+    reasoning_tokens: int = 0
 
     @property
     def finished(self) -> bool:

@@ -11,6 +11,7 @@ import torch
 
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.sampling import SamplingParams
+from inferd.engine.thinking import ThinkingTracker
 from inferd.structured.matcher import TokenMatcher
 
 
@@ -81,10 +82,13 @@ class Request:
     # use; a token past the prompt at index p has position p + rope_delta on all three axes.
     rope_positions: torch.Tensor | None = None
     rope_delta: int = 0
+    thinking: ThinkingTracker | None = None  # follows params.thinking through the output
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.params.seed)
+        if self.params.thinking is not None:
+            self.thinking = ThinkingTracker(self.params.thinking)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -44,10 +44,22 @@ def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
                 row_logits, p, request.prompt_token_ids, request.output_token_ids
             )
         tokens[row] = int(row_logits.argmax()) if p.greedy else _sample_row(row_logits, request)
+    _force_thinking_close(requests, tokens)
     wanted = [row for row, r in enumerate(requests) if r.params.logprobs is not None]
     if wanted:
         _fill_logprobs(logits, requests, tokens, wanted, logprobs)
     return SamplerOutput(tokens, logprobs)
+
+
+def _force_thinking_close(requests: Sequence[Request], tokens: list[int]) -> None:
+    """A think block past its budget is closed whatever was sampled (engine/thinking.py).
+    Not under an output constraint: its matcher decides every token, and a forced one could
+    break it."""
+    for row, request in enumerate(requests):
+        if request.thinking is not None and request.matcher is None:
+            forced = request.thinking.forced_token()
+            if forced is not None:
+                tokens[row] = forced
 
 
 def apply_logit_transforms(

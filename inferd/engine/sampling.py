@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from inferd.engine.thinking import ThinkingSpec
 from inferd.structured.constraint import Constraint
 
 # Below this temperature sampling is greedy (as in vLLM): dividing logits by a tinier one
@@ -42,6 +43,9 @@ class SamplingParams:
     # What the output must match (a JSON schema, regex, choice or grammar): every token is
     # sampled from those the constraint allows (inferd/structured). None: free text.
     constraint: Constraint | None = None
+    # A reasoning model's think block: counted, and closed by the engine at its budget
+    # (engine/thinking.py). None: the output is not followed.
+    thinking: ThinkingSpec | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")

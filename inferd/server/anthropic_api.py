@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -52,14 +52,16 @@ from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.protocol import parse_body
-from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter
+from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter, followed
 from inferd.server.state import ServerState
+from inferd.server.thinking_signature import sign, verify
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
 from inferd.structured.tool_syntax import CallReader
 
-# thinking.type values; enabled and adaptive both show a reasoning model's thinking (the
-# budget is not enforced: the reasoning ends when the model closes it, within max_tokens).
+# thinking.type values; enabled and adaptive both show a reasoning model's thinking. Under
+# enabled, budget_tokens bounds it: past that many reasoning tokens the engine closes the think
+# block itself and the model goes on to its answer (engine/thinking.py), within max_tokens.
 _THINKING_TYPES = ("enabled", "adaptive", "disabled")
 
 _NON_TEXT_BLOCKS = (
@@ -67,7 +69,7 @@ _NON_TEXT_BLOCKS = (
     "document",
     "server_tool_use",
     "web_search_tool_result",
-    "thinking",
+    "thinking",  # in a user turn; an assistant turn's is verified (_block_reader)
     "redacted_thinking",
     "search_result",
     "container_upload",
@@ -132,6 +134,7 @@ async def _create_message(request: Request) -> Response:
         return _empty_message(message, len(prompt), body.stream)
     wants_thinking = body.thinking is not None and body.thinking.get("type") != "disabled"
     thinking = state.reasoning(model, prompt) if wants_thinking else None
+    params = followed(params, model, thinking, _budget(body))
     streams = start(request, model, [(prompt, params)], media=inputs)
     if body.stream:
         stream = _stream(
@@ -152,7 +155,7 @@ async def _create_message(request: Request) -> Response:
     text, thought = gen.text, []
     if thinking is not None:
         reasoning, text = thinking.split(text)
-        thought = [_thinking_block(reasoning)] if reasoning else []
+        thought = [_thinking_block(reasoning, model.id)] if reasoning else []
     content = [_text_block(text)]
     if tool_constraint is not None:
         assert tools is not None
@@ -178,9 +181,23 @@ def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text, "citations": None}
 
 
-def _thinking_block(text: str) -> dict[str, Any]:
-    # No signature: this server does not check thinking blocks sent back (it drops them).
-    return {"type": "thinking", "thinking": text, "signature": ""}
+def _thinking_block(text: str, model_id: str) -> dict[str, Any]:
+    """Signed (server/thinking_signature.py): sent back in a later turn, it is verified."""
+    return {"type": "thinking", "thinking": text, "signature": sign(model_id, text)}
+
+
+def _budget(body: _Prompted) -> int | None:
+    """``thinking.budget_tokens`` (enabled only), checked; None: no budget."""
+    if body.thinking is None or body.thinking.get("type") != "enabled":
+        return None
+    budget = body.thinking.get("budget_tokens")
+    if budget is None:
+        return None
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise bad_request(
+            "thinking.budget_tokens: must be a positive integer", "thinking.budget_tokens"
+        )
+    return budget
 
 
 def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool) -> Response:
@@ -248,7 +265,7 @@ async def _prompt(
         if isinstance(m.content, list) and any(b.get("type") == "image" for b in m.content):
             messages.append({"role": m.role, "content": _image_turn(m.content, m.role, where)})
         else:
-            messages += turns(m.role, m.content, where, known, fmt, _text)
+            messages += turns(m.role, m.content, where, known, fmt, _block_reader(m.role, model))
     messages, template_tools = offer(messages, tools, fmt)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
     return await chat_prompt_with_media(
@@ -286,6 +303,27 @@ def _image_turn(content: list[dict[str, Any]], role: str, where: str) -> list[di
         else:
             parts.append({"type": "text", "text": _text(block, at)})
     return parts
+
+
+def _block_reader(role: str, model: ServedModel) -> Callable[[dict[str, Any], str], str]:
+    """``_text``, and in an assistant turn its thinking blocks: each must carry this server's
+    signature of its text (a 400 otherwise), and is left out of the prompt (templates of
+    reasoning models drop earlier turns' thinking)."""
+
+    def read(block: dict[str, Any], where: str) -> str:
+        if block.get("type") != "thinking" or role != "assistant":
+            return _text(block, where)
+        thinking = block.get("thinking")
+        if not isinstance(thinking, str):
+            raise bad_request(f"{where}.thinking: must be a string", f"{where}.thinking")
+        if not verify(model.id, thinking, block.get("signature")):
+            raise bad_request(
+                f"{where}.signature: not this server's signature of this thinking block",
+                f"{where}.signature",
+            )
+        return ""
+
+    return read
 
 
 def _text(block: dict[str, Any], where: str) -> str:
@@ -375,7 +413,7 @@ async def _stream(
     }
     yield _event("message_start", {"message": start_message})
     blocks = StreamedBlocks(_event, calls) if calls is not None else None
-    thought = _StreamedThinking(thinking.splitter()) if thinking is not None else None
+    thought = _StreamedThinking(thinking.splitter(), message["model"]) if thinking else None
     text_index: int | None = None  # the plain text block, once opened
 
     def text_delta(text: str, force: bool = False) -> Iterator[bytes]:
@@ -462,8 +500,10 @@ class _StreamedThinking:
     closed when the answer starts."""
 
     splitter: ReasoningSplitter
+    model_id: str  # signs the block's whole text
     opened: bool = False
     closed: bool = False
+    text: str = ""
 
     def feed(self, text: str, finished: bool) -> tuple[list[bytes], str]:
         """The thinking events for this piece, and the answer's text in it."""
@@ -475,8 +515,9 @@ class _StreamedThinking:
         if reasoning and not self.closed:
             if not self.opened:
                 self.opened = True
-                block = _thinking_block("")
+                block = {"type": "thinking", "thinking": "", "signature": ""}
                 events.append(_event("content_block_start", {"index": 0, "content_block": block}))
+            self.text += reasoning
             delta = {"type": "thinking_delta", "thinking": reasoning}
             events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
         return events, content
@@ -484,7 +525,7 @@ class _StreamedThinking:
     def close(self) -> Generator[bytes, None, int]:
         """Close the thinking block if open; returns the index the next block takes."""
         if self.opened and not self.closed:
-            delta = {"type": "signature_delta", "signature": ""}
+            delta = {"type": "signature_delta", "signature": sign(self.model_id, self.text)}
             yield _event("content_block_delta", {"index": 0, "delta": delta})
             yield _event("content_block_stop", {"index": 0})
         self.closed = True

@@ -40,7 +40,7 @@ from inferd.server.generation import (
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
-from inferd.server.reasoning import ReasoningSplit, template_variables
+from inferd.server.reasoning import ReasoningSplit, followed, template_variables
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
@@ -83,6 +83,7 @@ async def create_chat_completion(request: Request) -> Response:
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     thinking = state.reasoning(model, prompt)
+    params = followed(params, model, thinking)
     jobs = [(prompt, for_choice(params, i)) for i in range(n)]
     streams = start(request, model, jobs, media=inputs)  # the n choices share the media
     if body.stream:
@@ -259,12 +260,19 @@ class _Completion:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model}
 
 
-def _usage(num_prompt_tokens: int, num_output_tokens: int) -> dict[str, int]:
-    return {
+def _usage(
+    num_prompt_tokens: int, num_output_tokens: int, reasoning_tokens: int | None = None
+) -> dict[str, Any]:
+    """``reasoning_tokens``: the output tokens a reasoning model spent thinking (None: the
+    reply is not split, and no details are given)."""
+    usage: dict[str, Any] = {
         "prompt_tokens": num_prompt_tokens,
         "completion_tokens": num_output_tokens,
         "total_tokens": num_prompt_tokens + num_output_tokens,
     }
+    if reasoning_tokens is not None:
+        usage["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return usage
 
 
 def _logprobs(model: ServedModel, lps: Sequence[TokenLogprob]) -> dict[str, Any]:
@@ -300,7 +308,10 @@ async def _collect(
     body["choices"] = [
         _choice(model, i, gen, want_logprobs, calls, thinking) for i, gen in enumerate(gens)
     ]
-    body["usage"] = _usage(num_prompt_tokens, sum(g.final.num_output_tokens for g in gens))
+    reasoning = sum(g.final.reasoning_tokens for g in gens) if thinking is not None else None
+    body["usage"] = _usage(
+        num_prompt_tokens, sum(g.final.num_output_tokens for g in gens), reasoning
+    )
     return JSONResponse(body)
 
 
@@ -345,6 +356,7 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
     splitters = [thinking.splitter() for _ in streams] if thinking is not None else None
+    reasoning_tokens = [0] * len(streams)  # each choice's, as its outputs come
 
     def chunk(index: int, delta: dict[str, Any], finish: str | None, lps: Any = None) -> bytes:
         body = completion.envelope("chat.completion.chunk")
@@ -358,6 +370,7 @@ async def _stream(
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
         text = out.text
+        reasoning_tokens[index] = out.reasoning_tokens
         if splitters is not None:  # reasoning first, as its own delta
             reasoning, text = splitters[index].feed(text)
             if out.finished:
@@ -392,7 +405,8 @@ async def _stream(
     def usage(output_tokens: int) -> bytes:
         body = completion.envelope("chat.completion.chunk")
         body["choices"] = []
-        body["usage"] = _usage(num_prompt_tokens, output_tokens)
+        reasoning = sum(reasoning_tokens) if thinking is not None else None
+        body["usage"] = _usage(num_prompt_tokens, output_tokens, reasoning)
         return sse.event(body)
 
     for index in range(len(streams)):

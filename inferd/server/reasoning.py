@@ -18,13 +18,16 @@ closes leaves the whole output as reasoning. Nothing is dropped but the two mark
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
+
+from inferd.engine.thinking import ThinkingSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from inferd.engine.sampling import SamplingParams
     from inferd.serving.served import ServedModel
 
 AUTO = "auto"  # split when the chat template mentions the markers
@@ -94,6 +97,24 @@ class ReasoningSplit:
 
     def split(self, text: str) -> tuple[str, str]:
         return split(text, self.markers, self.started_in_reasoning)
+
+
+def followed(
+    params: SamplingParams,
+    model: ServedModel,
+    split: ReasoningSplit | None,
+    budget: int | None = None,
+) -> SamplingParams:
+    """``params`` with the engine told about the think block (engine/thinking.py): it counts
+    the reasoning tokens for ``usage``, and past ``budget`` reasoning tokens closes the block
+    with the closing marker's tokens so the model goes on to its answer."""
+    if split is None:
+        return params
+    close_ids = tuple(model.tokenizer.encode(split.markers.close))
+    spec = ThinkingSpec(
+        split.markers.open, split.markers.close, close_ids, split.started_in_reasoning, budget
+    )
+    return replace(params, thinking=spec)
 
 
 def reasoning_split(

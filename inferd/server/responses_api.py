@@ -41,7 +41,7 @@ from inferd.server.generation import (
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import offer
 from inferd.server.protocol import parse_body
-from inferd.server.reasoning import ReasoningSplit
+from inferd.server.reasoning import ReasoningSplit, followed
 from inferd.server.responses_input import (
     ResponsesRequest,
     calls_of,
@@ -122,6 +122,7 @@ async def create_response(request: Request) -> Response:
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
     run = _Run(response, len(prompt), calls, body.store is not False)
     run.thinking = state.reasoning(model, prompt)
+    params = followed(params, model, run.thinking)
     if body.background:
         return await _background(state, model, run, items, owner, prompt, params)
     streams = start(request, model, [(prompt, params)])
@@ -289,7 +290,7 @@ class _Run:
             "status": "incomplete" if cut else "completed",
             "incomplete_details": {"reason": "max_output_tokens"} if cut else None,
             "output": builder.items,
-            "usage": self.usage(last.num_output_tokens),
+            "usage": self.usage(last.num_output_tokens, last.reasoning_tokens),
             "completed_at": None if cut else int(time.time()),
         }
 
@@ -300,12 +301,13 @@ class _Run:
             "usage": self.usage(output_tokens),
         }
 
-    def usage(self, output_tokens: int) -> dict[str, Any]:
+    def usage(self, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+        """``reasoning_tokens``: the output tokens spent in a think block (engine/thinking.py)."""
         return {
             "input_tokens": self.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": output_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
             "total_tokens": self.prompt_tokens + output_tokens,
         }
 

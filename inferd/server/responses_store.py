@@ -8,6 +8,12 @@ disk, and a process killed mid-write leaves the last committed state (SQLite's j
 the half-written transaction back on the next open). The schema carries a version
 (``PRAGMA user_version``); a file of a newer version is refused rather than misread.
 
+A response still queued or in progress records the server process running it (``worker``: its
+pid and start time). A process that dies (killed, crashed, stopped with work in flight) leaves
+such rows behind; the next server to open the file marks those whose process is gone
+``failed``, with an error saying why, so a client polling one learns its fate instead of
+waiting forever. Rows of a live process (another server on the same file) are left alone.
+
 Ownership: with API keys, a row records the SHA-256 of the key that created it, and every
 read, update and delete is filtered by it, so another key's response is simply not there (the
 route answers 404, never 403, which would confirm the id exists). Expiry is a column: rows past
@@ -17,6 +23,8 @@ it are invisible at once and purged on later writes.
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sqlite3
 import threading
 import time
@@ -28,7 +36,7 @@ from typing import Any
 
 from inferd.server.defaults import DEFAULT_RESPONSES_TTL
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: responses.worker
 MEMORY = ":memory:"
 DEFAULT_TTL_SECONDS = DEFAULT_RESPONSES_TTL
 _PURGE_EVERY_SECONDS = 60.0
@@ -42,7 +50,8 @@ CREATE TABLE IF NOT EXISTS responses (
     status TEXT NOT NULL,
     background INTEGER NOT NULL DEFAULT 0,
     previous_id TEXT,
-    body TEXT NOT NULL
+    body TEXT NOT NULL,
+    worker TEXT
 );
 CREATE TABLE IF NOT EXISTS input_items (
     response_id TEXT NOT NULL REFERENCES responses(id) ON DELETE CASCADE,
@@ -53,6 +62,11 @@ CREATE TABLE IF NOT EXISTS input_items (
 );
 CREATE INDEX IF NOT EXISTS responses_expiry ON responses(expires_at);
 """
+
+
+_log = logging.getLogger(__name__)
+_UNFINISHED = ("queued", "in_progress")
+ABANDONED = "the server stopped before this response finished; create it again"
 
 
 class StoreError(Exception):
@@ -87,6 +101,7 @@ class ResponseStore:
         self._lock = threading.Lock()
         self._db: sqlite3.Connection | None = None
         self._last_purge = 0.0
+        self.worker = _this_process()
 
     # -- opening -----------------------------------------------------------------------------
 
@@ -116,8 +131,14 @@ class ResponseStore:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     db.execute(statement)
+            columns = {row[1] for row in db.execute("PRAGMA table_info(responses)")}
+            if "worker" not in columns:  # a version 1 file
+                db.execute("ALTER TABLE responses ADD COLUMN worker TEXT")
             db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            abandoned = _fail_abandoned(db)
             db.execute("COMMIT")
+            if abandoned:
+                _log.warning("responses store: %d unfinished responses marked failed", abandoned)
         except sqlite3.DatabaseError as exc:
             db.close()
             raise StoreError(f"{self.path}: not a usable responses store: {exc}") from None
@@ -137,6 +158,18 @@ class ResponseStore:
                 db.execute("ROLLBACK")
                 raise
             db.execute("COMMIT")
+
+    def open_if_present(self) -> None:
+        """Open an existing store file now (at startup), so that the responses a dead server
+        left unfinished are marked failed at once; a missing file stays uncreated, and an
+        unusable one is reported by the first request that needs it."""
+        if self.path == MEMORY or not Path(self.path).is_file():
+            return
+        try:
+            with self._lock:
+                self._connection()
+        except StoreError as exc:
+            _log.warning("%s", exc)
 
     def close(self) -> None:
         with self._lock:
@@ -162,7 +195,7 @@ class ResponseStore:
             db.execute("DELETE FROM responses WHERE id = ?", (body["id"],))
             db.execute(
                 "INSERT INTO responses (id, owner, created_at, expires_at, status, background,"
-                " previous_id, body) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                " previous_id, body, worker) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     body["id"],
                     owner,
@@ -172,6 +205,7 @@ class ResponseStore:
                     int(background),
                     body.get("previous_response_id"),
                     _dump(body),
+                    self.worker,
                 ),
             )
             db.executemany(
@@ -271,6 +305,57 @@ class ResponseStore:
             ).fetchall()
         items = [json.loads(r[0]) for r in rows]
         return ItemPage(items[:limit], len(items) > limit)
+
+
+def _fail_abandoned(db: sqlite3.Connection) -> int:
+    """Mark failed the unfinished responses whose server process is gone; how many."""
+    marks = ",".join("?" * len(_UNFINISHED))
+    rows = db.execute(
+        f"SELECT id, worker, body FROM responses WHERE status IN ({marks})", _UNFINISHED
+    ).fetchall()
+    failed = 0
+    for response_id, worker, text in rows:
+        if worker is not None and _alive(worker):
+            continue
+        body = json.loads(text) | {
+            "status": "failed",
+            "error": {"code": "server_error", "message": ABANDONED},
+        }
+        db.execute(
+            "UPDATE responses SET status = 'failed', body = ? WHERE id = ?",
+            (_dump(body), response_id),
+        )
+        failed += 1
+    return failed
+
+
+def _start_time(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, Linux), or "" when unknown: with
+    the pid it names one process, as pids are reused."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat.rsplit(")", 1)[-1].split()[19]  # field 22, counted after the command name
+
+
+def _this_process() -> str:
+    pid = os.getpid()
+    return f"{pid}:{_start_time(pid)}"
+
+
+def _alive(worker: str) -> bool:
+    """Whether the process a ``worker`` value names still runs (on this machine: SQLite in WAL
+    mode is not shared across machines)."""
+    pid_text, _, started = worker.partition(":")
+    try:
+        pid = int(pid_text)
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        pass  # another user's process: it exists
+    return not started or _start_time(pid) in ("", started)
 
 
 def _dump(value: Any) -> str:

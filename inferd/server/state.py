@@ -44,6 +44,7 @@ class ServerState:
 
     def __post_init__(self) -> None:
         self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
+        self.responses.open_if_present()  # a dead server's unfinished responses: failed now
 
     @property
     def keepalive_seconds(self) -> float:

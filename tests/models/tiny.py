@@ -34,10 +34,12 @@ SLIDING_WINDOW = 6  # shorter than the test prompts, so the window really hides 
 
 
 def byte_level_tokenizer(
-    vocab_size: int = VOCAB, extra_specials: list[str] | None = None
+    vocab_size: int = VOCAB,
+    extra_specials: list[str] | None = None,
+    corpus: list[str] | None = None,
 ) -> Tokenizer:
-    """A byte-level BPE trained on CORPUS, with the chat specials (and a multimodal model's
-    own markers, ``extra_specials``) as special tokens."""
+    """A byte-level BPE trained on ``corpus`` (CORPUS by default), with the chat specials (and
+    a multimodal model's own markers, ``extra_specials``) as special tokens."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -47,7 +49,7 @@ def byte_level_tokenizer(
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(corpus or CORPUS, trainer)
     assert tok.get_vocab_size() == vocab_size
     return tok
 

@@ -156,3 +156,57 @@ def test_an_unusable_store_file_is_a_503_naming_it(tmp_path: Path) -> None:
     assert reply.status_code == 503
     error = reply.json()["error"]
     assert error["code"] == "responses_store_unavailable" and str(foreign) in error["message"]
+
+
+_LEAVER = textwrap.dedent(
+    """
+    import os, sys
+    from inferd.server.responses_store import ResponseStore
+    store = ResponseStore(sys.argv[1])
+    for n, status in enumerate(("queued", "in_progress", "completed")):
+        body = {"id": f"resp_{status}", "status": status, "output": []}
+        store.put(body, [], owner="k", background=True)
+    os._exit(0)  # dies with two responses unfinished
+    """
+)
+
+
+def test_unfinished_responses_of_a_dead_server_are_failed_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "r.sqlite3"
+    env = os.environ | {"PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    subprocess.run([sys.executable, "-c", _LEAVER, str(path)], env=env, check=True)
+    mine = ResponseStore(path)  # this process is alive: its own unfinished row stays so
+    mine.put(_body("resp_live", "in_progress"), [], owner="k", background=True)
+    mine.close()
+    store = ResponseStore(path)
+    store.open_if_present()
+    for status in ("queued", "in_progress"):
+        stored = store.get(f"resp_{status}", "k")
+        assert stored is not None and stored.status == "failed"
+        assert stored.body["status"] == "failed" and stored.body["error"]["message"]
+    done = store.get("resp_completed", "k")
+    assert done is not None and done.status == "completed"
+    live = store.get("resp_live", "k")
+    assert live is not None and live.status == "in_progress"
+
+
+def test_a_version_1_file_gains_the_worker_column(tmp_path: Path) -> None:
+    path = tmp_path / "v1.sqlite3"
+    with closing(sqlite3.connect(path)) as db:
+        db.executescript(
+            "CREATE TABLE responses (id TEXT PRIMARY KEY, owner TEXT, created_at REAL NOT NULL,"
+            " expires_at REAL NOT NULL, status TEXT NOT NULL, background INTEGER NOT NULL"
+            " DEFAULT 0, previous_id TEXT, body TEXT NOT NULL);"
+            "INSERT INTO responses VALUES ('resp_old', NULL, 0, 1e12, 'in_progress', 1, NULL,"
+            """ '{"id": "resp_old", "status": "in_progress"}');"""
+            "PRAGMA user_version = 1;"
+        )
+    store = ResponseStore(path)
+    old = store.get("resp_old", None)  # no process recorded: abandoned by an older server
+    assert old is not None and old.status == "failed"
+    store.put(_body("resp_new"), [], owner=None)
+    assert store.get("resp_new", None) is not None
+    with closing(sqlite3.connect(path)) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (SCHEMA_VERSION,)
