@@ -125,7 +125,7 @@ IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png"
 def test_anthropic_images_in_tool_results_and_beside_them(fmt: ToolFormat) -> None:
     known = {"t1": "get_weather"}
     result = {"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE, TEXT_9C]}
-    answer = [result, IMAGE, {"type": "text", "text": "And this?"}]
+    answer: list[dict[str, Any]] = [result, IMAGE, {"type": "text", "text": "And this?"}]
     user = turns("user", answer, "messages.2.content", known, fmt, _text, _image)
     first = {"type": "image", "at": "messages.2.content.0.content.0"}
     second = {"type": "image", "at": "messages.2.content.1"}
