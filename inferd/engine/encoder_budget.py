@@ -51,6 +51,11 @@ class EncoderBudget:
             self.started = True
             self.planned.add(m.digest)
 
+    @property
+    def exhausted(self) -> bool:
+        """Whether no further media may start encoding in this step."""
+        return self.started and self.left == 0
+
     def close(self) -> None:
         """No further media start encoding in this step."""
         self.left, self.started = 0, True

@@ -127,9 +127,9 @@ class Scheduler:
             n = min(need, budget)
             fit = encoder.fit(request, request.num_computed_tokens, n)
             if fit < n:
-                closed = encoder.started and encoder.left == 0
+                exhausted = encoder.exhausted
                 encoder.close()
-                if fit == 0 or closed:  # its media wait; those of the requests before go first
+                if fit == 0 or exhausted:  # its media wait; those of requests before go first
                     self.kv.free(request)
                     request.num_computed_tokens = 0
                     continue

@@ -114,8 +114,8 @@ def turns(
                 )
             result = _result_parts(block.get("content"), at, image_part)
             if fmt.in_template:
-                results.append(tool_result(call_id, known[call_id], "", fmt))
-                results[-1]["content"] = _content(result)
+                tool_turn = tool_result(call_id, known[call_id], "", fmt)
+                results.append(tool_turn | {"content": _content(result)})
             else:  # in order among the text, as a user turn reads it
                 parts += ([_text_part("\n")] if parts else []) + _wrapped(result)
         elif kind == "image" and image_part is not None:

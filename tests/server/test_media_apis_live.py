@@ -42,6 +42,7 @@ def vision(
 ) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("media-apis-serve") / "serve.log"
     args = ["-m", str(tiny_idefics3[0]), "--dtype", "f32", "--allowed-media-root", str(media_root)]
+    args += ["--responses-store", ":memory:"]
     with live_server(args, log) as live:
         yield live
 
@@ -251,6 +252,28 @@ def test_a_stored_image_is_seen_again_in_the_next_turn(oai: openai.OpenAI, model
     assert first.usage is not None and second.usage is not None
     # the whole first turn, its image's tokens included, is in the second's prompt
     assert second.usage.input_tokens > first.usage.input_tokens + first.usage.output_tokens
+
+
+def test_truncation_drops_an_old_turn_with_its_image(oai: openai.OpenAI, model_id: str) -> None:
+    def ask(image: Image.Image, previous: str | None, room: int) -> Any:
+        return oai.responses.create(
+            model=model_id,
+            input=image_input(data_url(png_bytes(image))),  # type: ignore[arg-type]
+            previous_response_id=previous,
+            max_output_tokens=room,
+            truncation="auto",
+            temperature=0,
+        )
+
+    first = ask(DOG, None, 2)
+    alone = ask(CAT, None, 2)
+    # the tiny model has 512 positions: both images and this much room do not fit together
+    room = 512 - alone.usage.input_tokens - 4
+    assert first.usage.input_tokens + alone.usage.input_tokens + room > 512
+    second = ask(CAT, first.id, room)
+    assert second.status in ("completed", "incomplete")
+    # the first turn's message (and its image) dropped; its short reply may stay
+    assert alone.usage.input_tokens <= second.usage.input_tokens < alone.usage.input_tokens + 8
 
 
 def test_bad_input_images_are_refused_by_path(oai: openai.OpenAI, model_id: str) -> None:
