@@ -6,6 +6,7 @@ them (same prompt token count, same greedy text), and a text model refuses them 
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -230,6 +231,18 @@ def test_responses_input_image_matches_chat_completions(
             )
             assert response.usage is not None
             assert (response.usage.input_tokens, response.output_text) == expected
+    queued = oai.responses.create(
+        model=model_id,
+        input=image_input(url),  # type: ignore[arg-type]
+        max_output_tokens=NEW,
+        temperature=0,
+        background=True,
+    )
+    deadline = time.monotonic() + 60
+    while (done := oai.responses.retrieve(queued.id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert (done.usage.input_tokens if done.usage else 0, done.output_text) == expected
     items = oai.responses.input_items.list(response.id)
     assert items.data[0].type == "message"
     assert items.data[0].content[0].type == "input_image"  # kept as sent
