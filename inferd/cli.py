@@ -163,6 +163,13 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         f"encoded again (MiB; 0: none; default: {d.encoder_cache_mb})",
     )
     p.add_argument(
+        "--max-encoder-tokens-per-step",
+        type=int,
+        default=d.max_encoder_tokens,
+        help="encoder output rows (placeholder tokens of images or clips not in the encoder "
+        "cache) one step may compute; larger media run alone (default: the step's token budget)",
+    )
+    p.add_argument(
         "--block-size",
         type=int,
         default=d.block_size,
@@ -205,6 +212,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_cache_tokens=args.kv_cache_tokens,
         kv_cache_mb=args.kv_cache_mb,
         encoder_cache_mb=args.encoder_cache_mb,
+        max_encoder_tokens=args.max_encoder_tokens_per_step,
         block_size=args.block_size,
         prefix_caching=args.prefix_caching == "on",
         packed_kernels=args.packed_kernels == "on",

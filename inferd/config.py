@@ -38,6 +38,10 @@ class EngineConfig:
     # image is not encoded again. 256 MB: ~270 SmolVLM-256M images of 13 tiles (832 rows of 576
     # bf16 values each).
     encoder_cache_mb: int = 256
+    # Encoder output rows (placeholder tokens of uncached media) one step may compute, so one
+    # request with many images cannot stall a step for everyone (engine/encoder_budget.py);
+    # None: max_num_batched_tokens. Media larger than it still run, alone in their step.
+    max_encoder_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -45,6 +49,8 @@ class EngineConfig:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
+        if self.max_encoder_tokens is not None and self.max_encoder_tokens < 1:
+            raise ValueError("max_encoder_tokens must be at least 1")
         if self.encoder_cache_mb < 0:
             raise ValueError("encoder_cache_mb cannot be negative")
         if self.kv_cache_mb is not None and self.kv_cache_mb < 1:

@@ -84,6 +84,10 @@ class LLMEngine:
         """Tokens the whole KV pool holds: no request may need more."""
         return self._core.scheduler.kv.capacity_tokens
 
+    def encoder_cached(self, digest: str) -> bool:
+        """Whether the encoder cache holds the rows of the media with this digest."""
+        return digest in self._core.runner.encoder_cache
+
     @property
     def last_step_seconds(self) -> float:
         return self._core.last_step_seconds

@@ -13,6 +13,9 @@ prompt needs many. A step serves, in this order:
    request with ``n`` choices of a 4,000-token prompt) cannot fill every seat and the budget;
    and the later copies of the same prompt find the first one's blocks in the prefix cache.
 
+Media are encoded within an encoder budget per step (engine/encoder_budget.py): a chunk that
+would start encoding past it stops before that image or clip, which waits for a later step.
+
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
 """
@@ -23,6 +26,8 @@ from collections import deque
 from dataclasses import dataclass
 
 from inferd.config import EngineConfig
+from inferd.engine.encoder_budget import EncoderBudget
+from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, RequestStatus
 
@@ -61,12 +66,25 @@ class SchedulerConfig:
     max_num_seqs: int = _DEFAULTS.max_num_seqs
     max_num_batched_tokens: int = _DEFAULTS.max_num_batched_tokens
     max_waiting: int = _DEFAULTS.max_waiting
+    # Encoder output rows a step may compute (engine/encoder_budget.py); None: the token budget.
+    max_encoder_tokens: int | None = _DEFAULTS.max_encoder_tokens
+
+    @property
+    def encoder_tokens(self) -> int:
+        return self.max_encoder_tokens or self.max_num_batched_tokens
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, kv: KVCacheManager) -> None:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        kv: KVCacheManager,
+        encoder_cache: EncoderCache | None = None,
+    ) -> None:
+        """``encoder_cache``: the runner's, so cached media cost no encoder budget."""
         self.config = config
         self.kv = kv
+        self.encoder_cache = encoder_cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -91,11 +109,12 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
+        encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
-        budget = self._schedule_running(decodes, budget, chunks, preempted)
+        budget = self._schedule_running(decodes, budget, chunks, preempted, encoder)
         reserve = min(self._short_waiting_tokens(), budget // 2)
-        left = self._schedule_running(prefills, budget - reserve, chunks, preempted)
+        left = self._schedule_running(prefills, budget - reserve, chunks, preempted, encoder)
         budget = left + reserve
         long_in_flight = any(_remaining(r) > self.config.max_num_batched_tokens for r in prefills)
         for request in list(self.waiting):
@@ -106,6 +125,15 @@ class Scheduler:
             self.kv.attach_cached_prefix(request)
             need = _remaining(request)
             n = min(need, budget)
+            fit = encoder.fit(request, request.num_computed_tokens, n)
+            if fit < n:
+                exhausted = encoder.exhausted
+                encoder.close()
+                if fit == 0 or exhausted:  # its media wait; those of requests before go first
+                    self.kv.free(request)
+                    request.num_computed_tokens = 0
+                    continue
+                n = fit
             if not self.kv.allocate_slots(request, n):
                 self.kv.free(request)  # give back the shared prefix while it waits
                 request.num_computed_tokens = 0
@@ -113,6 +141,7 @@ class Scheduler:
             self.waiting.remove(request)
             request.status = RequestStatus.RUNNING
             self.running.append(request)
+            encoder.charge(request, request.num_computed_tokens, n)
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
             long_in_flight |= need > self.config.max_num_batched_tokens
@@ -124,6 +153,7 @@ class Scheduler:
         budget: int,
         chunks: list[ScheduledChunk],
         preempted: list[str],
+        encoder: EncoderBudget,
     ) -> int:
         """Chunks for ``requests`` (running ones) within ``budget``; returns what is left."""
         for request in requests:
@@ -132,13 +162,21 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
             n = min(_remaining(request), budget)
+            fit = encoder.fit(request, request.num_computed_tokens, n)
+            if fit < n:
+                encoder.close()  # its media go first in the next step
+                n = fit
             if n == 0:
-                continue  # waiting for its sampled token to be appended
+                continue  # waiting for its sampled token to be appended, or for the encoder
             if not self._make_room(request, n, preempted):
                 continue
+            encoder.charge(request, request.num_computed_tokens, n)
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
         return budget
+
+    def _is_encoded(self, digest: str) -> bool:
+        return self.encoder_cache is not None and digest in self.encoder_cache
 
     def _short_waiting_tokens(self) -> int:
         """Tokens the waiting requests that fit one step would take, for the free seats."""

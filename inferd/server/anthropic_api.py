@@ -28,6 +28,7 @@ from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.media.types import DecodedMedia
 from inferd.server import sse
+from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
 from inferd.server.anthropic_tools import (
@@ -260,18 +261,20 @@ async def _prompt(
         system = "".join(str(m["content"]) for m in system_turns)
         if system:
             messages.append({"role": "system", "content": system})
+    slots = ImageSlots()
     for i, m in enumerate(body.messages):
         where = f"messages.{i}.content"
-        if isinstance(m.content, list) and any(b.get("type") == "image" for b in m.content):
-            messages.append({"role": m.role, "content": _image_turn(m.content, m.role, where)})
-        else:
-            messages += turns(m.role, m.content, where, known, fmt, _block_reader(m.role, model))
+        if m.role != "user" and _holds_image(m.content):
+            raise bad_request(f"{where}: images are accepted in user messages only", where)
+        messages += turns(
+            m.role, m.content, where, known, fmt, _block_reader(m.role, model), slots.part
+        )
     messages, template_tools = offer(messages, tools, fmt)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
     return await chat_prompt_with_media(
         model,
         messages,
-        media,
+        slots.in_rendered_order(messages, media),
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
         check_length=check_length,
@@ -288,21 +291,16 @@ def _thinking_variables(body: _Prompted) -> dict[str, object]:
     return {"enable_thinking": body.thinking.get("type") != "disabled"}
 
 
-def _image_turn(content: list[dict[str, Any]], role: str, where: str) -> list[dict[str, Any]]:
-    """A user message with image blocks (decoded in order by decode_request_media) as the chat
-    template takes it: text parts and ``{"type": "image"}`` where each image goes."""
-    if role != "user":
-        raise bad_request(f"{where}: images are accepted in user messages only", where)
-    parts: list[dict[str, Any]] = []
-    for j, block in enumerate(content):
-        at = f"{where}.{j}"
-        if block.get("type") == "image":
-            parts.append({"type": "image"})
-        elif block.get("type") in ("tool_use", "tool_result"):
-            raise bad_request(f"{at}: a message with images takes no tool blocks", at)
-        else:
-            parts.append({"type": "text", "text": _text(block, at)})
-    return parts
+def _holds_image(content: str | list[dict[str, Any]]) -> bool:
+    """Whether a message has an image block, in a tool result's content too."""
+    if isinstance(content, str):
+        return False
+    return any(
+        b.get("type") == "image"
+        or (b.get("type") == "tool_result" and _holds_image(b.get("content") or ""))
+        for b in content
+        if isinstance(b, dict)
+    )
 
 
 def _block_reader(role: str, model: ServedModel) -> Callable[[dict[str, Any], str], str]:

@@ -73,6 +73,11 @@ def _choice(choice: Any) -> tuple[Any, bool | None]:
 # -- the history -----------------------------------------------------------------------------
 
 
+Part = dict[str, Any]  # a chat content part: {"type": "text", "text": ...} or an image's
+# Reads an image block (at its path) into the image part the chat template takes.
+ImagePart = Callable[[dict[str, Any], str], Part]
+
+
 def turns(
     role: str,
     content: str | list[dict[str, Any]],
@@ -80,14 +85,19 @@ def turns(
     known: dict[str, str],
     fmt: ToolFormat,
     block_text: Callable[[dict[str, Any], str], str],
+    image_part: ImagePart | None = None,
 ) -> list[dict[str, Any]]:
     """One Anthropic message as the template's messages: tool_use blocks become the turn's
     calls and tool_result blocks tool results, each the way the model's ToolFormat renders
     them (server/openai_tools.py); ``block_text`` reads any other block. ``known`` maps the
-    tool_use ids so far to their names: every tool_result must answer one."""
+    tool_use ids so far to their names: every tool_result must answer one.
+
+    With ``image_part``, image blocks (in the message, or in a tool_result's content) become
+    image parts in their place, and a turn holding one has a list of parts for content (text
+    parts between them) instead of a string; without it they go to ``block_text``."""
     if isinstance(content, str):
         return [{"role": role, "content": content}]
-    texts: list[str] = []
+    parts: list[Part] = []  # the turn's own text and images, in order
     calls: list[tuple[str, str, str]] = []
     results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
@@ -102,19 +112,48 @@ def turns(
                     f"{at}.tool_use_id: no tool_use block with id {call_id!r} comes before it",
                     f"{at}.tool_use_id",
                 )
-            text = _result_text(block.get("content"), at)
+            result = _result_parts(block.get("content"), at, image_part)
             if fmt.in_template:
-                results.append(tool_result(call_id, known[call_id], text, fmt))
+                tool_turn = tool_result(call_id, known[call_id], "", fmt)
+                results.append(tool_turn | {"content": _content(result)})
             else:  # in order among the text, as a user turn reads it
-                texts.append(("\n" if texts else "") + result_text(text))
+                parts += ([_text_part("\n")] if parts else []) + _wrapped(result)
+        elif kind == "image" and image_part is not None:
+            parts.append(image_part(block, at))
         else:
-            texts.append(block_text(block, at))
-    text = "".join(texts)
+            parts.append(_text_part(block_text(block, at)))
+    turn = _content(parts)
     if calls:
-        return [assistant_calls(text, calls, fmt)]
+        if not isinstance(turn, str):
+            raise bad_request(f"{where}: a message with tool_use blocks takes no images", where)
+        return [assistant_calls(turn, calls, fmt)]
     if results:
-        return results + ([{"role": role, "content": text}] if text else [])
-    return [{"role": role, "content": text}]
+        return results + ([{"role": role, "content": turn}] if turn else [])
+    return [{"role": role, "content": turn}]
+
+
+def _text_part(text: str) -> Part:
+    return {"type": "text", "text": text}
+
+
+def _content(parts: list[Part]) -> str | list[Part]:
+    """A turn's content: its text when it has no image, else its parts with adjacent text
+    parts joined and empty ones dropped."""
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    merged: list[Part] = []
+    for part in parts:
+        if part["type"] == "text" and merged and merged[-1]["type"] == "text":
+            merged[-1] = _text_part(merged[-1]["text"] + part["text"])
+        elif part["type"] != "text" or part["text"]:
+            merged.append(part)
+    return merged
+
+
+def _wrapped(result: list[Part]) -> list[Part]:
+    """A tool result as text in a user turn (result_text's wrapping), its images in place."""
+    before, after = result_text("\0").split("\0")
+    return [_text_part(before), *result, _text_part(after)]
 
 
 def _call(block: dict[str, Any], where: str, known: dict[str, str]) -> tuple[str, str, str]:
@@ -125,15 +164,25 @@ def _call(block: dict[str, Any], where: str, known: dict[str, str]) -> tuple[str
     return call_id, name, json.dumps(block.get("input", {}), ensure_ascii=False)
 
 
-def _result_text(content: Any, where: str) -> str:
+def _result_parts(content: Any, where: str, image_part: ImagePart | None) -> list[Part]:
+    """A tool_result's content: a string, or text blocks (and image blocks with
+    ``image_part``), as parts in order."""
     if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list) and all(
-        isinstance(b, dict) and b.get("type") == "text" and isinstance(b.get("text"), str)
-        for b in content
-    ):
-        return "".join(b["text"] for b in content)
-    raise bad_request(f"{where}.content: a tool result takes a string or text blocks", where)
+        return [_text_part(content or "")]
+    parts: list[Part] = []
+    if isinstance(content, list):
+        for k, block in enumerate(content):
+            kind = block.get("type") if isinstance(block, dict) else None
+            if kind == "text" and isinstance(block.get("text"), str):
+                parts.append(_text_part(block["text"]))
+            elif kind == "image" and image_part is not None:
+                parts.append(image_part(block, f"{where}.content.{k}"))
+            else:
+                break
+        else:
+            return parts
+    kinds = "text and image blocks" if image_part is not None else "text blocks"
+    raise bad_request(f"{where}.content: a tool result takes a string or {kinds}", where)
 
 
 # -- the reply -------------------------------------------------------------------------------

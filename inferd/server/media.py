@@ -241,10 +241,11 @@ def check_media_parts(
 
 
 def _part_param(param: str) -> str:
-    """messages.0.content.1.image_url.url -> messages.0.content.1"""
-    head, _, rest = param.partition(".content.")
+    """messages.0.content.1.image_url.url -> messages.0.content.1 (and the innermost part of
+    a tool result's content: messages.0.content.1.content.0.source -> ...content.1.content.0)"""
+    head, found, rest = param.rpartition(".content.")
     index = rest.split(".", 1)[0]
-    return f"{head}.content.{index}" if rest else param
+    return f"{head}.content.{index}" if found else param
 
 
 def _media_parts(messages: Sequence[Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
@@ -252,13 +253,21 @@ def _media_parts(messages: Sequence[Any]) -> Iterator[tuple[str, str, dict[str, 
         content = message.get("content") if isinstance(message, dict) else message.content
         if not isinstance(content, list):
             continue
-        for j, part in enumerate(content):
-            if not isinstance(part, dict):
-                continue
-            kind = part.get("type")
-            modality = _modality_of(kind)
-            if modality is not None:
-                yield f"messages.{i}.content.{j}", modality, part
+        yield from _parts_of(content, f"messages.{i}.content")
+
+
+def _parts_of(content: list[Any], where: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """Media parts of a content list in order, those of an Anthropic tool_result's own content
+    list at its place among them."""
+    for j, part in enumerate(content):
+        if not isinstance(part, dict):
+            continue
+        kind = part.get("type")
+        modality = _modality_of(kind)
+        if modality is not None:
+            yield f"{where}.{j}", modality, part
+        elif kind == "tool_result" and isinstance(part.get("content"), list):
+            yield from _parts_of(part["content"], f"{where}.{j}.content")
 
 
 def _modality_of(kind: object) -> str | None:

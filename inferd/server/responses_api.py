@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
@@ -23,7 +24,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.outputs import RequestOutput
+from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParams
+from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, constrain
@@ -32,13 +35,14 @@ from inferd.server.generation import (
     ENGINE_ERRORS,
     SSE_HEADERS,
     admit,
-    chat_prompt_ids,
+    chat_prompt_with_media,
     collect,
     engine_error,
     sampling_params,
     start,
 )
 from inferd.server.limits import RequestTimeoutError
+from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import offer
 from inferd.server.protocol import parse_body
 from inferd.server.reasoning import ReasoningSplit, followed
@@ -49,6 +53,7 @@ from inferd.server.responses_input import (
     check_request,
     echo_tools,
     input_items,
+    media_messages,
     new_id,
     output_as_input,
     renamed,
@@ -93,6 +98,7 @@ async def create_response(request: Request) -> Response:
     owner = _owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
+    media = await _decode_media(request, model, history, items)
     tools = tool_request(body)
     fields = sampling_fields(body)
     fmt = model.tool_format
@@ -113,7 +119,7 @@ async def create_response(request: Request) -> Response:
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items, fmt), tools, fmt
     )
-    prompt = await _prompt(model, messages, template_tools, state, body)
+    prompt, inputs = await _prompt(model, messages, template_tools, state, body, media)
     if body.max_output_tokens is None:
         params = replace(params, max_tokens=_room(model, len(prompt)))
     admit(model, len(prompt), params, "input")
@@ -124,8 +130,8 @@ async def create_response(request: Request) -> Response:
     run.thinking = state.reasoning(model, prompt)
     params = followed(params, model, run.thinking)
     if body.background:
-        return await _background(state, model, run, items, owner, prompt, params)
-    streams = start(request, model, [(prompt, params)])
+        return await _background(state, model, run, items, owner, (prompt, inputs), params)
+    streams = start(request, model, [(prompt, params)], media=inputs)
     if body.stream:
         events = _stream(state, run, items, owner, streams[0])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -185,16 +191,19 @@ async def _prompt(
     tools: list[dict[str, Any]] | None,
     state: ServerState,
     body: ResponsesRequest,
-) -> list[int]:
-    """The prompt's ids; with ``truncation: auto`` the oldest turns are dropped (never the
-    instructions or tools block, never the last turn) until the reply has room."""
+    media: list[DecodedMedia],
+) -> tuple[list[int], list[MediaInput]]:
+    """The prompt's ids and the images to submit with them; with ``truncation: auto`` the
+    oldest turns (and their images) are dropped (never the instructions or tools block, never
+    the last turn) until the reply has room."""
     auto = body.truncation == "auto"
     needed = body.max_output_tokens or 1
     while True:
         try:
-            prompt = await chat_prompt_ids(
+            prompt, inputs = await chat_prompt_with_media(
                 model,
                 messages,
+                media,
                 special_in_content=state.special_tokens_in_content,
                 check_length=not auto,
                 tools=tools,
@@ -204,8 +213,45 @@ async def _prompt(
             raise _as_input(exc) from None
         lead = 1 if messages and messages[0]["role"] in ("system", "developer") else 0
         if not auto or model.engine.room(len(prompt)) >= needed or len(messages) - lead <= 1:
-            return prompt
+            return prompt, inputs
+        media = media[_images_in(messages[lead]) :]
         messages = messages[:lead] + messages[lead + 1 :]
+
+
+def _images_in(message: dict[str, Any]) -> int:
+    content = message.get("content")
+    return sum(1 for p in content if p.get("type") == "image") if isinstance(content, list) else 0
+
+
+async def _decode_media(
+    request: Request,
+    model: ServedModel,
+    history: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+) -> list[DecodedMedia]:
+    """The images of the conversation's input_image parts, in order, through the media policy
+    as chat's are (a text model refuses them with chat's 400). Errors name the part as
+    ``input.N...``, or ``previous_response_id`` for a stored turn's image."""
+    messages = media_messages(history + items)
+    try:
+        return await decode_request_media(messages, media_policy(request), model)
+    except APIError as exc:
+        raise _renamed_part(exc, len(history)) from None
+
+
+def _renamed_part(exc: APIError, num_history: int) -> APIError:
+    """``messages.N...`` (N counting the stored turns' items first) as the input's path."""
+    match = re.match(r"messages(?:\.(\d+))?", exc.param or "")
+    if match is None:
+        return exc
+    if match.group(1) is None:  # the request as a whole (more images than the cap)
+        old, new = "messages", "input"
+    elif int(match.group(1)) < num_history:
+        return APIError(exc.status, exc.message, "previous_response_id", exc.code, exc.headers)
+    else:
+        old, new = match.group(0), f"input.{int(match.group(1)) - num_history}"
+    param = (exc.param or "").replace(old, new, 1)
+    return APIError(exc.status, exc.message.replace(old, new, 1), param, exc.code, exc.headers)
 
 
 def _room(model: ServedModel, num_prompt_tokens: int) -> int:
@@ -388,14 +434,15 @@ async def _background(
     run: _Run,
     items: list[dict[str, Any]],
     owner: str | None,
-    prompt: list[int],
+    prompt: tuple[list[int], list[MediaInput]],
     params: SamplingParams,
 ) -> Response:
     """Store the response as queued, answer at once, and generate in a task of its own (not
     tied to this HTTP request: the client polls GET /v1/responses/{id})."""
     queued = run.snapshot("queued")
     try:  # admitted first, so a refusal stores nothing that would stay queued
-        outputs = model.engine.submit(prompt, params, request_id=f"{queued['id']}-bg")
+        ids, media = prompt
+        outputs = model.engine.submit(ids, params, request_id=f"{queued['id']}-bg", media=media)
     except ENGINE_ERRORS as exc:
         raise engine_error(exc) from None
     try:

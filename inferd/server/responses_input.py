@@ -23,7 +23,10 @@ from inferd.structured.tool_syntax import ToolFormat
 
 MAX_METADATA_PAIRS = 16
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
-_MEDIA_PARTS = ("input_image", "input_file", "input_audio")
+_MEDIA_PARTS = ("input_file", "input_audio")
+# input_image's detail: accepted and kept; the tiles an image becomes are the model's choice, as
+# for chat's image_url.
+_DETAILS = ("auto", "low", "high")
 
 
 class ResponsesRequest(_Lenient):
@@ -257,9 +260,12 @@ def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
 def _part(where: str, part: Any, role: str) -> dict[str, Any]:
     kind = part.get("type") if isinstance(part, dict) else None
     allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
+    if kind == "input_image":
+        return _image_part(where, part, role)
     if kind in _MEDIA_PARTS:
         raise bad_request(
-            f"{where}: {kind} parts are not supported on /v1/responses yet (text only)", where
+            f"{where}: {kind} parts are not supported on /v1/responses yet (text and images)",
+            where,
         )
     if kind not in allowed:
         raise bad_request(
@@ -271,6 +277,46 @@ def _part(where: str, part: Any, role: str) -> dict[str, Any]:
     if not isinstance(text, str):
         raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
     return {"type": kind, key: text}
+
+
+def _image_part(where: str, part: dict[str, Any], role: str) -> dict[str, Any]:
+    """An ``input_image`` part, checked for its shape here; its URL is checked, loaded and
+    decoded with the media policy as chat's image_url is (see ``media_messages``)."""
+    if role != "user":
+        raise bad_request(f"{where}: images are accepted in user messages only", where)
+    if part.get("file_id") is not None:
+        raise bad_request(
+            f"{where}.file_id: this server has no files API; send image_url instead",
+            f"{where}.file_id",
+        )
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        raise bad_request(f"{where}.image_url: a URL string is required", f"{where}.image_url")
+    detail = part.get("detail", "auto")
+    if detail not in _DETAILS:
+        raise bad_request(
+            f"{where}.detail must be one of {', '.join(_DETAILS)}, got {detail!r}",
+            f"{where}.detail",
+        )
+    return {"type": "input_image", "image_url": url, "detail": detail}
+
+
+def media_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The items as messages whose image parts the media policy reads (server/media.py), one
+    per item so that a part's path names its item (``messages.3.content.1.image_url``)."""
+    return [
+        {
+            "content": [
+                {"type": "image_url", "image_url": p["image_url"]}
+                if p["type"] == "input_image"
+                else {"type": "text"}
+                for p in item["content"]
+            ]
+            if item["type"] == "message"
+            else None
+        }
+        for item in items
+    ]
 
 
 def _output_text(where: str, output: Any) -> str:
@@ -332,10 +378,20 @@ def chat_messages(
             )
         elif kind == "message":
             flush()
-            text = "".join(p["text"] for p in item["content"])
-            messages.append({"role": item["role"], "content": text})
+            messages.append({"role": item["role"], "content": _content(item["content"])})
     flush()
     return messages
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's text; with images, its parts as the chat template takes them (the decoded
+    images follow the parts' order)."""
+    if all(p["type"] != "input_image" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return [
+        {"type": "image"} if p["type"] == "input_image" else {"type": "text", "text": p["text"]}
+        for p in parts
+    ]
 
 
 def output_as_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:

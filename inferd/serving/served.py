@@ -293,7 +293,9 @@ def assemble(
         encoder_cache_bytes=cfg.encoder_cache_mb << 20,
     )
     scheduler = Scheduler(
-        SchedulerConfig(cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting),
+        SchedulerConfig(
+            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting, cfg.max_encoder_tokens
+        ),
         KVCacheManager(
             num_blocks,
             cfg.block_size,
@@ -301,6 +303,7 @@ def assemble(
             model_key=source.digest,
             window=mcfg.uniform_window,
         ),
+        runner.encoder_cache,
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}

@@ -606,3 +606,23 @@ def test_remote_load_media_reports_fetch_refusals_as_400() -> None:
         "messages.0.content.1.image_url.url: the host 'localhost' resolves to a loopback "
         "address, which remote media may not use"
     )
+
+
+def test_images_inside_anthropic_tool_results_are_parts_in_their_place() -> None:
+    png = base64.b64encode(PNG).decode()
+    block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": png}}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [{"type": "text"}, block]}
+    messages = [{"role": "user", "content": [block, result, block]}]
+    refs = check_media_parts(messages, MediaPolicy(), VISION_MODEL)
+    assert [r.param.rsplit(".source", 1)[0] for r in refs] == [
+        "messages.0.content.0",
+        "messages.0.content.1.content.1",
+        "messages.0.content.2",
+    ]
+    with pytest.raises(APIError) as info:  # a text model names the part inside the result
+        check_media_parts([{"role": "user", "content": [result]}], MediaPolicy(), TEXT_MODEL)
+    assert info.value.param == "messages.0.content.0.content.1"
+    assert info.value.code == "unsupported_modality"
+    many = MediaPolicy.create(max_num_images=2)  # they count toward the cap
+    with pytest.raises(APIError, match="carries 3 images"):
+        check_media_parts(messages, many, VISION_MODEL)

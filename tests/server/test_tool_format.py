@@ -112,3 +112,62 @@ def test_anthropic_tool_blocks(fmt: ToolFormat) -> None:
     orphan = [{"type": "tool_result", "tool_use_id": "t7", "content": "x"}]
     with pytest.raises(APIError, match="no tool_use block with id 't7'"):
         turns("user", orphan, "messages.3.content", known, fmt, _text)
+
+
+def _image(block: dict[str, Any], where: str) -> dict[str, Any]:
+    return {"type": "image", "at": where}
+
+
+IMAGE = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": ""}}
+
+
+@pytest.mark.parametrize("fmt", [IN_TEMPLATE, GENERIC], ids=["template", "generic"])
+def test_anthropic_images_in_tool_results_and_beside_them(fmt: ToolFormat) -> None:
+    known = {"t1": "get_weather"}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE, TEXT_9C]}
+    answer: list[dict[str, Any]] = [result, IMAGE, {"type": "text", "text": "And this?"}]
+    user = turns("user", answer, "messages.2.content", known, fmt, _text, _image)
+    first = {"type": "image", "at": "messages.2.content.0.content.0"}
+    second = {"type": "image", "at": "messages.2.content.1"}
+    if fmt.in_template:  # the tool turn's parts, then the rest of the message
+        assert user == [
+            {
+                "role": "tool",
+                "tool_call_id": "t1",
+                "name": "get_weather",
+                "content": [first, {"type": "text", "text": "9C"}],
+            },
+            {"role": "user", "content": [second, {"type": "text", "text": "And this?"}]},
+        ]
+    else:  # one user turn: the result wrapped as text, its image in place, then the rest
+        assert user == [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "<tool_response>\n"},
+                    first,
+                    {"type": "text", "text": "9C\n</tool_response>"},
+                    second,
+                    {"type": "text", "text": "And this?"},
+                ],
+            }
+        ]
+    # without an image reader (system prompts), an image block is the block reader's to refuse
+    with pytest.raises(APIError, match="takes a string or text blocks"):
+        turns("user", [result], "messages.2.content", known, fmt, _text)
+
+
+TEXT_9C = {"type": "text", "text": "9C"}
+
+
+def test_image_slots_follow_the_rendered_order() -> None:
+    from inferd.server.anthropic_images import ImageSlots
+
+    slots = ImageSlots()
+    known = {"t1": "get_weather"}
+    result = {"type": "tool_result", "tool_use_id": "t1", "content": [IMAGE]}
+    # decoded order: the top-level image (0), then the tool result's (1); a template that
+    # takes tool turns renders the tool result first
+    messages = turns("user", [IMAGE, result], "m", known, IN_TEMPLATE, _text, slots.part)
+    assert slots.in_rendered_order(messages, ["top", "in result"]) == ["in result", "top"]
+    assert all(set(p) == {"type"} for m in messages for p in m["content"])  # numbers removed
