@@ -72,6 +72,9 @@ class Request:
     # Follows params.constraint through the output: it has consumed every output token once.
     matcher: TokenMatcher | None = None
     media: tuple[MediaInput, ...] = ()  # media whose encoder rows replace prompt embeddings
+    # [start, end) prompt ranges whose tokens attend to each other both ways (Gemma 3's
+    # images): prefill honours them, and the scheduler never ends a chunk inside one.
+    bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -20,7 +20,8 @@ beside it where that matters (README: "Determinism"):
 - ``deterministic``: every row of every step dense, and every row's attention through the
   one-query paged kernel (a prompt row attends as if it were a decode at its position), so a
   row's bits depend only on its request: not on the batch, the chunking, preemption or prefix
-  hits.
+  hits. A chunk holding rows of a bidirectional span (Gemma 3's images) still goes through the
+  prefill tiles, the only path that lets a row see later keys.
 """
 
 from __future__ import annotations
@@ -209,7 +210,8 @@ class ModelRunner:
             prompt_chunk = chunk.start < req.num_prompt_tokens
             if req.media and prompt_chunk:
                 media.extend(_media_slices(req, chunk, row))
-            if self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk):
+            spans = _spans_in(req, chunk)
+            if not spans and (self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk)):
                 # Deterministic: each row a one-query decode at its position (its keys are
                 # written before attention runs), the same sums whatever the chunking. A prompt
                 # row otherwise always attends through the prefill tiles, even alone (a retry
@@ -221,7 +223,9 @@ class ModelRunner:
                 n_blocks = -(-(chunk.start + chunk.num_tokens) // bs)
                 table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)
                 mask = chunk_mask(chunk.start, chunk.num_tokens)
-                prefills.append(PrefillChunk(row, chunk.num_tokens, chunk.start, table, mask))
+                prefills.append(
+                    PrefillChunk(row, chunk.num_tokens, chunk.start, table, mask, spans)
+                )
             if chunk.completes:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(chunk)
@@ -289,6 +293,13 @@ def _media_slices(req: Request, chunk: ScheduledChunk, row: int) -> list[MediaSl
             rows = tuple(row + p - start for p in m.positions[first:last])
             out.append(MediaSlice(m, rows, first))
     return out
+
+
+def _spans_in(req: Request, chunk: ScheduledChunk) -> tuple[tuple[int, int], ...]:
+    """The request's bidirectional spans that rows of this chunk lie in (a chunk with one goes
+    through the prefill tiles even when deterministic: a one-query decode sees no later key)."""
+    start, end = chunk.start, chunk.start + chunk.num_tokens
+    return tuple((a, b) for a, b in req.bidirectional_spans if a < end and b > start)
 
 
 def _decodes_only(output: SchedulerOutput) -> bool:

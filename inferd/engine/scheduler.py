@@ -13,6 +13,10 @@ prompt needs many. A step serves, in this order:
    request with ``n`` choices of a 4,000-token prompt) cannot fill every seat and the budget;
    and the later copies of the same prompt find the first one's blocks in the prefix cache.
 
+A request with bidirectional spans (Gemma 3's images) has its chunks moved so none ends inside
+one: it ends before the span, or, when the chunk starts in it or at it, after the whole span
+even past the budget (the span's first rows must see its last keys, all computed in one step).
+
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
 """
@@ -99,13 +103,13 @@ class Scheduler:
         budget = left + reserve
         long_in_flight = any(_remaining(r) > self.config.max_num_batched_tokens for r in prefills)
         for request in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if long_in_flight and _remaining(request) > self.config.max_num_batched_tokens:
                 continue  # one long prefill at a time; it keeps its place in the queue
             self.kv.attach_cached_prefix(request)
             need = _remaining(request)
-            n = min(need, budget)
+            n = _whole_spans(request, min(need, budget))
             if not self.kv.allocate_slots(request, n):
                 self.kv.free(request)  # give back the shared prefix while it waits
                 request.num_computed_tokens = 0
@@ -127,11 +131,11 @@ class Scheduler:
     ) -> int:
         """Chunks for ``requests`` (running ones) within ``budget``; returns what is left."""
         for request in requests:
-            if budget == 0:
+            if budget <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(_remaining(request), budget)
+            n = _whole_spans(request, min(_remaining(request), budget))
             if n == 0:
                 continue  # waiting for its sampled token to be appended
             if not self._make_room(request, n, preempted):
@@ -170,6 +174,17 @@ class Scheduler:
         for chunk in output.chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
             self.kv.cache_full_blocks(chunk.request)
+
+
+def _whole_spans(request: Request, n: int) -> int:
+    """``n`` tokens from where the request stands, moved so the chunk does not end inside one
+    of its bidirectional spans (module doc)."""
+    start = request.num_computed_tokens
+    end = start + n
+    for a, b in request.bidirectional_spans:
+        if a < end < b:
+            return a - start if a > start else b - start
+    return n
 
 
 def _remaining(request: Request) -> int:

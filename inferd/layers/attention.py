@@ -21,6 +21,13 @@ chunk holds: keys past the chunk are masked out (they add exact zeros). A row's 
 depend on how many query rows came with it (a matmul's blocking follows its shapes: a prompt
 gave different logits first time and on its retry), so every call for a tile has the same
 shapes: the queries are padded to the whole tile.
+
+Bidirectional spans (Gemma 3's images): a chunk may name position ranges whose tokens also see
+the later tokens of their own range, as transformers' ``token_type_ids`` mask does, on full and
+sliding-window layers alike (a window only hides keys behind a query). A tile whose rows reach
+into such a range attends over keys up to the range's end (rounded up to whole tiles, so the
+shapes still depend on the request alone); the scheduler never ends a chunk inside a range, so
+those keys are in the cache by then.
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class PrefillChunk:
     start_pos: int  # tokens of this request already in the cache before the chunk
     block_table: torch.Tensor  # [num_blocks_needed] long
     mask: torch.Tensor | None  # [num_tokens, start_pos + num_tokens] bool; None: plain causal
+    # [start, end) position ranges whose tokens see each other both ways (module doc)
+    bidirectional: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +151,7 @@ def _prefill(
     keys = _padded_keys(k_cache, chunk.block_table, padded)
     values = _padded_keys(v_cache, chunk.block_table, padded)
     mask = _chunk_or_causal_mask(chunk, padded)
+    _see_ahead_in_spans(mask, start, chunk.bidirectional)
     q = q.transpose(0, 1)  # [heads, n, d]
     out = torch.empty_like(q)
     tile_start = start - start % PROMPT_TILE
@@ -152,17 +162,36 @@ def _prefill(
             slice(first - start, last - start),
             slice(first - tile_start, last - tile_start),
         )
+        key_end = min(_tile_key_end(tile_end, first, last, chunk.bidirectional), padded)
         q_tile = q.new_zeros(1, q.shape[0], PROMPT_TILE, q.shape[2])
         q_tile[0, :, tile_rows] = q[:, rows]
-        mask_tile = torch.zeros(PROMPT_TILE, tile_end, dtype=torch.bool)
+        mask_tile = torch.zeros(PROMPT_TILE, key_end, dtype=torch.bool)
         mask_tile[:, 0] = True
-        mask_tile[tile_rows] = mask[rows, :tile_end]
-        k_tile = keys[:, :, :tile_end].contiguous()
-        v_tile = values[:, :, :tile_end].contiguous()
+        mask_tile[tile_rows] = mask[rows, :key_end]
+        k_tile = keys[:, :, :key_end].contiguous()
+        v_tile = values[:, :, :key_end].contiguous()
         attended = _attend(q_tile, k_tile, v_tile, mask_tile, scale, softcap)
         out[:, rows] = attended[0, :, tile_rows]
         tile_start = tile_end
     return out.transpose(0, 1)  # [n, heads, head_dim]
+
+
+def _see_ahead_in_spans(mask: torch.Tensor, start: int, spans: tuple[tuple[int, int], ...]) -> None:
+    """Let each row inside a bidirectional span also see the later keys of its span (in place;
+    the keys behind it keep what the causal or windowed mask says)."""
+    total = start + mask.shape[0]
+    for a, b in spans:
+        lo, hi = max(a, start), min(b, total)
+        if lo < hi:
+            q_pos = torch.arange(lo, hi)[:, None]
+            mask[lo - start : hi - start, a:hi] |= torch.arange(a, hi)[None, :] > q_pos
+
+
+def _tile_key_end(tile_end: int, first: int, last: int, spans: tuple[tuple[int, int], ...]) -> int:
+    """Keys a query tile (rows ``[first, last)``) attends over: up to the tile's end, or up to
+    the end of a bidirectional span its rows lie in, rounded up to whole tiles."""
+    reach = max((b for a, b in spans if a < last and b > first), default=tile_end)
+    return max(tile_end, -(-reach // PROMPT_TILE) * PROMPT_TILE)
 
 
 def _padded_keys(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:

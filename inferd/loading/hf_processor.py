@@ -9,14 +9,18 @@ from pathlib import Path
 
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
-from inferd.models.idefics3_image import Idefics3ImageConfig
+from inferd.models.gemma3_image import Gemma3ImageConfig
+from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.whisper_features import AudioFeatureError, WhisperFeatureConfig
 
 PREPROCESSOR_CONFIG = "preprocessor_config.json"
 PROCESSOR_CONFIG = "processor_config.json"
 
 
-def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig | None:
+ImageConfig = Idefics3ImageConfig | Gemma3ImageConfig
+
+
+def read_image_config(directory: Path, cfg: ModelConfig) -> ImageConfig | None:
     """How to prepare images for this model; None for a model without an image encoder."""
     vision = cfg.vision
     if vision is None:
@@ -25,6 +29,8 @@ def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig 
     settings = read_json(directory / PREPROCESSOR_CONFIG) or processor.get("image_processor")
     if not isinstance(settings, dict) or not settings:
         raise ModelConfigError(f"{directory}: no image processor settings ({PREPROCESSOR_CONFIG})")
+    if vision.pooled:
+        return _gemma3_image_config(directory, settings, processor, cfg)
     seq_len = int(processor.get("image_seq_len") or vision.tokens_per_tile)
     image = Idefics3ImageConfig.from_hf(settings, seq_len)
     if image.image_seq_len != vision.tokens_per_tile or image.tile != vision.image_size:
@@ -32,6 +38,26 @@ def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig 
             f"{directory}: the processor makes {image.tile} px tiles of {image.image_seq_len} "
             f"tokens, the encoder takes {vision.image_size} px tiles of "
             f"{vision.tokens_per_tile}"
+        )
+    return image
+
+
+def _gemma3_image_config(
+    directory: Path, settings: dict, processor: dict, cfg: ModelConfig
+) -> Gemma3ImageConfig:
+    """Gemma 3's: one square image of the encoder's size, ``image_seq_length`` soft tokens."""
+    vision = cfg.vision
+    assert vision is not None
+    seq_len = int(processor.get("image_seq_length") or vision.tokens_per_tile)
+    try:
+        image = Gemma3ImageConfig.from_hf(settings, seq_len)
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    side = vision.image_size
+    if (image.height, image.width) != (side, side) or seq_len != vision.tokens_per_tile:
+        raise ModelConfigError(
+            f"{directory}: the processor makes {image.height}x{image.width} px images of "
+            f"{seq_len} tokens, the encoder takes {side} px images of {vision.tokens_per_tile}"
         )
     return image
 

@@ -15,12 +15,11 @@ from inferd.loading.chat_template import CHATML_TEMPLATE, ChatTemplate
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
-from inferd.loading.hf_processor import read_audio_config, read_image_config
+from inferd.loading.hf_processor import ImageConfig, read_audio_config, read_image_config
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
-from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.whisper_features import WhisperFeatureConfig
 from inferd.source import ModelSource, resolve_source
@@ -42,7 +41,7 @@ class LoadedModel:
     chat_template: ChatTemplate
     stop_ids: tuple[int, ...] = ()  # EOS ids beyond the tokenizer's and the template's markers
     isq: Isq | None = None
-    image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
+    image_config: ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
 
 
