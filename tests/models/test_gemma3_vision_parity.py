@@ -16,6 +16,7 @@ from PIL import Image
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loading.hf_model import load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import read_image_config
+from inferd.models.gemma import Gemma3ForCausalLM
 from inferd.models.gemma3_image import Gemma3ImageConfig
 from inferd.models.gemma3_vision import Gemma3VisionForCausalLM
 from inferd.serving.multimodal import ImagePrompter, image_digest
@@ -44,7 +45,7 @@ def prompter(tiny_gemma3v: tuple[Path, Any, Any], ours: Gemma3VisionForCausalLM)
 
 
 def paged_forward(
-    model: Gemma3VisionForCausalLM,
+    model: Gemma3ForCausalLM,
     ids: list[int],
     embeds: torch.Tensor,
     spans: Spans,
@@ -197,3 +198,48 @@ def test_a_literal_marker_in_user_text_stays_text(prompter: ImagePrompter) -> No
     assert len(media) == 1 and len(media[0].positions) == MM_TOKENS
     boi = prompter.tokenizer.encode("<start_of_image>")
     assert ids.count(boi[0]) == 1  # the literal one is spelled out as plain text
+
+
+def test_the_published_tensor_names_load_alike(
+    ours: Gemma3VisionForCausalLM, tiny_gemma3v: tuple[Path, Any, Any], tmp_path: Path
+) -> None:
+    """Published checkpoints keep the encoder under ``vision_tower.vision_model.`` (transformers
+    v5 saves it as ``vision_tower.``): the same weights either way."""
+    from safetensors.torch import load_file, save_file
+
+    directory = tiny_gemma3v[0]
+    for name in directory.iterdir():
+        if name.suffix != ".safetensors":
+            (tmp_path / name.name).write_bytes(name.read_bytes())
+    saved = load_file(directory / "model.safetensors")
+    published = {
+        k.replace("vision_tower.", "vision_tower.vision_model.", 1): v for k, v in saved.items()
+    }
+    assert any(k.startswith("vision_tower.vision_model.encoder.") for k in published)
+    save_file(published, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    model, _ = load_safetensors_model(tmp_path, torch.float32, progress=False)
+    theirs = dict(model.named_parameters())
+    for name, p in ours.named_parameters():
+        assert torch.equal(theirs[name], p), name
+
+
+def test_gemma3_text_checkpoint_matches_transformers(
+    tiny_gemma3v: tuple[Path, Any, Any], tmp_path: Path
+) -> None:
+    """The text model alone (Gemma3ForCausalLM, model_type gemma3_text) from the same config."""
+    from transformers import Gemma3ForCausalLM as HFGemma3
+
+    from tests.models.tiny import randomize
+
+    hf = HFGemma3(tiny_gemma3v[1].config.text_config).float()
+    randomize(hf, 3)
+    hf.save_pretrained(str(tmp_path))
+    model, cfg = load_safetensors_model(tmp_path, torch.float32, progress=False)
+    assert (
+        type(model) is Gemma3ForCausalLM and cfg.vision is None and cfg.rope_local_theta == 1000.0
+    )
+    ids = list(range(10, 60))  # longer than the window of 6
+    with torch.inference_mode():
+        ref = hf.eval()(torch.tensor([ids])).logits[0]
+        embeds = model.embed(torch.tensor(ids))
+    torch.testing.assert_close(paged_forward(model, ids, embeds, ()), ref, atol=1e-4, rtol=1e-4)
