@@ -243,3 +243,40 @@ def test_gemma3_text_checkpoint_matches_transformers(
         ref = hf.eval()(torch.tensor([ids])).logits[0]
         embeds = model.embed(torch.tensor(ids))
     torch.testing.assert_close(paged_forward(model, ids, embeds, ()), ref, atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(scope="module")
+def gemma3_tokenizers(gemma3_gguf: Path) -> tuple[Any, Any]:
+    """Ours and transformers' reading of Gemma 3's tokenizer (the 270M GGUF's)."""
+    from transformers import AutoTokenizer
+
+    from inferd.loading.gguf import GGUFFile
+    from inferd.loading.tokenizer import tokenizer_from_gguf
+
+    ours = tokenizer_from_gguf(GGUFFile(gemma3_gguf).metadata)
+    return ours, AutoTokenizer.from_pretrained(str(gemma3_gguf.parent), gguf_file=gemma3_gguf.name)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<bos><start_of_turn>user\n<start_of_image>Describe this.<end_of_turn>\n",
+        "Look:\n<start_of_image>\n\nand then <start_of_image> again\n",
+    ],
+)
+def test_the_blank_lines_merge_with_their_neighbours_in_gemma3s_tokenizer(
+    gemma3_tokenizers: tuple[Any, Any], text: str
+) -> None:
+    """Gemma 3's own tokenizer (the 270M GGUF's: it has the image markers, though not the soft
+    token, so no soft tokens here) has tokens for runs of newlines: the processor's blank lines
+    must be tokenized with the template's text around them, as transformers does when it
+    tokenizes the expanded prompt whole."""
+    tokenizer, reference = gemma3_tokenizers
+    config = Gemma3ImageConfig(IMAGE_SIZE, IMAGE_SIZE, image_seq_len=0)
+    prompter = ImagePrompter(config, tokenizer, image_token_id=262_144)
+    images = [(generated(8, 8), "d")] * text.count("<start_of_image>")
+    ids, _ = prompter.prepare(text, images, add_special=False)
+    expanded = text.replace("<start_of_image>", "\n\n<start_of_image><end_of_image>\n\n")
+    assert ids == reference(expanded, add_special_tokens=False)["input_ids"]
+    newlines = {reference.convert_tokens_to_ids(n) for n in ("\n\n\n", "\n\n\n\n")}
+    assert newlines & set(ids)  # the merged runs really occur
