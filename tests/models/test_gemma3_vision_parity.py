@@ -5,6 +5,7 @@ tile), through the paged-attention path with each image's tokens attending both 
 
 from __future__ import annotations
 
+import copy
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -226,17 +227,22 @@ def test_the_published_tensor_names_load_alike(
 def test_gemma3_text_checkpoint_matches_transformers(
     tiny_gemma3v: tuple[Path, Any, Any], tmp_path: Path
 ) -> None:
-    """The text model alone (Gemma3ForCausalLM, model_type gemma3_text) from the same config."""
+    """The text model alone (Gemma3ForCausalLM, model_type gemma3_text), its head tied."""
     from transformers import Gemma3ForCausalLM as HFGemma3
 
     from tests.models.tiny import randomize
 
-    hf = HFGemma3(tiny_gemma3v[1].config.text_config).float()
+    text = copy.deepcopy(tiny_gemma3v[1].config.text_config)
+    text.tie_word_embeddings = True  # as the real ones (the tiny vision model is untied)
+    hf = HFGemma3(text).float()
     randomize(hf, 3)
     hf.save_pretrained(str(tmp_path))
     model, cfg = load_safetensors_model(tmp_path, torch.float32, progress=False)
     assert (
-        type(model) is Gemma3ForCausalLM and cfg.vision is None and cfg.rope_local_theta == 1000.0
+        type(model) is Gemma3ForCausalLM
+        and cfg.vision is None
+        and cfg.rope_local_theta == 1000.0
+        and cfg.tie_word_embeddings
     )
     ids = list(range(10, 60))  # longer than the window of 6
     with torch.inference_mode():

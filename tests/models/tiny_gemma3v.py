@@ -84,6 +84,7 @@ def _config() -> Any:
         pad_token_id=0,
         bos_token_id=None,
         eos_token_id=token_id("<end_of_turn>"),
+        tie_word_embeddings=False,
     )
     vision = dict(
         hidden_size=48,
@@ -101,6 +102,9 @@ def _config() -> Any:
         boi_token_index=token_id(BOI),
         eoi_token_index=token_id(EOI),
         image_token_index=token_id(SOFT),
+        # Untied (real Gemma 3 ties them): with the random embedding as the head, each greedy
+        # step repeats the token before it, and a reply of one repeated token tells little.
+        tie_word_embeddings=False,
     )
 
 
