@@ -223,6 +223,7 @@ class ModelRunner:
                 n_blocks = -(-(chunk.start + chunk.num_tokens) // bs)
                 table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)
                 mask = chunk_mask(chunk.start, chunk.num_tokens)
+                spans = req.bidirectional_spans  # all: a tile's shapes ignore the chunking
                 prefills.append(
                     PrefillChunk(row, chunk.num_tokens, chunk.start, table, mask, spans)
                 )

@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
+from inferd.layers.linear import dense_rows
 from inferd.loading.hf_model import load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import read_image_config
 from inferd.models.gemma import Gemma3ForCausalLM
@@ -64,11 +65,10 @@ def paged_forward(
     table = torch.arange(1, num_blocks + 1)
     bounds = [first, *(c for c in cuts if c > first), n]
     out = []
-    with torch.inference_mode():
+    with torch.inference_mode(), dense_rows():  # as the runner runs prompt rows
         for start, end in pairwise(bounds):
             pos = torch.arange(start, end)
-            own = tuple((a, b) for a, b in spans if a < end and b > start)
-            chunk = PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos)), own)
+            chunk = PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos)), spans)
             meta = AttentionMetadata(
                 slot_mapping=table[pos // bs] * bs + pos % bs,
                 decode_rows=None,
