@@ -516,6 +516,11 @@ def _gemma3_vision_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelCon
         num_channels=int(vision["num_channels"]),
         pooled=True,
     )
+    if not 0 <= encoder.image_token_id < decoder.vocab_size:
+        raise ModelConfigError(
+            f"gemma3 image_token_index {encoder.image_token_id} lies outside the "
+            f"{decoder.vocab_size}-token embedding"
+        )
     return replace(decoder, vision=encoder)
 
 
