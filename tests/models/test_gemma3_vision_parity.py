@@ -286,3 +286,19 @@ def test_the_blank_lines_merge_with_their_neighbours_in_gemma3s_tokenizer(
     assert ids == reference(expanded, add_special_tokens=False)["input_ids"]
     newlines = {reference.convert_tokens_to_ids(n) for n in ("\n\n\n", "\n\n\n\n")}
     assert newlines & set(ids)  # the merged runs really occur
+
+
+def test_what_we_cannot_run_is_refused_on_load(tiny_gemma3v: tuple[Path, Any, Any]) -> None:
+    import json
+
+    from inferd.models.config import ModelConfigError, config_from_hf
+    from inferd.models.idefics3_image import ImageConfigError
+
+    hf = json.loads((tiny_gemma3v[0] / "config.json").read_text())
+    with pytest.raises(ModelConfigError, match="outside"):
+        config_from_hf({**hf, "image_token_index": 10_000})
+    with pytest.raises(ModelConfigError, match="mm_tokens_per_image"):
+        config_from_hf({**hf, "mm_tokens_per_image": 15})
+    settings = {"size": {"height": 64, "width": 64}, "do_pan_and_scan": True}
+    with pytest.raises(ImageConfigError, match="pan-and-scan"):
+        Gemma3ImageConfig.from_hf(settings, MM_TOKENS)
