@@ -40,7 +40,8 @@ CASES = {
 
 
 def served_with(directory: Path, **overrides: Any) -> ServedModel:
-    cfg = EngineConfig(dtype="f32", kv_cache_tokens=2048, max_model_len=512, **overrides)
+    settings: dict[str, Any] = {"dtype": "f32", "kv_cache_tokens": 2048, "max_model_len": 512}
+    cfg = EngineConfig(**(settings | overrides))
     return load_model(directory, cfg, progress=False, loop=CallerLoop())
 
 
@@ -108,3 +109,27 @@ def test_an_image_whose_tokens_are_not_consecutive_is_refused(tiny_gemma3v: Any)
         assert len(m.positions) == MM_TOKENS
     finally:
         served.shutdown()
+
+
+def test_deterministic_prompt_logprobs_do_not_depend_on_the_budget(tiny_gemma3v: Any) -> None:
+    """In deterministic mode (bf16) each text row is a one-query decode and each image a
+    prefill of its own, whose shapes do not depend on the chunking: the prompt's logprobs
+    are the same bits at 8 tokens a step (the images cut the chunks) and at 512 (one chunk)."""
+    text, images = CASES["two images"]
+    runs = []
+    for budget in (8, 512):
+        served = served_with(
+            tiny_gemma3v[0], max_num_batched_tokens=budget, deterministic=True, dtype="bf16"
+        )
+        try:
+            ids, media = served.prompt_with_images(text, [(i, image_digest(i)) for i in images])
+            engine = served.engine.engine
+            params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=1)
+            engine.add_request("det", ids, params, media=media)
+            outputs = []
+            while engine.has_unfinished():
+                outputs += engine.step()
+            runs.append([o.prompt_logprobs for o in outputs if o.prompt_logprobs])
+        finally:
+            served.shutdown()
+    assert runs[0] and runs[0] == runs[1]
