@@ -113,6 +113,16 @@ def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3v(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Gemma 3 vision directory, its transformers model and processor."""
+    from tests.models.tiny_gemma3v import save_tiny_gemma3v
+
+    directory = tmp_path_factory.mktemp("gemma3v")
+    model, processor = save_tiny_gemma3v(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Qwen2-Audio directory, its transformers model and processor."""
     from tests.models.tiny_audio import save_tiny_qwen2_audio

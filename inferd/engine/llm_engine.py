@@ -161,6 +161,16 @@ class LLMEngine:
                 f"an image of {tiles} tiles fills {tiles * vision.tokens_per_tile} "
                 f"placeholder tokens, not {len(m.positions)}"
             )
+        if vision.bidirectional and m.positions[-1] - m.positions[0] + 1 != len(m.positions):
+            raise _media_error("an image's placeholder tokens must be consecutive")
+
+    def _bidirectional_spans(self, media: Sequence[MediaInput]) -> tuple[tuple[int, int], ...]:
+        """Each image's placeholder range, for a model whose image tokens see each other both
+        ways (Gemma 3); none otherwise."""
+        vision = self.model_config.vision
+        if vision is None or not vision.bidirectional:
+            return ()
+        return tuple((m.positions[0], m.positions[-1] + 1) for m in media if m.modality == "image")
 
     def _check_grid(self, m: MediaInput) -> None:
         """An image's or video's patch grid fills its placeholders, which run unbroken (its
@@ -246,6 +256,7 @@ class LLMEngine:
             ),
             matcher=matcher,
             media=tuple(media),
+            bidirectional_spans=self._bidirectional_spans(media),
         )
 
     def add_built(self, request: Request) -> None:

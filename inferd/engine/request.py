@@ -83,6 +83,9 @@ class Request:
     rope_positions: torch.Tensor | None = None
     rope_delta: int = 0
     thinking: ThinkingTracker | None = None  # follows params.thinking through the output
+    # [start, end) prompt ranges whose tokens attend to each other both ways (Gemma 3's
+    # images): prefill honours them, and the scheduler never ends a chunk inside one.
+    bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.params.seed is not None:

@@ -20,7 +20,9 @@ beside it where that matters (README: "Determinism"):
 - ``deterministic``: every row of every step dense, and every row's attention through the
   one-query paged kernel (a prompt row attends as if it were a decode at its position), so a
   row's bits depend only on its request: not on the batch, the chunking, preemption or prefix
-  hits.
+  hits. Rows of a bidirectional span (Gemma 3's images) still go through the prefill tiles,
+  the only path that lets a row see later keys, one prefill per span (whose shapes do not
+  depend on the chunking either).
 """
 
 from __future__ import annotations
@@ -192,6 +194,15 @@ class ModelRunner:
             return dense_rows()
         return int8_activation_rows()
 
+    def _prefill_chunk(self, req: Request, row: int, start: int, count: int) -> PrefillChunk:
+        """Rows ``row..`` of the batch: ``count`` of the request's tokens from ``start``,
+        attended through the prefill tiles. Every one of its bidirectional spans comes along,
+        so a tile's shapes do not depend on the chunking (layers/attention.py)."""
+        n_blocks = -(-(start + count) // self.block_size)
+        table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)
+        mask = chunk_mask(start, count)
+        return PrefillChunk(row, count, start, table, mask, req.bidirectional_spans)
+
     def prepare(self, output: SchedulerOutput) -> ModelInputs:
         ids: list[int] = []
         positions: list[int] = []
@@ -222,14 +233,17 @@ class ModelRunner:
                 # written before attention runs), the same sums whatever the chunking. A prompt
                 # row otherwise always attends through the prefill tiles, even alone (a retry
                 # whose prompt the prefix cache held recomputes just the last prompt token).
+                # Rows of a bidirectional span (Gemma 3's images) go through the tiles anyway
+                # (a decode sees no later key), one prefill per span.
+                inside = _spans_in(req, chunk)
                 for i, p in enumerate(span):
-                    decode_rows.append(row + i)
-                    decode_tables.append(req.block_ids[: p // bs + 1])
+                    if not any(a <= p < b for a, b in inside):
+                        decode_rows.append(row + i)
+                        decode_tables.append(req.block_ids[: p // bs + 1])
+                for a, b in inside:
+                    prefills.append(self._prefill_chunk(req, row + a - chunk.start, a, b - a))
             else:
-                n_blocks = -(-(chunk.start + chunk.num_tokens) // bs)
-                table = torch.tensor(req.block_ids[:n_blocks], dtype=torch.long)
-                mask = chunk_mask(chunk.start, chunk.num_tokens)
-                prefills.append(PrefillChunk(row, chunk.num_tokens, chunk.start, table, mask))
+                prefills.append(self._prefill_chunk(req, row, chunk.start, chunk.num_tokens))
             if chunk.completes:
                 sample_rows.append(len(ids) - 1)
                 sampled.append(chunk)
@@ -327,6 +341,14 @@ def _media_slices(req: Request, chunk: ScheduledChunk, row: int) -> list[MediaSl
             rows = tuple(row + p - start for p in m.positions[first:last])
             out.append(MediaSlice(m, rows, first))
     return out
+
+
+def _spans_in(req: Request, chunk: ScheduledChunk) -> list[tuple[int, int]]:
+    """The parts of the request's bidirectional spans that this chunk holds, as positions."""
+    start, end = chunk.start, chunk.start + chunk.num_tokens
+    return [
+        (max(a, start), min(b, end)) for a, b in req.bidirectional_spans if a < end and b > start
+    ]
 
 
 def _decodes_only(output: SchedulerOutput) -> bool:

@@ -16,6 +16,11 @@ prompt needs many. A step serves, in this order:
 Media are encoded within an encoder budget per step (engine/encoder_budget.py): a chunk that
 would start encoding past it stops before that image or clip, which waits for a later step.
 
+A request with bidirectional spans (Gemma 3's images) has its chunks moved so none ends inside
+one: it ends before the span, or, when the chunk starts in it or at it, after the whole span
+even past the budget (the span's first rows must see its last keys, all computed in one step).
+The encoder budget cuts only at an image's first placeholder, so it never splits a span.
+
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
 """
@@ -118,13 +123,13 @@ class Scheduler:
         budget = left + reserve
         long_in_flight = any(_remaining(r) > self.config.max_num_batched_tokens for r in prefills)
         for request in list(self.waiting):
-            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+            if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
             if long_in_flight and _remaining(request) > self.config.max_num_batched_tokens:
                 continue  # one long prefill at a time; it keeps its place in the queue
             self.kv.attach_cached_prefix(request)
             need = _remaining(request)
-            n = min(need, budget)
+            n = _whole_spans(request, min(need, budget))
             fit = encoder.fit(request, request.num_computed_tokens, n)
             if fit < n:
                 exhausted = encoder.exhausted
@@ -157,11 +162,11 @@ class Scheduler:
     ) -> int:
         """Chunks for ``requests`` (running ones) within ``budget``; returns what is left."""
         for request in requests:
-            if budget == 0:
+            if budget <= 0:
                 break
             if request.status is not RequestStatus.RUNNING:
                 continue  # preempted earlier in this step
-            n = min(_remaining(request), budget)
+            n = _whole_spans(request, min(_remaining(request), budget))
             fit = encoder.fit(request, request.num_computed_tokens, n)
             if fit < n:
                 encoder.close()  # its media go first in the next step
@@ -208,6 +213,17 @@ class Scheduler:
         for chunk in output.chunks:
             chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
             self.kv.cache_full_blocks(chunk.request)
+
+
+def _whole_spans(request: Request, n: int) -> int:
+    """``n`` tokens from where the request stands, moved so the chunk does not end inside one
+    of its bidirectional spans (module doc)."""
+    start = request.num_computed_tokens
+    end = start + n
+    for a, b in request.bidirectional_spans:
+        if a < end < b:
+            return a - start if a > start else b - start
+    return n
 
 
 def _remaining(request: Request) -> int:

@@ -21,6 +21,13 @@ chunk holds: keys past the chunk are masked out (they add exact zeros). A row's 
 depend on how many query rows came with it (a matmul's blocking follows its shapes: a prompt
 gave different logits first time and on its retry), so every call for a tile has the same
 shapes: the queries are padded to the whole tile.
+
+Bidirectional spans (Gemma 3's images): a chunk may name position ranges whose tokens also see
+the later tokens of their own range, as transformers' ``token_type_ids`` mask does, on full and
+sliding-window layers alike (a window only hides keys behind a query). A tile whose rows reach
+into such a range attends over keys up to the range's end (rounded up to whole tiles, so the
+shapes depend on the tile and the request alone, not the chunking); the scheduler never ends a
+chunk inside a range, so those keys are in the cache by then.
 """
 
 from __future__ import annotations
@@ -45,6 +52,9 @@ class PrefillChunk:
     start_pos: int  # tokens of this request already in the cache before the chunk
     block_table: torch.Tensor  # [num_blocks_needed] long
     mask: torch.Tensor | None  # [num_tokens, start_pos + num_tokens] bool; None: plain causal
+    # [start, end) position ranges whose tokens see each other both ways (module doc): all of
+    # the request's, so a tile's shapes do not depend on where chunks cut it
+    bidirectional: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +148,13 @@ def _prefill(
     are dropped), the keys are a contiguous copy.
     """
     start, total = chunk.start_pos, chunk.start_pos + chunk.num_tokens
+    spans = chunk.bidirectional
     padded = -(-total // PROMPT_TILE) * PROMPT_TILE
+    padded = _tile_key_end(start - start % PROMPT_TILE, padded, spans)  # the farthest reach
     keys = _padded_keys(k_cache, chunk.block_table, padded)
     values = _padded_keys(v_cache, chunk.block_table, padded)
     mask = _chunk_or_causal_mask(chunk, padded)
+    _see_ahead_in_spans(mask, start, spans)
     q = q.transpose(0, 1)  # [heads, n, d]
     out = torch.empty_like(q)
     tile_start = start - start % PROMPT_TILE
@@ -152,17 +165,38 @@ def _prefill(
             slice(first - start, last - start),
             slice(first - tile_start, last - tile_start),
         )
+        key_end = _tile_key_end(tile_start, tile_end, spans)
         q_tile = q.new_zeros(1, q.shape[0], PROMPT_TILE, q.shape[2])
         q_tile[0, :, tile_rows] = q[:, rows]
-        mask_tile = torch.zeros(PROMPT_TILE, tile_end, dtype=torch.bool)
+        mask_tile = torch.zeros(PROMPT_TILE, key_end, dtype=torch.bool)
         mask_tile[:, 0] = True
-        mask_tile[tile_rows] = mask[rows, :tile_end]
-        k_tile = keys[:, :, :tile_end].contiguous()
-        v_tile = values[:, :, :tile_end].contiguous()
+        mask_tile[tile_rows] = mask[rows, :key_end]
+        k_tile = keys[:, :, :key_end].contiguous()
+        v_tile = values[:, :, :key_end].contiguous()
         attended = _attend(q_tile, k_tile, v_tile, mask_tile, scale, softcap)
         out[:, rows] = attended[0, :, tile_rows]
         tile_start = tile_end
     return out.transpose(0, 1)  # [n, heads, head_dim]
+
+
+def _see_ahead_in_spans(mask: torch.Tensor, start: int, spans: tuple[tuple[int, int], ...]) -> None:
+    """Let each row inside a bidirectional span also see the later keys of its span (in place;
+    the keys behind it keep what the causal or windowed mask says)."""
+    total = start + mask.shape[0]
+    for a, b in spans:
+        lo, hi = max(a, start), min(b, total)
+        if lo < hi:
+            q_pos = torch.arange(lo, hi)[:, None]
+            mask[lo - start : hi - start, a:hi] |= torch.arange(a, hi)[None, :] > q_pos
+
+
+def _tile_key_end(tile_start: int, tile_end: int, spans: tuple[tuple[int, int], ...]) -> int:
+    """Keys a query tile attends over: up to its end, or up to the end of a bidirectional span
+    that any of its positions lies in, rounded up to whole tiles. It depends on the tile alone,
+    not on the part of it a chunk holds, so a tile cut by chunks has the same shapes (keys past
+    the chunk are zeros, masked out)."""
+    reach = max((b for a, b in spans if a < tile_end and b > tile_start), default=tile_end)
+    return max(tile_end, -(-reach // PROMPT_TILE) * PROMPT_TILE)
 
 
 def _padded_keys(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:

@@ -27,7 +27,7 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
     h, q = cfg.hidden_size, cfg.num_heads * cfg.head_dim
     kv, ff = cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
     fused = cfg.architecture == "phi3"
-    gemma = cfg.architecture == "gemma2"
+    gemma = cfg.architecture in ("gemma2", "gemma3")
 
     def one(name: str, rows: int) -> tuple[Part, ...]:
         return (Part(name, rows),)
@@ -136,4 +136,29 @@ def qwen_vl_plan(cfg: ModelConfig, params: dict[str, int], names: set[str]) -> P
         for name, rows in params.items()
         if name.startswith(QWEN_VL_MODULES)
     }
+    return plan
+
+
+# Gemma 3 with images: published checkpoints keep the decoder under ``language_model.model.``
+# and the encoder under ``vision_tower.vision_model.``; transformers v5 saves the encoder as
+# ``vision_tower.`` (no ``vision_model.``) and may spell the whole under ``model.``.
+GEMMA3_VISION_MODULES = ("vision_tower.", "multi_modal_projector.")
+
+
+def gemma3_vision_plan(cfg: ModelConfig, params: dict[str, int], names: set[str]) -> Plan:
+    """The decoder, encoder and projector of a Gemma 3 vision checkpoint, in any spelling."""
+    top = "model." if "model.multi_modal_projector.mm_input_projection_weight" in names else ""
+    if "language_model.model.embed_tokens.weight" in names:
+        plan = hf_plan(cfg, "language_model.model.")
+        head = "language_model.lm_head.weight"
+    else:
+        plan = hf_plan(cfg, top + "language_model.")
+        head = "lm_head.weight"
+    if "lm_head.weight" in plan:
+        plan["lm_head.weight"] = (Part(head, cfg.vocab_size),)
+    nested = any(n.startswith(top + "vision_tower.vision_model.") for n in names)
+    for name, rows in params.items():
+        if name.startswith(GEMMA3_VISION_MODULES):
+            source = name if nested else name.replace("vision_tower.vision_model.", "vision_tower.")
+            plan[name] = (Part(top + source, rows),)
     return plan

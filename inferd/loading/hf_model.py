@@ -20,6 +20,7 @@ from inferd.loading.hf_layout import (
     IDEFICS3_TEXT_PREFIX,
     audio_plan,
     checkpoint_prefix,
+    gemma3_vision_plan,
     hf_plan,
     qwen2_audio_text_plan,
     qwen_vl_plan,
@@ -49,7 +50,7 @@ def read_model_config(directory: Path, checkpoint: SafetensorsCheckpoint) -> Mod
     if not hf:
         raise ModelConfigError(f"{directory}: no config.json")
     # Qwen2-Audio's published checkpoints keep the head under its text model's name.
-    heads = ("lm_head.weight", "language_model.lm_head.weight")
+    heads = ("lm_head.weight", "language_model.lm_head.weight")  # (Gemma 3's too)
     return config_from_hf(hf, has_lm_head=any(h in checkpoint for h in heads))
 
 
@@ -67,7 +68,10 @@ def load_safetensors_model(
     cfg = read_model_config(directory, checkpoint)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
-    if cfg.vision is not None:
+    if cfg.vision is not None and cfg.vision.pooled:
+        names = set(checkpoint.names())
+        plan = gemma3_vision_plan(cfg, {n: p.shape[0] for n, p in model.named_parameters()}, names)
+    elif cfg.vision is not None:
         plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX)
         plan |= vision_plan({n: p.shape[0] for n, p in model.named_parameters()})
     elif cfg.qwen_vision is not None:

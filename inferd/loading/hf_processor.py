@@ -9,6 +9,7 @@ from pathlib import Path
 
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.gemma3_image import Gemma3ImageConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
@@ -23,7 +24,10 @@ QWEN_VIDEO_PIXELS = (128 * 28 * 28, 28 * 28 * 768)
 VIDEO_ARCHITECTURES = frozenset({"smolvlm"})  # SmolVLM2 reads videos; Idefics3 does not
 
 
-def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig | None:
+ImageConfig = Idefics3ImageConfig | Gemma3ImageConfig
+
+
+def read_image_config(directory: Path, cfg: ModelConfig) -> ImageConfig | None:
     """How to prepare images for this model; None for a model without an image encoder."""
     vision = cfg.vision
     if vision is None:
@@ -32,6 +36,8 @@ def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig 
     settings = read_json(directory / PREPROCESSOR_CONFIG) or processor.get("image_processor")
     if not isinstance(settings, dict) or not settings:
         raise ModelConfigError(f"{directory}: no image processor settings ({PREPROCESSOR_CONFIG})")
+    if vision.pooled:
+        return _gemma3_image_config(directory, settings, processor, cfg)
     seq_len = int(processor.get("image_seq_len") or vision.tokens_per_tile)
     image = Idefics3ImageConfig.from_hf(settings, seq_len)
     if image.image_seq_len != vision.tokens_per_tile or image.tile != vision.image_size:
@@ -39,6 +45,26 @@ def read_image_config(directory: Path, cfg: ModelConfig) -> Idefics3ImageConfig 
             f"{directory}: the processor makes {image.tile} px tiles of {image.image_seq_len} "
             f"tokens, the encoder takes {vision.image_size} px tiles of "
             f"{vision.tokens_per_tile}"
+        )
+    return image
+
+
+def _gemma3_image_config(
+    directory: Path, settings: dict, processor: dict, cfg: ModelConfig
+) -> Gemma3ImageConfig:
+    """Gemma 3's: one square image of the encoder's size, ``image_seq_length`` soft tokens."""
+    vision = cfg.vision
+    assert vision is not None
+    seq_len = int(processor.get("image_seq_length") or vision.tokens_per_tile)
+    try:
+        image = Gemma3ImageConfig.from_hf(settings, seq_len)
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    side = vision.image_size
+    if (image.height, image.width) != (side, side) or seq_len != vision.tokens_per_tile:
+        raise ModelConfigError(
+            f"{directory}: the processor makes {image.height}x{image.width} px images of "
+            f"{seq_len} tokens, the encoder takes {side} px images of {vision.tokens_per_tile}"
         )
     return image
 
@@ -104,13 +130,13 @@ def read_visual_configs(
 
 
 def read_video_config(
-    directory: Path, cfg: ModelConfig, image: Idefics3ImageConfig | None
+    directory: Path, cfg: ModelConfig, image: ImageConfig | None
 ) -> SmolVLMVideoConfig | None:
     """How to sample and prepare videos for this model; None for a model that takes none.
     SmolVLM2's settings: ``video_sampling`` in ``preprocessor_config.json`` (the published
     checkpoints), or transformers' saved video processor (``video_preprocessor_config.json``
     or ``processor_config.json``'s ``video_processor``)."""
-    if cfg.architecture not in VIDEO_ARCHITECTURES or image is None:
+    if cfg.architecture not in VIDEO_ARCHITECTURES or not isinstance(image, Idefics3ImageConfig):
         return None
     images = read_json(directory / PREPROCESSOR_CONFIG)
     settings = (

@@ -16,6 +16,7 @@ from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import (
+    ImageConfig,
     read_audio_config,
     read_image_config,
     read_video_config,
@@ -26,7 +27,6 @@ from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig
-from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
@@ -50,7 +50,7 @@ class LoadedModel:
     chat_template: ChatTemplate
     stop_ids: tuple[int, ...] = ()  # EOS ids beyond the tokenizer's and the template's markers
     isq: Isq | None = None
-    image_config: Idefics3ImageConfig | None = None  # how to prepare images (vision models)
+    image_config: ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
     projector: Path | None = None  # the --mmproj file the image encoder came from
     # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).

@@ -34,6 +34,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma2ForCausalLM
 
         return Gemma2ForCausalLM
+    if cfg.architecture == "gemma3" and cfg.vision is not None:
+        from inferd.models.gemma3_vision import Gemma3VisionForCausalLM
+
+        return Gemma3VisionForCausalLM
     if cfg.architecture == "gemma3":
         from inferd.models.gemma import Gemma3ForCausalLM
 

@@ -33,6 +33,9 @@ class VisionConfig:
     image_token_id: int  # the placeholder token the encoder's rows replace
     hidden_act: str = "gelu_tanh"
     num_channels: int = 3
+    # Gemma 3: an average pool of scale x scale patches (not a pixel shuffle), and an image's
+    # placeholder tokens attend to each other both ways in the decoder.
+    pooled: bool = False
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads:
@@ -49,6 +52,12 @@ class VisionConfig:
     @property
     def tokens_per_tile(self) -> int:
         return (self.image_size // self.patch_size) ** 2 // self.scale_factor**2
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether an image's placeholder tokens attend to each other both ways in the
+        decoder (Gemma 3, the one pooled encoder)."""
+        return self.pooled
 
 
 @dataclass(frozen=True, slots=True)
@@ -323,6 +332,8 @@ HF_MODEL_TYPES = {
     "smolvlm": "smolvlm",  # SmolVLM2: the same model and image processor (video aside)
     "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
     "qwen2_5_vl": "qwen2_5_vl",  # a Qwen2 text model (M-RoPE) under an image/video encoder
+    "gemma3_text": "gemma3",
+    "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
@@ -365,6 +376,10 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         return _qwen2_audio_from_hf(hf, has_lm_head)
     if model_type in QWEN_VL_ARCHITECTURES:
         return _qwen2_5_vl_from_hf(hf, has_lm_head)
+    if model_type == "gemma3":
+        return _gemma3_vision_from_hf(hf, has_lm_head)
+    if model_type == "gemma3_text":
+        hf = {**GEMMA3_TEXT_DEFAULTS, **hf}
     arch = HF_MODEL_TYPES.get(model_type)
     if arch is None:
         raise ModelConfigError(
@@ -394,6 +409,10 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
     rotary_dim = int(head_dim * partial) if partial != 1.0 else None
     window, sliding = _hf_sliding(hf, arch, layers)
     gemma = arch == "gemma2"
+    gemma_family = arch in ("gemma2", "gemma3")
+    global_rope, local_theta = rope, None
+    if arch == "gemma3":
+        global_rope, local_theta = _gemma3_rope(hf, rope)
     return ModelConfig(
         architecture=arch,
         vocab_size=int(key("vocab_size")),
@@ -404,20 +423,53 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         num_kv_heads=int(hf.get("num_key_value_heads") or heads),
         head_dim=head_dim,
         rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
-        rope_theta=float(rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
-        rope_scaling=_hf_rope_scaling(rope),
+        rope_theta=float(global_rope.get("rope_theta", hf.get("rope_theta", 10000.0))),
+        rope_scaling=_hf_rope_scaling(global_rope),
         max_position=int(hf.get("max_position_embeddings", 2048)),
-        tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma)) or not has_lm_head,
+        tie_word_embeddings=bool(hf.get("tie_word_embeddings", gemma_family)) or not has_lm_head,
         attention_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
+        qk_norm=arch in ("qwen3", "gemma3"),
         rotary_dim=rotary_dim,
         sliding_window=window,
         sliding_layers=sliding,
         attn_softcap=_float_or_none(hf.get("attn_logit_softcapping")) if gemma else None,
         final_softcap=_float_or_none(hf.get("final_logit_softcapping")) if gemma else None,
-        attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5 if gemma else None,
+        attention_scale=float(hf.get("query_pre_attn_scalar", head_dim)) ** -0.5
+        if gemma_family
+        else None,
         hidden_act=act,
+        rope_local_theta=local_theta,
     )
+
+
+# transformers' Gemma3TextConfig defaults: the published config.json leaves most keys out.
+GEMMA3_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_208,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 26,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "tie_word_embeddings": True,
+}
+
+
+def _gemma3_rope(hf: Mapping[str, Any], rope: Mapping[str, Any]) -> tuple[dict[str, Any], float]:
+    """Gemma 3's global-layer RoPE settings and its sliding layers' base: transformers v5
+    nests them per layer type in ``rope_parameters``; v4 has ``rope_theta``, ``rope_scaling``
+    (global layers only) and ``rope_local_base_freq``."""
+    if isinstance(rope.get("full_attention"), Mapping):
+        local = rope.get("sliding_attention") or {}
+        theta = float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE))
+        return dict(rope["full_attention"]), theta
+    global_rope = {**rope, "rope_theta": float(hf.get("rope_theta", 1_000_000.0))}
+    return global_rope, float(hf.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE))
 
 
 _VISION_ACTIVATIONS = {"gelu_pytorch_tanh": "gelu_tanh", "gelu_tanh": "gelu_tanh", "gelu": "gelu"}
@@ -461,6 +513,64 @@ def _idefics3_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         num_channels=int(vision.get("num_channels", 3)),
     )
     return replace(decoder, architecture=arch, vision=encoder)
+
+
+# transformers' SiglipVisionConfig defaults as Gemma 3 uses them (vision_use_head false).
+SIGLIP_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_channels": 3,
+    "image_size": 224,
+    "patch_size": 16,
+    "hidden_act": "gelu_pytorch_tanh",
+    "layer_norm_eps": 1e-6,
+}
+
+
+def _gemma3_vision_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Gemma 3 with images: the Gemma 3 ``text_config`` under a SigLIP ``vision_config``, an
+    average pool to ``mm_tokens_per_image`` tokens and a projection (models/gemma3_vision.py)."""
+    text, vision = hf.get("text_config") or {}, hf.get("vision_config") or {}
+    if not isinstance(text, Mapping) or not isinstance(vision, Mapping):
+        raise ModelConfigError("config.json of gemma3 needs text_config and vision_config")
+    if vision.get("vision_use_head"):
+        raise ModelConfigError("gemma3 vision_config vision_use_head: true is not supported")
+    tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    text = {**text, "model_type": "gemma3_text", "tie_word_embeddings": tied}
+    decoder = config_from_hf(text, has_lm_head=has_lm_head)
+    vision = {**SIGLIP_DEFAULTS, **vision}
+    act = _VISION_ACTIVATIONS.get(str(vision["hidden_act"]))
+    if act is None:
+        raise ModelConfigError(f"vision activation {vision['hidden_act']!r} is not supported")
+    side = int(vision["image_size"]) // int(vision["patch_size"])
+    tokens = int(hf.get("mm_tokens_per_image", 256))
+    per_side = round(tokens**0.5)
+    if per_side * per_side != tokens or side % per_side:
+        raise ModelConfigError(
+            f"mm_tokens_per_image {tokens} does not pool a {side}x{side} patch grid evenly"
+        )
+    encoder = VisionConfig(
+        hidden_size=int(vision["hidden_size"]),
+        intermediate_size=int(vision["intermediate_size"]),
+        num_layers=int(vision["num_hidden_layers"]),
+        num_heads=int(vision["num_attention_heads"]),
+        image_size=int(vision["image_size"]),
+        patch_size=int(vision["patch_size"]),
+        layer_norm_eps=float(vision["layer_norm_eps"]),
+        scale_factor=side // per_side,
+        image_token_id=int(hf.get("image_token_index", hf.get("image_token_id", 262_144))),
+        hidden_act=act,
+        num_channels=int(vision["num_channels"]),
+        pooled=True,
+    )
+    if not 0 <= encoder.image_token_id < decoder.vocab_size:
+        raise ModelConfigError(
+            f"gemma3 image_token_index {encoder.image_token_id} lies outside the "
+            f"{decoder.vocab_size}-token embedding"
+        )
+    return replace(decoder, vision=encoder)
 
 
 # transformers' Qwen2Config defaults, for the keys a sparse text_config leaves out.
@@ -619,6 +729,9 @@ def _hf_sliding(
         layers = tuple(range(0, num_layers, 2))
     elif arch in ("qwen2", "qwen3"):
         layers = tuple(range(int(hf.get("max_window_layers", num_layers)), num_layers))
+    elif arch == "gemma3":  # v4: five sliding layers, then a global one
+        period = int(hf.get("sliding_window_pattern", GEMMA3_SLIDING_PATTERN))
+        layers = tuple(i for i in range(num_layers) if (i + 1) % period != 0)
     else:  # Mistral, Phi-3: every layer
         layers = tuple(range(num_layers))
     return (int(window), layers) if layers else (None, ())

@@ -12,6 +12,7 @@ text gives (the parity tests check it against transformers' processors).
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,11 +21,12 @@ import torch
 from PIL import Image
 
 from inferd.engine.request import MediaInput
+from inferd.loading.hf_processor import ImageConfig
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
+from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
-    Idefics3ImageConfig,
     ImageConfigError,
     prepare_image,
 )
@@ -202,7 +204,7 @@ class MarkerExpander:
 
 @dataclass(frozen=True, slots=True)
 class ImagePrompter:
-    config: Idefics3ImageConfig
+    config: ImageConfig  # Idefics3's tiles, or Gemma 3's one image (its own marker)
     tokenizer: TokenizerBundle
     image_token_id: int
     marker: str = IMAGE_TOKEN  # what the chat template writes where an image goes
@@ -216,6 +218,8 @@ class ImagePrompter:
         literal_spans: Sequence[tuple[int, int]] = (),
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its image markers expanded, and one MediaInput per image."""
+        if isinstance(self.config, Gemma3ImageConfig):
+            text, literal_spans = surround_markers(text, self._marker, AROUND, literal_spans)
         return expand_markers(
             self.tokenizer,
             text,
@@ -224,13 +228,21 @@ class ImagePrompter:
             literal_spans=literal_spans,
         )
 
+    @property
+    def _marker(self) -> str:
+        """What the rendered prompt holds where an image goes (Gemma 3's config names its own)."""
+        return self.config.marker if isinstance(self.config, Gemma3ImageConfig) else self.marker
+
     def group(self, images: Sequence[ImageItem]) -> MarkerGroup:
         items = [self._expansion(image, digest) for image, digest in images]
-        return MarkerGroup(self.marker, self.image_token_id, "image", items)
+        return MarkerGroup(self._marker, self.image_token_id, "image", items)
 
     def _expansion(self, image: Image.Image, digest: str) -> Expansion:
         try:
-            prepared = prepare_image(image, self.config)
+            if isinstance(self.config, Gemma3ImageConfig):
+                prepared: Any = self.config.prepare(image)
+            else:
+                prepared = prepare_image(image, self.config)
         except ImageConfigError as exc:  # e.g. more tiles than the tokenizer can mark
             raise ImagePromptError(str(exc)) from None
 
@@ -238,6 +250,23 @@ class ImagePrompter:
             return MediaInput(digest, positions, prepared.tiles, prepared.normalizer)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+
+def surround_markers(
+    text: str, marker: str, around: str, literal_spans: Sequence[tuple[int, int]]
+) -> tuple[str, list[tuple[int, int]]]:
+    """``text`` with ``around`` on both sides of each marker outside ``literal_spans``, and
+    those spans moved to match: text the processor adds around an image that the tokenizer
+    must see with its neighbours (Gemma 3's blank lines merge with the template's newline)."""
+    cuts = _markers(text, marker, literal_spans)
+    out, at = [], 0
+    for cut in cuts:
+        out.append(text[at:cut] + around + marker + around)
+        at = cut + len(marker)
+    out.append(text[at:])
+    grow = 2 * len(around)
+    spans = [(a + grow * n, b + grow * n) for a, b in literal_spans for n in [bisect_left(cuts, a)]]
+    return "".join(out), spans
 
 
 @dataclass(frozen=True, slots=True)

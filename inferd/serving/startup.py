@@ -16,6 +16,7 @@ import functools
 from inferd.config import EngineConfig
 from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
+from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
@@ -78,7 +79,7 @@ def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
     if spec.mmproj is None or not isinstance(model, ServedModel) or model.images is None:
         return []
     vision, images = model.config.vision, model.images.config
-    assert vision is not None
+    assert vision is not None and isinstance(images, Idefics3ImageConfig)  # mmproj: idefics3 only
     split = f"long side {images.longest_edge} px, split" if images.splitting else "not split"
     return [
         f"projector  {spec.mmproj}  (idefics3: image encoder {vision.num_layers} layers, "

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import RequestStatus
-from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.engine.scheduler import Scheduler, SchedulerConfig, _whole_spans
 from tests.engine.helpers import make_request
 
 
@@ -173,3 +173,25 @@ def test_later_copies_of_a_long_prompt_wait_for_the_first_and_reuse_its_blocks()
     assert first_chunks["long0"] == 0
     assert first_chunks["long1"] >= 32 and first_chunks["long2"] >= 32
     assert computed < 40 + 2 * 8 + 3 * 2  # one full prompt, two short tails, the decodes
+
+
+def test_chunks_never_end_inside_a_bidirectional_span() -> None:
+    """A chunk that would end inside a span ends before it; one that starts at (or in) a span
+    takes the whole span even past the budget (its first rows must see its last keys)."""
+    s = _scheduler(blocks=64, budget=8)
+    req = make_request("image", 40)
+    req.bidirectional_spans = ((5, 17), (20, 24), (30, 34))
+    s.add(req)
+    ends = []
+    while req.num_computed_tokens < req.num_prompt_tokens:
+        out = s.schedule()
+        ends += [c.start + c.num_tokens for c in out.chunks]
+        s.advance(out)
+    # 0-8 would cut the first span: 0-5; 5-13 too: the whole span 5-17 (12 > 8); 17-25 ends
+    # past the second; 25-33 would cut the third: 25-30; then 30-38 and the rest.
+    assert ends == [5, 17, 25, 30, 38, 40]
+    resumed = make_request("resumed", 30)
+    resumed.bidirectional_spans = ((2, 12),)
+    resumed.num_computed_tokens = 4  # as after a prefix-cache hit inside the span
+    assert _whole_spans(resumed, 3) == 8  # 4-7 would end inside: on to the span's end
+    assert _whole_spans(resumed, 10) == 10  # 4-14 ends past it
