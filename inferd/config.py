@@ -38,6 +38,10 @@ class EngineConfig:
     # image is not encoded again. 256 MB: ~270 SmolVLM-256M images of 13 tiles (832 rows of 576
     # bf16 values each).
     encoder_cache_mb: int = 256
+    # Speculative decoding (engine/speculative.py): "ngram" drafts each request's next tokens
+    # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
+    speculative: str = "ngram"
+    num_speculative_tokens: int = 4  # drafts verified per step at most
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -55,5 +59,9 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.speculative not in ("ngram", "off"):
+            raise ValueError(f"speculative must be ngram or off, not {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
         if self.isq not in (None, "q8", "q4"):
             raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")
