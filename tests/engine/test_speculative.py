@@ -4,6 +4,9 @@ drafts through the real scheduler and block pool."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import torch
 
 from inferd.engine.detokenizer import IncrementalDetokenizer
@@ -16,15 +19,11 @@ from inferd.engine.speculative import SpeculativeConfig, Speculator, speculates
 from inferd.structured.constraint import Constraint
 
 
-def _request(
-    prompt: list[int],
-    output: list[int] = (),
-    **params: object,  # type: ignore[assignment]
-) -> Request:
+def _request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -> Request:
     request = Request(
         request_id="r",
         prompt_token_ids=list(prompt),
-        params=SamplingParams(**params),  # type: ignore[arg-type]
+        params=SamplingParams(**params),
         eos_token_ids=frozenset(),
         detokenizer=IncrementalDetokenizer(lambda t: b"x"),
     )
