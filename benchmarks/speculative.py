@@ -15,6 +15,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from typing import Any
 
 from inferd import LLM, SamplingParams
 
@@ -44,10 +45,10 @@ def run(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, tuple[int,
 
 
 def main(rounds: int = 3, *ks: int) -> None:
-    settings: dict[str, dict[str, object]] = {"off": {"speculative": "off"}}
+    settings: dict[str, dict[str, Any]] = {"off": {"speculative": "off"}}
     for k in ks or (4,):
         settings[f"ngram k={k}"] = {"speculative": "ngram", "num_speculative_tokens": k}
-    engines = {name: LLM("smollm2", prefix_caching=False, **opts) for name, opts in settings.items()}
+    engines = {name: LLM("smollm2", prefix_caching=False, **o) for name, o in settings.items()}
     first = next(iter(engines.values()))
     prompts = {
         name: (first.model.chat_prompt([{"role": "user", "content": text}]), n)
@@ -73,7 +74,8 @@ def main(rounds: int = 3, *ks: int) -> None:
             rate = f"{accepted}/{drafted}" if drafted else "-"
             median = statistics.median(speeds[name])
             same = texts[name] == texts["off"]
-            print(f"| {workload} | {name} | {median:.1f} | {median / base:.2f}x | {rate} | {same} |")
+            ratio = median / base
+            print(f"| {workload} | {name} | {median:.1f} | {ratio:.2f}x | {rate} | {same} |")
     for llm in engines.values():
         llm.shutdown()
 

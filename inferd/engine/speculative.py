@@ -90,7 +90,9 @@ class DraftState:
     # n-gram -> the position right after its latest occurrence (its continuation's start)
     index: dict[tuple[int, ...], int] = field(default_factory=dict)
     indexed: int = 0  # n-grams ending before this position are in ``index``
-    gain: float = 0.0  # moving average of (accepted - draft_cost * drafted) per verify step
+    # Moving average of (accepted - draft_cost * drafted) per verify step; it starts hopeful, so
+    # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
+    gain: float = 0.5
     paused: int = 0  # decode steps left without drafting
     pause: int = 0  # the length of the next pause
     drafted: int = 0

@@ -87,8 +87,13 @@ def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
     logits = torch.zeros((3, 10))
     logits[:, 0] = 1.0  # the model wants token 0 everywhere: every draft is rejected
     assert spec.verify(logits, draft, request).accepted == 0
-    assert [spec.propose(request, 2) for _ in range(3)] == [(), (), ()]
-    assert spec.propose(request, 2) == (5, 6)
+    assert spec.propose(request, 2) == (5, 6)  # one miss: it keeps drafting
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert [spec.propose(request, 2) for _ in range(3)] == [(), (), ()]  # two: a pause
+    assert spec.propose(request, 2) == (5, 6)  # then a probe, whose miss pauses twice as long
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert [spec.propose(request, 2) for _ in range(7)] == [()] * 6 + [(5, 6)]
+    assert spec.states["r"].pause == 6
 
 
 def test_sampled_verification_preserves_the_distribution() -> None:
