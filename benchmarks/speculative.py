@@ -4,7 +4,7 @@
 
 Workloads: ``copy`` (the model repeats a ~250-token passage given in its prompt) and ``free``
 (a story: little to look up, so the per-request off switch should keep it at the speed of
-speculation off). One engine per setting (off, and ngram with each K; default K: 4), the
+speculation off). One engine per setting (off, and ngram with each K; default K: 3), the
 default dtype, stepped on this thread, no prefix cache; each round runs every setting back to
 back (load drifts hit all), and the median over rounds is printed, with the acceptance rate
 (accepted / drafted tokens) and the greedy text's agreement with speculation off.
@@ -46,7 +46,7 @@ def run(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, tuple[int,
 
 def main(rounds: int = 3, *ks: int) -> None:
     settings: dict[str, dict[str, Any]] = {"off": {"speculative": "off"}}
-    for k in ks or (4,):
+    for k in ks or (3,):
         settings[f"ngram k={k}"] = {"speculative": "ngram", "num_speculative_tokens": k}
     engines = {name: LLM("smollm2", prefix_caching=False, **o) for name, o in settings.items()}
     first = next(iter(engines.values()))

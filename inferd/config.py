@@ -41,7 +41,9 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py): "ngram" drafts each request's next tokens
     # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
     speculative: str = "ngram"
-    num_speculative_tokens: int = 4  # drafts verified per step at most
+    num_speculative_tokens: int = (
+        3  # drafts verified per step at most (3: benchmarks/speculative.py)
+    )
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -58,7 +58,7 @@ METHODS = ("ngram", "off")
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str = "ngram"  # "ngram" | "off"
-    num_tokens: int = 4  # drafts per verify step at most (k)
+    num_tokens: int = 3  # drafts per verify step at most (k)
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
     # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
