@@ -24,10 +24,12 @@ writes for rejected ones are left behind the request's computed length, to be ov
 blocks wholly past it go back to the pool (``KVCacheManager.truncate``). Prefix-cache hashes
 cover only computed blocks, so only accepted tokens.
 
-Who speculates: only requests whose next token depends on nothing but the logits of its row.
-Not constrained requests (the grammar matcher would have to follow drafts it may then drop),
-not requests with repetition, frequency or presence penalties (each position's penalties depend
-on the drafts before it), not seeded sampled requests (a seed must reproduce its text, while
+Logit bias and the repetition, frequency and presence penalties apply per row as the sampler
+applies them, with the drafts before the row counted as output (a row is only reached when they
+were all accepted, so they are the output then).
+
+Who speculates: not constrained requests (the grammar matcher would have to follow drafts it may
+then drop), not seeded sampled requests (a seed must reproduce its text, while
 speculation's random draws depend on what it drafted, which depends on the batch), and nobody
 in a step with more decode rows than ``max_batch_rows`` (a batch that large is compute-bound:
 extra rows cost what they would save).
@@ -108,7 +110,7 @@ class Verdict:
 def speculates(request: Request) -> bool:
     """Whether the request's tokens may be drafted and verified at all (module docstring)."""
     p = request.params
-    if request.matcher is not None or p.has_penalties:
+    if request.matcher is not None:
         return False
     return p.greedy or p.seed is None
 
@@ -158,10 +160,13 @@ class Speculator:
     def verify(self, logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
         """logits: [len(draft) + 1, vocab], row i predicting the token after draft i - 1."""
         params = request.params
-        if params.logit_bias:  # the only transform a speculating request may have
-            logits = torch.stack(
-                [apply_logit_transforms(row, params, (), ()) for row in logits.unbind(0)]
-            )
+        if params.transforms_logits:
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            rows = [
+                apply_logit_transforms(row, params, prompt, [*output, *draft[:i]])
+                for i, row in enumerate(logits.unbind(0))
+            ]
+            logits = torch.stack(rows)
         if params.greedy:
             verdict = _verify_greedy(logits, draft)
         else:

@@ -58,8 +58,7 @@ def test_who_speculates() -> None:
     assert speculates(_request([1], temperature=0.8))
     assert speculates(_request([1], temperature=0, seed=3))  # greedy: the seed is unused
     assert not speculates(_request([1], temperature=0.8, seed=3))  # a seed reproduces its text
-    assert not speculates(_request([1], temperature=0, repetition_penalty=1.2))
-    assert not speculates(_request([1], temperature=0, frequency_penalty=0.5))
+    assert speculates(_request([1], temperature=0, repetition_penalty=1.2))
     constrained = _request([1], temperature=0, constraint=Constraint.regex("a+"))
     constrained.matcher = object()  # type: ignore[assignment]  # any matcher
     assert not speculates(constrained)
@@ -76,6 +75,17 @@ def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() ->
     all_in = spec.verify(logits, [4, 5, 9], request)
     assert (all_in.tokens, all_in.accepted) == ([4, 5, 9, 7], 3)
     assert (spec.drafted, spec.accepted) == (6, 5)
+
+
+def test_penalties_count_the_drafts_before_each_row() -> None:
+    spec = Speculator(SpeculativeConfig())
+    request = _request([1, 2], [3], temperature=0, presence_penalty=2.0, max_tokens=50)
+    logits = torch.zeros((3, 10))
+    logits[0, 3], logits[0, 4] = 6.0, 5.0  # token 3 is already output: 6 - 2 < 5
+    logits[1, 4], logits[1, 7] = 5.5, 4.0  # once draft 4 stands, it is output too: 3.5 < 4
+    logits[2, 8] = 1.0
+    verdict = spec.verify(logits, [4, 4], request)
+    assert (verdict.tokens, verdict.accepted) == ([4, 7], 1)
 
 
 def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
