@@ -20,9 +20,9 @@ MESSAGES = [{"role": "user", "content": f"Repeat this text twice, word for word:
 def _stream(api: str) -> tuple[str, int, int]:
     """The streamed text, its chunks with content and its completion tokens."""
     with openai.OpenAI(base_url=api, api_key="unused", max_retries=0) as client:
-        stream = client.chat.completions.create(
+        stream = client.chat.completions.create(  # type: ignore[call-overload]
             model="default",
-            messages=MESSAGES,  # type: ignore[arg-type]
+            messages=MESSAGES,
             temperature=0,
             max_tokens=64,
             stream=True,
@@ -38,13 +38,15 @@ def _stream(api: str) -> tuple[str, int, int]:
 
 
 def test_stream_with_speculation_matches_without(smollm2_gguf: Path, tmp_path: Path) -> None:
-    results = {}
+    results, accepted = {}, {}
     for mode in ("ngram", "off"):
         args = ["-m", str(smollm2_gguf), "--max-seqs", "2", "--speculative", mode]
         with live_server(args, tmp_path / f"serve-{mode}.log") as live:
             results[mode] = _stream(live.api)
+            accepted[mode] = live.metric("inferd_speculative_accepted_tokens_total")
     fast, plain = results["ngram"], results["off"]
     assert fast[0] and fast[0] == plain[0]
     assert fast[2] == plain[2]
     assert fast[1] < fast[2] * 0.75  # speculation streamed several tokens per chunk
     assert plain[1] > fast[1]
+    assert accepted["ngram"] > 0 and accepted["off"] == 0
