@@ -196,6 +196,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help="bit-identical output for a request and seed whatever else runs (batch, chunking, "
         "preemption, prefix hits): batch-invariant kernels, at a speed cost (README)",
     )
+    p.add_argument(
+        "--speculative",
+        choices=["ngram", "off"],
+        default=d.speculative,
+        help="speculative decoding: ngram drafts a request's next tokens from its own prompt and "
+        "output and verifies them in one step, per request where it pays (greedy output is "
+        f"unchanged, sampling keeps its distribution) (default: {d.speculative})",
+    )
+    p.add_argument(
+        "--num-speculative-tokens",
+        type=int,
+        default=d.num_speculative_tokens,
+        help=f"drafted tokens verified per step at most (default: {d.num_speculative_tokens})",
+    )
 
 
 def _on_off(flag: bool) -> str:
@@ -219,6 +233,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         seed=args.seed,
         isq=args.isq,
         deterministic=args.deterministic,
+        speculative=args.speculative,
+        num_speculative_tokens=args.num_speculative_tokens,
     )
 
 

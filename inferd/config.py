@@ -42,6 +42,10 @@ class EngineConfig:
     # request with many images cannot stall a step for everyone (engine/encoder_budget.py);
     # None: max_num_batched_tokens. Media larger than it still run, alone in their step.
     max_encoder_tokens: int | None = None
+    # Speculative decoding (engine/speculative.py): "ngram" drafts each request's next tokens
+    # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
+    speculative: str = "ngram"
+    num_speculative_tokens: int = 3  # drafts verified per step at most (benchmarks/speculative.py)
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -61,5 +65,9 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
+        if self.speculative not in ("ngram", "off"):
+            raise ValueError(f"speculative must be ngram or off, not {self.speculative!r}")
+        if self.num_speculative_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
         if self.isq not in (None, "q8", "q4"):
             raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")

@@ -3,6 +3,11 @@
 Prompt logprobs (``SamplingParams.prompt_logprobs``) are gathered across the prefill chunks of
 a request, indexed by prompt position (a preempted request recomputes and overwrites them), and
 handed out once, on the request's first output.
+
+A chunk with speculative drafts (engine/speculative.py) has logits at each of its rows: the
+speculator judges the drafts against them, and the accepted drafts plus one token of the model's
+own are appended one by one, with the same stop, EOS and max_tokens checks as any token (a
+token that ends the request drops the ones after it); its output carries them all.
 """
 
 from __future__ import annotations
@@ -10,11 +15,13 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import torch
+
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import Request, RequestStatus
-from inferd.engine.runner import ModelRunner, PromptLogits
+from inferd.engine.runner import ModelRunner, PromptLogits, StepResult
 from inferd.engine.sampler import prompt_token_logprobs, sample
-from inferd.engine.scheduler import Scheduler
+from inferd.engine.scheduler import ScheduledChunk, Scheduler
 from inferd.structured.masks import MaskJob
 
 
@@ -68,20 +75,69 @@ class EngineCore:
             return []
         started = time.perf_counter()
         # Constrained rows: their masks are computed while the model runs (structured/masks.py).
-        samplers = [c.request.matcher for c in scheduled.chunks if c.completes]
+        # (A request with drafts is never constrained: its draft rows get no mask.)
+        samplers = [
+            m
+            for c in scheduled.chunks
+            if c.completes
+            for m in [c.request.matcher, *[None] * len(c.draft)]
+        ]
         masks = MaskJob.start(samplers, self.runner.config.vocab_size)
         result = self.runner.execute(scheduled)
         self.scheduler.advance(scheduled)
         self._gather_prompt_logprobs(result.prompt_logits)
         masks.apply(result.logits)
-        sampled = sample(result.logits, [c.request for c in result.chunks])
-        outputs = [
-            self._append(c.request, t, lp)
-            for c, t, lp in zip(result.chunks, sampled.token_ids, sampled.logprobs, strict=True)
-        ]
+        if any(c.draft for c in result.chunks):
+            outputs = self._sample_with_drafts(result)
+        else:
+            sampled = sample(result.logits, [c.request for c in result.chunks])
+            outputs = [
+                self._append(c.request, t, lp)
+                for c, t, lp in zip(result.chunks, sampled.token_ids, sampled.logprobs, strict=True)
+            ]
         self.steps += 1
         self.last_step_seconds = time.perf_counter() - started
         return outputs
+
+    def _sample_with_drafts(self, result: StepResult) -> list[RequestOutput]:
+        """The plain rows sampled as one batch, each chunk with drafts verified on its rows."""
+        firsts, row = [], 0
+        for chunk in result.chunks:
+            firsts.append(row)
+            row += 1 + len(chunk.draft)
+        plain = [(c, r) for c, r in zip(result.chunks, firsts, strict=True) if not c.draft]
+        index = torch.tensor([r for _, r in plain], dtype=torch.long)
+        sampled = sample(result.logits.index_select(0, index), [c.request for c, _ in plain])
+        drawn = iter(zip(sampled.token_ids, sampled.logprobs, strict=True))
+        outputs = []
+        for chunk, first in zip(result.chunks, firsts, strict=True):
+            if chunk.draft:
+                rows = result.logits[first : first + 1 + len(chunk.draft)]
+                outputs.append(self._append_verified(chunk, rows))
+            else:
+                token, logprob = next(drawn)
+                outputs.append(self._append(chunk.request, token, logprob))
+        return outputs
+
+    def _append_verified(self, chunk: ScheduledChunk, logits: torch.Tensor) -> RequestOutput:
+        """Judge the chunk's drafts on its rows' logits and append what they give."""
+        speculator = self.scheduler.speculator
+        assert speculator is not None  # only its proposals carry drafts
+        request = chunk.request
+        verdict = speculator.verify(logits, chunk.draft, request)
+        k = request.params.logprobs
+        logprobs = (
+            prompt_token_logprobs(logits[: len(verdict.tokens)], verdict.tokens, k)
+            if k is not None
+            else [None] * len(verdict.tokens)
+        )
+        parts = []
+        for token, logprob in zip(verdict.tokens, logprobs, strict=True):
+            parts.append(self._append(request, token, logprob))
+            if parts[-1].finished:
+                break
+        self.scheduler.settle(request, verdict.accepted)
+        return _merge(parts)
 
     def _gather_prompt_logprobs(self, parts: tuple[PromptLogits, ...]) -> None:
         for part in parts:
@@ -136,6 +192,21 @@ class EngineCore:
         prompt = self.prompt_logprobs.pop(request.request_id, None)
         out = _output(request, text, (token,), reason, logprobs=logprobs)
         return out if prompt is None else replace(out, prompt_logprobs=tuple(prompt))
+
+
+def _merge(parts: list[RequestOutput]) -> RequestOutput:
+    """One output for the tokens a step appended to one request, in order."""
+    if len(parts) == 1:
+        return parts[0]
+    last = parts[-1]
+    logprobs = [lp for p in parts for lp in p.logprobs or ()]
+    return replace(
+        last,
+        text="".join(p.text for p in parts),
+        token_ids=tuple(t for p in parts for t in p.token_ids),
+        logprobs=tuple(logprobs) if last.logprobs is not None else None,
+        prompt_logprobs=parts[0].prompt_logprobs,
+    )
 
 
 def _advance_matcher(request: Request, token: int) -> str | None:

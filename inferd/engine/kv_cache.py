@@ -226,6 +226,15 @@ class KVCacheManager:
         request.block_ids.extend(ids)
         return True
 
+    def truncate(self, request: Request, num_tokens: int) -> None:
+        """Give back the request's blocks wholly past its first ``num_tokens`` tokens (those a
+        rejected speculative draft was written into; never registered: not computed)."""
+        keep = self.blocks_for(num_tokens)
+        tail = request.block_ids[keep:]
+        if tail:
+            self.pool.release([b for b in tail if b != NULL_BLOCK])
+            del request.block_ids[keep:]
+
     def free(self, request: Request) -> None:
         self.pool.release([b for b in request.block_ids if b != NULL_BLOCK])
         request.block_ids = []

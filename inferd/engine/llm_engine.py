@@ -298,4 +298,6 @@ class LLMEngine:
             prefix_cache_hits=sched.kv.stats.hits,
             images_encoded=core.runner.encoder_cache.stats.misses,
             encoder_cache_hits=core.runner.encoder_cache.stats.hits,
+            speculative_drafted=sched.speculator.drafted if sched.speculator else 0,
+            speculative_accepted=sched.speculator.accepted if sched.speculator else 0,
         )

@@ -55,3 +55,5 @@ class EngineStats:
     prefix_cache_hits: int = 0  # prompt tokens found cached
     images_encoded: int = 0  # images the encoder ran on (misses of the encoder cache)
     encoder_cache_hits: int = 0  # images whose encoder rows came from the encoder cache
+    speculative_drafted: int = 0  # drafted tokens verified (engine/speculative.py)
+    speculative_accepted: int = 0  # of those, tokens the model accepted

@@ -4,6 +4,8 @@ It owns the KV-cache tensors. Per step it builds the flat inputs (token ids, pos
 of each new token) and the attention metadata, runs the model, and returns logits only for the
 rows where a request needs its next token, plus, for requests that ask for prompt logprobs and
 have not had them yet, the logits of their prompt rows (each predicts the next prompt token).
+A decode that carries speculative drafts (engine/speculative.py) needs logits at every one of
+its rows: each row is a one-query decode at its position, as a plain decode would have been.
 
 Media: a prompt chunk that holds placeholder tokens of a request's images or audio clips
 (``Request.media``) runs from embeddings, the tokens' with the encoder's rows written over those
@@ -50,7 +52,8 @@ class ModelInputs:
     positions: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
     sample_rows: torch.Tensor  # rows whose hidden state becomes logits
-    sampled_chunks: tuple[ScheduledChunk, ...]  # same order as sample_rows
+    # Same order as sample_rows: one row each, 1 + len(draft) for a chunk with drafts.
+    sampled_chunks: tuple[ScheduledChunk, ...]
     prompt_rows: torch.Tensor | None = None  # rows whose logits score the next prompt token
     prompt_spans: tuple[PromptSpan, ...] = ()  # same order as prompt_rows
     media: tuple[MediaSlice, ...] = ()  # rows whose embeddings an image encoder gives
@@ -87,8 +90,8 @@ class PromptLogits:
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
-    logits: torch.Tensor  # [num_sampled, vocab]
-    chunks: tuple[ScheduledChunk, ...]  # the chunks that sample, same order as logits
+    logits: torch.Tensor  # [rows, vocab]: one row per sampling chunk, 1 + drafts for a verify
+    chunks: tuple[ScheduledChunk, ...]  # the chunks that sample, in the order of the rows
     prompt_logits: tuple[PromptLogits, ...] = ()
 
 
@@ -220,7 +223,7 @@ class ModelRunner:
         for chunk in output.chunks:
             req, row = chunk.request, len(ids)
             span = range(chunk.start, chunk.start + chunk.num_tokens)
-            ids.extend(req.token_at(p) for p in span)
+            ids.extend(chunk.token_ids())
             positions.extend(span)
             if rope is not None:
                 rope.append(self._rope_positions(req, chunk.start, chunk.start + chunk.num_tokens))
@@ -228,7 +231,7 @@ class ModelRunner:
             prompt_chunk = chunk.start < req.num_prompt_tokens
             if req.media and prompt_chunk:
                 media.extend(_media_slices(req, chunk, row))
-            if self.deterministic or (chunk.num_tokens == 1 and not prompt_chunk):
+            if self.deterministic or chunk.draft or (chunk.num_tokens == 1 and not prompt_chunk):
                 # Deterministic: each row a one-query decode at its position (its keys are
                 # written before attention runs), the same sums whatever the chunking. A prompt
                 # row otherwise always attends through the prefill tiles, even alone (a retry
@@ -245,7 +248,7 @@ class ModelRunner:
             else:
                 prefills.append(self._prefill_chunk(req, row, chunk.start, chunk.num_tokens))
             if chunk.completes:
-                sample_rows.append(len(ids) - 1)
+                sample_rows.extend(range(len(ids) - 1 - len(chunk.draft), len(ids)))
                 sampled.append(chunk)
             if req.params.prompt_logprobs is not None and not req.output_token_ids:
                 # Position p predicts prompt token p + 1; the last prompt row samples instead.
@@ -353,7 +356,10 @@ def _spans_in(req: Request, chunk: ScheduledChunk) -> list[tuple[int, int]]:
 
 def _decodes_only(output: SchedulerOutput) -> bool:
     """Whether every row of the step is a generated token (no prompt or recomputed rows)."""
-    return all(c.num_tokens == 1 and c.start >= c.request.num_prompt_tokens for c in output.chunks)
+    return all(
+        c.num_tokens == 1 + len(c.draft) and c.start >= c.request.num_prompt_tokens
+        for c in output.chunks
+    )
 
 
 def _pad_tables(tables: list[list[int]]) -> torch.Tensor:

@@ -93,6 +93,13 @@ def apply_logit_transforms(
 
 
 def _sample_row(logits: torch.Tensor, request: Request) -> int:
+    return draw(sampling_probs(logits, request), request.generator)
+
+
+def sampling_probs(logits: torch.Tensor, request: Request) -> torch.Tensor:
+    """The distribution a sampled row draws from (unnormalized): temperature, then top-k,
+    top-p and min-p filtering, on the device of the request's generator. Speculative
+    verification (engine/speculative.py) accepts and resamples drafts against it."""
     p = request.params
     logits = logits.float()
     # Shifted so the largest logit is 0: every value is <= 0 before the division, so no
@@ -108,10 +115,10 @@ def _sample_row(logits: torch.Tensor, request: Request) -> int:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
     if request.generator is not None and probs.device != request.generator.device:
         probs = probs.to(request.generator.device)
-    return _draw(probs, request.generator)
+    return probs
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """One token from unnormalized ``probs`` by inverting their CDF at a uniform draw.
 
     The same distribution as ``torch.multinomial``, which cost ~1 ms per token over a 49k

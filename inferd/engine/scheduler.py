@@ -23,6 +23,10 @@ The encoder budget cuts only at an image's first placeholder, so it never splits
 
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
+
+Speculation (engine/speculative.py): a decode may carry drafted tokens after its last one; the
+chunk then computes them too, and ``settle`` records how many the model accepted and gives back
+the blocks of the rest. Drafts never preempt anyone: without room for them a decode goes alone.
 """
 
 from __future__ import annotations
@@ -35,18 +39,26 @@ from inferd.engine.encoder_budget import EncoderBudget
 from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, RequestStatus
+from inferd.engine.speculative import Speculator
 
 
 @dataclass(frozen=True, slots=True)
 class ScheduledChunk:
     request: Request
     start: int  # first token index computed in this step
-    num_tokens: int
+    num_tokens: int  # the drafts included
+    draft: tuple[int, ...] = ()  # speculated tokens after the request's last one
 
     @property
     def completes(self) -> bool:
-        """True when this chunk reaches the end of the request's tokens: a token is sampled."""
-        return self.start + self.num_tokens == self.request.num_tokens
+        """True when this chunk reaches the end of the request's tokens: a token is sampled
+        (one per row from its last token on, when it carries drafts)."""
+        return self.start + self.num_tokens - len(self.draft) == self.request.num_tokens
+
+    def token_ids(self) -> list[int]:
+        """The input tokens of the chunk's rows: the request's, then the drafts."""
+        real = range(self.start, self.start + self.num_tokens - len(self.draft))
+        return [*(self.request.token_at(p) for p in real), *self.draft]
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,11 +97,13 @@ class Scheduler:
         config: SchedulerConfig,
         kv: KVCacheManager,
         encoder_cache: EncoderCache | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         """``encoder_cache``: the runner's, so cached media cost no encoder budget."""
         self.config = config
         self.kv = kv
         self.encoder_cache = encoder_cache
+        self.speculator = speculator  # None: speculative decoding is off
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -109,6 +123,8 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        if self.speculator is not None:
+            self.speculator.forget(request.request_id)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -117,7 +133,8 @@ class Scheduler:
         encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
-        budget = self._schedule_running(decodes, budget, chunks, preempted, encoder)
+        drafts = self._drafts(decodes)
+        budget = self._schedule_running(decodes, budget, chunks, preempted, encoder, drafts)
         reserve = min(self._short_waiting_tokens(), budget // 2)
         left = self._schedule_running(prefills, budget - reserve, chunks, preempted, encoder)
         budget = left + reserve
@@ -159,8 +176,10 @@ class Scheduler:
         chunks: list[ScheduledChunk],
         preempted: list[str],
         encoder: EncoderBudget,
+        drafts: dict[str, tuple[int, ...]] | None = None,
     ) -> int:
-        """Chunks for ``requests`` (running ones) within ``budget``; returns what is left."""
+        """Chunks for ``requests`` (running ones) within ``budget``; returns what is left.
+        ``drafts``: speculated tokens of decodes, by request id."""
         for request in requests:
             if budget <= 0:
                 break
@@ -173,15 +192,31 @@ class Scheduler:
                 n = fit
             if n == 0:
                 continue  # waiting for its sampled token to be appended, or for the encoder
-            if not self._make_room(request, n, preempted):
+            draft = drafts.get(request.request_id, ()) if drafts else ()
+            draft = draft[: budget - n]
+            if draft and not self.kv.allocate_slots(request, n + len(draft)):
+                draft = ()  # no room for them: a plain decode
+            if not self._make_room(request, n + len(draft), preempted):
                 continue
             encoder.charge(request, request.num_computed_tokens, n)
-            chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
+            n += len(draft)
+            chunks.append(ScheduledChunk(request, request.num_computed_tokens, n, draft))
             budget -= n
         return budget
 
     def _is_encoded(self, digest: str) -> bool:
         return self.encoder_cache is not None and digest in self.encoder_cache
+
+    def _drafts(self, decodes: list[Request]) -> dict[str, tuple[int, ...]]:
+        """The drafts of this step's decodes: none when speculation is off or the batch is
+        large enough to be compute-bound."""
+        if self.speculator is None:
+            return {}
+        k = self.speculator.draft_budget(len(decodes))
+        if k == 0:
+            return {}
+        proposed = {r.request_id: self.speculator.propose(r, k) for r in decodes}
+        return {rid: draft for rid, draft in proposed.items() if draft}
 
     def _short_waiting_tokens(self) -> int:
         """Tokens the waiting requests that fit one step would take, for the free seats."""
@@ -211,8 +246,19 @@ class Scheduler:
     def advance(self, output: SchedulerOutput) -> None:
         """Record that the scheduled chunks were computed."""
         for chunk in output.chunks:
-            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens
+            # Drafts count as computed only once accepted (``settle``).
+            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens - len(chunk.draft)
             self.kv.cache_full_blocks(chunk.request)
+
+    def settle(self, request: Request, accepted: int) -> None:
+        """After a verified chunk's tokens were appended: its ``accepted`` drafts' KV stands
+        (their positions hold the emitted tokens); blocks wholly past the request's tokens,
+        written for rejected drafts, go back to the pool."""
+        if request.status is not RequestStatus.RUNNING:
+            return  # it finished: its blocks are gone already
+        request.num_computed_tokens += accepted
+        self.kv.truncate(request, request.num_tokens)
+        self.kv.cache_full_blocks(request)
 
 
 def _whole_spans(request: Request, n: int) -> int:

@@ -170,6 +170,18 @@ ENGINE_SERIES = (
         "counter",
         "Images whose encoder output came from the encoder cache.",
     ),
+    (
+        "inferd_speculative_draft_tokens_total",
+        "speculative_drafted",
+        "counter",
+        "Drafted tokens verified by speculative decoding.",
+    ),
+    (
+        "inferd_speculative_accepted_tokens_total",
+        "speculative_accepted",
+        "counter",
+        "Drafted tokens the model accepted.",
+    ),
 )
 
 

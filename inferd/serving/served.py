@@ -23,6 +23,7 @@ from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.engine.speculative import speculator_for
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.model import LoadedModel, load
@@ -304,6 +305,7 @@ def assemble(
             window=mcfg.uniform_window,
         ),
         runner.encoder_cache,
+        speculator_for(cfg),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}

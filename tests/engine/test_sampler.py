@@ -175,14 +175,14 @@ def test_new_parameters_are_range_checked(kwargs: dict[str, object], param: str)
 
 
 def test_draws_never_pick_tokens_of_zero_probability() -> None:
-    from inferd.engine.sampler import _draw
+    from inferd.engine.sampler import draw
 
     generator = torch.Generator().manual_seed(5)
     probs = torch.zeros(49152)
     probs[[3, 40000, 49150]] = torch.tensor([0.2, 0.5, 0.3])  # the last tokens have none
     counts = {3: 0, 40000: 0, 49150: 0}
     for _ in range(3000):
-        counts[_draw(probs, generator)] += 1  # a KeyError would be a zero-probability token
+        counts[draw(probs, generator)] += 1  # a KeyError would be a zero-probability token
     assert [counts[t] / 3000 for t in (3, 40000, 49150)] == pytest.approx([0.2, 0.5, 0.3], abs=0.03)
 
 

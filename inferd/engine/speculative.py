@@ -1,0 +1,226 @@
+"""Prompt-lookup (n-gram) speculative decoding: drafting, verification and when to bother.
+
+A single stream on a CPU is bound by reading the weights: a step that computes 1 + k rows of one
+request costs little more than a step of one row. So, before a decode step, a request whose
+recent tokens (its last ``n`` tokens, n from ``max_ngram`` down to ``min_ngram``) occurred
+earlier in its own prompt or output proposes the ``k`` tokens that followed them then (a copy,
+a quote, an edit of given text repeats long runs). The scheduler gives it a chunk of
+[last token + drafts]; the runner computes logits at every one of those positions, each row as
+a one-query decode at its position (so a row's numerics are those it would have had decoding
+alone); ``verify`` then decides how many drafts stand:
+
+- greedy: the longest prefix of the drafts that matches the argmax at each position, plus the
+  argmax after it (the "bonus" token): exactly the tokens plain greedy decoding would give;
+- sampled: the speculative rejection rule. A prompt-lookup draft is deterministic (its
+  distribution is a point mass on the draft token ``x``), so ``x`` is accepted with probability
+  ``min(1, p(x) / 1) = p(x)`` under the row's sampling distribution ``p``; on rejection a token
+  is drawn from ``p`` with ``x`` removed and renormalized, and verification stops. The emitted
+  token then has probability ``p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y)``:
+  the sampled distribution is preserved token by token. Past the last accepted draft, the next
+  row's distribution gives one more token.
+
+The KV of the accepted drafts stays (their positions hold the tokens now emitted); the runner's
+writes for rejected ones are left behind the request's computed length, to be overwritten, and
+blocks wholly past it go back to the pool (``KVCacheManager.truncate``). Prefix-cache hashes
+cover only computed blocks, so only accepted tokens.
+
+Logit bias and the repetition, frequency and presence penalties apply per row as the sampler
+applies them, with the drafts before the row counted as output (a row is only reached when they
+were all accepted, so they are the output then).
+
+Who speculates: not constrained requests (the grammar matcher would have to follow drafts it may
+then drop), not seeded sampled requests (a seed must reproduce its text, while
+speculation's random draws depend on what it drafted, which depends on the batch), not requests
+with a thinking budget (past it the sampler forces the closing tokens), and nobody
+in a step with more decode rows than ``max_batch_rows`` (a batch that large is compute-bound:
+extra rows cost what they would save).
+
+When it pays: a verify step costs a little more than a plain decode (the extra rows, the
+attention of each). Each request keeps a moving average of the tokens its verify steps gained
+less the cost of the drafted rows; when it falls below zero the request stops drafting for a
+pause that doubles each time (free text rarely repeats), and tries again after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from inferd.config import EngineConfig
+from inferd.engine.sampler import apply_logit_transforms, draw, sampling_probs
+
+if TYPE_CHECKING:
+    from inferd.engine.request import Request
+
+METHODS = ("ngram", "off")
+
+
+@dataclass(frozen=True, slots=True)
+class SpeculativeConfig:
+    method: str = "ngram"  # "ngram" | "off"
+    num_tokens: int = 3  # drafts per verify step at most (k)
+    max_ngram: int = 3  # the longest suffix looked up first
+    min_ngram: int = 1  # the shortest suffix still looked up
+    # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
+    # drafts are cut so that the step's decode rows stay within it. 8: the rows the weight-only
+    # int4/int8 kernels serve (layers/linear.py DEFAULT_SMALL_BATCH), the memory-bound regime.
+    max_batch_rows: int = 8
+    # What a drafted row costs, in tokens of a plain decode step (benchmarks/speculative.py)
+    draft_cost: float = 0.1
+    first_pause: int = 16  # decode steps without drafting after the first failing stretch
+    max_pause: int = 256
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"speculative must be ngram or off, not {self.method!r}")
+        if self.num_tokens < 1:
+            raise ValueError("num_speculative_tokens must be at least 1")
+        if not 1 <= self.min_ngram <= self.max_ngram:
+            raise ValueError("the n-gram lengths must satisfy 1 <= min_ngram <= max_ngram")
+
+    @property
+    def enabled(self) -> bool:
+        return self.method != "off"
+
+
+@dataclass(slots=True)
+class DraftState:
+    """One request's lookup table and acceptance record."""
+
+    # n-gram -> the position right after its latest occurrence (its continuation's start)
+    index: dict[tuple[int, ...], int] = field(default_factory=dict)
+    indexed: int = 0  # n-grams ending before this position are in ``index``
+    # Moving average of (accepted - draft_cost * drafted) per verify step; it starts hopeful, so
+    # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
+    gain: float = 0.5
+    paused: int = 0  # decode steps left without drafting
+    pause: int = 0  # the length of the next pause
+    drafted: int = 0
+    accepted: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    tokens: list[int]  # the accepted drafts, then one token of the model's own
+    accepted: int  # how many drafts were accepted
+
+
+def speculates(request: Request) -> bool:
+    """Whether the request's tokens may be drafted and verified at all (module docstring)."""
+    p = request.params
+    if request.matcher is not None:
+        return False
+    if p.thinking is not None and p.thinking.budget is not None:
+        return False  # past the budget the sampler forces the closing tokens: no draft fits
+    return p.greedy or p.seed is None
+
+
+class Speculator:
+    """Drafts for decode steps and judges them; holds each request's ``DraftState``."""
+
+    def __init__(self, config: SpeculativeConfig) -> None:
+        self.config = config
+        self.states: dict[str, DraftState] = {}
+        self.drafted = 0  # totals over all requests, for stats and benchmarks
+        self.accepted = 0
+
+    def draft_budget(self, num_decodes: int) -> int:
+        """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts)."""
+        rows_each = self.config.max_batch_rows // max(num_decodes, 1)
+        return max(0, min(self.config.num_tokens, rows_each - 1))
+
+    def propose(self, request: Request, k: int) -> tuple[int, ...]:
+        """Up to ``k`` drafts for the request's next tokens (none when it should not draft)."""
+        if k <= 0 or not request.output_token_ids or not speculates(request):
+            return ()
+        # Never draft past max_tokens: the last allowed token is always the model's own.
+        k = min(k, request.params.max_tokens - len(request.output_token_ids) - 1)
+        if k <= 0:
+            return ()
+        state = self.states.setdefault(request.request_id, DraftState())
+        if state.paused > 0:
+            state.paused -= 1
+            return ()
+        tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        return tuple(self._lookup(state, tokens, k))
+
+    def _lookup(self, state: DraftState, tokens: list[int], k: int) -> list[int]:
+        cfg, end = self.config, len(tokens)
+        # Index the n-grams that end before the last token (whose continuation is unknown).
+        for e in range(state.indexed, end - 1):
+            for n in range(cfg.min_ngram, min(cfg.max_ngram, e + 1) + 1):
+                state.index[tuple(tokens[e - n + 1 : e + 1])] = e + 1
+        state.indexed = max(state.indexed, end - 1)
+        for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
+            start = state.index.get(tuple(tokens[end - n :]))
+            if start is not None:
+                return tokens[start : min(start + k, end)]
+        return []
+
+    def verify(self, logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
+        """logits: [len(draft) + 1, vocab], row i predicting the token after draft i - 1."""
+        params = request.params
+        if params.transforms_logits:
+            prompt, output = request.prompt_token_ids, request.output_token_ids
+            rows = [
+                apply_logit_transforms(row, params, prompt, [*output, *draft[:i]])
+                for i, row in enumerate(logits.unbind(0))
+            ]
+            logits = torch.stack(rows)
+        if params.greedy:
+            verdict = _verify_greedy(logits, draft)
+        else:
+            verdict = _verify_sampled(logits, draft, request)
+        self._record(request.request_id, len(draft), verdict.accepted)
+        return verdict
+
+    def _record(self, request_id: str, drafted: int, accepted: int) -> None:
+        cfg = self.config
+        self.drafted += drafted
+        self.accepted += accepted
+        state = self.states.setdefault(request_id, DraftState())
+        state.drafted += drafted
+        state.accepted += accepted
+        state.gain = 0.5 * state.gain + 0.5 * (accepted - cfg.draft_cost * drafted)
+        if state.gain < 0:
+            state.pause = min(max(state.pause * 2, cfg.first_pause), cfg.max_pause)
+            state.paused, state.gain = state.pause, 0.0
+        elif accepted > 0:
+            state.pause = 0  # it pays again: the next failing stretch pauses briefly
+
+    def forget(self, request_id: str) -> None:
+        self.states.pop(request_id, None)
+
+
+def speculator_for(config: EngineConfig) -> Speculator | None:
+    """The engine's speculator as its settings ask (None: off)."""
+    if config.speculative == "off":
+        return None
+    return Speculator(
+        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens)
+    )
+
+
+def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:
+    best: list[int] = logits.argmax(dim=-1).tolist()
+    accepted = 0
+    while accepted < len(draft) and draft[accepted] == best[accepted]:
+        accepted += 1
+    return Verdict([*draft[:accepted], best[accepted]], accepted)
+
+
+def _verify_sampled(logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
+    generator = request.generator
+    for i, token in enumerate(draft):
+        probs = sampling_probs(logits[i], request)
+        chance = float(probs[token] / probs.sum())
+        if float(torch.rand(1, generator=generator, device=probs.device)) < chance:
+            continue
+        # Rejected (so chance < 1: some other token has mass): draw from p without it.
+        probs[token] = 0.0
+        return Verdict([*draft[:i], draw(probs, generator)], i)
+    bonus = draw(sampling_probs(logits[len(draft)], request), generator)
+    return Verdict([*draft, bonus], len(draft))

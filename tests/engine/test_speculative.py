@@ -1,0 +1,175 @@
+"""Prompt-lookup speculation without a model: drafting, verification, the sampled rejection
+rule's distribution (a chi-square test on a small vocabulary), and the KV rollback of rejected
+drafts through the real scheduler and block pool."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.request import Request, RequestStatus
+from inferd.engine.sampler import sampling_probs
+from inferd.engine.sampling import SamplingParams
+from inferd.engine.scheduler import Scheduler, SchedulerConfig
+from inferd.engine.speculative import SpeculativeConfig, Speculator, speculates
+from inferd.structured.constraint import Constraint
+
+
+def _request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -> Request:
+    request = Request(
+        request_id="r",
+        prompt_token_ids=list(prompt),
+        params=SamplingParams(**params),
+        eos_token_ids=frozenset(),
+        detokenizer=IncrementalDetokenizer(lambda t: b"x"),
+    )
+    request.output_token_ids.extend(output)
+    return request
+
+
+def test_drafts_follow_the_latest_longest_match() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=3))
+    # "7 8 9" occurred twice; the suffix "8 9" continues after its latest occurrence: 4 5 6.
+    request = _request([7, 8, 9, 1, 2, 3, 7, 8, 9, 4, 5, 6, 0], [8, 9], max_tokens=50)
+    assert spec.propose(request, 3) == (4, 5, 6)
+    # The trigram "0 8 9" is unseen: the bigram "8 9" gave that; now "8 9 4" is known.
+    request.output_token_ids.append(4)  # the index grows with the output
+    assert spec.propose(request, 3) == (5, 6, 0)
+
+
+def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=8))
+    request = _request([1, 2, 3, 4], [1, 2], max_tokens=50)
+    assert spec.propose(request, 8) == (3, 4, 1, 2)  # the continuation runs to the last token
+    short = _request([1, 2, 3, 4], [1, 2], max_tokens=4)
+    short.request_id = "short"
+    assert spec.propose(short, 8) == (3,)  # two tokens left: one draft and the model's own
+    unseen = _request([1, 2, 3, 4], [9], max_tokens=50)
+    unseen.request_id = "unseen"
+    assert spec.propose(unseen, 8) == ()
+
+
+def test_who_speculates() -> None:
+    assert speculates(_request([1], temperature=0))
+    assert speculates(_request([1], temperature=0.8))
+    assert speculates(_request([1], temperature=0, seed=3))  # greedy: the seed is unused
+    assert not speculates(_request([1], temperature=0.8, seed=3))  # a seed reproduces its text
+    assert speculates(_request([1], temperature=0, repetition_penalty=1.2))
+    constrained = _request([1], temperature=0, constraint=Constraint.regex("a+"))
+    constrained.matcher = object()  # type: ignore[assignment]  # any matcher
+    assert not speculates(constrained)
+
+
+def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() -> None:
+    spec = Speculator(SpeculativeConfig())
+    request = _request([1, 2], [3], temperature=0, max_tokens=50)
+    logits = torch.full((4, 10), -5.0)
+    for row, best in enumerate([4, 5, 9, 7]):
+        logits[row, best] = 5.0
+    verdict = spec.verify(logits, [4, 5, 6], request)
+    assert (verdict.tokens, verdict.accepted) == ([4, 5, 9], 2)
+    all_in = spec.verify(logits, [4, 5, 9], request)
+    assert (all_in.tokens, all_in.accepted) == ([4, 5, 9, 7], 3)
+    assert (spec.drafted, spec.accepted) == (6, 5)
+
+
+def test_penalties_count_the_drafts_before_each_row() -> None:
+    spec = Speculator(SpeculativeConfig())
+    request = _request([1, 2], [3], temperature=0, presence_penalty=2.0, max_tokens=50)
+    logits = torch.zeros((3, 10))
+    logits[0, 3], logits[0, 4] = 6.0, 5.0  # token 3 is already output: 6 - 2 < 5
+    logits[1, 4], logits[1, 7] = 5.5, 4.0  # once draft 4 stands, it is output too: 3.5 < 4
+    logits[2, 8] = 1.0
+    verdict = spec.verify(logits, [4, 4], request)
+    assert (verdict.tokens, verdict.accepted) == ([4, 7], 1)
+
+
+def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
+    cfg = SpeculativeConfig(num_tokens=2, first_pause=3)
+    spec = Speculator(cfg)
+    request = _request([5, 6, 7, 5, 6], [7], temperature=0, max_tokens=50)
+    draft = spec.propose(request, 2)
+    assert draft == (5, 6)
+    logits = torch.zeros((3, 10))
+    logits[:, 0] = 1.0  # the model wants token 0 everywhere: every draft is rejected
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert spec.propose(request, 2) == (5, 6)  # one miss: it keeps drafting
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert [spec.propose(request, 2) for _ in range(3)] == [(), (), ()]  # two: a pause
+    assert spec.propose(request, 2) == (5, 6)  # then a probe, whose miss pauses twice as long
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert [spec.propose(request, 2) for _ in range(7)] == [()] * 6 + [(5, 6)]
+    assert spec.states["r"].pause == 6
+
+
+def test_sampled_verification_preserves_the_distribution() -> None:
+    """Chi-square of the first emitted token, and of the second given the first draft was
+    accepted, against the distribution plain sampling draws from (temperature, top-k)."""
+    vocab, trials = 8, 6000
+    torch.manual_seed(0)
+    logits = torch.randn(3, vocab) * 1.5
+    request = _request([1], [2], temperature=0.9, top_k=6, max_tokens=50)
+    request.generator = torch.Generator().manual_seed(1234)  # as a seeded request's
+    expected = [sampling_probs(row, request) for row in logits]
+    expected = [p / p.sum() for p in expected]
+    # Drafts: a likely token first, then one top-k filters out (always rejected).
+    draft = [int(expected[0].argsort()[-2]), int(expected[1].argmin())]
+    spec = Speculator(SpeculativeConfig())
+    first = torch.zeros(vocab)
+    second = torch.zeros(vocab)
+    for _ in range(trials):
+        tokens = spec.verify(logits, draft, request).tokens
+        first[tokens[0]] += 1
+        if tokens[0] == draft[0]:
+            second[tokens[1]] += 1
+    assert 0 < first[draft[0]] < trials  # both accepted and rejected draws happened
+    assert second[draft[1]] == 0  # a token of probability zero is never emitted
+    for counts, probs in ((first, expected[0]), (second, expected[1])):
+        assert torch.all(counts[probs == 0] == 0)
+        live = probs > 0
+        want = probs[live] * counts.sum()
+        chi2 = float(((counts[live] - want) ** 2 / want).sum())
+        # df = 5 (six tokens left by top-k): P(chi2 > 20.5) = 0.001 under the null.
+        assert int(live.sum()) == 6
+        assert chi2 < 20.5, (counts, want)
+
+
+def test_rejected_drafts_give_their_blocks_back() -> None:
+    kv = KVCacheManager(num_blocks=16, block_size=4)
+    spec = Speculator(SpeculativeConfig(num_tokens=6, max_batch_rows=8))
+    scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64), kv, speculator=spec)
+    passage = [10, 11, 12, 13, 14, 15, 16, 17, 18]
+    request = _request([*passage, 1, 10, 11], max_tokens=40, temperature=0)
+    scheduler.add(request)
+    prefill = scheduler.schedule()
+    scheduler.advance(prefill)
+    request.output_token_ids.append(12)  # the model's first token: the passage again
+    step = scheduler.schedule()
+    (chunk,) = step.chunks
+    assert chunk.draft == (13, 14, 15, 16, 17, 18)
+    assert chunk.token_ids() == [12, 13, 14, 15, 16, 17, 18]
+    held = len(request.block_ids)
+    assert held == kv.blocks_for(request.num_tokens + 6)  # room for every draft: 19 tokens
+    scheduler.advance(step)
+    assert request.num_computed_tokens == request.num_tokens == 13  # the drafts not yet
+    request.output_token_ids.extend([13, 99])  # one draft accepted, then the model's own
+    scheduler.settle(request, accepted=1)
+    assert request.num_computed_tokens == request.num_tokens - 1 == 14
+    assert len(request.block_ids) == kv.blocks_for(request.num_tokens) == 4 < held
+    # Only blocks of accepted tokens are in the prefix cache: the first three (12 tokens).
+    assert kv.pool.num_cached == 3
+    assert kv.pool.num_used == 4
+    scheduler.finish(request, RequestStatus.FINISHED_STOPPED)
+    assert kv.pool.num_used == 0 and spec.states == {}
+
+
+def test_large_batches_do_not_draft() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=4, max_batch_rows=8))
+    assert spec.draft_budget(1) == 4
+    assert spec.draft_budget(2) == 3  # 2 x (1 + 3) rows
+    assert spec.draft_budget(4) == 1
+    assert spec.draft_budget(5) == 0

@@ -1,0 +1,122 @@
+"""Prompt-lookup speculation on the real default model: the same greedy text as without it.
+
+Default mode: the same tokens on a copy-heavy prompt and on free generation, and the same stop
+and length behaviour. ``deterministic=True``: the same bits (tokens and logprobs) with and
+without speculation, for each request alone and in a mixed batch (speculating requests beside a
+long prefill, a free-text request and a seeded sampled one), and every KV block back after.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd import LLM
+from inferd.engine.sampling import SamplingParams
+from inferd.llm import RequestOutput
+
+PASSAGE = (
+    "The lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp and wrote in "
+    "his log the wind, the rain, the colour of the sea, and the names of the ships that passed "
+    "the headland before the tide turned."
+)
+COPY = [{"role": "user", "content": f"Repeat this text twice, word for word:\n\n{PASSAGE}"}]
+FREE = [{"role": "user", "content": "Tell me a story about a violin maker."}]
+LONG = [
+    {
+        "role": "user",
+        "content": "Ships passing along the coast counted the lighthouse's flashes. " * 12
+        + "Summarize.",
+    }
+]
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, ignore_eos=True)
+
+
+Bits = tuple[tuple[int, ...], tuple[float, ...], str, str | None]
+
+
+def _bits(out: RequestOutput) -> Bits:
+    c = out.outputs[0]
+    assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
+    return c.token_ids, tuple(lp.logprob for lp in c.logprobs), c.text, c.finish_reason
+
+
+def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list[Bits]:
+    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
+
+
+@pytest.fixture(scope="module")
+def pair(smollm2_gguf: Path) -> Iterator[tuple[LLM, LLM]]:
+    """The default model twice, in the default mode: speculation on, and off."""
+    with (
+        LLM(str(smollm2_gguf), speculative="ngram") as on,
+        LLM(str(smollm2_gguf), speculative="off") as off,
+    ):
+        yield on, off
+
+
+def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
+    on, off = pair
+    copy = on.model.chat_prompt(COPY)
+    prompts = [copy, on.model.chat_prompt(FREE), copy]
+    # The third: a repetition penalty, applied per verified position (drafts before it count).
+    penalized = replace(_greedy(48), repetition_penalty=1.15)
+    params = [_greedy(96), _greedy(48), penalized]
+    before = on.engine.stats()
+    fast = [_run(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    after = on.engine.stats()
+    plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    # The copy was drafted and mostly accepted, in fewer steps than tokens.
+    accepted = after.speculative_accepted - before.speculative_accepted
+    assert accepted > 30
+    assert after.steps - before.steps < sum(p.max_tokens for p in params) - accepted + 6
+    for got, want in zip(fast, plain, strict=True):
+        assert got[0] == want[0]  # the same tokens
+        assert got[2] == want[2]
+        # Verify rows run the decode kernels of as many rows (bit-equal under --deterministic,
+        # below); here the output head's one-row kernel may round differently.
+        assert max(abs(a - b) for a, b in zip(got[1], want[1], strict=True)) < 0.05
+    assert off.engine.stats().speculative_drafted == 0
+    assert on.engine.stats().kv_blocks_used == 0
+
+
+def test_stop_strings_and_max_tokens_cut_at_the_same_token(pair: tuple[LLM, LLM]) -> None:
+    on, off = pair
+    prompt = on.model.chat_prompt(COPY)
+    stop = SamplingParams(max_tokens=200, temperature=0, stop=("the names",), ignore_eos=True)
+    cases = {"stop": stop, "length": _greedy(37)}  # 37: not a whole number of verify steps
+    for reason, params in cases.items():
+        fast = on.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
+        plain = off.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
+        assert fast.finish_reason == plain.finish_reason == reason
+        assert (fast.text, fast.token_ids) == (plain.text, plain.token_ids)
+    assert "the names" not in fast.text or reason == "length"
+    assert len(fast.token_ids) == 37
+
+
+def test_deterministic_bits_alone_and_in_a_mixed_batch(smollm2_gguf: Path) -> None:
+    greedy_copy, greedy_free, greedy_long = _greedy(64), _greedy(24), _greedy(8)
+    seeded = SamplingParams(max_tokens=12, temperature=1.0, seed=99, logprobs=1, ignore_eos=True)
+    options: dict[str, Any] = {"deterministic": True, "max_num_batched_tokens": 64}
+    with LLM(str(smollm2_gguf), speculative="off", **options) as off:
+        prompts = [off.model.chat_prompt(m) for m in (COPY, FREE, LONG, FREE)]
+        params = [greedy_copy, greedy_free, greedy_long, seeded]
+        plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    with LLM(str(smollm2_gguf), speculative="ngram", **options) as on:
+        alone = [_run(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        before = on.engine.stats()
+        assert before.speculative_accepted > 20
+        # The copy speculates while the long prompt is prefilled in 64-token chunks beside it.
+        batch = _run(on, prompts, params)
+        stats = on.engine.stats()
+        assert stats.speculative_accepted > before.speculative_accepted
+    assert alone == plain
+    assert batch == plain
+    assert stats.kv_blocks_used == 0
