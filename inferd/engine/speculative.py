@@ -39,7 +39,9 @@ A draft model (``--speculative draft``, or ``self``: the served model's first la
 engine/draft_model.py) proposes instead of the lookup; its greedy drafts are verified as above,
 its sampled ones (drawn from its distribution ``q``) by the general rule: ``x`` is accepted with
 probability ``min(1, p(x) / q(x))``, and on rejection a token is drawn from ``max(0, p - q)``
-renormalized, which again gives ``p``; with ``q`` a point mass it is the rule above.
+renormalized, which again gives ``p``; with ``q`` a point mass it is the rule above. (The
+point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with ``p(x)``; with
+``q`` near ``p`` this one accepts nearly always.)
 
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
