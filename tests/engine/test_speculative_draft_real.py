@@ -109,7 +109,12 @@ def test_deterministic_bits_are_unchanged(smollm2_gguf: Path) -> None:
     options: dict[str, Any] = {"deterministic": True}
     params = [_greedy(32), _greedy(24)]
     results = {}
-    for mode, extra in (("off", {}), ("draft", {"draft_model": model}), ("self", {})):
+    modes: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("off", {}),
+        ("draft", {"draft_model": model}),
+        ("self", {}),
+    )
+    for mode, extra in modes:
         with LLM(model, speculative=mode, **options, **extra) as llm:
             prompts = [llm.model.chat_prompt(m) for m in (COPY, FREE)]
             results[mode] = _run(llm, prompts, params)  # both in one batch
