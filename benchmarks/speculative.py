@@ -1,10 +1,11 @@
-"""Single-stream greedy tokens/s with prompt-lookup speculation on and off, in process.
+"""Single-stream greedy tokens/s with speculation off, prompt lookup and self-speculation.
 
     .venv/bin/python benchmarks/speculative.py [ROUNDS] [K ...]
 
 Workloads: ``copy`` (the model repeats a ~250-token passage given in its prompt) and ``free``
 (a story: little to look up, so the per-request off switch should keep it at the speed of
-speculation off). One engine per setting (off, and ngram with each K; default K: 3), the
+speculation off). One engine per setting (off, and ngram and self with each K; default K: 3;
+self drafts with the first half of the model's layers, engine/draft_model.py), the
 default dtype, stepped on this thread, no prefix cache; each round runs every setting back to
 back (load drifts hit all), and the median over rounds is printed, with the acceptance rate
 (accepted / drafted tokens) and the greedy text's agreement with speculation off.
@@ -48,6 +49,7 @@ def main(rounds: int = 3, *ks: int) -> None:
     settings: dict[str, dict[str, Any]] = {"off": {"speculative": "off"}}
     for k in ks or (3,):
         settings[f"ngram k={k}"] = {"speculative": "ngram", "num_speculative_tokens": k}
+        settings[f"self k={k}"] = {"speculative": "self", "num_speculative_tokens": k}
     engines = {name: LLM("smollm2", prefix_caching=False, **o) for name, o in settings.items()}
     first = next(iter(engines.values()))
     prompts = {

@@ -198,11 +198,23 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--speculative",
-        choices=["ngram", "off"],
+        choices=["ngram", "draft", "self", "off"],
         default=d.speculative,
         help="speculative decoding: ngram drafts a request's next tokens from its own prompt and "
-        "output and verifies them in one step, per request where it pays (greedy output is "
+        "output, draft with --draft-model, self with the model's own first layers; the drafts "
+        "are verified in one step, per request where it pays (greedy output is "
         f"unchanged, sampling keeps its distribution) (default: {d.speculative})",
+    )
+    p.add_argument(
+        "--draft-model",
+        default=None,
+        help="--speculative draft: a smaller model with the same tokenizer that drafts",
+    )
+    p.add_argument(
+        "--self-spec-layers",
+        type=int,
+        default=None,
+        help="--speculative self: the layers that draft (default: half of the model's)",
     )
     p.add_argument(
         "--num-speculative-tokens",
@@ -235,6 +247,8 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         deterministic=args.deterministic,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,
+        draft_model=args.draft_model,
+        self_spec_layers=args.self_spec_layers,
     )
 
 

@@ -46,6 +46,10 @@ class EngineConfig:
     # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
     speculative: str = "ngram"
     num_speculative_tokens: int = 3  # drafts verified per step at most (benchmarks/speculative.py)
+    # "draft": this model (same tokenizer) drafts; "self": the served model's first
+    # self_spec_layers layers (default: half) draft (engine/draft_model.py)
+    draft_model: str | None = None
+    self_spec_layers: int | None = None
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -65,8 +69,16 @@ class EngineConfig:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:
             raise ValueError("kv_cache_tokens must hold at least one block")
-        if self.speculative not in ("ngram", "off"):
-            raise ValueError(f"speculative must be ngram or off, not {self.speculative!r}")
+        if self.speculative not in ("ngram", "draft", "self", "off"):
+            raise ValueError(
+                f"speculative must be ngram, draft, self or off, not {self.speculative!r}"
+            )
+        if (self.draft_model is not None) != (self.speculative == "draft"):
+            raise ValueError("speculative=draft and a draft_model go together")
+        if self.self_spec_layers is not None and self.speculative != "self":
+            raise ValueError("self_spec_layers goes with speculative=self")
+        if self.self_spec_layers is not None and self.self_spec_layers < 1:
+            raise ValueError("self_spec_layers must be at least 1")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
         if self.isq not in (None, "q8", "q4"):

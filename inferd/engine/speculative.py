@@ -35,6 +35,14 @@ with a thinking budget (past it the sampler forces the closing tokens), and nobo
 in a step with more decode rows than ``max_batch_rows`` (a batch that large is compute-bound:
 extra rows cost what they would save).
 
+A draft model (``--speculative draft``, or ``self``: the served model's first layers; see
+engine/draft_model.py) proposes instead of the lookup; its greedy drafts are verified as above,
+its sampled ones (drawn from its distribution ``q``) by the general rule: ``x`` is accepted with
+probability ``min(1, p(x) / q(x))``, and on rejection a token is drawn from ``max(0, p - q)``
+renormalized, which again gives ``p``; with ``q`` a point mass it is the rule above. (The
+point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with ``p(x)``; with
+``q`` near ``p`` this one accepts nearly always.)
+
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
 less the cost of the drafted rows; when it falls below zero the request stops drafting for a
@@ -53,14 +61,15 @@ from inferd.config import EngineConfig
 from inferd.engine.sampler import apply_logit_transforms, draw, sampling_probs
 
 if TYPE_CHECKING:
+    from inferd.engine.draft_model import DraftModel
     from inferd.engine.request import Request
 
-METHODS = ("ngram", "off")
+METHODS = ("ngram", "draft", "self", "off")
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
-    method: str = "ngram"  # "ngram" | "off"
+    method: str = "ngram"  # "ngram" | "draft" | "self" | "off" (draft, self: draft_model.py)
     num_tokens: int = 3  # drafts per verify step at most (k)
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
@@ -75,7 +84,9 @@ class SpeculativeConfig:
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
-            raise ValueError(f"speculative must be ngram or off, not {self.method!r}")
+            raise ValueError(
+                f"speculative must be one of {', '.join(METHODS)}, not {self.method!r}"
+            )
         if self.num_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
         if not 1 <= self.min_ngram <= self.max_ngram:
@@ -121,9 +132,12 @@ def speculates(request: Request) -> bool:
 class Speculator:
     """Drafts for decode steps and judges them; holds each request's ``DraftState``."""
 
-    def __init__(self, config: SpeculativeConfig) -> None:
+    def __init__(self, config: SpeculativeConfig, drafter: DraftModel | None = None) -> None:
         self.config = config
+        self.drafter = drafter  # None: prompt lookup drafts
         self.states: dict[str, DraftState] = {}
+        # A draft model's sampled drafts: the distributions they were drawn from, by request
+        self.draft_probs: dict[str, list[torch.Tensor]] = {}
         self.drafted = 0  # totals over all requests, for stats and benchmarks
         self.accepted = 0
 
@@ -144,6 +158,12 @@ class Speculator:
         if state.paused > 0:
             state.paused -= 1
             return ()
+        if self.drafter is not None:
+            self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
+            draft = self.drafter.propose(request, k)
+            if draft.probs is not None:
+                self.draft_probs[request.request_id] = draft.probs
+            return tuple(draft.tokens)
         tokens = [*request.prompt_token_ids, *request.output_token_ids]
         return tuple(self._lookup(state, tokens, k))
 
@@ -170,10 +190,12 @@ class Speculator:
                 for i, row in enumerate(logits.unbind(0))
             ]
             logits = torch.stack(rows)
+        # The scheduler may have cut the drafts: their distributions are a prefix too.
+        probs = self.draft_probs.pop(request.request_id, None)
         if params.greedy:
             verdict = _verify_greedy(logits, draft)
         else:
-            verdict = _verify_sampled(logits, draft, request)
+            verdict = _verify_sampled(logits, draft, request, probs)
         self._record(request.request_id, len(draft), verdict.accepted)
         return verdict
 
@@ -193,14 +215,20 @@ class Speculator:
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)
+        self.draft_probs.pop(request_id, None)
+        if self.drafter is not None:
+            self.drafter.forget(request_id)
 
 
-def speculator_for(config: EngineConfig) -> Speculator | None:
-    """The engine's speculator as its settings ask (None: off)."""
+def speculator_for(config: EngineConfig, drafter: DraftModel | None = None) -> Speculator | None:
+    """The engine's speculator as its settings ask (None: off). ``drafter``: the draft model
+    of ``draft`` and ``self`` (serving/draft.py loads it)."""
     if config.speculative == "off":
         return None
+    if (drafter is None) != (config.speculative == "ngram"):
+        raise ValueError(f"speculative={config.speculative!r} drafts with a draft model")
     return Speculator(
-        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens)
+        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens), drafter
     )
 
 
@@ -212,15 +240,33 @@ def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:
     return Verdict([*draft[:accepted], best[accepted]], accepted)
 
 
-def _verify_sampled(logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
+def _verify_sampled(
+    logits: torch.Tensor,
+    draft: Sequence[int],
+    request: Request,
+    draft_probs: Sequence[torch.Tensor] | None = None,
+) -> Verdict:
+    """``draft_probs``: per draft, the normalized distribution ``q`` it was drawn from (a draft
+    model); None: each draft is a point mass (prompt lookup)."""
     generator = request.generator
     for i, token in enumerate(draft):
         probs = sampling_probs(logits[i], request)
-        chance = float(probs[token] / probs.sum())
+        if draft_probs is None:
+            chance = float(probs[token] / probs.sum())
+        else:
+            probs = probs / probs.sum()
+            q = draft_probs[i]
+            chance = min(1.0, float(probs[token] / q[token]))  # q[token] > 0: it was drawn
         if float(torch.rand(1, generator=generator, device=probs.device)) < chance:
             continue
-        # Rejected (so chance < 1: some other token has mass): draw from p without it.
-        probs[token] = 0.0
+        if draft_probs is None:
+            # Rejected (so chance < 1: some other token has mass): draw from p without it.
+            probs[token] = 0.0
+        else:
+            # Rejected: the residual max(0, p - q) (mass where p exceeds q; p > q somewhere,
+            # else p(x) >= q(x) and x was accepted; rounding aside, when p itself is drawn).
+            residual = (probs - draft_probs[i]).clamp_min(0.0)
+            probs = residual if float(residual.sum()) > 0 else probs
         return Verdict([*draft[:i], draw(probs, generator)], i)
     bonus = draw(sampling_probs(logits[len(draft)], request), generator)
     return Verdict([*draft, bonus], len(draft))

@@ -31,6 +31,7 @@ from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
+from inferd.serving.draft import drafter_for
 from inferd.serving.multimodal import (
     AudioPrompter,
     GridPrompter,
@@ -305,7 +306,7 @@ def assemble(
             window=mcfg.uniform_window,
         ),
         runner.encoder_cache,
-        speculator_for(cfg),
+        speculator_for(cfg, drafter_for(loaded, cfg, max_len)),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}

@@ -1,5 +1,6 @@
-"""Live: a greedy stream with prompt-lookup speculation gives the same text as without it, in
-fewer chunks than tokens (a verify step's accepted tokens travel together)."""
+"""Live: a greedy stream with prompt-lookup speculation, and with a draft model (the model
+itself, ``--speculative draft --draft-model``), gives the same text as without it, in fewer
+chunks than tokens (a verify step's accepted tokens travel together)."""
 
 from __future__ import annotations
 
@@ -39,8 +40,10 @@ def _stream(api: str) -> tuple[str, int, int]:
 
 def test_stream_with_speculation_matches_without(smollm2_gguf: Path, tmp_path: Path) -> None:
     results, accepted = {}, {}
-    for mode in ("ngram", "off"):
+    for mode in ("ngram", "draft", "off"):
         args = ["-m", str(smollm2_gguf), "--max-seqs", "2", "--speculative", mode]
+        if mode == "draft":
+            args += ["--draft-model", str(smollm2_gguf)]
         with live_server(args, tmp_path / f"serve-{mode}.log") as live:
             results[mode] = _stream(live.api)
             accepted[mode] = live.metric("inferd_speculative_accepted_tokens_total")
@@ -50,3 +53,7 @@ def test_stream_with_speculation_matches_without(smollm2_gguf: Path, tmp_path: P
     assert fast[1] < fast[2] * 0.75  # speculation streamed several tokens per chunk
     assert plain[1] > fast[1]
     assert accepted["ngram"] > 0 and accepted["off"] == 0
+    drafted = results["draft"]
+    assert drafted[0] == plain[0] and drafted[2] == plain[2]
+    assert drafted[1] < drafted[2] * 0.5  # the model drafting for itself: ~all accepted
+    assert accepted["draft"] > 0

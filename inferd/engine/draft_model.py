@@ -1,0 +1,179 @@
+"""Draft-model speculation: a smaller model (or the first layers of the served one) proposes.
+
+``--speculative draft``: a second model with the same tokenizer drafts each speculating
+request's next ``k`` tokens; ``--speculative self``: the served model's own first ``N`` layers,
+then its final norm and head (no extra weights), draft them. ``Speculator`` (speculative.py)
+then verifies the drafts on the served model exactly as it verifies prompt-lookup ones.
+
+Each request has its own small KV cache in the draft model (``DraftCache``: the engine's paged
+layout, one block table covering the whole cache, grown by doubling). Before drafting, the
+cache is cut back to the longest prefix its tokens share with the request's tokens (rejected
+drafts and a step's unverified last draft are dropped that way) and catches up on the rest in
+one chunk; then ``k`` one-token steps draft. Its KV is left for the next step.
+
+Drafts: the argmax of the draft model's logits for a greedy request (so a point mass, and the
+served model's greedy text is unchanged whatever is drafted); for a sampled request a draw
+from the draft model's distribution ``q`` (the request's temperature and top-k/p/min-p on the
+draft logits), which verification needs beside the draft: it accepts ``x`` with probability
+``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from inferd.engine.sampler import draw, sampling_probs
+from inferd.layers.attention import AttentionMetadata, PrefillChunk, sliding_window_metadata
+from inferd.models.llama import LlamaForCausalLM
+
+if TYPE_CHECKING:
+    from inferd.engine.request import Request
+
+BLOCK_SIZE = 16
+FIRST_BLOCKS = 16  # 256 positions; the cache doubles past them
+
+
+class DraftModelError(ValueError):
+    """A draft model that cannot draft for the served one (another tokenizer, say)."""
+
+
+@dataclass(slots=True)
+class DraftCache:
+    """One request's KV in the draft model and the tokens it holds, position by position."""
+
+    caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer [blocks, BLOCK_SIZE, kv, d]
+    tokens: list[int] = field(default_factory=list)
+
+    @property
+    def capacity(self) -> int:
+        return self.caches[0][0].shape[0] * BLOCK_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class Draft:
+    tokens: list[int]
+    # Per draft, the distribution it was drawn from (normalized, [vocab]); None: greedy
+    # (argmax, a point mass)
+    probs: list[torch.Tensor] | None
+
+
+class DraftModel:
+    """Drafts tokens with ``model``'s first ``num_layers`` layers, final norm and head."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, dtype: torch.dtype, num_layers: int | None = None
+    ) -> None:
+        total = model.config.num_layers
+        layers = total if num_layers is None else num_layers
+        if not 1 <= layers <= total:
+            raise DraftModelError(
+                f"self-speculation layers must be within 1..{total}, not {layers}"
+            )
+        if layers < total and type(model).forward is not LlamaForCausalLM.forward:
+            # Its own forward (Gemma 3's two rotary tables, say) is not the loop below.
+            raise DraftModelError(
+                f"{model.config.architecture} models cannot draft with a part of their layers"
+            )
+        self.model, self.dtype, self.num_layers = model, dtype, layers
+        self.vocab_size = model.config.vocab_size
+        self.caches: dict[str, DraftCache] = {}
+
+    def propose(self, request: Request, k: int) -> Draft:
+        tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        cache = self.caches.get(request.request_id)
+        if cache is None:
+            cache = self.caches[request.request_id] = self._new_cache()
+        keep = _common_prefix(cache.tokens, tokens, len(tokens) - 1)
+        del cache.tokens[keep:]  # rejected drafts: their KV is overwritten
+        logits = self._run(cache, tokens[keep:])
+        drafted: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            if request.params.greedy:
+                drafted.append(int(logits.argmax()))
+            else:
+                q = sampling_probs(logits, request)
+                drafted.append(draw(q, request.generator))
+                probs.append(q / q.sum())
+            if i + 1 < k:
+                logits = self._run(cache, drafted[-1:])
+        return Draft(drafted, None if request.params.greedy else probs)
+
+    def forget(self, request_id: str) -> None:
+        self.caches.pop(request_id, None)
+
+    def _new_cache(self) -> DraftCache:
+        return DraftCache([self._blocks(FIRST_BLOCKS) for _ in range(self.num_layers)])
+
+    def _blocks(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.model.config
+        shape = (n, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+        return torch.zeros(shape, dtype=self.dtype), torch.zeros(shape, dtype=self.dtype)
+
+    def _grow(self, cache: DraftCache, positions: int) -> None:
+        blocks = cache.caches[0][0].shape[0]
+        while blocks * BLOCK_SIZE < positions:
+            blocks *= 2
+        if blocks == cache.caches[0][0].shape[0]:
+            return
+        grown = []
+        for k, v in cache.caches:
+            k2, v2 = self._blocks(blocks)
+            k2[: k.shape[0]], v2[: v.shape[0]] = k, v
+            grown.append((k2, v2))
+        cache.caches = grown
+
+    @torch.inference_mode()
+    def _run(self, cache: DraftCache, new: list[int]) -> torch.Tensor:
+        """Append ``new`` at the cache's end; the logits [vocab] after its last token."""
+        start, n = len(cache.tokens), len(new)
+        self._grow(cache, start + n)
+        positions = torch.arange(start, start + n)
+        table = torch.arange(-(-(start + n) // BLOCK_SIZE))
+        if n == 1:
+            meta = AttentionMetadata(
+                slot_mapping=positions,  # the table is 0, 1, ...: slot == position
+                decode_rows=torch.zeros(1, dtype=torch.long),
+                decode_block_tables=table[None],
+                decode_lens=torch.tensor([start + 1]),
+                prefills=(),
+            )
+        else:
+            chunk = PrefillChunk(0, n, start, table, None)
+            meta = AttentionMetadata(positions, None, None, None, (chunk,))
+        hidden = self._forward(torch.tensor(new), positions, meta, cache.caches)
+        cache.tokens.extend(new)
+        return self.model.compute_logits(hidden[-1:])[0]
+
+    def _forward(
+        self,
+        ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        caches: list[tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        model = self.model
+        if self.num_layers == model.config.num_layers:
+            return model(ids, positions, meta, caches)
+        # LlamaForCausalLM.forward over the first layers only (checked in __init__).
+        x = model.embed(ids)
+        rotation = model.rotation_at(positions, x.dtype)
+        window_meta = meta
+        if model.config.sliding_window is not None and model.config.sliding_layers:
+            window_meta = sliding_window_metadata(meta, model.config.sliding_window)
+        for i, cache in enumerate(caches):
+            sliding = model.config.window_of(i) is not None
+            x = model.layers[i](x, rotation, window_meta if sliding else meta, cache)
+        out: torch.Tensor = model.norm(x)
+        return out
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int) -> int:
+    n = min(len(a), len(b), limit)
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

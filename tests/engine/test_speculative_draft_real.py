@@ -1,0 +1,136 @@
+"""Draft-model and self-speculation on the real default model: the same greedy text as without
+speculation (SmolLM2 drafting for itself accepts nearly everything; its first half of layers
+much less), stop strings and max_tokens cut at the same token, the same bits under
+``deterministic=True``, every KV block and draft cache freed after, and a draft model with
+another tokenizer refused at startup."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from inferd import LLM
+from inferd.engine.draft_model import DraftModel
+from inferd.engine.sampling import SamplingParams
+from inferd.llm import RequestOutput
+from inferd.serving.loading import ModelLoadError
+from tests.engine.test_speculative_real import COPY, FREE
+from tests.models.tiny import save_tiny
+
+Bits = tuple[tuple[int, ...], tuple[float, ...], str | None]
+
+
+def _greedy(max_tokens: int) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, ignore_eos=True)
+
+
+def _bits(out: RequestOutput) -> Bits:
+    c = out.outputs[0]
+    assert c.logprobs is not None
+    return c.token_ids, tuple(lp.logprob for lp in c.logprobs), c.finish_reason
+
+
+def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list[Bits]:
+    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
+
+
+def _drafter(llm: LLM) -> DraftModel:
+    speculator = llm.engine._core.scheduler.speculator
+    assert speculator is not None and speculator.drafter is not None
+    return speculator.drafter
+
+
+@pytest.fixture(scope="module")
+def engines(smollm2_gguf: Path) -> Iterator[dict[str, LLM]]:
+    model = str(smollm2_gguf)
+    with (
+        LLM(model, speculative="off") as off,
+        LLM(model, speculative="draft", draft_model=model) as draft,
+        LLM(model, speculative="self") as self_,
+    ):
+        yield {"off": off, "draft": draft, "self": self_}
+
+
+def test_greedy_text_is_unchanged_by_a_draft_model(engines: dict[str, LLM]) -> None:
+    off = engines["off"]
+    prompts = [off.model.chat_prompt(COPY), off.model.chat_prompt(FREE)]
+    params = [_greedy(40), _greedy(32)]
+    plain = _run(off, prompts, params)
+    for mode in ("draft", "self"):
+        llm = engines[mode]
+        before = llm.engine.stats()
+        got = [_run(llm, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        after = llm.engine.stats()
+        drafted = after.speculative_drafted - before.speculative_drafted
+        accepted = after.speculative_accepted - before.speculative_accepted
+        assert drafted > 0, mode
+        if mode == "draft":  # the model drafting for itself: (nearly) all accepted
+            assert accepted >= 0.9 * drafted
+            assert after.steps - before.steps < sum(p.max_tokens for p in params) - accepted + 4
+        for g, want in zip(got, plain, strict=True):
+            assert g[0] == want[0], mode  # the same tokens
+            assert max(abs(a - b) for a, b in zip(g[1], want[1], strict=True)) < 0.05
+        assert after.kv_blocks_used == 0
+        assert _drafter(llm).caches == {}  # each finished request's draft KV is dropped
+
+
+def test_stop_strings_and_max_tokens_cut_at_the_same_token(engines: dict[str, LLM]) -> None:
+    off, draft = engines["off"], engines["draft"]
+    prompt = off.model.chat_prompt(COPY)
+    stop = SamplingParams(max_tokens=200, temperature=0, stop=("the names",), ignore_eos=True)
+    cases = {"stop": stop, "length": _greedy(37)}  # 37: not a whole number of verify steps
+    for reason, params in cases.items():
+        fast = draft.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
+        plain = off.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
+        assert fast.finish_reason == plain.finish_reason == reason
+        assert (fast.text, fast.token_ids) == (plain.text, plain.token_ids)
+    assert len(fast.token_ids) == 37
+
+
+def test_sampled_requests_run_and_free_everything(engines: dict[str, LLM]) -> None:
+    draft = engines["draft"]
+    prompt = draft.model.chat_prompt(FREE)
+    params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, ignore_eos=True)
+    before = draft.engine.stats()
+    outs = draft.generate([prompt, prompt], [params, params], use_tqdm=False)
+    after = draft.engine.stats()
+    assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24]
+    # q is p here (the same model): nearly every draw is accepted
+    drafted = after.speculative_drafted - before.speculative_drafted
+    assert after.speculative_accepted - before.speculative_accepted >= 0.8 * drafted > 0
+    assert after.kv_blocks_used == 0 and _drafter(draft).caches == {}
+
+
+def test_deterministic_bits_are_unchanged(smollm2_gguf: Path) -> None:
+    model = str(smollm2_gguf)
+    options: dict[str, Any] = {"deterministic": True}
+    params = [_greedy(32), _greedy(24)]
+    results = {}
+    modes: tuple[tuple[str, dict[str, Any]], ...] = (
+        ("off", {}),
+        ("draft", {"draft_model": model}),
+        ("self", {}),
+    )
+    for mode, extra in modes:
+        with LLM(model, speculative=mode, **options, **extra) as llm:
+            prompts = [llm.model.chat_prompt(m) for m in (COPY, FREE)]
+            results[mode] = _run(llm, prompts, params)  # both in one batch
+            assert llm.engine.stats().kv_blocks_used == 0
+            if mode != "off":
+                assert llm.engine.stats().speculative_drafted > 0
+    assert results["draft"] == results["off"]
+    assert results["self"] == results["off"]
+
+
+def test_a_draft_model_with_another_tokenizer_is_refused(
+    smollm2_gguf: Path, tmp_path: Path
+) -> None:
+    save_tiny("llama", tmp_path)  # a byte-level vocabulary
+    # Refused before any request (LLM wraps the engine's errors in ModelLoadError)
+    with pytest.raises(ModelLoadError, match="a draft model needs the same tokenizer"):
+        LLM(str(smollm2_gguf), speculative="draft", draft_model=str(tmp_path))
+    with pytest.raises((ValueError, ModelLoadError), match="draft_model"):
+        LLM(str(smollm2_gguf), speculative="draft")
