@@ -43,10 +43,10 @@ def references(folder: Path) -> dict[str | None, str]:
     try:
         ids = served.chat_prompt(MESSAGES)
         eos = served.tokenizer.eos_token_id
-        out = {}
-        for name, hf in hf_models.items():
+        out: dict[str | None, str] = {}
+        for key, model in hf_models.items():
             with torch.inference_mode():
-                tokens = hf.generate(
+                tokens = model.generate(
                     torch.tensor([ids]),
                     max_new_tokens=MAX_TOKENS,
                     do_sample=False,
@@ -55,7 +55,7 @@ def references(folder: Path) -> dict[str | None, str]:
                 )[0, len(ids) :].tolist()
             if eos in tokens:
                 tokens = tokens[: tokens.index(eos)]
-            out[name] = served.tokenizer.decode(tokens)
+            out[key] = served.tokenizer.decode(tokens)
     finally:
         served.shutdown()
     return out
