@@ -147,7 +147,7 @@ class Linear(nn.Linear, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base(x)
-        return out if self.lora is None else self.lora.apply(x, out)
+        return out if self.lora is None else self.lora.apply(x, out, _dense_rows.get())
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]

@@ -61,8 +61,10 @@ class LoraSlot:
 
     deltas: dict[str, list[LoraDelta]] = field(default_factory=dict)
 
-    def apply(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out`` (the base projection of ``x``) plus each row's adapter update, in place."""
+    def apply(self, x: torch.Tensor, out: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """``out`` (the base projection of ``x``) plus each row's adapter update, in place.
+        ``invariant`` (under ``dense_rows``): a row's update has the same bits whatever other
+        rows run with its adapter (a lone row would take another matmul kernel: padded)."""
         batch = _rows.get()
         if batch is None:
             return out
@@ -71,8 +73,12 @@ class LoraSlot:
             if not deltas:
                 continue
             xs = x.index_select(0, rows)
+            lone = invariant and xs.shape[0] == 1
+            if lone:
+                xs = torch.cat((xs, torch.zeros_like(xs)))
             for d in deltas:
                 update = (xs @ d.a.T) @ d.b.T
+                update = update[:1] if lone else update
                 update.mul_(d.scale)
                 cols = out[:, d.start : d.start + d.b.shape[0]]
                 cols.index_add_(0, rows, update.to(out.dtype))
