@@ -20,7 +20,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferd.server.auth import AuthMiddleware
 from inferd.server.envelope import app_path, error_response
 
-LIFECYCLE_ROUTES = ("/v1/models/unload", "/v1/models/reload", "/v1/models/status")
+LIFECYCLE_ROUTES = (
+    "/v1/models/unload",
+    "/v1/models/reload",
+    "/v1/models/status",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
 ADMIN_PATHS = frozenset([*LIFECYCLE_ROUTES, *(p.removeprefix("/v1") for p in LIFECYCLE_ROUTES)])
 
 

@@ -28,6 +28,7 @@ from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import speculator_for
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
+from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
@@ -79,6 +80,7 @@ class ServedModel:
     # ``lora`` on the base's engine; ``parent`` is the base's id.
     lora: str | None = None
     parent: str | None = None
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK  # --max-lora-rank: adapters loaded at runtime too
 
     @property
     def id(self) -> str:

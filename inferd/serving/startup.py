@@ -89,11 +89,14 @@ def registry_from_args(
 def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
     """The --lora adapters on the -m model, attached (ValueError naming a bad one)."""
     flags = parse_lora_flags(getattr(args, "lora", None) or [])
+    max_rank = getattr(args, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    if isinstance(model, ServedModel):
+        model.max_lora_rank = max_rank  # for /v1/load_lora_adapter
     if not flags:
         return []
     if not isinstance(model, ServedModel):
         raise ValueError("--lora: an embedding model takes no LoRA adapters")
-    return serve_adapters(model, flags, getattr(args, "max_lora_rank", DEFAULT_MAX_LORA_RANK))
+    return serve_adapters(model, flags, max_rank)
 
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
