@@ -1,4 +1,5 @@
-"""The model-lifecycle routes (POST /v1/models/unload, reload, status) are admin actions.
+"""The model-lifecycle routes (POST /v1/models/unload, reload, status) and the LoRA adapter
+routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter) are admin actions.
 
 Unloading a model stops service for every user, and a reload costs a full load, so these routes
 are guarded apart from the API:
