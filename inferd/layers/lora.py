@@ -55,11 +55,47 @@ def lora_rows(adapters: Sequence[str | None]) -> Iterator[None]:
         _rows.reset(token)
 
 
+@dataclass(frozen=True, slots=True)
+class _Merged:
+    """An adapter's updates on one projection as one pair of matmuls: the A matrices stacked,
+    the scaled B matrices block-diagonal over the output columns ``[start, end)`` they cover
+    (a fused QKV update is then two matmuls, not six)."""
+
+    a: torch.Tensor  # [sum of ranks, in]
+    b: torch.Tensor  # [end - start, sum of ranks]
+    start: int
+    end: int
+
+
+def _merge(deltas: Sequence[LoraDelta]) -> _Merged:
+    start = min(d.start for d in deltas)
+    end = max(d.start + d.b.shape[0] for d in deltas)
+    a = torch.cat([d.a for d in deltas])
+    b = torch.zeros(end - start, a.shape[0], dtype=a.dtype)
+    col = 0
+    for d in deltas:
+        rank = d.a.shape[0]
+        b[d.start - start : d.start - start + d.b.shape[0], col : col + rank] = d.b * d.scale
+        col += rank
+    return _Merged(a, b, start, end)
+
+
 @dataclass(slots=True)
 class LoraSlot:
-    """The adapters' updates on one projection, by adapter name."""
+    """The adapters' updates on one projection, by adapter name (change it through ``put`` and
+    ``pop``, which keep the merged form in step)."""
 
     deltas: dict[str, list[LoraDelta]] = field(default_factory=dict)
+    _merged: dict[str, _Merged] = field(default_factory=dict)
+
+    def put(self, name: str, delta: LoraDelta) -> None:
+        """Add one update of adapter ``name``."""
+        self.deltas.setdefault(name, []).append(delta)
+        self._merged[name] = _merge(self.deltas[name])
+
+    def pop(self, name: str) -> None:
+        self.deltas.pop(name, None)
+        self._merged.pop(name, None)
 
     def apply(self, x: torch.Tensor, out: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """``out`` (the base projection of ``x``) plus each row's adapter update, in place.
@@ -69,17 +105,14 @@ class LoraSlot:
         if batch is None:
             return out
         for name, rows in batch.groups:
-            deltas = self.deltas.get(name)
-            if not deltas:
+            m = self._merged.get(name)
+            if m is None:
                 continue
             xs = x.index_select(0, rows)
             lone = invariant and xs.shape[0] == 1
             if lone:
                 xs = torch.cat((xs, torch.zeros_like(xs)))
-            for d in deltas:
-                update = (xs @ d.a.T) @ d.b.T
-                update = update[:1] if lone else update
-                update.mul_(d.scale)
-                cols = out[:, d.start : d.start + d.b.shape[0]]
-                cols.index_add_(0, rows, update.to(out.dtype))
+            update = (xs @ m.a.T) @ m.b.T
+            update = update[:1] if lone else update
+            out[:, m.start : m.end].index_add_(0, rows, update.to(out.dtype))
         return out

@@ -139,15 +139,13 @@ def attach(model: LlamaForCausalLM, adapter: LoraAdapter) -> None:
         linear, start, _ = model.lora_target(layer, target)
         if linear.lora is None:
             linear.lora = LoraSlot()
-        linear.lora.deltas.setdefault(adapter.name, []).append(
-            LoraDelta(a, b, adapter.scale, start)
-        )
+        linear.lora.put(adapter.name, LoraDelta(a, b, adapter.scale, start))
 
 
 def detach(model: LlamaForCausalLM, name: str) -> None:
     """Remove adapter ``name`` from every projection; a projection left with none pays nothing."""
     for module in model.modules():
         if isinstance(module, Linear) and module.lora is not None:
-            module.lora.deltas.pop(name, None)
+            module.lora.pop(name)
             if not module.lora.deltas:
                 module.lora = None

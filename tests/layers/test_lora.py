@@ -21,7 +21,7 @@ def _layer(dtype: torch.dtype) -> tuple[Linear, dict[str, tuple[torch.Tensor, to
     for name, start, width in (("a", 0, OUT), ("b", 16, 32)):  # "b": a slice, like k of QKV
         a = (torch.randn(RANK, IN, generator=g) / IN**0.5).to(dtype)
         b = (torch.randn(width, RANK, generator=g) / RANK**0.5).to(dtype)
-        layer.lora.deltas[name] = [LoraDelta(a, b, 2.0, start)]
+        layer.lora.put(name, LoraDelta(a, b, 2.0, start))
         weights[name] = (a, b)
     return layer, weights
 
