@@ -70,12 +70,14 @@ class _Merged:
 def _merge(deltas: Sequence[LoraDelta]) -> _Merged:
     start = min(d.start for d in deltas)
     end = max(d.start + d.b.shape[0] for d in deltas)
-    a = torch.cat([d.a for d in deltas])
-    b = torch.zeros(end - start, a.shape[0], dtype=a.dtype)
+    # float32 whatever the model's dtype: these thin matmuls ran ~2x faster than bf16 on an
+    # AVX-512 CPU without AMX (one thread, [4, 576] x [576, 48]), and round less.
+    a = torch.cat([d.a for d in deltas]).float()
+    b = torch.zeros(end - start, a.shape[0])
     col = 0
     for d in deltas:
-        rank = d.a.shape[0]
-        b[d.start - start : d.start - start + d.b.shape[0], col : col + rank] = d.b * d.scale
+        rank, first = d.a.shape[0], d.start - start
+        b[first : first + d.b.shape[0], col : col + rank] = d.b.float() * d.scale
         col += rank
     return _Merged(a, b, start, end)
 
@@ -108,7 +110,7 @@ class LoraSlot:
             m = self._merged.get(name)
             if m is None:
                 continue
-            xs = x.index_select(0, rows)
+            xs = x.index_select(0, rows).float()
             lone = invariant and xs.shape[0] == 1
             if lone:
                 xs = torch.cat((xs, torch.zeros_like(xs)))

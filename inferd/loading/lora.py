@@ -41,7 +41,7 @@ class LoraAdapter:
     path: Path
     rank: int
     scale: float
-    # (layer, target such as "q_proj") -> (A [rank, in], B [out, rank]) in the model's dtype
+    # (layer, target such as "q_proj") -> (A [rank, in], B [out, rank]) in float32
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -115,7 +115,6 @@ def _read_weights(
         halves.setdefault((layer, target), {})[half] = file.load_tensor(tensor_name)
     if not halves:
         raise LoraError("no LoRA tensors")
-    dtype = model.embed_tokens.weight.dtype
     weights = {}
     for (layer, target), pair in sorted(halves.items()):
         if set(pair) != {"A", "B"}:
@@ -128,7 +127,7 @@ def _read_weights(
                 f"layer {layer} {target}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit "
                 f"the base model (want A {want_a}, B {want_b}); an adapter for another model?"
             )
-        weights[(layer, target)] = (a.to(dtype).contiguous(), b.to(dtype).contiguous())
+        weights[(layer, target)] = (a.float().contiguous(), b.float().contiguous())
     return weights
 
 
