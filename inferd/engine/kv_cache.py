@@ -39,7 +39,7 @@ BlockHash = bytes
 
 
 def root_hash(*extra_keys: str) -> BlockHash:
-    """The parent of a request's first block: model identity and cache salt, nothing else."""
+    """The parent of a request's first block: model identity, cache salt and LoRA adapter."""
     h = hashlib.blake2b(digest_size=16)
     for key in extra_keys:
         h.update(key.encode())
@@ -254,7 +254,11 @@ class KVCacheManager:
     def _hashes(self, request: Request, num_blocks: int) -> list[BlockHash]:
         """Chained hashes of the request's first ``num_blocks`` full blocks (memoized)."""
         known = request.block_hashes
-        parent = known[-1] if known else root_hash(self.model_key, request.cache_salt or "")
+        parent = (
+            known[-1]
+            if known
+            else root_hash(self.model_key, request.cache_salt or "", request.params.lora or "")
+        )
         bs = self.block_size
         for index in range(len(known), num_blocks):
             start, end = index * bs, (index + 1) * bs

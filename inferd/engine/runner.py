@@ -42,6 +42,7 @@ from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import dense_rows, int8_activation_rows
+from inferd.layers.lora import lora_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
 
@@ -124,7 +125,7 @@ class ModelRunner:
         inputs = self.prepare(output)
         embeds = self._embeddings(inputs) if inputs.media else None
         positions = inputs.positions if inputs.rope_positions is None else inputs.rope_positions
-        with self._row_kernels(output):
+        with self._row_kernels(output), lora_rows(_row_adapters(output)):
             hidden = self.model(
                 inputs.input_ids, positions, inputs.meta, self.kv_caches, embeds=embeds
             )
@@ -352,6 +353,11 @@ def _spans_in(req: Request, chunk: ScheduledChunk) -> list[tuple[int, int]]:
     return [
         (max(a, start), min(b, end)) for a, b in req.bidirectional_spans if a < end and b > start
     ]
+
+
+def _row_adapters(output: SchedulerOutput) -> list[str | None]:
+    """Each row's LoRA adapter (None: the base model), in the order ``prepare`` lays rows."""
+    return [c.request.params.lora for c in output.chunks for _ in range(c.num_tokens)]
 
 
 def _decodes_only(output: SchedulerOutput) -> bool:

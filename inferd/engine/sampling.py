@@ -46,6 +46,9 @@ class SamplingParams:
     # A reasoning model's think block: counted, and closed by the engine at its budget
     # (engine/thinking.py). None: the output is not followed.
     thinking: ThinkingSpec | None = None
+    # The LoRA adapter (by name) this request runs with; None: the base model. Its rows get the
+    # adapter's updates (layers/lora.py) and its prefix-cache entries are the adapter's own.
+    lora: str | None = None
 
     def __post_init__(self) -> None:
         _check(self.max_tokens >= 1, "max_tokens", f"must be at least 1, got {self.max_tokens}")

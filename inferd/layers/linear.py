@@ -43,6 +43,7 @@ from torch import nn
 
 from inferd.kernels import int8_dot_products_exact
 from inferd.layers.kernel_user import KernelUser
+from inferd.layers.lora import LoraSlot
 
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
@@ -102,6 +103,7 @@ class Linear(nn.Linear, KernelUser):
         self._packed: torch.Tensor | None = None
         self._scales: torch.Tensor | None = None
         self._int8_mm: torch.ScriptObject | None = None  # fbgemm's prepacked int8 weight
+        self.lora: LoraSlot | None = None  # adapters' low-rank updates (layers/lora.py)
 
     def pack(
         self,
@@ -144,6 +146,10 @@ class Linear(nn.Linear, KernelUser):
         return self._int8_mm is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self._base(x)
+        return out if self.lora is None else self.lora.apply(x, out, _dense_rows.get())
+
+    def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if self.dense and _dense_rows.get():
             return _invariant_dense(x, self.weight, self.bias)

@@ -12,6 +12,7 @@ checkpoint tensors are a loader matter). Gemma 2 and 3 subclass it (models/gemma
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -178,6 +179,27 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         """A prompt's M-RoPE positions [3, num_tokens] (models whose config has
         ``mrope_section``)."""
         raise ModelConfigError(f"{self.config.architecture} models use one position a token")
+
+    def lora_target(self, layer: int, name: str) -> tuple[Linear, int, int]:
+        """Where a LoRA target (``q_proj``, ..., ``down_proj``) of a layer lives in the fused
+        projections: (the Linear, its first output column, its output width)."""
+        cfg = self.config
+        block: Any = self.layers[layer]
+        attn, mlp = block.self_attn, block.mlp
+        q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+        ff = cfg.intermediate_size
+        targets = {
+            "q_proj": (attn.qkv_proj, 0, q),
+            "k_proj": (attn.qkv_proj, q, kv),
+            "v_proj": (attn.qkv_proj, q + kv, kv),
+            "o_proj": (attn.o_proj, 0, cfg.hidden_size),
+            "gate_proj": (mlp.gate_up_proj, 0, ff),
+            "up_proj": (mlp.gate_up_proj, ff, ff),
+            "down_proj": (mlp.down_proj, 0, cfg.hidden_size),
+        }
+        if name not in targets:
+            raise ModelConfigError(f"LoRA target {name!r} is not one of {sorted(targets)}")
+        return targets[name]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,4 +1,5 @@
-"""The model-lifecycle routes (POST /v1/models/unload, reload, status) are admin actions.
+"""The model-lifecycle routes (POST /v1/models/unload, reload, status) and the LoRA adapter
+routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter) are admin actions.
 
 Unloading a model stops service for every user, and a reload costs a full load, so these routes
 are guarded apart from the API:
@@ -20,7 +21,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from inferd.server.auth import AuthMiddleware
 from inferd.server.envelope import app_path, error_response
 
-LIFECYCLE_ROUTES = ("/v1/models/unload", "/v1/models/reload", "/v1/models/status")
+LIFECYCLE_ROUTES = (
+    "/v1/models/unload",
+    "/v1/models/reload",
+    "/v1/models/status",
+    "/v1/load_lora_adapter",
+    "/v1/unload_lora_adapter",
+)
 ADMIN_PATHS = frozenset([*LIFECYCLE_ROUTES, *(p.removeprefix("/v1") for p in LIFECYCLE_ROUTES)])
 
 

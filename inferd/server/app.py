@@ -17,6 +17,7 @@ from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.hooks import OnChunk, OnDone, StreamHooks, StreamHooksMiddleware
+from inferd.server.lora_api import load_lora_adapter, unload_lora_adapter
 from inferd.server.middleware import RequestIdMiddleware
 from inferd.server.models_api import (
     list_models,
@@ -86,6 +87,8 @@ def build_app(
     _routes(app, "/v1/models/unload", unload_model, ["POST"])
     _routes(app, "/v1/models/reload", reload_model, ["POST"])
     _routes(app, "/v1/models/status", model_status, ["POST"])
+    _routes(app, "/v1/load_lora_adapter", load_lora_adapter, ["POST"])
+    _routes(app, "/v1/unload_lora_adapter", unload_lora_adapter, ["POST"])
     _routes(app, "/v1/completions", model_ready(create_completion, "chat"), ["POST"])
     _routes(app, "/v1/embeddings", model_ready(create_embedding, "embedding"), ["POST"])
     _routes(app, "/v1/messages", model_ready(create_message, "chat"), ["POST"])

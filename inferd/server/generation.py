@@ -331,7 +331,9 @@ def start(
     streams = []
     for i, (prompt, params) in enumerate(jobs):
         request_id = f"{request.state.request_id}-{tag}-{i}"
-        stream = model.engine.submit(prompt, params, request_id=request_id, media=media)
+        stream = model.engine.submit(
+            prompt, model.adapted(params), request_id=request_id, media=media
+        )
         bounded = stream if deadline is None else deadline.bound(stream)
         streams.append(timer.watch(bounded, model.id))
     return streams

@@ -75,6 +75,8 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
         if model.isq is not None:
             card["quantization"] = model.isq
         card["modalities"] = model_modalities(model).card()
+        if model.parent is not None:  # a LoRA adapter on a base model
+            card["parent"] = model.parent
     elif isinstance(model, EmbeddingModel):
         card["max_model_len"] = model.max_model_len
         card["dimensions"] = model.dimensions

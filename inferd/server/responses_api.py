@@ -442,7 +442,8 @@ async def _background(
     queued = run.snapshot("queued")
     try:  # admitted first, so a refusal stores nothing that would stay queued
         ids, media = prompt
-        outputs = model.engine.submit(ids, params, request_id=f"{queued['id']}-bg", media=media)
+        bg_id = f"{queued['id']}-bg"
+        outputs = model.engine.submit(ids, model.adapted(params), request_id=bg_id, media=media)
     except ENGINE_ERRORS as exc:
         raise engine_error(exc) from None
     try:

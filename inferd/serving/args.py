@@ -35,4 +35,20 @@ def add_model_set_args(p: argparse.ArgumentParser) -> None:
         help="how long unloading a model, or stopping the server (SIGTERM, Ctrl-C), waits for "
         "running requests before cutting them (default: 30)",
     )
+    lora = p.add_argument_group("LoRA adapters")
+    lora.add_argument(
+        "--lora",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve the PEFT adapter in PATH (adapter_config.json + adapter_model.safetensors) "
+        "on the -m model as model NAME; repeatable",
+    )
+    lora.add_argument(
+        "--max-lora-rank",
+        type=int,
+        default=64,
+        metavar="R",
+        help="refuse adapters of a higher rank (default: 64)",
+    )
     p.set_defaults(model=None)  # -m: the default model, unless --config is given

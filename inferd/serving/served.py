@@ -4,6 +4,7 @@ engine, sizing the KV cache from the engine config and the memory the machine ha
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -22,10 +23,12 @@ from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
+from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import speculator_for
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
+from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
@@ -74,6 +77,11 @@ class ServedModel:
     videos: VideoPrompter | None = None  # how videos enter prompts (SmolVLM2)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
+    # A LoRA adapter's view of a base model (``with_adapter``): its requests run with adapter
+    # ``lora`` on the base's engine; ``parent`` is the base's id.
+    lora: str | None = None
+    parent: str | None = None
+    max_lora_rank: int = DEFAULT_MAX_LORA_RANK  # --max-lora-rank: adapters loaded at runtime too
 
     @property
     def id(self) -> str:
@@ -212,7 +220,19 @@ class ServedModel:
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 
+    def with_adapter(self, name: str) -> ServedModel:
+        """This model served as ``name``, every request with the LoRA adapter ``name`` (already
+        attached to the decoder: serving/lora.py), on the same engine."""
+        source = dataclasses.replace(self.source, name=name)
+        return dataclasses.replace(self, source=source, lora=name, parent=self.id)
+
+    def adapted(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with this view's adapter (unchanged for a base model)."""
+        return params if self.lora is None else dataclasses.replace(params, lora=self.lora)
+
     def shutdown(self) -> None:
+        if self.lora is not None:
+            return  # an adapter's view: the base model's slot owns the engine
         self.engine.shutdown()
         if self.engine.engine.grammars is not None:
             self.engine.engine.grammars.shutdown()

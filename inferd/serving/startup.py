@@ -16,8 +16,10 @@ import functools
 from inferd.config import EngineConfig
 from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
+from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
+from inferd.serving.lora import parse_lora_flags, serve_adapters
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
@@ -42,14 +44,24 @@ def registry_from_args(
             mmproj=getattr(args, "mmproj", None),
         )
         model = load_spec(spec, cfg, progress=True, loop=loop)
+        try:
+            adapters = _adapters(model, args)
+        except ValueError:
+            model.shutdown()  # the command ends: nothing stays half-served
+            raise
         slot = ModelSlot.of_loaded(model)
         slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
-        registry = ModelRegistry([slot], default_id=args.default_model_id, **policy)
-        return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec)]
+        slots = [slot, *(ModelSlot.of_loaded(a) for a in adapters)]
+        default = args.default_model_id or (model.id if adapters else None)
+        registry = ModelRegistry(slots, default_id=default, **policy)
+        lines = [f"lora       {a.id}  (on {model.id})" for a in adapters]
+        return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec), *lines]
     if args.model is not None:
         raise ValueError("give -m or --config, not both")
     if getattr(args, "mmproj", None) is not None:
         raise ValueError("--mmproj goes with -m; in a --config file, use mmproj")
+    if getattr(args, "lora", None):
+        raise ValueError("--lora goes with -m")
     if template_flag is not None:
         raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
     if getattr(args, "tool_call_parser", None) is not None:
@@ -72,6 +84,19 @@ def registry_from_args(
         f"model      {s.id}  ({s.kind}, label {s.label}) loading in the background" for s in slots
     ]
     return registry, [*lines, f"default    {registry.default_id}"]
+
+
+def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
+    """The --lora adapters on the -m model, attached (ValueError naming a bad one)."""
+    flags = parse_lora_flags(getattr(args, "lora", None) or [])
+    max_rank = getattr(args, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    if isinstance(model, ServedModel):
+        model.max_lora_rank = max_rank  # for /v1/load_lora_adapter
+    if not flags:
+        return []
+    if not isinstance(model, ServedModel):
+        raise ValueError("--lora: an embedding model takes no LoRA adapters")
+    return serve_adapters(model, flags, max_rank)
 
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:

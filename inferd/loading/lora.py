@@ -1,0 +1,150 @@
+"""PEFT LoRA adapters: read, checked against the base model, then attached to its projections.
+
+An adapter is a directory with ``adapter_config.json`` and ``adapter_model.safetensors`` (PEFT's
+format). Only safetensors are read: a ``.bin`` adapter is a pickle, which can run code when
+loaded, so it is refused. Every tensor is read and checked (names, ranks, shapes against the
+base model's projections) before anything is attached, so a bad adapter leaves the model as it
+was. The update ``x @ A^T @ B^T`` is scaled by ``lora_alpha / r`` (``lora_alpha / sqrt(r)`` with
+rsLoRA), as PEFT does.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from inferd.layers.linear import Linear
+from inferd.layers.lora import LoraDelta, LoraSlot
+from inferd.loading.safetensors import SafetensorsError, SafetensorsFile
+from inferd.models.config import ModelConfigError
+from inferd.models.llama import LlamaForCausalLM
+
+DEFAULT_MAX_LORA_RANK = 64
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+_TENSOR = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+
+
+class LoraError(ValueError):
+    """An adapter that cannot be served: the message names it and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class LoraAdapter:
+    name: str
+    path: Path
+    rank: int
+    scale: float
+    # (layer, target such as "q_proj") -> (A [rank, in], B [out, rank]) in float32
+    weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+
+
+def read_adapter(
+    name: str, path: str | Path, model: LlamaForCausalLM, max_rank: int = DEFAULT_MAX_LORA_RANK
+) -> LoraAdapter:
+    """Read and check the adapter at ``path`` for ``model``; raises LoraError naming ``name``."""
+    root = Path(path)
+    try:
+        return _read(name, root, model, max_rank)
+    except (LoraError, SafetensorsError, ModelConfigError, OSError, ValueError) as exc:
+        message = str(exc)
+        raise LoraError(f"LoRA adapter {name!r} ({root}): {message}") from None
+
+
+def _read(name: str, root: Path, model: LlamaForCausalLM, max_rank: int) -> LoraAdapter:
+    if not root.is_dir():
+        raise LoraError("no such directory")
+    weights_file = root / WEIGHTS_FILE
+    if not weights_file.is_file():
+        if (root / "adapter_model.bin").is_file():
+            raise LoraError(
+                "only adapter_model.bin (a pickle, unsafe to load) is there; "
+                "only adapter_model.safetensors is accepted"
+            )
+        raise LoraError(f"no {WEIGHTS_FILE}")
+    if not (root / CONFIG_FILE).is_file():
+        raise LoraError(f"no {CONFIG_FILE}")
+    config = json.loads((root / CONFIG_FILE).read_text())
+    rank, scale = _rank_and_scale(config, max_rank)
+    weights = _read_weights(SafetensorsFile(weights_file), model, rank)
+    return LoraAdapter(name, root, rank, scale, weights)
+
+
+def _rank_and_scale(config: dict[str, Any], max_rank: int) -> tuple[int, float]:
+    """The adapter's rank and update scale; refuses what this loader does not serve."""
+    if config.get("peft_type", "LORA") != "LORA":
+        raise LoraError(f"peft_type {config.get('peft_type')!r} is not LORA")
+    for key in ("rank_pattern", "alpha_pattern", "modules_to_save", "layers_pattern"):
+        if config.get(key):
+            raise LoraError(f"{key} is not supported")
+    if config.get("use_dora"):
+        raise LoraError("DoRA adapters are not supported")
+    if config.get("bias", "none") != "none":
+        raise LoraError(f"bias={config.get('bias')!r} is not supported (only 'none')")
+    if config.get("fan_in_fan_out"):
+        raise LoraError("fan_in_fan_out is not supported")
+    rank = config.get("r")
+    if not isinstance(rank, int) or rank < 1:
+        raise LoraError(f"r must be a positive integer, got {rank!r}")
+    if rank > max_rank:
+        raise LoraError(f"rank {rank} is above --max-lora-rank {max_rank}")
+    alpha = config.get("lora_alpha", 8)
+    if not isinstance(alpha, int | float):
+        raise LoraError(f"lora_alpha must be a number, got {alpha!r}")
+    denominator = math.sqrt(rank) if config.get("use_rslora") else rank
+    return rank, float(alpha) / denominator
+
+
+def _read_weights(
+    file: SafetensorsFile, model: LlamaForCausalLM, rank: int
+) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+    for tensor_name in file.names():
+        match = _TENSOR.search(tensor_name)
+        if match is None:
+            raise LoraError(f"tensor {tensor_name!r} is not a LoRA A/B of a layer's projection")
+        layer, target, half = int(match[1]), match[2], match[3]
+        if layer >= model.config.num_layers:
+            raise LoraError(f"{tensor_name}: the base model has {model.config.num_layers} layers")
+        halves.setdefault((layer, target), {})[half] = file.load_tensor(tensor_name)
+    if not halves:
+        raise LoraError("no LoRA tensors")
+    weights = {}
+    for (layer, target), pair in sorted(halves.items()):
+        if set(pair) != {"A", "B"}:
+            raise LoraError(f"layer {layer} {target}: lora_A and lora_B must both be present")
+        linear, _, width = model.lora_target(layer, target)
+        a, b = pair["A"], pair["B"]
+        want_a, want_b = (rank, linear.in_features), (width, rank)
+        if tuple(a.shape) != want_a or tuple(b.shape) != want_b:
+            raise LoraError(
+                f"layer {layer} {target}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit "
+                f"the base model (want A {want_a}, B {want_b}); an adapter for another model?"
+            )
+        weights[(layer, target)] = (a.float().contiguous(), b.float().contiguous())
+    return weights
+
+
+def attach(model: LlamaForCausalLM, adapter: LoraAdapter) -> None:
+    """Make ``adapter.name`` runnable on ``model`` (rows choose it with ``layers.lora_rows``)."""
+    detach(model, adapter.name)
+    for (layer, target), (a, b) in adapter.weights.items():
+        linear, start, _ = model.lora_target(layer, target)
+        if linear.lora is None:
+            linear.lora = LoraSlot()
+        linear.lora.put(adapter.name, LoraDelta(a, b, adapter.scale, start))
+
+
+def detach(model: LlamaForCausalLM, name: str) -> None:
+    """Remove adapter ``name`` from every projection; a projection left with none pays nothing."""
+    for module in model.modules():
+        if isinstance(module, Linear) and module.lora is not None:
+            module.lora.pop(name)
+            if not module.lora.deltas:
+                module.lora = None

@@ -1,0 +1,90 @@
+"""Runtime LoRA adapters (admin routes, guarded like the model lifecycle: server/admin.py).
+
+POST /v1/load_lora_adapter    {"lora_name", "lora_path"} -> reads and checks the adapter on
+                              a worker thread, attaches it to the default model and lists it
+                              as its own model; 400 naming it when it cannot be served,
+                              409 when the name is taken
+POST /v1/unload_lora_adapter  {"lora_name"} -> stops listing it, waits (--drain-timeout) for
+                              the requests running at that moment, then detaches it; 404 for
+                              no such adapter, 409 (still listed) when they do not finish
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from inferd.loading.lora import detach
+from inferd.server.errors import APIError
+from inferd.server.protocol import parse_body
+from inferd.server.state import ServerState
+from inferd.serving.lora import serve_adapters
+from inferd.serving.registry import ModelSlot
+from inferd.serving.served import ServedModel
+
+DRAIN_POLL_SECONDS = 0.05
+
+
+class LoadAdapter(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    lora_name: str = Field(min_length=1, max_length=256)
+    lora_path: str = Field(min_length=1, max_length=4096)
+
+
+class UnloadAdapter(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+    lora_name: str = Field(min_length=1, max_length=256)
+
+
+def _state(request: Request) -> ServerState:
+    state: ServerState = request.app.state.inferd
+    return state
+
+
+async def load_lora_adapter(request: Request) -> Response:
+    state = _state(request)
+    body = parse_body(await request.body(), LoadAdapter)
+    name = body.lora_name
+    if name == "default" or name in state.registry.slots:
+        raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
+    base = state.resolve_model(None)
+    if base.lora is not None:
+        raise APIError(400, "the default model is itself an adapter", "lora_name")
+    try:
+        views = await asyncio.to_thread(
+            serve_adapters, base, [(name, Path(body.lora_path))], base.max_lora_rank
+        )
+    except ValueError as exc:  # LoraError included: it names the adapter and the reason
+        raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
+    if name in state.registry.slots:  # a concurrent load of the same name won
+        detach(base.engine.engine.model, name)
+        raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
+    state.registry.add(ModelSlot.of_loaded(views[0]))
+    return JSONResponse({"id": name, "object": "model", "parent": base.id})
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    state = _state(request)
+    body = parse_body(await request.body(), UnloadAdapter)
+    name = body.lora_name
+    slot = state.registry.slots.get(name)
+    view = slot.model if slot is not None else None
+    if slot is None or not isinstance(view, ServedModel) or view.lora is None:
+        raise APIError(404, f"no LoRA adapter {name!r} is loaded", "lora_name", "model_not_found")
+    del state.registry.slots[name]  # no new request reaches it from here on
+    running = set(view.engine.in_flight())
+    deadline = time.monotonic() + state.registry.drain_timeout
+    while running & set(view.engine.in_flight()):
+        if time.monotonic() > deadline:
+            state.registry.add(slot)
+            raise APIError(
+                409, f"requests still run on the engine of {name!r}; try again", "lora_name"
+            )
+        await asyncio.sleep(DRAIN_POLL_SECONDS)
+    detach(view.engine.engine.model, name)
+    return JSONResponse({"id": name, "object": "model", "deleted": True})

@@ -1,0 +1,163 @@
+"""LoRA adapters served live: `inferd serve -m TINY --lora NAME=PATH ...` lists each adapter as
+its own model with ``parent``, a chat naming it answers as transformers + peft do greedily, the
+base answers as the base; a bad adapter stops the startup with its name in the error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from inferd.config import EngineConfig
+from inferd.serving.served import load_model
+from tests.models.lora_tiny import save_random_adapter
+from tests.models.tiny import save_tiny
+from tests.server.live import LiveServer, live_server
+
+MESSAGES: list[Any] = [{"role": "user", "content": "Say something about foxes and 12345."}]
+ADAPTERS = {"fox8": 8, "fox64": 64}
+RUNTIME = "late16"  # loaded through POST /v1/load_lora_adapter
+ADMIN = {"Authorization": "Bearer admin-secret"}
+MAX_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("lora_live")
+
+
+@pytest.fixture(scope="module")
+def references(folder: Path) -> dict[str | None, str]:
+    """The expected greedy reply text of the base (None) and of each adapter."""
+    hf_models: dict[str | None, Any] = {None: save_tiny("llama", folder / "base")}
+    for i, (name, rank) in enumerate([*ADAPTERS.items(), (RUNTIME, 16)]):
+        hf = save_tiny("llama", folder / f"hf_{name}")
+        hf_models[name] = save_random_adapter(hf, folder / name, rank, seed=10 + i)
+    served = load_model(
+        folder / "base", EngineConfig(dtype="f32", kv_cache_tokens=512), progress=False
+    )
+    try:
+        ids = served.chat_prompt(MESSAGES)
+        eos = served.tokenizer.eos_token_id
+        out: dict[str | None, str] = {}
+        for key, model in hf_models.items():
+            with torch.inference_mode():
+                tokens = model.generate(
+                    torch.tensor([ids]),
+                    max_new_tokens=MAX_TOKENS,
+                    do_sample=False,
+                    eos_token_id=eos,
+                    attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                )[0, len(ids) :].tolist()
+            if eos in tokens:
+                tokens = tokens[: tokens.index(eos)]
+            out[key] = served.tokenizer.decode(tokens)
+    finally:
+        served.shutdown()
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(folder: Path, references: dict[str | None, str]) -> Iterator[LiveServer]:
+    args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
+    for name in ADAPTERS:
+        args += ["--lora", f"{name}={folder / name}"]
+    args += ["--admin-key", "admin-secret", "--access-log-format", "off"]
+    with live_server(args, folder / "serve.log") as live:
+        yield live
+
+
+def _client(live: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=live.api, api_key="unused", max_retries=0, _strict_response_validation=True
+    )
+
+
+def _reply(client: openai.OpenAI, model: str) -> str:
+    r = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0
+    )
+    return r.choices[0].message.content or ""
+
+
+def test_models_lists_adapters_with_parent(server: LiveServer) -> None:
+    cards = {m.id: m.model_dump() for m in _client(server).models.list().data}
+    base = next(i for i, c in cards.items() if i not in ADAPTERS and i != "default")
+    assert "parent" not in cards[base]
+    for name in ADAPTERS:
+        assert cards[name]["parent"] == base
+
+
+def test_adapter_answers_as_peft_and_base_as_base(
+    server: LiveServer, references: dict[str | None, str]
+) -> None:
+    client = _client(server)
+    assert len(set(references.values())) == len(references)  # the adapters change the reply
+    for name in ADAPTERS:
+        assert _reply(client, name) == references[name], name
+    assert _reply(client, "default") == references[None]
+
+
+def test_unknown_adapter_is_404(server: LiveServer) -> None:
+    with pytest.raises(openai.NotFoundError):
+        _reply(_client(server), "fox9")
+
+
+@pytest.fixture(scope="module")
+def alien(folder: Path) -> Path:
+    """An adapter made for another base model (a wider one)."""
+    wide = save_tiny("llama", folder / "wide", hidden_size=128)
+    save_random_adapter(wide, folder / "wide_ad", rank=8, seed=3)
+    return folder / "wide_ad"
+
+
+def _admin(live: LiveServer, route: str, body: dict[str, Any], key: bool = True) -> Any:
+    headers = ADMIN if key else {}
+    return httpx.post(f"{live.api}/{route}", json=body, headers=headers, timeout=120)
+
+
+def test_runtime_load_and_unload(
+    server: LiveServer, folder: Path, references: dict[str | None, str]
+) -> None:
+    client = _client(server)
+    body = {"lora_name": RUNTIME, "lora_path": str(folder / RUNTIME)}
+    assert _admin(server, "load_lora_adapter", body, key=False).status_code == 401
+    r = _admin(server, "load_lora_adapter", body)
+    assert r.status_code == 200, r.text
+    assert _admin(server, "load_lora_adapter", body).status_code == 409  # the name is taken
+    cards = {m.id: m.model_dump() for m in client.models.list().data}
+    assert cards[RUNTIME]["parent"] == r.json()["parent"]
+    assert _reply(client, RUNTIME) == references[RUNTIME]
+    gone = {"lora_name": RUNTIME}
+    assert _admin(server, "unload_lora_adapter", gone, key=False).status_code == 401
+    assert _admin(server, "unload_lora_adapter", gone).status_code == 200
+    assert RUNTIME not in {m.id for m in client.models.list().data}
+    with pytest.raises(openai.NotFoundError):
+        _reply(client, RUNTIME)
+    assert _admin(server, "unload_lora_adapter", gone).status_code == 404
+    assert _reply(client, "fox8") == references["fox8"]  # the others stay
+
+
+def test_runtime_load_refuses_bad_adapters(server: LiveServer, folder: Path, alien: Path) -> None:
+    for path, reason in ((alien, "another model"), (folder / "nowhere", "no such directory")):
+        r = _admin(server, "load_lora_adapter", {"lora_name": "bad", "lora_path": str(path)})
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert "'bad'" in message and reason in message
+    assert "bad" not in {m.id for m in _client(server).models.list().data}
+
+
+def test_adapter_for_another_base_stops_startup(folder: Path, alien: Path) -> None:
+    cmd = [sys.executable, "-m", "inferd", "serve", "-m", str(folder / "base")]
+    cmd += ["--dtype", "f32", "--port", "0", "--lora", f"fox8={folder / 'fox8'}"]
+    cmd += ["--lora", f"alien={alien}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "'alien'" in proc.stderr and "another model" in proc.stderr
