@@ -10,6 +10,7 @@ rsLoRA), as PEFT does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -43,6 +44,13 @@ class LoraAdapter:
     scale: float
     # (layer, target such as "q_proj") -> (A [rank, in], B [out, rank]) in float32
     weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    digest: str  # sha256 of the config and weights files
+
+    @property
+    def key(self) -> str:
+        """What rows and prefix-cache hashes name it by: the name and the files' digest, so
+        other weights loaded later under the same name never hit this one's cached blocks."""
+        return f"{self.name}@{self.digest[:16]}"
 
 
 def read_adapter(
@@ -70,10 +78,13 @@ def _read(name: str, root: Path, model: LlamaForCausalLM, max_rank: int) -> Lora
         raise LoraError(f"no {WEIGHTS_FILE}")
     if not (root / CONFIG_FILE).is_file():
         raise LoraError(f"no {CONFIG_FILE}")
-    config = json.loads((root / CONFIG_FILE).read_text())
-    rank, scale = _rank_and_scale(config, max_rank)
+    config_bytes = (root / CONFIG_FILE).read_bytes()
+    rank, scale = _rank_and_scale(json.loads(config_bytes), max_rank)
     weights = _read_weights(SafetensorsFile(weights_file), model, rank)
-    return LoraAdapter(name, root, rank, scale, weights)
+    digest = hashlib.sha256(config_bytes)
+    with open(weights_file, "rb") as f:
+        hashlib.file_digest(f, lambda: digest)
+    return LoraAdapter(name, root, rank, scale, weights, digest.hexdigest())
 
 
 def _rank_and_scale(config: dict[str, Any], max_rank: int) -> tuple[int, float]:
@@ -132,19 +143,19 @@ def _read_weights(
 
 
 def attach(model: LlamaForCausalLM, adapter: LoraAdapter) -> None:
-    """Make ``adapter.name`` runnable on ``model`` (rows choose it with ``layers.lora_rows``)."""
-    detach(model, adapter.name)
+    """Make ``adapter.key`` runnable on ``model`` (rows choose it with ``layers.lora_rows``)."""
+    detach(model, adapter.key)
     for (layer, target), (a, b) in adapter.weights.items():
         linear, start, _ = model.lora_target(layer, target)
         if linear.lora is None:
             linear.lora = LoraSlot()
-        linear.lora.put(adapter.name, LoraDelta(a, b, adapter.scale, start))
+        linear.lora.put(adapter.key, LoraDelta(a, b, adapter.scale, start))
 
 
-def detach(model: LlamaForCausalLM, name: str) -> None:
-    """Remove adapter ``name`` from every projection; a projection left with none pays nothing."""
+def detach(model: LlamaForCausalLM, key: str) -> None:
+    """Remove the adapter ``key`` from every projection; one left with none pays nothing."""
     for module in model.modules():
         if isinstance(module, Linear) and module.lora is not None:
-            module.lora.pop(name)
+            module.lora.pop(key)
             if not module.lora.deltas:
                 module.lora = None

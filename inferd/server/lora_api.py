@@ -62,7 +62,7 @@ async def load_lora_adapter(request: Request) -> Response:
     except ValueError as exc:  # LoraError included: it names the adapter and the reason
         raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
     if name in state.registry.slots:  # a concurrent load of the same name won
-        detach(base.engine.engine.model, name)
+        detach(base.engine.engine.model, views[0].lora or "")
         raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
     state.registry.add(ModelSlot.of_loaded(views[0]))
     return JSONResponse({"id": name, "object": "model", "parent": base.id})
@@ -86,5 +86,5 @@ async def unload_lora_adapter(request: Request) -> Response:
                 409, f"requests still run on the engine of {name!r}; try again", "lora_name"
             )
         await asyncio.sleep(DRAIN_POLL_SECONDS)
-    detach(view.engine.engine.model, name)
+    detach(view.engine.engine.model, view.lora)
     return JSONResponse({"id": name, "object": "model", "deleted": True})

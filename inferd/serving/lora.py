@@ -47,4 +47,4 @@ def serve_adapters(
     read = [read_adapter(name, path, decoder, max_rank) for name, path in adapters]
     for adapter in read:
         attach(decoder, adapter)
-    return [model.with_adapter(adapter.name) for adapter in read]
+    return [model.with_adapter(adapter.name, adapter.key) for adapter in read]

@@ -220,11 +220,11 @@ class ServedModel:
         )
         return rendered + literal_text(prefill, special) if prefill else rendered
 
-    def with_adapter(self, name: str) -> ServedModel:
-        """This model served as ``name``, every request with the LoRA adapter ``name`` (already
+    def with_adapter(self, name: str, key: str) -> ServedModel:
+        """This model served as ``name``, every request with the LoRA adapter ``key`` (already
         attached to the decoder: serving/lora.py), on the same engine."""
         source = dataclasses.replace(self.source, name=name)
-        return dataclasses.replace(self, source=source, lora=name, parent=self.id)
+        return dataclasses.replace(self, source=source, lora=key, parent=self.id)
 
     def adapted(self, params: SamplingParams) -> SamplingParams:
         """``params`` with this view's adapter (unchanged for a base model)."""

@@ -35,9 +35,12 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
         progress=False,
     )
     model = served.engine.engine.model
+    keys: dict[str | None, str | None] = {None: None}  # rows name an adapter by its key
     for name in ADAPTERS:
-        attach(model, read_adapter(name, root / name, model))
-    yield served, refs
+        adapter = read_adapter(name, root / name, model)
+        attach(model, adapter)
+        keys[name] = adapter.key
+    yield served, refs, keys
     served.shutdown()
 
 
@@ -71,10 +74,10 @@ def _run(
 
 
 def test_mixed_batch_equals_each_alone_and_peft(setup: Any) -> None:
-    served, refs = setup
+    served, refs, keys = setup
     loras: list[str | None] = [*ADAPTERS, None]
-    mixed = _run(served, loras)
-    alone = [_run(served, [lora])[0] for lora in loras]
+    mixed = _run(served, [keys[lora] for lora in loras])
+    alone = [_run(served, [keys[lora]])[0] for lora in loras]
     for lora, (tokens, logprobs), (alone_tokens, alone_logprobs) in zip(
         loras, mixed, alone, strict=True
     ):
@@ -86,12 +89,12 @@ def test_mixed_batch_equals_each_alone_and_peft(setup: Any) -> None:
 
 
 def test_prefix_cache_keeps_adapters_apart(setup: Any) -> None:
-    served, _ = setup
+    served, _, keys = setup
     prompt = [(5 * i + 1) % 300 + 3 for i in range(17)]  # in no other test: nothing cached
 
     def hits(lora: str | None) -> int:
         before = served.engine.engine.stats().prefix_cache_hits
-        _run(served, [lora], prompt)
+        _run(served, [keys[lora]], prompt)
         return served.engine.engine.stats().prefix_cache_hits - before
 
     assert hits(None) == 0

@@ -83,8 +83,20 @@ def test_unsupported_config(made: Any, tmp_path: Path) -> None:
 
 def test_refused_after_attached_leaves_the_first(made: Any) -> None:
     root, model = made
-    attach(model, read_adapter("good", root / "good", model))
+    good = read_adapter("good", root / "good", model)
+    attach(model, good)
     with pytest.raises(LoraError):
         read_adapter("other", root / "other", model)
     slots = [m.lora for m in model.modules() if getattr(m, "lora", None) is not None]
-    assert slots and all(set(s.deltas) == {"good"} for s in slots)
+    assert slots and all(set(s.deltas) == {good.key} for s in slots)
+
+
+def test_the_key_follows_the_files_not_only_the_name(made: Any, tmp_path: Path) -> None:
+    """Rows and prefix-cache hashes name an adapter by its key: other weights loaded later
+    under the same name must not reach the blocks the first one cached."""
+    root, model = made
+    first = read_adapter("ad", root / "good", model)
+    assert read_adapter("ad", root / "good", model).key == first.key
+    save_random_adapter(save_tiny("llama", tmp_path / "hf"), tmp_path / "new", rank=8, seed=9)
+    assert read_adapter("ad", tmp_path / "new", model).key != first.key
+    assert first.key.startswith("ad@")

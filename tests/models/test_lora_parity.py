@@ -39,9 +39,10 @@ def test_logits_match_peft(tmp_path: Path, rank: int, rslora: bool) -> None:
     assert (ref - base_ref).abs().max() > 0.1  # the adapter matters
 
     model, _ = load_safetensors_model(tmp_path / "base", torch.float32, progress=False)
-    attach(model, read_adapter("ad", tmp_path / "ad", model))
-    assert (_ours(model, "ad") - ref).abs().max() <= 1e-4
+    adapter = read_adapter("ad", tmp_path / "ad", model)
+    attach(model, adapter)
+    assert (_ours(model, adapter.key) - ref).abs().max() <= 1e-4
     assert (_ours(model, None) - base_ref).abs().max() <= 1e-4  # base rows untouched
-    detach(model, "ad")
-    assert (_ours(model, "ad") - base_ref).abs().max() <= 1e-4
+    detach(model, adapter.key)
+    assert (_ours(model, adapter.key) - base_ref).abs().max() <= 1e-4
     assert all(getattr(m, "lora", None) is None for m in model.modules())
