@@ -59,14 +59,25 @@ def run_point(served: ServedModel, point: SweepPoint) -> Summary:
         now = time.perf_counter()
         for out in outputs:
             timing = timings[out.request_id]
-            for _ in out.token_ids:
-                timing.first_token = timing.first_token or now
-                timing.token_times.append(now)
+            _record_tokens(timing, len(out.token_ids), now)
             if out.finished:
                 timing.tokens = out.num_output_tokens
                 timing.completed = out.finish_reason == "length"
                 running -= 1
     return summarize(point.name, "inferd", list(timings.values()), time.perf_counter() - started)
+
+
+def _record_tokens(timing: RequestTiming, count: int, now: float) -> None:
+    """``count`` tokens that arrived together at ``now``. A step that verified speculative
+    drafts emits several: they are spread evenly over the time since the previous token, so
+    the inter-token latency is what a reader of the stream waits per token on average, not a
+    gap of zero between tokens computed in one step."""
+    if count == 0:
+        return
+    last = timing.token_times[-1] if timing.token_times else None
+    timing.first_token = timing.first_token or now
+    for i in range(1, count + 1):
+        timing.token_times.append(now if last is None else last + (now - last) * i / count)
 
 
 def peak_rss_mb() -> float:
