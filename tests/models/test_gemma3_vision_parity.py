@@ -6,7 +6,6 @@ tile), through the paged-attention path with each image's tokens attending both 
 from __future__ import annotations
 
 import copy
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +13,13 @@ import pytest
 import torch
 from PIL import Image
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import dense_rows
 from inferd.loading.hf_model import load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import read_image_config
 from inferd.models.gemma import Gemma3ForCausalLM
 from inferd.models.gemma3_image import Gemma3ImageConfig
 from inferd.models.gemma3_vision import Gemma3VisionForCausalLM
 from inferd.serving.multimodal import ImagePrompter, image_digest
+from tests.models.paged import image_embeddings, paged_logits
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_gemma3v import IMAGE_SIZE, MM_TOKENS
 
@@ -44,53 +42,6 @@ def prompter(tiny_gemma3v: tuple[Path, Any, Any], ours: Gemma3VisionForCausalLM)
     assert isinstance(config, Gemma3ImageConfig)
     assert (config.height, config.width, config.image_seq_len) == (IMAGE_SIZE, IMAGE_SIZE, 16)
     return ImagePrompter(config, load_tokenizer(directory, ours.config), ours.image_token_id)
-
-
-def paged_forward(
-    model: Gemma3ForCausalLM,
-    ids: list[int],
-    embeds: torch.Tensor,
-    spans: Spans,
-    cuts: tuple[int, ...] = (),
-    caches: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
-    first: int = 0,
-) -> torch.Tensor:
-    """Logits of positions ``first..`` through the paged-attention path, in chunks ending at
-    ``cuts``; ``caches`` may already hold the keys before ``first`` (a prefix-cache hit)."""
-    cfg, n, bs = model.config, len(ids), 16
-    num_blocks = -(-n // bs)
-    shape = (num_blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)
-    if caches is None:
-        caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    table = torch.arange(1, num_blocks + 1)
-    bounds = [first, *(c for c in cuts if c > first), n]
-    out = []
-    with torch.inference_mode(), dense_rows():  # as the runner runs prompt rows
-        for start, end in pairwise(bounds):
-            pos = torch.arange(start, end)
-            chunk = PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos)), spans)
-            meta = AttentionMetadata(
-                slot_mapping=table[pos // bs] * bs + pos % bs,
-                decode_rows=None,
-                decode_block_tables=None,
-                decode_lens=None,
-                prefills=(chunk,),
-            )
-            rows = slice(start, end)
-            hidden = model(torch.tensor(ids[rows]), pos, meta, caches, embeds=embeds[rows])
-            out.append(model.compute_logits(hidden))
-    return torch.cat(out)
-
-
-def our_embeddings(
-    model: Gemma3VisionForCausalLM, ids: list[int], pixels: list[torch.Tensor]
-) -> torch.Tensor:
-    with torch.inference_mode():
-        x = model.embed(torch.tensor(ids)).clone()
-        if pixels:
-            mask = torch.tensor(ids) == model.image_token_id
-            x[mask] = torch.cat([model.encode_images(p) for p in pixels])
-    return x
 
 
 CASES = {
@@ -135,15 +86,15 @@ def test_logits_match_transformers(
     assert image_rows == (types[0].nonzero().flatten().tolist() if types is not None else [])
     if images:
         torch.testing.assert_close(torch.cat(pixels), ref_inputs["pixel_values"], atol=0, rtol=0)
-    embeds = our_embeddings(ours, ids, pixels)
-    logits = paged_forward(ours, ids, embeds, spans)
+    embeds = image_embeddings(ours, ids, pixels)
+    logits = paged_logits(ours, ids, embeds, dense=True, spans=spans)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     if case == "two images":  # the second image's tokens straddle a 64-position prefill tile
         assert spans[1][0] < 64 < spans[1][1]
     if images:  # the image and its two-way attention both reach the logits
-        other = our_embeddings(ours, ids, [p.flip(-1) for p in pixels])
-        assert (paged_forward(ours, ids, other, spans) - logits).abs().max() > 1e-2
-        assert (paged_forward(ours, ids, embeds, ()) - ref).abs().max() > 1e-3
+        other = image_embeddings(ours, ids, [p.flip(-1) for p in pixels])
+        assert (paged_logits(ours, ids, other, dense=True, spans=spans) - logits).abs().max() > 1e-2
+        assert (paged_logits(ours, ids, embeds, dense=True) - ref).abs().max() > 1e-3
 
 
 def test_encoder_matches_transformers(
@@ -165,17 +116,17 @@ def test_chunks_around_an_image_and_a_prefix_hit_inside_it(
     from keys already cached up to the middle of an image (a prefix-cache hit there)."""
     text, sizes = CASES["two images"]
     ids, pixels, spans = prepare(prompter, text, [generated(h, w) for h, w in sizes])
-    embeds = our_embeddings(ours, ids, pixels)
-    whole = paged_forward(ours, ids, embeds, spans)
+    embeds = image_embeddings(ours, ids, pixels)
+    whole = paged_logits(ours, ids, embeds, dense=True, spans=spans)
     edges = tuple(sorted({p for span in spans for p in span}))
-    chunked = paged_forward(ours, ids, embeds, spans, cuts=(3, *edges))
+    chunked = paged_logits(ours, ids, embeds, dense=True, spans=spans, cuts=(3, *edges))
     torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
     cfg, bs = ours.config, 16
     shape = (-(-len(ids) // bs) + 1, bs, cfg.num_kv_heads, cfg.head_dim)
     caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    paged_forward(ours, ids, embeds, spans, caches=caches)
+    paged_logits(ours, ids, embeds, dense=True, spans=spans, caches=caches)
     middle = spans[1][0] + 5
-    resumed = paged_forward(ours, ids, embeds, spans, caches=caches, first=middle)
+    resumed = paged_logits(ours, ids, embeds, dense=True, spans=spans, caches=caches, first=middle)
     torch.testing.assert_close(resumed, whole[middle:], atol=1e-4, rtol=1e-4)
 
 
@@ -248,7 +199,8 @@ def test_gemma3_text_checkpoint_matches_transformers(
     with torch.inference_mode():
         ref = hf.eval()(torch.tensor([ids])).logits[0]
         embeds = model.embed(torch.tensor(ids))
-    torch.testing.assert_close(paged_forward(model, ids, embeds, ()), ref, atol=1e-4, rtol=1e-4)
+    logits = paged_logits(model, ids, embeds, dense=True)
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
 
 
 @pytest.fixture(scope="module")

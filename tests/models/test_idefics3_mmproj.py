@@ -26,7 +26,8 @@ from inferd.models.idefics3 import Idefics3ForCausalLM
 from inferd.models.idefics3_image import prepare_image
 from inferd.serving.multimodal import split_image_parts
 from inferd.serving.served import ServedModel, load_model
-from tests.models.test_idefics3_parity import CASES, expand, our_embeddings, paged_forward
+from tests.models.paged import image_embeddings, paged_logits
+from tests.models.test_idefics3_parity import CASES, expand
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny import hf_config, write_gguf
 from tests.models.tiny_mmproj import write_language_model, write_mmproj, write_smolvlm_ggufs
@@ -79,11 +80,11 @@ def test_logits_match_transformers(
     assert ids == ref_inputs["input_ids"][0].tolist()
     pixels = [p.pixel_values for p in prepared]
     assert not pixels or torch.equal(torch.cat(pixels), ref_inputs["pixel_values"][0])
-    logits = paged_forward(model, ids, our_embeddings(model, ids, pixels))
+    logits = paged_logits(model, ids, image_embeddings(model, ids, pixels))
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     if images:  # the projector's encoder really reaches the logits
-        other = our_embeddings(model, ids, [p.flip(-1) for p in pixels])
-        assert (paged_forward(model, ids, other) - logits).abs().max() > 1e-2
+        other = image_embeddings(model, ids, [p.flip(-1) for p in pixels])
+        assert (paged_logits(model, ids, other) - logits).abs().max() > 1e-2
 
 
 def test_an_f16_projector_loads_close_to_f32(

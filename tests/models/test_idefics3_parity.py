@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.idefics3 import Idefics3ForCausalLM
 from inferd.models.idefics3_image import Idefics3ImageConfig, prepare_image
+from tests.models.paged import image_embeddings, paged_logits
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_vlm import IMAGE_SEQ_LEN
 
@@ -28,43 +28,6 @@ def ours(tiny_idefics3: tuple[Path, Any, Any]) -> Idefics3ForCausalLM:
 @pytest.fixture(scope="module")
 def image_config(tiny_idefics3: tuple[Path, Any, Any]) -> Idefics3ImageConfig:
     return Idefics3ImageConfig.from_hf(tiny_idefics3[2].image_processor.to_dict(), IMAGE_SEQ_LEN)
-
-
-def paged_forward(
-    model: Idefics3ForCausalLM, ids: list[int], embeds: torch.Tensor, chunk: int | None = None
-) -> torch.Tensor:
-    """Logits of every position through the paged-attention path, from given embeddings."""
-    cfg, n, bs = model.config, len(ids), 16
-    num_blocks = -(-n // bs)
-    shape = (num_blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    table = torch.arange(1, num_blocks + 1)
-    step, out = chunk or n, []
-    with torch.inference_mode():
-        for start in range(0, n, step):
-            pos = torch.arange(start, min(start + step, n))
-            meta = AttentionMetadata(
-                slot_mapping=table[pos // bs] * bs + pos % bs,
-                decode_rows=None,
-                decode_block_tables=None,
-                decode_lens=None,
-                prefills=(PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos))),),
-            )
-            rows = slice(start, start + len(pos))
-            hidden = model(torch.tensor(ids[rows]), pos, meta, caches, embeds=embeds[rows])
-            out.append(model.compute_logits(hidden))
-    return torch.cat(out)
-
-
-def our_embeddings(
-    model: Idefics3ForCausalLM, ids: list[int], pixels: list[torch.Tensor]
-) -> torch.Tensor:
-    with torch.inference_mode():
-        x = model.embed(torch.tensor(ids)).clone()
-        if pixels:
-            mask = torch.tensor(ids) == model.image_token_id
-            x[mask] = torch.cat([model.encode_images(p) for p in pixels])
-    return x
 
 
 def expand(text: str, images: list[Any], cfg: Idefics3ImageConfig) -> tuple[str, list[Any]]:
@@ -102,12 +65,12 @@ def test_logits_match_transformers(
     expanded, prepared = expand(text, images, image_config)
     ids = processor.tokenizer(expanded)["input_ids"]
     assert ids == ref_inputs["input_ids"][0].tolist()
-    embeds = our_embeddings(ours, ids, [p.pixel_values for p in prepared])
-    logits = paged_forward(ours, ids, embeds)
+    embeds = image_embeddings(ours, ids, [p.pixel_values for p in prepared])
+    logits = paged_logits(ours, ids, embeds)
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     if images:  # the image really reaches the logits: another image changes them
-        other = our_embeddings(ours, ids, [p.pixel_values.flip(-1) for p in prepared])
-        assert (paged_forward(ours, ids, other) - logits).abs().max() > 1e-2
+        other = image_embeddings(ours, ids, [p.pixel_values.flip(-1) for p in prepared])
+        assert (paged_logits(ours, ids, other) - logits).abs().max() > 1e-2
 
 
 def test_encoder_matches_transformers(
@@ -128,9 +91,10 @@ def test_chunked_prefill_splits_an_image_anywhere(
     text, sizes = CASES["one image"]
     expanded, prepared = expand(text, [generated(*sizes[0])], image_config)
     ids = tiny_idefics3[2].tokenizer(expanded)["input_ids"]
-    embeds = our_embeddings(ours, ids, [prepared[0].pixel_values])
-    whole = paged_forward(ours, ids, embeds)
-    chunked = paged_forward(ours, ids, embeds, chunk=7)  # 7: chunks end mid-image
+    embeds = image_embeddings(ours, ids, [prepared[0].pixel_values])
+    whole = paged_logits(ours, ids, embeds)
+    # 7: chunks end mid-image
+    chunked = paged_logits(ours, ids, embeds, cuts=range(7, len(ids), 7))
     torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
 
 
@@ -152,5 +116,6 @@ def test_smolvlm_logits_match_transformers(tmp_path: Path) -> None:
     assert torch.equal(pixels["pixel_values"][0], torch.cat([p.pixel_values for p in prepared]))
     with torch.inference_mode():
         ref = hf(input_ids=torch.tensor([ids]), **pixels).logits[0]
-    ours = paged_forward(model, ids, our_embeddings(model, ids, [p.pixel_values for p in prepared]))
+    embeds = image_embeddings(model, ids, [p.pixel_values for p in prepared])
+    ours = paged_logits(model, ids, embeds)
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)

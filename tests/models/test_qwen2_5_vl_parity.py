@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.loading.hf_processor import read_visual_configs
 from inferd.models.qwen2_5_vl import Qwen2_5_VLForCausalLM
@@ -24,6 +23,7 @@ from inferd.models.qwen2_vl_image import (
     prepare_image,
     prepare_video,
 )
+from tests.models.paged import paged_logits
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_qwen_vl import TOKENS_PER_SECOND
 
@@ -45,38 +45,6 @@ def frames(n: int, height: int, width: int, seed: int) -> np.ndarray:
     return np.stack(
         [np.asarray(generated(height, width, seed=seed + i).rotate(7 * i)) for i in range(n)]
     )
-
-
-def paged_forward(
-    model: Qwen2_5_VLForCausalLM,
-    ids: list[int],
-    embeds: torch.Tensor,
-    positions: torch.Tensor,
-    chunk: int | None = None,
-) -> torch.Tensor:
-    """Logits of every position through the paged-attention path, M-RoPE ``positions``."""
-    cfg, n, bs = model.config, len(ids), 16
-    num_blocks = -(-n // bs)
-    shape = (num_blocks + 1, bs, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
-    table = torch.arange(1, num_blocks + 1)
-    step, out = chunk or n, []
-    with torch.inference_mode():
-        for start in range(0, n, step):
-            pos = torch.arange(start, min(start + step, n))
-            meta = AttentionMetadata(
-                slot_mapping=table[pos // bs] * bs + pos % bs,
-                decode_rows=None,
-                decode_block_tables=None,
-                decode_lens=None,
-                prefills=(PrefillChunk(0, len(pos), start, table, chunk_mask(start, len(pos))),),
-            )
-            rows = slice(start, start + len(pos))
-            hidden = model(
-                torch.tensor(ids[rows]), positions[:, rows], meta, caches, embeds=embeds[rows]
-            )
-            out.append(model.compute_logits(hidden))
-    return torch.cat(out)
 
 
 def token_of(model: Qwen2_5_VLForCausalLM, p: PreparedVisual) -> int:
@@ -181,14 +149,14 @@ def test_logits_match_transformers(
         assert torch.equal(positions, ref_positions[:, 0])
         assert int(positions.max()) + 1 - len(ids) == int(delta)
         assert int(delta) < 0  # media positions are packed: later text sits closer
-    logits = paged_forward(model, ids, embeds, positions)
+    logits = paged_logits(model, ids, embeds, positions=positions)
     assert (logits - ref).abs().max() <= 1e-4
     if prepared:  # the media really reach the logits: other pixels change them
         flipped = [
             PreparedVisual(p.pixels.flip(-1), p.cfg, p.modality, p.seconds_per_grid)
             for p in prepared
         ]
-        moved = paged_forward(model, ids, our_inputs(model, ids, flipped)[0], positions)
+        moved = paged_logits(model, ids, our_inputs(model, ids, flipped)[0], positions=positions)
         assert (moved - logits).abs().max() > 1e-2
 
 
@@ -226,8 +194,9 @@ def test_chunked_prefill_through_media_equals_whole(ours: Setup) -> None:
     text = expand(f"Look {IMAGE} then {VIDEO} and say.", prepared)
     ids = tok.encode(text).ids
     embeds, positions = our_inputs(model, ids, prepared)
-    whole = paged_forward(model, ids, embeds, positions)
-    chunked = paged_forward(model, ids, embeds, positions, chunk=7)  # chunks end mid-media
+    whole = paged_logits(model, ids, embeds, positions=positions)
+    cuts = range(7, len(ids), 7)  # chunks end mid-media
+    chunked = paged_logits(model, ids, embeds, positions=positions, cuts=cuts)
     torch.testing.assert_close(chunked, whole, atol=1e-4, rtol=1e-4)
 
 

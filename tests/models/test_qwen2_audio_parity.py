@@ -15,7 +15,7 @@ from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.qwen2_audio import Qwen2AudioForCausalLM
 from inferd.models.qwen2_audio_input import AUDIO_TOKEN, PreparedAudio, prepare_samples
 from inferd.models.whisper_features import WhisperFeatureConfig
-from tests.models.test_idefics3_parity import paged_forward
+from tests.models.paged import paged_logits
 from tests.models.test_whisper_features import noise, tone
 from tests.models.tiny_audio import MEL_BINS
 
@@ -74,11 +74,11 @@ def test_logits_match_transformers(
     prepared = [prepare_samples(c, FEATURES) for c in clips]
     ids = processor.tokenizer(expand(text, prepared))["input_ids"]
     assert ids == ref_inputs["input_ids"][0].tolist()
-    logits = paged_forward(ours, ids, our_embeddings(ours, ids, prepared))
+    logits = paged_logits(ours, ids, our_embeddings(ours, ids, prepared))
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=1e-4)
     if clips:  # the audio really reaches the logits: other sound changes them
         others = [prepare_samples(np.flip(c).copy(), FEATURES) for c in clips]
-        moved = paged_forward(ours, ids, our_embeddings(ours, ids, others))
+        moved = paged_logits(ours, ids, our_embeddings(ours, ids, others))
         assert (moved - logits).abs().max() > 1e-2
 
 

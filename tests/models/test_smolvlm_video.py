@@ -34,7 +34,7 @@ from inferd.models.idefics3 import Idefics3ForCausalLM
 from inferd.models.smolvlm_video import number_words
 from inferd.serving.multimodal import ImagePrompter, VideoPrompter, expand_markers
 from inferd.serving.served import ServedModel, load_model
-from tests.models.test_idefics3_parity import our_embeddings, paged_forward
+from tests.models.paged import image_embeddings, paged_logits
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_vlm import IMAGE_SEQ_LEN, VIDEO_SAMPLING, save_tiny_smolvlm
 
@@ -187,13 +187,13 @@ def test_logits_match_transformers(
     pixels = [m.encoder_input() for m in media]
     with torch.inference_mode():
         ref = hf(input_ids=torch.tensor([ids]), pixel_values=torch.cat(pixels)[None]).logits[0]
-    ours = paged_forward(model, ids, our_embeddings(model, ids, pixels))
+    ours = paged_logits(model, ids, image_embeddings(model, ids, pixels))
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-4)
     # every frame reaches the logits: the frames reversed change them
     other = [
         p.flip(0) if p.shape[0] > 1 and i == len(pixels) - 1 else p for i, p in enumerate(pixels)
     ]
-    changed = paged_forward(model, ids, our_embeddings(model, ids, other))
+    changed = paged_logits(model, ids, image_embeddings(model, ids, other))
     assert (changed - ours).abs().max() > 1e-2
 
 
