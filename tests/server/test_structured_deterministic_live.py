@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from tests.server.live import LiveServer, live_server
+from tests.server.tool_fixtures import weather_and_time
 
 FORECAST = {
     "type": "object",
@@ -27,15 +28,7 @@ FORECAST = {
     "required": ["city", "high", "sky"],
     "additionalProperties": False,
 }
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 30},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+WEATHER = weather_and_time(30)[0]["get_weather"]
 TOOL: Any = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
 OTHERS = 8
 

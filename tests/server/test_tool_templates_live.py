@@ -6,7 +6,6 @@ streamed reply equals the non-streamed one under greedy decoding, on both APIs."
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,29 +16,10 @@ import openai
 import pytest
 
 from tests.server.live import LiveServer, live_server
+from tests.server.tool_fixtures import ASK, check_calls, streamed_reply, weather_and_time
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "tool_templates"
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 30},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"timezone": {"type": "string", "maxLength": 30}},
-    "required": ["timezone"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-TOOLS: list[Any] = [
-    {"type": "function", "function": {"name": n, "description": f"{n} of a place", "parameters": s}}
-    for n, s in SCHEMAS.items()
-]
-ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+SCHEMAS, TOOLS = weather_and_time(30)
 
 
 @pytest.fixture(scope="module", params=["llama3_json", "mistral"])
@@ -74,29 +54,6 @@ def client(family: tuple[str, LiveServer]) -> Iterator[openai.OpenAI]:
         yield c
 
 
-def _check(calls: Any) -> None:
-    assert calls
-    for call in calls:
-        assert call.type == "function" and call.id.startswith("call_")
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-
-
-def _streamed(client: openai.OpenAI, kwargs: dict[str, Any]) -> tuple[str, list[Any], str]:
-    """A streamed reply put together: content, (name, arguments) per call, finish reason."""
-    content, names, args, finish = "", {}, {}, ""
-    for chunk in client.chat.completions.create(**kwargs, stream=True):
-        (choice,) = chunk.choices
-        content += choice.delta.content or ""
-        for delta in choice.delta.tool_calls or ():
-            assert delta.function is not None
-            if delta.id is not None:  # the first delta of a call: id and name, once
-                assert delta.index not in names and delta.function.name
-                names[delta.index] = delta.function.name
-            args[delta.index] = args.get(delta.index, "") + (delta.function.arguments or "")
-        finish = choice.finish_reason or finish
-    return content, [(names[i], args[i]) for i in sorted(names)], finish
-
-
 def test_required_calls_validate_over_seeds(client: openai.OpenAI) -> None:
     out = client.chat.completions.create(
         model="default",
@@ -112,7 +69,7 @@ def test_required_calls_validate_over_seeds(client: openai.OpenAI) -> None:
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content is None
-        _check(choice.message.tool_calls)
+        check_calls(choice.message.tool_calls, SCHEMAS)
 
 
 @pytest.mark.parametrize("choice", ["required", "auto"])
@@ -129,13 +86,13 @@ def test_streamed_equals_non_streamed_under_greedy(client: openai.OpenAI, choice
     full = client.chat.completions.create(**kwargs).choices[0]
     calls = full.message.tool_calls or []
     if calls:
-        _check(calls)
-    content, streamed, finish = _streamed(client, kwargs)
-    assert streamed == [(c.function.name, c.function.arguments) for c in calls]
-    assert content == (full.message.content or "")
-    assert finish == full.finish_reason
+        check_calls(calls, SCHEMAS)
+    streamed = streamed_reply(client, kwargs)
+    assert streamed.calls == [(c.function.name, c.function.arguments) for c in calls]
+    assert streamed.content == (full.message.content or "")
+    assert streamed.finishes == [full.finish_reason]
     if choice == "required":
-        assert calls and finish == "tool_calls"
+        assert calls and full.finish_reason == "tool_calls"
 
 
 def test_auto_calls_validate_whenever_made(
@@ -149,7 +106,7 @@ def test_auto_calls_validate_whenever_made(
         assert marker not in (choice.message.content or "")  # any call was read as one
         if choice.message.tool_calls:
             assert choice.finish_reason == "tool_calls"
-            _check(choice.message.tool_calls)
+            check_calls(choice.message.tool_calls, SCHEMAS)
 
 
 def test_the_template_renders_a_tool_round_trip(client: openai.OpenAI) -> None:
@@ -176,7 +133,7 @@ def test_the_template_renders_a_tool_round_trip(client: openai.OpenAI) -> None:
         max_tokens=60,
     )
     calls = out.choices[0].message.tool_calls
-    _check(calls)
+    check_calls(calls, SCHEMAS)
     assert calls is not None and [c.function.name for c in calls] == ["get_time"]
 
 

@@ -13,39 +13,9 @@ import openai
 import pytest
 
 from tests.server.live import LiveServer
+from tests.server.tool_fixtures import ASK, check_calls, streamed_reply, weather_and_time
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "maxLength": 40},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TIME = {
-    "type": "object",
-    "properties": {"timezone": {"type": "string", "maxLength": 40}},
-    "required": ["timezone"],
-    "additionalProperties": False,
-}
-SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
-TOOLS: list[Any] = [
-    {
-        "type": "function",
-        "function": {"name": name, "description": f"{name} of a place", "parameters": schema},
-    }
-    for name, schema in SCHEMAS.items()
-]
-ASK: list[Any] = [{"role": "user", "content": "What is the weather in Paris right now?"}]
-
-
-def _check_calls(calls: Any, names: frozenset[str] = frozenset(SCHEMAS)) -> None:
-    assert calls
-    for call in calls:
-        assert call.type == "function" and call.id.startswith("call_")
-        assert call.function.name in names
-        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+SCHEMAS, TOOLS = weather_and_time(40)
 
 
 def test_required_calls_validate_over_seeds(client: openai.OpenAI, model: str) -> None:
@@ -62,7 +32,7 @@ def test_required_calls_validate_over_seeds(client: openai.OpenAI, model: str) -
     for choice in out.choices:
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content is None
-        _check_calls(choice.message.tool_calls)
+        check_calls(choice.message.tool_calls, SCHEMAS)
 
 
 def test_a_named_tool_is_the_one_called(client: openai.OpenAI, model: str) -> None:
@@ -81,7 +51,7 @@ def test_a_named_tool_is_the_one_called(client: openai.OpenAI, model: str) -> No
         assert choice.finish_reason == "tool_calls"
         calls = choice.message.tool_calls
         assert calls is not None and len(calls) == 1
-        _check_calls(calls, frozenset({"get_time"}))
+        check_calls(calls, SCHEMAS, frozenset({"get_time"}))
 
 
 def test_auto_calls_validate_whenever_made(client: openai.OpenAI, model: str) -> None:
@@ -92,7 +62,7 @@ def test_auto_calls_validate_whenever_made(client: openai.OpenAI, model: str) ->
         assert "<tool_call>" not in (choice.message.content or "")
         if choice.message.tool_calls:
             assert choice.finish_reason == "tool_calls"
-            _check_calls(choice.message.tool_calls)
+            check_calls(choice.message.tool_calls, SCHEMAS)
         else:
             assert choice.finish_reason in ("stop", "length")
 
@@ -116,27 +86,10 @@ def test_streamed_calls_equal_the_non_streamed_ones(client: openai.OpenAI, model
     }
     full = client.chat.completions.create(**kwargs).choices[0]
     assert full.message.tool_calls is not None
-    names: dict[int, str] = {}
-    ids: dict[int, str] = {}
-    args: dict[int, str] = {}
-    finishes = []
-    for chunk in client.chat.completions.create(**kwargs, stream=True):
-        (choice,) = chunk.choices
-        for delta in choice.delta.tool_calls or ():
-            assert delta.function is not None
-            if delta.id is not None:  # the first delta of a call: id, type and name, once
-                assert delta.index not in ids and delta.type == "function"
-                ids[delta.index] = delta.id
-                assert delta.function.name is not None
-                names[delta.index] = delta.function.name
-            else:
-                assert delta.function.name is None and delta.index in ids
-            args[delta.index] = args.get(delta.index, "") + (delta.function.arguments or "")
-        if choice.finish_reason is not None:
-            finishes.append(choice.finish_reason)
-    assert finishes == ["tool_calls"]
+    streamed = streamed_reply(client, kwargs)
+    assert streamed.finishes == ["tool_calls"]
     expected = [(c.function.name, c.function.arguments) for c in full.message.tool_calls]
-    assert [(names[i], args[i]) for i in sorted(names)] == expected
+    assert streamed.calls == expected
 
 
 def test_a_tool_result_in_the_history_gets_an_answer(client: openai.OpenAI, model: str) -> None:
@@ -187,7 +140,7 @@ def test_tools_beside_response_format_each_output_valid(
     for c in out.choices:
         if c.message.tool_calls:
             assert c.finish_reason == "tool_calls"
-            _check_calls(c.message.tool_calls)
+            check_calls(c.message.tool_calls, SCHEMAS)
         else:
             assert choice == "auto"
             jsonschema.validate(json.loads(c.message.content or ""), ANSWER)
