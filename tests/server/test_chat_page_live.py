@@ -12,9 +12,11 @@ import shutil
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from PIL import Image
 from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
 
 from tests.server.live import LiveServer, live_server
@@ -73,8 +75,8 @@ def page(browser: Browser) -> Iterator[Page]:
     assert problems == []
 
 
-def metrics(server: LiveServer) -> str:
-    headers = {"Authorization": f"Bearer {KEY}"}
+def metrics_of(server: LiveServer) -> str:
+    headers = {"Authorization": f"Bearer {KEY}"}  # ignored by a server without keys
     return httpx.get(server.url + "/metrics", headers=headers, timeout=10).text
 
 
@@ -136,7 +138,7 @@ def test_the_page_asks_for_the_key_and_refuses_a_wrong_one(
 
 
 def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: Path) -> None:
-    before = metrics(keyed_server)
+    before = metrics_of(keyed_server)
     disconnected = sample(
         before,
         "inferd_http_request_outcomes_total",
@@ -170,7 +172,7 @@ def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: 
     # nothing runs any more, and far fewer tokens were made than were asked for
     deadline = time.monotonic() + 15
     while True:
-        after = metrics(keyed_server)
+        after = metrics_of(keyed_server)
         left = sample(
             after,
             "inferd_http_request_outcomes_total",
@@ -227,3 +229,42 @@ def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: 
     page.locator("#conversations li.active .delete").click()
     assert page.locator("#conversations .title").all_text_contents() == titles
     assert page.locator(".message .text").all_text_contents() == texts
+
+
+@pytest.fixture(scope="module")
+def vision_server(
+    tiny_idefics3: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    """A tiny random SmolVLM: it reads images (its words are noise, which is fine here)."""
+    log = tmp_path_factory.mktemp("serve-ui-vision") / "serve.log"
+    with live_server(["-m", str(tiny_idefics3[0]), "--dtype", "f32"], log) as live:
+        yield live
+
+
+def test_an_image_goes_with_the_message_when_the_model_takes_images(
+    page: Page, vision_server: LiveServer, tmp_path: Path
+) -> None:
+    picture = tmp_path / "picture.png"
+    Image.new("RGB", (64, 48), (200, 60, 30)).save(picture)
+    encoded = sample(metrics_of(vision_server), "inferd_images_encoded_total")
+    page.goto(vision_server.url + "/")  # no --api-key: no key asked
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.locator("#key-dialog").is_hidden()
+    assert page.locator("#attach").is_visible()
+    page.set_input_files("#image", str(picture))
+    page.locator("#attachment-preview").wait_for()
+    page.click("#settings summary")
+    page.fill("#max-tokens", "4")
+    page.fill("#prompt", "What is in this picture?")
+    page.click("#send")
+    page.locator("#send").wait_for(state="visible", timeout=30_000)
+    meta = page.locator(".message.assistant .meta").last.text_content() or ""
+    assert "Error" not in meta and "4 tokens" in meta, meta
+    assert page.locator("#attachment").is_hidden()  # sent with this message, not the next
+    # the server ran its image encoder on it, and the conversation keeps the picture
+    assert sample(metrics_of(vision_server), "inferd_images_encoded_total") == encoded + 1
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    shown = page.locator(".message.user img")
+    assert shown.count() == 1
+    assert (shown.get_attribute("src") or "").startswith("data:image/png;base64,")

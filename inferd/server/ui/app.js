@@ -277,7 +277,7 @@ function messageView(message) {
 function showMeta(view, message) {
   const parts = [];
   const s = message.stats;
-  if (s) {
+  if (s && s.tokens > 0) {
     if (s.ttft !== null) parts.push(`TTFT ${s.ttft.toFixed(2)} s`);
     if (s.tps !== null) parts.push(`${s.tps.toFixed(1)} tokens/s`);
     parts.push(`${s.tokens} tokens`);
@@ -336,6 +336,8 @@ async function send() {
   const answer = { role: "assistant", content: "", model: ui.model.value };
   conversation.messages.push(answer);
   conversation.updated = Date.now();
+  // the conversation last written to leads the list
+  state.conversations = [conversation, ...state.conversations.filter((c) => c !== conversation)];
   ui.prompt.value = "";
   clearImage();
   saveConversations();
@@ -509,6 +511,8 @@ function wire() {
     if (ui.image.files && ui.image.files[0]) readImage(ui.image.files[0]);
   });
   ui.removeImage.addEventListener("click", clearImage);
+  // Escape would close the key prompt with the request still waiting on it
+  ui.keyDialog.addEventListener("cancel", (event) => event.preventDefault());
 }
 
 async function start() {
