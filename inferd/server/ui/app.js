@@ -331,7 +331,7 @@ async function send() {
   const conversation = currentConversation() || newConversation();
   const user = { role: "user", content: text };
   if (state.pendingImage) user.image = state.pendingImage;
-  if (conversation.messages.length === 0) conversation.title = (text || "Image").slice(0, 48);
+  if (conversation.messages.length === 0) conversation.title = titleOf(text || "Image");
   conversation.messages.push(user);
   const answer = { role: "assistant", content: "", model: ui.model.value };
   conversation.messages.push(answer);
@@ -344,6 +344,11 @@ async function send() {
   render();
   const view = ui.messages.lastElementChild && messageViewOf(ui.messages.lastElementChild);
   await stream(conversation, answer, view);
+}
+
+function titleOf(text) {
+  const line = text.split("\n")[0];
+  return line.length > 48 ? `${line.slice(0, 47)}…` : line;
 }
 
 function messageViewOf(root) {
