@@ -8,7 +8,7 @@ Middleware, outermost first (RequestIdMiddleware, added by build_app, wraps them
     DrainMiddleware       during shutdown 503 for new requests; cuts the rest (shutdown.py)
     CORSMiddleware        only with allowed origins; answers preflights before auth
     AdminMiddleware       lifecycle routes: admin keys, or off (404) (admin.py)
-    AuthMiddleware        only with API keys; /health stays open
+    AuthMiddleware        only with API keys; /health, /ready and the chat page stay open
     LimitsMiddleware      body size (413) and request timeout (408/504)
 """
 
