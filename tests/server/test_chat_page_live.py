@@ -6,6 +6,7 @@ $INFERD_UI_SCREENSHOT when set: docs/ui_screenshot.png was made so)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -137,6 +138,30 @@ def test_the_page_asks_for_the_key_and_refuses_a_wrong_one(
     assert models["data"][0]["modalities"]["input"] == ["text"]
     assert page.locator("#attach").is_hidden()
     assert page.evaluate("sessionStorage.getItem('inferd.chat.apiKey')") == KEY
+
+
+def test_markup_in_a_conversation_is_shown_as_text(page: Page, keyed_server: LiveServer) -> None:
+    """What a model wrote (here: a stored conversation) never becomes elements or script."""
+    markup = '<img src=x onerror="window.pwned=1"><b>bold</b>'
+    open_page(page, keyed_server)
+    stored = [
+        {
+            "id": "c1",
+            "title": markup,
+            "updated": 1,
+            "messages": [
+                {"role": "user", "content": "Say some HTML."},
+                {"role": "assistant", "content": markup},
+            ],
+        }
+    ]
+    page.evaluate("c => localStorage.setItem('inferd.chat.conversations', c)", json.dumps(stored))
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert page.locator(".message.assistant .text").text_content() == markup
+    assert page.locator("#conversations .title").text_content() == markup
+    assert page.locator("#messages b, #messages img, #conversations img").count() == 0
+    assert page.evaluate("window.pwned === undefined")
 
 
 def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: Path) -> None:
