@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 1234
 
-.PHONY: install serve test lint pull bench clean
+.PHONY: install serve test lint pull bench clean browser
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,7 +32,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check inferd tests benchmarks examples
 	$(VENV)/bin/mypy
 
-test: pull lint
+# Debian's chromium for the chat page's browser test (tests/server/test_chat_page_live.py), as root
+browser:
+	command -v chromium || (apt-get update && apt-get install -y chromium chromium-driver)
+
+test: pull lint browser
 	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
 	$(VENV)/bin/inferd pull gemma3   # the second real model (tests/models/*gemma3*)
 	# two workers (CI has two cores); --dist loadfile keeps each file's live server in one worker

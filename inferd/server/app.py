@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.server.anthropic_api import count_tokens, create_message
+from inferd.server.chat_page import install_chat_page
 from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
@@ -104,6 +105,8 @@ def build_app(
     _routes(app, "/v1/system/info", system_info, ["GET"])
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
+    if options.ui:
+        install_chat_page(app)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

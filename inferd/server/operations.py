@@ -8,7 +8,7 @@ Middleware, outermost first (RequestIdMiddleware, added by build_app, wraps them
     DrainMiddleware       during shutdown 503 for new requests; cuts the rest (shutdown.py)
     CORSMiddleware        only with allowed origins; answers preflights before auth
     AdminMiddleware       lifecycle routes: admin keys, or off (404) (admin.py)
-    AuthMiddleware        only with API keys; /health stays open
+    AuthMiddleware        only with API keys; /health, /ready and the chat page stay open
     LimitsMiddleware      body size (413) and request timeout (408/504)
 """
 
@@ -23,6 +23,7 @@ from starlette.middleware.cors import CORSMiddleware
 from inferd.server.access_log import AccessLogMiddleware, PayloadLog
 from inferd.server.admin import ADMIN_PATHS, AdminMiddleware
 from inferd.server.auth import OPEN_PATHS, AuthMiddleware
+from inferd.server.chat_page import PAGE_PATHS
 from inferd.server.crosssite import HostMiddleware
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES
 from inferd.server.limits import LimitsMiddleware
@@ -81,6 +82,8 @@ def install_operations(app: FastAPI, options: ServerOptions) -> None:
     if options.api_keys:
         # with admin keys, the lifecycle routes are the admin guard's alone
         open_paths = OPEN_PATHS | ADMIN_PATHS if options.admin_keys else OPEN_PATHS
+        if options.ui:  # the page asks for the key; the API calls it makes carry it
+            open_paths |= PAGE_PATHS
         app.add_middleware(AuthMiddleware, api_keys=options.api_keys, open_paths=open_paths)
     app.add_middleware(AdminMiddleware, admin_keys=options.admin_keys, enabled=options.admin_routes)
     if options.allowed_origins:

@@ -57,6 +57,8 @@ class ServerOptions:
     log_payloads: Path | None = None  # request bodies as JSON lines (debugging only)
     metrics: bool = True  # GET /metrics
     docs: bool = True  # /docs and /openapi.json
+    # -- the chat page at / (chat_page.py); `inferd serve` turns it on when bound to loopback
+    ui: bool = False
     # -- streams
     keepalive_seconds: float = 5.0  # an SSE comment after this long without an event
     # -- prompts

@@ -165,6 +165,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
     g.add_argument("--no-docs", action="store_true", help="do not serve /docs or /openapi.json")
+    g.add_argument(
+        "--ui",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="serve a chat page at / (auto: only when --host is a loopback address)",
+    )
     g = p.add_argument_group("media in requests")
     g.add_argument(
         "--allowed-media-root",
@@ -297,6 +303,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             "responses_store": args.responses_store or str(default_home() / "responses.sqlite3"),
             "metrics": not args.no_metrics,
             "docs": not args.no_docs,
+            "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),
             "media_policy": MediaPolicy.create(
                 media_roots=args.allowed_media_root,
                 allow_remote=args.allow_remote_media,
@@ -347,6 +354,7 @@ def describe(options: ServerOptions) -> list[str]:
         f"auth       {auth}",
         f"admin      {describe_admin(options.admin_keys, options.admin_routes)}",
         f"hosts      {options.allowed_hosts.describe() if options.allowed_hosts else 'any'}",
+        f"chat page  {'at / (--ui off to turn it off)' if options.ui else 'off (--ui on)'}",
         f"limits     body {options.max_body_bytes} bytes, "
         f"timeout {'none' if limit is None else f'{limit:g}s'}, "
         f"body within {'none' if options.body_timeout is None else f'{options.body_timeout:g}s'}",

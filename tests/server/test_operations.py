@@ -92,12 +92,14 @@ def test_server_options_from_the_serve_flags() -> None:
         media_policy=options.media_policy,
         allowed_hosts=HostAllowList.for_server("127.0.0.1", 1234),
         responses_store=str(default_home() / "responses.sqlite3"),
+        ui=True,
     )
     # `inferd serve` always checks Host (the loopback names and its own address), and keeps
-    # stored responses in a file under INFERD_HOME unless told otherwise
+    # stored responses in a file under INFERD_HOME unless told otherwise; on loopback it
+    # serves the chat page
     loopback = HostAllowList.for_server("127.0.0.1", 1234)
     assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions(
-        allowed_hosts=loopback, responses_store=str(default_home() / "responses.sqlite3")
+        allowed_hosts=loopback, responses_store=str(default_home() / "responses.sqlite3"), ui=True
     )
     flags = ["serve", "--responses-store", ":memory:", "--responses-ttl", "60"]
     stored = server_options(parser.parse_args(flags), {})
