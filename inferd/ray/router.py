@@ -1,0 +1,114 @@
+"""PrefixAwareRouter: Serve's request router for the inferd replicas. Serve builds it in the
+process holding the deployment handle (the ingress replica) and asks it to rank replicas for
+each call; the ingress passes each call's ``RouteHint`` as the ``hint`` keyword.
+
+The affinity table and the in-flight counts live at module level, one per deployment, so every
+router Serve builds for the same deployment in this process (one per handle) shares them, and
+the ingress can read the live replicas for its fan-outs (``live_replicas``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
+from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
+
+from inferd.ray.routing import AffinityTable, RouteHint, choose
+
+log = logging.getLogger("inferd.ray")
+
+DEFAULT_IMBALANCE = 4  # requests a prefix's replica may lead the idlest by and still get it
+
+
+@dataclass
+class RouterState:
+    """What the routers of one deployment in this process share."""
+
+    table: AffinityTable = field(default_factory=AffinityTable)
+    in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests
+    requests: dict[str, str] = field(default_factory=dict)  # internal request id -> replica
+    decisions: Counter[str] = field(default_factory=Counter)  # why each request went where
+    replicas: list[str] = field(default_factory=list)  # the live replicas, as Serve says
+
+
+_STATES: dict[str, RouterState] = {}
+
+
+def router_state(deployment: str) -> RouterState:
+    return _STATES.setdefault(deployment, RouterState())
+
+
+def live_replicas(deployment: str) -> list[str]:
+    """The replicas Serve currently routes to (empty before the first call builds a router)."""
+    return list(router_state(deployment).replicas)
+
+
+class PrefixAwareRouter(PowerOfTwoChoicesRequestRouter):
+    """Session first, then the replica holding the longest prompt prefix, else the least
+    loaded (see routing.choose). With ``affinity`` off, Serve's default (power of two choices)
+    for every request but the ingress's fan-outs, which still reach the replica they name."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        self.imbalance = int(kwargs.get("imbalance", DEFAULT_IMBALANCE))
+        self.affinity = bool(kwargs.get("affinity", True))
+        self.state = router_state(self._deployment_id.name)
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        ids = [r.replica_id.unique_id for r in replicas]
+        gone = set(self.state.replicas) - set(ids)
+        for replica in gone:  # dead or scaled down: its sessions and prefixes move on
+            self.state.table.forget(replica)
+            self.state.in_flight.pop(replica, None)
+        self.state.replicas = ids
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self.state.table.forget(replica_id.unique_id)
+        self.state.replicas = [r for r in self.state.replicas if r != replica_id.unique_id]
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
+        hint = _hint_of(pending_request)
+        if not self.affinity and hint.replica is None:
+            self.state.decisions["serve_default"] += 1
+            return await super().choose_replicas(candidate_replicas, pending_request)
+        loads = {r: self.state.in_flight.get(r, 0) for r in by_id}
+        ranks, reason = choose(self.state.table, hint, loads, self.imbalance)
+        if pending_request is not None and ranks and ranks[0]:
+            # remembered before the request lands, so the next one with this prefix follows
+            self.state.table.record(hint, ranks[0][0])
+            self.state.decisions[reason] += 1
+        return [[by_id[r] for r in rank] for rank in ranks]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
+    ) -> None:
+        replica = replica_id.unique_id
+        hint = _hint_of(pending_request)
+        if hint.replica is None and self.affinity:
+            # Serve may have fallen back to a later rank (the first was full): remember where
+            # the request really went.
+            self.state.table.record(hint, replica)
+        self.state.in_flight[replica] = self.state.in_flight.get(replica, 0) + 1
+        self.state.requests[pending_request.metadata.internal_request_id] = replica
+
+    def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
+        replica = self.state.requests.pop(internal_request_id, None)
+        if replica is not None and replica in self.state.in_flight:
+            self.state.in_flight[replica] = max(0, self.state.in_flight[replica] - 1)
+
+
+def _hint_of(pending_request: PendingRequest | None) -> RouteHint:
+    if pending_request is None:
+        return RouteHint()
+    hint = pending_request.kwargs.get("hint")
+    return hint if isinstance(hint, RouteHint) else RouteHint()
