@@ -42,15 +42,17 @@ def build_deployment(
     OMP_NUM_THREADS). ``prefix_routing`` off: Serve's own power-of-two routing (sessions and
     prefixes ignored), for comparison."""
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
 
     engine = engine or EngineConfig()
     options = options or ServerOptions()
     scale = scale or Scale()
     settings = ReplicaSettings(spec=spec, engine=engine, options=options)
-    router = {
+    router_settings: dict[str, Any] = {
         "request_router_class": ROUTER_CLASS,
         "request_router_kwargs": {"imbalance": imbalance, "affinity": prefix_routing},
     }
+    router = RequestRouterConfig(**router_settings)  # a plain dict is silently ignored
     replica = serve.deployment(
         name=REPLICA_DEPLOYMENT,
         ray_actor_options={"num_cpus": num_cpus},
@@ -77,7 +79,7 @@ def serve_on_ray(
     except ImportError:
         raise ValueError("--ray needs Ray Serve: pip install 'inferd[ray]'") from None
     scale = Scale.parse(args.replicas, args.autoscale)
-    ray.init(address=args.ray_address, include_dashboard=False)
+    ray.init(address=args.ray_address or "local", include_dashboard=False)
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_deployment(spec, engine, options, scale=scale, num_cpus=args.ray_num_cpus)
     serve.run(app, name=APP_NAME, route_prefix="/")

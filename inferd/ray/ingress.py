@@ -29,8 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.ray.forward import ForwardedRequest, ResponseHead
-from inferd.ray.router import live_replicas, router_state
-from inferd.ray.routing import RouteHint, route_hint
+from inferd.ray.routing import RouteHint, live_replicas, route_hint, router_state
 from inferd.server.envelope import error_response, stream_error_event
 
 log = logging.getLogger("inferd.ray")

@@ -2,49 +2,25 @@
 process holding the deployment handle (the ingress replica) and asks it to rank replicas for
 each call; the ingress passes each call's ``RouteHint`` as the ``hint`` keyword.
 
-The affinity table and the in-flight counts live at module level, one per deployment, so every
-router Serve builds for the same deployment in this process (one per handle) shares them, and
-the ingress can read the live replicas for its fan-outs (``live_replicas``).
+The affinity table and the in-flight counts live in routing.py's ``RouterState``, one per
+deployment, so every router Serve builds for the same deployment in this process (one per
+handle) shares them, and the ingress can read the live replicas for its fan-outs. Not here:
+Serve sends this class to the ingress by value (cloudpickle), with module globals of its own.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from ray.serve._private.request_router.pow_2_router import PowerOfTwoChoicesRequestRouter
 from ray.serve.request_router import PendingRequest, ReplicaID, RunningReplica
 
-from inferd.ray.routing import AffinityTable, RouteHint, choose
+from inferd.ray.routing import RouteHint, choose, router_state
 
 log = logging.getLogger("inferd.ray")
 
 DEFAULT_IMBALANCE = 4  # requests a prefix's replica may lead the idlest by and still get it
-
-
-@dataclass
-class RouterState:
-    """What the routers of one deployment in this process share."""
-
-    table: AffinityTable = field(default_factory=AffinityTable)
-    in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests
-    requests: dict[str, str] = field(default_factory=dict)  # internal request id -> replica
-    decisions: Counter[str] = field(default_factory=Counter)  # why each request went where
-    replicas: list[str] = field(default_factory=list)  # the live replicas, as Serve says
-
-
-_STATES: dict[str, RouterState] = {}
-
-
-def router_state(deployment: str) -> RouterState:
-    return _STATES.setdefault(deployment, RouterState())
-
-
-def live_replicas(deployment: str) -> list[str]:
-    """The replicas Serve currently routes to (empty before the first call builds a router)."""
-    return list(router_state(deployment).replicas)
 
 
 class PrefixAwareRouter(PowerOfTwoChoicesRequestRouter):
@@ -56,20 +32,22 @@ class PrefixAwareRouter(PowerOfTwoChoicesRequestRouter):
         self.imbalance = int(kwargs.get("imbalance", DEFAULT_IMBALANCE))
         self.affinity = bool(kwargs.get("affinity", True))
         self.state = router_state(self._deployment_id.name)
+        self.state.routers.add(self)
 
     def update_replicas(self, replicas: list[RunningReplica]) -> None:
         super().update_replicas(replicas)
-        ids = [r.replica_id.unique_id for r in replicas]
-        gone = set(self.state.replicas) - set(ids)
-        for replica in gone:  # dead or scaled down: its sessions and prefixes move on
-            self.state.table.forget(replica)
-            self.state.in_flight.pop(replica, None)
-        self.state.replicas = ids
+        live = set(self.state.replicas())
+        for replica in set(self.state.in_flight) - live:  # dead or scaled down
+            self._forget(replica)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
-        self.state.table.forget(replica_id.unique_id)
-        self.state.replicas = [r for r in self.state.replicas if r != replica_id.unique_id]
+        self._forget(replica_id.unique_id)
+
+    def _forget(self, replica: str) -> None:
+        """Its sessions and prefixes move on to the others."""
+        self.state.table.forget(replica)
+        self.state.in_flight.pop(replica, None)
 
     async def choose_replicas(
         self,

@@ -14,7 +14,8 @@ digest most likely holds that prefix's KV blocks.
 from __future__ import annotations
 
 import hashlib
-from collections import OrderedDict
+import weakref
+from collections import Counter, OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -180,3 +181,31 @@ def choose(
 
 def _ranked(first: str, by_load: list[str]) -> list[list[str]]:
     return [[first], [r for r in by_load if r != first]]
+
+
+@dataclass
+class RouterState:
+    """What the routers of one deployment in this process share."""
+
+    table: AffinityTable = field(default_factory=AffinityTable)
+    in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests
+    requests: dict[str, str] = field(default_factory=dict)  # internal request id -> replica
+    decisions: Counter[str] = field(default_factory=Counter)  # why each request went where
+    # Serve may build several routers for one deployment here (one per handle), each told
+    # the live replicas on its own: the union is the truth, one router's list is not.
+    routers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
+
+    def replicas(self) -> list[str]:
+        return sorted({r.unique_id for router in self.routers for r in router.curr_replicas})
+
+
+_STATES: dict[str, RouterState] = {}
+
+
+def router_state(deployment: str) -> RouterState:
+    return _STATES.setdefault(deployment, RouterState())
+
+
+def live_replicas(deployment: str) -> list[str]:
+    """The replicas Serve currently routes to (empty before the first call builds a router)."""
+    return router_state(deployment).replicas()
