@@ -93,3 +93,44 @@ def serve_on_ray(
     serve.shutdown()
     ray.shutdown()
     return 0
+
+
+CONFIG_KEYS = {
+    "model": str,
+    "replicas": int,
+    "autoscale": str,
+    "num_cpus": float,
+    "max_seq_len": int,
+    "max_seqs": int,
+    "kv_cache_tokens": int,
+    "prefix_routing": bool,
+}
+
+
+def from_config(args: dict[str, Any]) -> Any:
+    """An application builder for a Serve config file (``import_path:
+    inferd.ray.deployment:from_config``, ``args`` as in CONFIG_KEYS); ValueError names an
+    unknown or mistyped key."""
+    unknown = sorted(set(args) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"unknown inferd args {unknown}; known: {sorted(CONFIG_KEYS)}")
+    for key, kind in CONFIG_KEYS.items():
+        value = args.get(key)
+        number = kind is float and isinstance(value, int)  # YAML's 2 for 2.0
+        if value is not None and not (isinstance(value, kind) or number):
+            raise ValueError(f"{key} must be {kind.__name__}; got {value!r}")
+    from inferd.store import DEFAULT_MODEL
+
+    engine = EngineConfig()
+    engine = EngineConfig(
+        max_model_len=args.get("max_seq_len", engine.max_model_len),
+        max_num_seqs=args.get("max_seqs", engine.max_num_seqs),
+        kv_cache_tokens=args.get("kv_cache_tokens", engine.kv_cache_tokens),
+    )
+    return build_deployment(
+        ModelSpec(model_id=args.get("model", DEFAULT_MODEL)),
+        engine,
+        scale=Scale.parse(args.get("replicas"), args.get("autoscale")),
+        num_cpus=float(args.get("num_cpus", 1.0)),
+        prefix_routing=args.get("prefix_routing", True),
+    )

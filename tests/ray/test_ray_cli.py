@@ -38,3 +38,16 @@ def test_serve_ray_refuses_bad_flags_before_loading(capsys: pytest.CaptureFixtur
     assert "--autoscale" in capsys.readouterr().err
     assert main(["serve", "--ray", "--config", "models.json"]) == 2
     assert "--ray serves one -m model" in capsys.readouterr().err
+
+
+def test_a_serve_config_builds_the_application() -> None:
+    from ray.serve import Application
+
+    from inferd.ray.deployment import from_config
+
+    app = from_config({"model": "smollm2", "replicas": 3, "num_cpus": 2, "kv_cache_tokens": 4096})
+    assert isinstance(app, Application)
+    with pytest.raises(ValueError, match="unknown inferd args"):
+        from_config({"modle": "smollm2"})
+    with pytest.raises(ValueError, match="replicas must be int"):
+        from_config({"replicas": "2"})
