@@ -38,12 +38,12 @@ from inferd.store import DEFAULT_MODEL, ModelStore
 TOPICS = ("the lighthouse museum", "a mountain railway", "a city library", "a harbour ferry")
 
 
-def system_prompt(topic: str) -> str:
+def system_prompt(topic: str, repeat: int) -> str:
     return (
         f"You are the help desk of {topic}. Visitors ask about opening hours, tickets, "
         "accessibility, the shop, the café, guided tours and lost property. Answer in one "
         "short sentence, politely, and never invent prices or times you were not given. "
-    ) * 6  # ~1.5k characters, ~300 tokens
+    ) * repeat  # 6: ~1.5k characters, ~300 tokens
 
 
 @dataclass
@@ -69,14 +69,14 @@ def _counter(text: str, name: str) -> float:
 
 
 async def _client(
-    http: httpx.AsyncClient, url: str, i: int, rounds: int, seen: dict[int, set[str]]
+    http: httpx.AsyncClient, url: str, i: int, args: argparse.Namespace, seen: dict[int, set[str]]
 ) -> list[float]:
     group = i % len(TOPICS)
     ttfts = []
-    for r in range(rounds):
+    for r in range(args.rounds):
         body = {
             "messages": [
-                {"role": "system", "content": system_prompt(TOPICS[group])},
+                {"role": "system", "content": system_prompt(TOPICS[group], args.prompt_repeat)},
                 {"role": "user", "content": f"Client {i}, question {r}: is it open on day {r}?"},
             ],
             "max_tokens": 4,
@@ -97,21 +97,21 @@ async def _client(
     return ttfts
 
 
-async def _workload(url: str, clients: int, rounds: int) -> tuple[list[float], int, float]:
+async def _workload(url: str, args: argparse.Namespace) -> tuple[list[float], int, float]:
     seen: dict[int, set[str]] = defaultdict(set)
-    limits = httpx.Limits(max_connections=clients * 2)
+    limits = httpx.Limits(max_connections=args.clients * 2)
     async with httpx.AsyncClient(timeout=600, limits=limits) as http:
         start = time.perf_counter()
         per_client = await asyncio.gather(
-            *(_client(http, url, i, rounds, seen) for i in range(clients))
+            *(_client(http, url, i, args, seen) for i in range(args.clients))
         )
         wall = time.perf_counter() - start
     split = sum(1 for replicas in seen.values() if len(replicas) > 1)
     return [t for ts in per_client for t in ts], split, wall
 
 
-def run_mode(mode: str, url: str, model: str, clients: int, rounds: int) -> Result:
-    engine = EngineConfig(max_model_len=2048, kv_cache_tokens=8192)
+def run_mode(mode: str, url: str, model: str, args: argparse.Namespace) -> Result:
+    engine = EngineConfig(max_model_len=2048, kv_cache_tokens=args.kv_cache_tokens)
     app = build_deployment(
         ModelSpec(model_id=model),
         engine,
@@ -122,7 +122,7 @@ def run_mode(mode: str, url: str, model: str, clients: int, rounds: int) -> Resu
     serve.run(app, name=APP_NAME, route_prefix="/")
     try:
         before = httpx.get(f"{url}/metrics", timeout=120).text
-        ttfts, split, wall = asyncio.run(_workload(url, clients, rounds))
+        ttfts, split, wall = asyncio.run(_workload(url, args))
         after = httpx.get(f"{url}/metrics", timeout=120).text
     finally:
         serve.delete(APP_NAME)
@@ -144,6 +144,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--prompt-repeat", type=int, default=6, help="system prompt length: 6 is ~300 tokens"
+    )
+    parser.add_argument(
+        "--kv-cache-tokens", type=int, default=8192, help="each replica's KV pool (tokens)"
+    )
     parser.add_argument("-m", "--model", default=None, help="default: the store's smollm2")
     args = parser.parse_args()
     model = args.model or str(ModelStore().entry_path(DEFAULT_MODEL))
@@ -152,14 +158,15 @@ def main() -> None:
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         url = f"http://127.0.0.1:{port}"
-        results = [
-            run_mode(m, url, model, args.clients, args.rounds) for m in ("serve_default", "prefix")
-        ]
+        results = [run_mode(m, url, model, args) for m in ("serve_default", "prefix")]
     finally:
         serve.shutdown()
         ray.shutdown()
     n = args.clients * args.rounds
-    print(f"{args.clients} clients x {args.rounds} rounds = {n} streamed requests, 2 replicas")
+    print(
+        f"{args.clients} clients x {args.rounds} rounds = {n} streamed requests, 2 replicas, "
+        f"KV pool {args.kv_cache_tokens} tokens each, system prompts x{args.prompt_repeat}"
+    )
     print("| routing | TTFT p50 s | TTFT p99 s | prefix hit rate | prompts split | wall s |")
     print("|---|---|---|---|---|---|")
     for r in results:
