@@ -88,7 +88,8 @@ def serve_on_ray(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    stop.wait()
+    while not stop.wait(1.0):  # a timed wait: the signal handlers run between waits
+        pass
     serve.delete(APP_NAME)
     serve.shutdown()
     ray.shutdown()

@@ -15,15 +15,14 @@ from typing import Any
 
 import httpx
 import pytest
+import ray  # the test extra installs inferd[ray]
+from ray import serve
 
-ray = pytest.importorskip("ray", reason="pip install 'inferd[ray]'")
-from ray import serve  # noqa: E402
-
-from inferd.config import EngineConfig  # noqa: E402
-from inferd.ray import build_deployment  # noqa: E402
-from inferd.ray.args import Scale  # noqa: E402
-from inferd.ray.deployment import APP_NAME, REPLICA_DEPLOYMENT  # noqa: E402
-from inferd.serving.spec import ModelSpec  # noqa: E402
+from inferd.config import EngineConfig
+from inferd.ray import build_deployment
+from inferd.ray.args import Scale
+from inferd.ray.deployment import APP_NAME, REPLICA_DEPLOYMENT
+from inferd.serving.spec import ModelSpec
 
 REPLICA = "x-inferd-replica"
 TIMEOUT = 180.0  # a busy two-core machine: generous, never a speed assertion
