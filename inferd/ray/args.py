@@ -34,6 +34,11 @@ class Scale:
             raise ValueError("--replicas must be at least 1")
         return cls(replicas=count)
 
+    def describe(self) -> str:
+        if self.min_replicas is None:
+            return f"{self.replicas} replicas"
+        return f"autoscaling {self.min_replicas}..{self.max_replicas} replicas"
+
     def options(self) -> dict[str, Any]:
         if self.min_replicas is None:
             return {"num_replicas": self.replicas}

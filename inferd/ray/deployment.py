@@ -83,7 +83,9 @@ def serve_on_ray(
     serve.start(http_options={"host": args.host, "port": args.port})
     app = build_deployment(spec, engine, options, scale=scale, num_cpus=args.ray_num_cpus)
     serve.run(app, name=APP_NAME, route_prefix="/")
-    print(f"inferd  ray        {scale}", flush=True)
+    where = args.ray_address or "a local cluster"
+    line = f"{scale.describe()} on {where}, prefix- and session-aware routing"
+    print(f"inferd  ray        {line}", flush=True)
     print(f"inferd  listening  http://{args.host}:{args.port}/v1", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -15,6 +15,7 @@ def test_replicas_and_autoscale_become_serve_options() -> None:
     auto = Scale.parse(None, "1:4").options()["autoscaling_config"]
     assert (auto["min_replicas"], auto["max_replicas"], auto["initial_replicas"]) == (1, 4, 1)
     assert Scale.parse(None, "0:2").options()["autoscaling_config"]["initial_replicas"] == 1
+    assert Scale.parse(None, "1:4").describe() == "autoscaling 1..4 replicas"
 
 
 @pytest.mark.parametrize(
