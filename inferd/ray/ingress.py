@@ -53,8 +53,8 @@ class InferdIngress:
             return JSONResponse({"status": "ok"})
         if request.method == "GET" and path in AGGREGATED:
             return await self._aggregate(request, path)
-        body = await request.body()
-        if self.max_body_bytes is not None and len(body) > self.max_body_bytes:
+        body = await self._body(request)
+        if body is None:
             msg = f"request body over {self.max_body_bytes} bytes"
             return error_response(request.scope, 413, msg, code="request_too_large")
         forwarded = ForwardedRequest(
@@ -67,6 +67,18 @@ class InferdIngress:
         )
         hint = route_hint(_json(body), {k.lower(): v for k, v in request.headers.items()})
         return await self._proxy(request, forwarded, hint)
+
+    async def _body(self, request: Request) -> bytes | None:
+        """The whole body, or None past ``max_body_bytes`` (read no further: the replicas would
+        refuse it anyway, and the ingress must not buffer an unbounded one)."""
+        parts: list[bytes] = []
+        size = 0
+        async for part in request.stream():
+            size += len(part)
+            if self.max_body_bytes is not None and size > self.max_body_bytes:
+                return None
+            parts.append(part)
+        return b"".join(parts)
 
     # -- one request ---------------------------------------------------------------------------
     async def _proxy(

@@ -99,6 +99,26 @@ def test_chat_and_stream_through_the_proxy(cluster: str) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
     assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    # Anthropic's route and stream, through the same proxy
+    from anthropic import Anthropic
+
+    claude = Anthropic(base_url=cluster, api_key="none", timeout=TIMEOUT)
+    message = claude.messages.create(
+        model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
+    )
+    assert message.content[0].type == "text" and message.content[0].text
+    with claude.messages.stream(
+        model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
+    ) as events:
+        assert events.get_final_text()
+    # a body past the limit is refused at the ingress, in the caller's envelope
+    big = httpx.post(
+        f"{cluster}/v1/chat/completions",
+        content=b"{" + b" " * (17 * 2**20) + b"}",
+        headers={"content-type": "application/json"},
+        timeout=TIMEOUT,
+    )
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
 
 
 def test_models_and_metrics_aggregate_the_replicas(cluster: str) -> None:
