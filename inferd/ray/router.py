@@ -57,15 +57,24 @@ class PrefixAwareRouter(PowerOfTwoChoicesRequestRouter):
         by_id = {r.replica_id.unique_id: r for r in candidate_replicas}
         hint = _hint_of(pending_request)
         if not self.affinity and hint.replica is None:
-            self.state.decisions["serve_default"] += 1
+            self._why(pending_request, "serve_default")
             return await super().choose_replicas(candidate_replicas, pending_request)
         loads = {r: self.state.in_flight.get(r, 0) for r in by_id}
         ranks, reason = choose(self.state.table, hint, loads, self.imbalance)
         if pending_request is not None and ranks and ranks[0]:
             # remembered before the request lands, so the next one with this prefix follows
             self.state.table.record(hint, ranks[0][0])
-            self.state.decisions[reason] += 1
+            self._why(pending_request, reason)
         return [[by_id[r] for r in rank] for rank in ranks]
+
+    def _why(self, pending_request: PendingRequest | None, reason: str) -> None:
+        """Kept until the request is routed (Serve may ask again after a backoff), then
+        counted once."""
+        if pending_request is not None:
+            reasons = self.state.reasons
+            reasons[pending_request.metadata.internal_request_id] = reason
+            while len(reasons) > 10_000:  # requests cancelled before routing never pop theirs
+                reasons.pop(next(iter(reasons)))
 
     def on_request_routed(
         self, pending_request: PendingRequest, replica_id: ReplicaID, result: Any
@@ -77,7 +86,9 @@ class PrefixAwareRouter(PowerOfTwoChoicesRequestRouter):
             # the request really went.
             self.state.table.record(hint, replica)
         self.state.in_flight[replica] = self.state.in_flight.get(replica, 0) + 1
-        self.state.requests[pending_request.metadata.internal_request_id] = replica
+        request_id = pending_request.metadata.internal_request_id
+        self.state.requests[request_id] = replica
+        self.state.decisions[self.state.reasons.pop(request_id, "unknown")] += 1
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         replica = self.state.requests.pop(internal_request_id, None)

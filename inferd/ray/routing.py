@@ -191,6 +191,7 @@ class RouterState:
     in_flight: dict[str, int] = field(default_factory=dict)  # replica -> requests
     requests: dict[str, str] = field(default_factory=dict)  # internal request id -> replica
     decisions: Counter[str] = field(default_factory=Counter)  # why each request went where
+    reasons: dict[str, str] = field(default_factory=dict)  # request id -> why, until routed
     # Serve may build several routers for one deployment here (one per handle), each told
     # the live replicas on its own: the union is the truth, one router's list is not.
     routers: weakref.WeakSet[Any] = field(default_factory=weakref.WeakSet)
