@@ -9,6 +9,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from inferd.config import (
     DEFAULT_KV_CACHE_MB,
@@ -17,12 +18,16 @@ from inferd.config import (
     KV_RAM_FRACTION,
     EngineConfig,
 )
+from inferd.ray.args import add_ray_args
 from inferd.server.serve_args import add_serve_args
 from inferd.serving.args import add_model_set_args
 from inferd.store import CATALOG, DEFAULT_MODEL, ModelStore, StoreError
 from inferd.tools_cli import add_model_tool_args, add_tool_commands, print_quantized
 from inferd.tools_cli import model_id as tool_model_id
 from inferd.version import __version__
+
+if TYPE_CHECKING:
+    from inferd.server.options import ServerOptions
 
 log = logging.getLogger("inferd")
 
@@ -60,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
     add_model_set_args(serve)
     add_serve_args(serve)
+    add_ray_args(serve)
     serve.set_defaults(func=_serve)
 
     run = sub.add_parser("run", help="chat with a model in the terminal")
@@ -280,6 +286,8 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = _engine_config(args)
     args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
     options = server_options(args, os.environ)  # flag errors before the model loads
+    if args.ray:
+        return _serve_on_ray(args, cfg, options)
     limits = connection_limits(args)
     engines = MainThreadDriver()  # engines step on this (main) thread; HTTP runs beside it
     # -m loads now; --config in the background
@@ -317,6 +325,23 @@ def _serve(args: argparse.Namespace) -> int:
     if http.report is not None:
         print(f"inferd  {http.report.summary()}", flush=True)
     return 0 if http.started else 1
+
+
+def _serve_on_ray(args: argparse.Namespace, cfg: EngineConfig, options: ServerOptions) -> int:
+    """`inferd serve --ray`: one -m model, replicated (see inferd/ray/)."""
+    from inferd.ray.deployment import serve_on_ray
+    from inferd.serving.spec import ModelSpec, read_chat_template
+
+    if args.config is not None or getattr(args, "lora", None):
+        raise ValueError("--ray serves one -m model (no --config, no --lora)")
+    template = read_chat_template(args.chat_template) if args.chat_template else None
+    spec = ModelSpec(
+        model_id=args.model or DEFAULT_MODEL,
+        chat_template=template,
+        tool_call_parser=getattr(args, "tool_call_parser", None),
+        mmproj=args.mmproj,
+    )
+    return serve_on_ray(args, spec, cfg, options)
 
 
 def _run(args: argparse.Namespace) -> int:
