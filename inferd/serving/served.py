@@ -21,6 +21,7 @@ from inferd.engine.core import EngineCore
 from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
+from inferd.engine.lora_slots import LoraSlots
 from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.sampling import SamplingParams
@@ -327,6 +328,7 @@ def assemble(
         ),
         runner.encoder_cache,
         speculator_for(cfg, drafter_for(loaded, cfg, max_len)),
+        LoraSlots(cfg.max_loras),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}

@@ -55,6 +55,8 @@ def registry_from_args(
         default = args.default_model_id or (model.id if adapters else None)
         registry = ModelRegistry(slots, default_id=default, **policy)
         lines = [f"lora       {a.id}  (on {model.id})" for a in adapters]
+        if adapters:
+            lines.append(f"lora       at most {cfg.max_loras} attached at once (--max-loras)")
         return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec), *lines]
     if args.model is not None:
         raise ValueError("give -m or --config, not both")

@@ -1,12 +1,14 @@
 """LoRA adapters served live: `inferd serve -m TINY --lora NAME=PATH ...` lists each adapter as
 its own model with ``parent``, a chat naming it answers as transformers + peft do greedily, the
-base answers as the base; a bad adapter stops the startup with its name in the error."""
+base answers as the base; a bad adapter stops the startup with its name in the error. The server
+runs with ``--max-loras 1``: every change of adapter evicts the other, which changes no reply."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +71,7 @@ def server(folder: Path, references: dict[str | None, str]) -> Iterator[LiveServ
     args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
     for name in ADAPTERS:
         args += ["--lora", f"{name}={folder / name}"]
-    args += ["--admin-key", "admin-secret", "--access-log-format", "off"]
+    args += ["--admin-key", "admin-secret", "--access-log-format", "off", "--max-loras", "1"]
     with live_server(args, folder / "serve.log") as live:
         yield live
 
@@ -103,6 +105,22 @@ def test_adapter_answers_as_peft_and_base_as_base(
     for name in ADAPTERS:
         assert _reply(client, name) == references[name], name
     assert _reply(client, "default") == references[None]
+
+
+def test_one_slot_concurrent_adapters_each_answer_as_peft(
+    server: LiveServer, references: dict[str | None, str]
+) -> None:
+    """Requests to two adapters at once with one slot: one waits for the other's to finish."""
+    client = _client(server)
+    evictions = server.metric("inferd_lora_evictions_total")
+    names = [*ADAPTERS, *ADAPTERS, "default"]
+    with ThreadPoolExecutor(len(names)) as pool:
+        replies = list(pool.map(lambda name: _reply(client, name), names))
+    for name, reply in zip(names, replies, strict=True):
+        assert reply == references[None if name == "default" else name], name
+    assert server.metric("inferd_lora_evictions_total") > evictions
+    assert server.metric("inferd_lora_resident") == 1
+    assert "LoRA fox" in server.log.read_text()  # the load/eviction log line
 
 
 def test_unknown_adapter_is_404(server: LiveServer) -> None:
