@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -179,3 +180,37 @@ def test_adapter_for_another_base_stops_startup(folder: Path, alien: Path) -> No
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "'alien'" in proc.stderr and "another model" in proc.stderr
+
+
+def test_config_file_serves_each_models_adapters(
+    folder: Path, alien: Path, references: dict[str | None, str]
+) -> None:
+    """`lora` in a --config file: the model's adapters are listed with it as parent and
+    answer as peft; one that cannot be served shows status error while the others serve."""
+    config = folder / "models.toml"
+    config.write_text(
+        f'[tiny]\ndtype = "f32"\nmax_seq_len = 128\n[tiny.Plain]\nmodel_id = "{folder / "base"}"\n'
+        f'[tiny.lora]\nfox64 = "{folder / "fox64"}"\nalien = "{alien}"\n'
+    )
+    args = ["--config", str(config), "--access-log-format", "off", "--max-loras", "1"]
+    with live_server(args, folder / "serve_config.log") as live:
+        deadline = time.monotonic() + 300
+        while True:
+            cards = {m["id"]: m for m in httpx.get(f"{live.api}/models").json()["data"]}
+            if not {"loading", "reloading"} & {c.get("status") for c in cards.values()}:
+                break
+            assert time.monotonic() < deadline, cards
+            time.sleep(0.5)
+        assert cards["fox64"]["status"] == "loaded" and cards["fox64"]["parent"] == "base"
+        assert cards["alien"]["status"] == "error"
+        assert "another model" in _status_error(live, "alien")
+        client = _client(live)
+        assert _reply(client, "fox64") == references["fox64"]
+        assert _reply(client, "base") == references[None]
+
+
+def _status_error(live: LiveServer, model: str) -> str:
+    r = httpx.post(f"{live.api}/chat/completions", json={"model": model, "messages": MESSAGES})
+    assert r.status_code == 503, r.text
+    message: str = r.json()["error"]["message"]
+    return message
