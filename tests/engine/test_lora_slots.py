@@ -76,17 +76,22 @@ def two_slots(folder: Path, refs: Any) -> Iterator[tuple[ServedModel, dict[str, 
 
 def _run(views: list[ServedModel]) -> list[tuple[list[int], str | None]]:
     """Greedy tokens and finish reason of one request per view, all submitted at once."""
+    return [(tokens, reason) for tokens, reason, _ in _outcomes(views)]
 
-    async def one(view: ServedModel) -> tuple[list[int], str | None]:
+
+def _outcomes(views: list[ServedModel]) -> list[tuple[list[int], str | None, str | None]]:
+    """``_run``'s, with each request's error message."""
+
+    async def one(view: ServedModel) -> tuple[list[int], str | None, str | None]:
         params = view.adapted(SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True))
         tokens: list[int] = []
-        reason = None
+        reason = error = None
         async for out in view.engine.generate(PROMPT, params):
             tokens.extend(out.token_ids)
-            reason = out.finish_reason
-        return tokens, reason
+            reason, error = out.finish_reason, out.error
+        return tokens, reason, error
 
-    async def every() -> list[tuple[list[int], str | None]]:
+    async def every() -> list[tuple[list[int], str | None, str | None]]:
         return list(await asyncio.gather(*(one(v) for v in views)))
 
     return asyncio.run(every())
@@ -181,13 +186,14 @@ def test_changed_files_fail_the_request_not_the_others(
         shutil.copy(
             folder / "r64" / "adapter_model.safetensors", copy / "adapter_model.safetensors"
         )
-        (tokens, reason), (other_tokens, other_reason) = _run([view, other])
+        (tokens, reason, error), (other_tokens, other_reason, _) = _outcomes([view, other])
         assert reason == "error" and tokens == []
+        assert error is not None and "'r8'" in error and "files changed" in error
         assert other_reason == "length" and other_tokens == refs["r16"]
         withdraw_adapter(other)
         assert _attached(served) == set()
         stale = dataclasses.replace(view, lora=other.lora)  # a view of a withdrawn adapter
-        [(_, stale_reason)] = _run([stale])
-        assert stale_reason == "error"
+        [(_, stale_reason, stale_error)] = _outcomes([stale])
+        assert stale_reason == "error" and "not registered" in (stale_error or "")
     finally:
         served.shutdown()
