@@ -37,7 +37,7 @@ def random_adapter(model: LlamaForCausalLM, name: str, seed: int) -> LoraAdapter
             a = torch.randn(RANK, linear.in_features, generator=g) / linear.in_features**0.5
             b = torch.randn(width, RANK, generator=g) * 0.01
             weights[(layer, target)] = (a.to(dtype), b.to(dtype))
-    return LoraAdapter(name, Path("random"), RANK, 2.0, weights)
+    return LoraAdapter(name, Path("random"), RANK, 2.0, weights, digest=f"random-{seed}")
 
 
 def tokens_per_second(llm: LLM, loras: list[str | None]) -> float:
@@ -57,13 +57,16 @@ def tokens_per_second(llm: LLM, loras: list[str | None]) -> float:
 def main(rounds: int = 2) -> None:
     llm = LLM("smollm2", prefix_caching=False)
     model = llm.engine.model
+    keys: list[str | None] = []  # rows name an adapter by its key (name@digest)
     for i, name in enumerate(ADAPTERS):
-        attach(model, random_adapter(model, name, i))
+        adapter = random_adapter(model, name, i)
+        attach(model, adapter)
+        keys.append(adapter.key)
     batches: dict[str, list[str | None]] = {
         "base only": [None] * STREAMS,
-        "3 adapters + base": [(*ADAPTERS, None)[i % 4] for i in range(STREAMS)],
+        "3 adapters + base": [(*keys, None)[i % 4] for i in range(STREAMS)],
     }
-    tokens_per_second(llm, [None, "a"])  # warm up
+    tokens_per_second(llm, [None, keys[0]])  # warm up
     best = dict.fromkeys(batches, 0.0)
     for _ in range(rounds):
         for label, loras in batches.items():

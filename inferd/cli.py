@@ -255,6 +255,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         num_speculative_tokens=args.num_speculative_tokens,
         draft_model=args.draft_model,
         self_spec_layers=args.self_spec_layers,
+        max_loras=getattr(args, "max_loras", EngineConfig().max_loras),  # serve's flag only
     )
 
 

@@ -50,6 +50,9 @@ class EngineConfig:
     # self_spec_layers layers (default: half) draft (engine/draft_model.py)
     draft_model: str | None = None
     self_spec_layers: int | None = None
+    # LoRA adapters attached to the weights at once (engine/lora_slots.py); more may be served,
+    # each loaded on demand into the slot of the least recently used idle one.
+    max_loras: int = 4
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
@@ -81,5 +84,7 @@ class EngineConfig:
             raise ValueError("self_spec_layers must be at least 1")
         if self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
+        if self.max_loras < 1:
+            raise ValueError("max_loras must be at least 1")
         if self.isq not in (None, "q8", "q4"):
             raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")

@@ -261,3 +261,49 @@ def test_mmproj_is_a_projector_file_beside_a_gguf_model(tmp_path: Path) -> None:
         "plain.Plain.mmproj: only GGUF entries take a projector (mmproj)",
         f"missing.mmproj: expected a projector .gguf file; {tmp_path}/proj/none.gguf is not a file",
     ]
+
+
+def test_lora_adapters_per_model_as_a_table_or_name_path_strings(tmp_path: Path) -> None:
+    for name in ("pirate", "poet", "a/b"):
+        (tmp_path / "adapters" / name).mkdir(parents=True)
+    toml = """
+[chat]
+[chat.GGUF]
+model_id = "smollm2"
+[chat.lora]
+pirate = "adapters/pirate"
+poet = "adapters/poet"
+
+[other.Plain]
+model_id = "dir"
+lora = ["deep=adapters/a/b"]
+"""
+    (tmp_path / "models.toml").write_text(toml)
+    chat, other = load_models_file(tmp_path / "models.toml")
+    adapters = tmp_path / "adapters"
+    assert chat.lora == (("pirate", str(adapters / "pirate")), ("poet", str(adapters / "poet")))
+    assert other.lora == (("deep", str(adapters / "a" / "b")),)
+    assert parse_models({"a": {"GGUF": {"model_id": "smollm2"}}})[0].lora == ()
+    bad = {
+        "chat": {"GGUF": {"model_id": "smollm2"}, "lora": {"default": "adapters/pirate"}},
+        "two": {"Plain": {"model_id": "x"}, "lora": ["pirate=adapters/pirate", "oops", 3]},
+        "gone": {"Plain": {"model_id": "y", "lora": {"lost": "adapters/none"}}},
+        "emb": {"Embedding": {"model_id": "minilm"}, "lora": {"e": "adapters/poet"}},
+        "kind": {"Plain": {"model_id": "z"}, "lora": "adapters/poet"},
+        "x": {"Plain": {"model_id": "x"}, "lora": {"pirate": "adapters/pirate"}},
+        "clash": {"Plain": {"model_id": "w"}, "lora": {"x": "adapters/poet"}},
+        "dup": {"Plain": {"model_id": "v"}, "lora": ["pirate=adapters/poet"]},
+    }
+    with pytest.raises(SpecError) as err:
+        parse_models(bad, base=tmp_path)
+    assert err.value.problems == [
+        "chat.lora.default: 'default' names the default model; choose another name",
+        'two.lora[1]: expected "NAME=PATH", got a string "oops"',
+        'two.lora[2]: expected "NAME=PATH", got a number 3',
+        f"gone.Plain.lora.lost: expected a PEFT adapter directory; {adapters}/none is not one",
+        "emb.lora: does not apply to Embedding models",
+        "kind.lora: expected an object mapping adapter names to directories (or an array of "
+        '"NAME=PATH"), got a string',
+        "clash.lora.x: serves under the API id 'x', as x does; rename one",
+        "dup.lora.pirate: serves under the API id 'pirate', as x.lora.pirate does; rename one",
+    ]

@@ -71,8 +71,9 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
-        if scheduled.empty:
-            return []
+        failed = [self._fail(request, why) for request, why in scheduled.failed]
+        if not scheduled.chunks:
+            return failed
         started = time.perf_counter()
         # Constrained rows: their masks are computed while the model runs (structured/masks.py).
         # (A request with drafts is never constrained: its draft rows get no mask.)
@@ -97,7 +98,14 @@ class EngineCore:
             ]
         self.steps += 1
         self.last_step_seconds = time.perf_counter() - started
-        return outputs
+        return failed + outputs
+
+    def _fail(self, request: Request, message: str) -> RequestOutput:
+        """End a request that cannot run (its adapter failed to load) with an error output."""
+        self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
+        self.requests.pop(request.request_id, None)
+        self.prompt_logprobs.pop(request.request_id, None)
+        return _output(request, "", (), "error", error=message)
 
     def _sample_with_drafts(self, result: StepResult) -> list[RequestOutput]:
         """The plain rows sampled as one batch, each chunk with drafts verified on its rows."""

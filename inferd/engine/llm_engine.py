@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from inferd.engine.core import EngineCore
 from inferd.engine.detokenizer import IncrementalDetokenizer
+from inferd.engine.lora_slots import LoraSlots
 from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
@@ -70,6 +71,12 @@ class LLMEngine:
     def model(self) -> LlamaForCausalLM:
         """The model module the steps run (for inspection: its layers and kernels)."""
         return self._core.runner.model
+
+    @property
+    def adapters(self) -> LoraSlots:
+        """Which LoRA adapters are resident (``--max-loras``); serving/lora.py gives it its
+        loader."""
+        return self._core.scheduler.adapters
 
     @property
     def model_config(self) -> ModelConfig:
@@ -300,4 +307,7 @@ class LLMEngine:
             encoder_cache_hits=core.runner.encoder_cache.stats.hits,
             speculative_drafted=sched.speculator.drafted if sched.speculator else 0,
             speculative_accepted=sched.speculator.accepted if sched.speculator else 0,
+            lora_resident=len(sched.adapters.resident),
+            lora_loads=sched.adapters.loads,
+            lora_evictions=sched.adapters.evictions,
         )

@@ -57,3 +57,6 @@ class EngineStats:
     encoder_cache_hits: int = 0  # images whose encoder rows came from the encoder cache
     speculative_drafted: int = 0  # drafted tokens verified (engine/speculative.py)
     speculative_accepted: int = 0  # of those, tokens the model accepted
+    lora_resident: int = 0  # LoRA adapters attached now (engine/lora_slots.py)
+    lora_loads: int = 0  # adapters loaded into a slot (the first time, or after an eviction)
+    lora_evictions: int = 0  # adapters detached to free a slot for another

@@ -21,6 +21,10 @@ one: it ends before the span, or, when the chunk starts in it or at it, after th
 even past the budget (the span's first rows must see its last keys, all computed in one step).
 The encoder budget cuts only at an image's first placeholder, so it never splits a span.
 
+A request with a LoRA adapter is admitted only once its adapter is resident (engine/lora_slots.py,
+``--max-loras``); while every adapter slot is held by running requests it waits, keeping its
+place, and requests behind it with resident adapters (or none) go first.
+
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
 
@@ -38,6 +42,7 @@ from inferd.config import EngineConfig
 from inferd.engine.encoder_budget import EncoderBudget
 from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import KVCacheManager
+from inferd.engine.lora_slots import AdapterLoadError, LoraSlots
 from inferd.engine.request import Request, RequestStatus
 from inferd.engine.speculative import Speculator
 
@@ -65,6 +70,8 @@ class ScheduledChunk:
 class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]
     preempted: tuple[str, ...] = ()
+    # waiting requests whose adapter could not be loaded, with why: they end with an error
+    failed: tuple[tuple[Request, str], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -72,7 +79,7 @@ class SchedulerOutput:
 
     @property
     def empty(self) -> bool:
-        return not self.chunks
+        return not self.chunks and not self.failed
 
 
 _DEFAULTS = EngineConfig()  # the engine's defaults live in one place
@@ -98,12 +105,15 @@ class Scheduler:
         kv: KVCacheManager,
         encoder_cache: EncoderCache | None = None,
         speculator: Speculator | None = None,
+        adapters: LoraSlots | None = None,
     ) -> None:
-        """``encoder_cache``: the runner's, so cached media cost no encoder budget."""
+        """``encoder_cache``: the runner's, so cached media cost no encoder budget.
+        ``adapters``: which LoRA adapters are resident (None: whatever is attached runs)."""
         self.config = config
         self.kv = kv
         self.encoder_cache = encoder_cache
         self.speculator = speculator  # None: speculative decoding is off
+        self.adapters = adapters if adapters is not None else LoraSlots()
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
@@ -130,6 +140,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
+        failed: list[tuple[Request, str]] = []
         encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
@@ -144,6 +155,8 @@ class Scheduler:
                 break
             if long_in_flight and _remaining(request) > self.config.max_num_batched_tokens:
                 continue  # one long prefill at a time; it keeps its place in the queue
+            if not self._adapter_resident(request, failed):
+                continue  # every adapter slot is busy (or it failed): it keeps its place
             self.kv.attach_cached_prefix(request)
             need = _remaining(request)
             n = _whole_spans(request, min(need, budget))
@@ -167,7 +180,21 @@ class Scheduler:
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
             long_in_flight |= need > self.config.max_num_batched_tokens
-        return SchedulerOutput(tuple(chunks), tuple(preempted))
+        return SchedulerOutput(tuple(chunks), tuple(preempted), tuple(failed))
+
+    def _adapter_resident(self, request: Request, failed: list[tuple[Request, str]]) -> bool:
+        """Whether ``request``'s adapter (if any) is resident now, loading it if a slot is
+        free or held by an adapter no running request uses; a load failure goes to
+        ``failed``."""
+        key = request.params.lora
+        if key is None:
+            return True
+        in_use = {r.params.lora for r in self.running if r.params.lora is not None}
+        try:
+            return self.adapters.admit(key, in_use)
+        except AdapterLoadError as exc:
+            failed.append((request, str(exc)))
+            return False
 
     def _schedule_running(
         self,

@@ -147,7 +147,8 @@ class Linear(nn.Linear, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base(x)
-        return out if self.lora is None else self.lora.apply(x, out, _dense_rows.get())
+        lora = self.lora  # read once: an admin route may detach the last adapter meanwhile
+        return out if lora is None else lora.apply(x, out, _dense_rows.get())
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]

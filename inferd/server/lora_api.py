@@ -1,12 +1,14 @@
 """Runtime LoRA adapters (admin routes, guarded like the model lifecycle: server/admin.py).
 
 POST /v1/load_lora_adapter    {"lora_name", "lora_path"} -> reads and checks the adapter on
-                              a worker thread, attaches it to the default model and lists it
-                              as its own model; 400 naming it when it cannot be served,
+                              a worker thread, registers it on the default model (attached
+                              when a request needs it, --max-loras) and lists it as its own
+                              model; 400 naming it when it cannot be served,
                               409 when the name is taken
 POST /v1/unload_lora_adapter  {"lora_name"} -> stops listing it, waits (--drain-timeout) for
-                              the requests running at that moment, then detaches it; 404 for
-                              no such adapter, 409 (still listed) when they do not finish
+                              the requests running at that moment, then forgets it
+                              (detached if resident); 404 for no such adapter, 409 (still
+                              listed) when they do not finish
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.loading.lora import detach
 from inferd.server.errors import APIError
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
-from inferd.serving.lora import serve_adapters
+from inferd.serving.lora import serve_adapters, withdraw_adapter
 from inferd.serving.registry import ModelSlot
 from inferd.serving.served import ServedModel
 
@@ -61,8 +62,10 @@ async def load_lora_adapter(request: Request) -> Response:
         )
     except ValueError as exc:  # LoraError included: it names the adapter and the reason
         raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
-    if name in state.registry.slots:  # a concurrent load of the same name won
-        detach(base.engine.engine.model, views[0].lora or "")
+    winner = state.registry.slots.get(name)
+    if winner is not None:  # a concurrent load of the same name won
+        if getattr(winner.model, "lora", None) != views[0].lora:  # not the same files
+            withdraw_adapter(views[0])
         raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
     state.registry.add(ModelSlot.of_loaded(views[0]))
     return JSONResponse({"id": name, "object": "model", "parent": base.id})
@@ -86,5 +89,5 @@ async def unload_lora_adapter(request: Request) -> Response:
                 409, f"requests still run on the engine of {name!r}; try again", "lora_name"
             )
         await asyncio.sleep(DRAIN_POLL_SECONDS)
-    detach(view.engine.engine.model, view.lora)
+    withdraw_adapter(view)
     return JSONResponse({"id": name, "object": "model", "deleted": True})

@@ -182,6 +182,19 @@ ENGINE_SERIES = (
         "counter",
         "Drafted tokens the model accepted.",
     ),
+    ("inferd_lora_resident", "lora_resident", "gauge", "LoRA adapters attached now."),
+    (
+        "inferd_lora_loads_total",
+        "lora_loads",
+        "counter",
+        "LoRA adapters loaded into a slot (--max-loras), after an eviction too.",
+    ),
+    (
+        "inferd_lora_evictions_total",
+        "lora_evictions",
+        "counter",
+        "LoRA adapters evicted (least recently used, idle) to free a slot.",
+    ),
 )
 
 

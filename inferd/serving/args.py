@@ -51,4 +51,13 @@ def add_model_set_args(p: argparse.ArgumentParser) -> None:
         metavar="R",
         help="refuse adapters of a higher rank (default: 64)",
     )
+    lora.add_argument(
+        "--max-loras",
+        type=int,
+        default=4,  # EngineConfig.max_loras (not imported: --help stays quick)
+        metavar="N",
+        help="adapters attached to the weights at once; more may be served: each is read "
+        "again when a request needs it, into the slot of the least recently used one no "
+        "running request uses, and a request waits while every slot is in use (default: 4)",
+    )
     p.set_defaults(model=None)  # -m: the default model, unless --config is given

@@ -1,7 +1,8 @@
 """The draft model of ``--speculative draft`` and ``self`` (engine/draft_model.py), built at
 startup: a draft model is loaded and checked against the served model's tokenizer (the same
 vocabulary, the same special tokens at the same ids, the same logits width), so a mismatch is
-a clear error before any request, not wrong drafts."""
+a clear error before any request, not wrong drafts. A draft model's weights are RAM the KV
+pool cannot have: ``weight_bytes`` says how much, and serving/sizing.py counts it."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.model import LoadedModel, load
 
 
-def drafter_for(loaded: LoadedModel, cfg: EngineConfig, max_len: int) -> DraftModel | None:
-    """The draft model the settings ask for (None: no draft model)."""
+def drafter_for(loaded: LoadedModel, cfg: EngineConfig) -> DraftModel | None:
+    """The draft model the settings ask for (None: no draft model); ``cover`` it once the
+    served context is known."""
     if cfg.speculative == "self":
         layers = cfg.self_spec_layers or max(1, loaded.config.num_layers // 2)
         return DraftModel(loaded.model, loaded.dtype, layers)
@@ -24,11 +26,24 @@ def drafter_for(loaded: LoadedModel, cfg: EngineConfig, max_len: int) -> DraftMo
         cfg.draft_model, dtype=cfg.dtype, packed_kernels=cfg.packed_kernels, progress=False
     )
     check_same_tokenizer(loaded, draft)
-    for module in draft.model.modules():
+    draft.model.use_kernels(kernels.load_ops(draft.dtype))  # packed copies count in its bytes
+    return DraftModel(draft.model, draft.dtype)
+
+
+def cover(drafter: DraftModel, max_len: int) -> None:
+    """Let the draft model's rotary tables reach the served context."""
+    for module in drafter.model.modules():
         if isinstance(module, RotaryEmbedding):
             module.cover(max_len)
-    draft.model.use_kernels(kernels.load_ops(draft.dtype))
-    return DraftModel(draft.model, draft.dtype)
+
+
+def weight_bytes(drafter: DraftModel | None, served: LoadedModel) -> int:
+    """The RAM a draft model's weights take beside the served model's (0 for none, or for
+    ``self``, which drafts with the served model's own layers)."""
+    if drafter is None or drafter.model is served.model:
+        return 0
+    tensors = [*drafter.model.parameters(), *drafter.model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -21,6 +21,7 @@ from inferd.engine.core import EngineCore
 from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
+from inferd.engine.lora_slots import LoraSlots
 from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.sampling import SamplingParams
@@ -34,7 +35,7 @@ from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
-from inferd.serving.draft import drafter_for
+from inferd.serving.draft import cover, drafter_for, weight_bytes
 from inferd.serving.multimodal import (
     AudioPrompter,
     GridPrompter,
@@ -286,10 +287,15 @@ def assemble(
         loaded.stop_ids,
         loaded.isq,
     )
-    # The weights are in: what RAM is free now is what the KV pool may take a part of.
+    # The weights are in: what RAM is free now, less the draft model's weights (loaded next),
+    # is what the KV pool may take a part of.
+    free = available_bytes()
+    drafter = drafter_for(loaded, cfg)
+    draft_bytes = weight_bytes(drafter, loaded)
     sizing = decide(
         kv_shape(mcfg, dtype.itemsize),
-        available_bytes=available_bytes(),
+        available_bytes=free,
+        draft_bytes=draft_bytes,
         max_seq_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
         kv_cache_mb=cfg.kv_cache_mb,
@@ -303,6 +309,8 @@ def assemble(
     for module in model.modules():  # rope scaling may allow positions past the trained ones
         if isinstance(module, RotaryEmbedding):
             module.cover(max_len)
+    if drafter is not None:
+        cover(drafter, max_len)
     model.use_kernels(kernels.load_ops(dtype))  # built now (once per machine), not mid-request
     num_blocks = sizing.pool_tokens // cfg.block_size + 1  # +1: the reserved null block
     runner = ModelRunner(
@@ -326,7 +334,8 @@ def assemble(
             window=mcfg.uniform_window,
         ),
         runner.encoder_cache,
-        speculator_for(cfg, drafter_for(loaded, cfg, max_len)),
+        speculator_for(cfg, drafter),
+        LoraSlots(cfg.max_loras),
     )
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}

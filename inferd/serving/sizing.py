@@ -11,7 +11,8 @@ The rules, in order:
    ``DEFAULT_MAX_MODEL_LEN``.
 3. The pool is ``--kv-cache-tokens`` / ``--kv-cache-mb`` when given. Otherwise it is one full
    context, or ``DEFAULT_KV_CACHE_MB`` if that is more, within ``KV_RAM_FRACTION`` of the RAM
-   free after the weights (the rest stays for activations, the OS and other processes).
+   free after the weights (the rest stays for activations, the OS and other processes). A
+   draft model's weights (``--draft-model``) count as weights: they leave that much less free.
 4. A pool that cannot hold one full context lowers the served context to what it holds, and the
    startup line says so; but a ``--max-seq-len`` the pool cannot hold is refused, since the
    caller asked for that length explicitly.
@@ -81,9 +82,11 @@ def decide(
     block_size: int = 16,
     window: int | None = None,
     chunk: int = 512,
+    draft_bytes: int = 0,
 ) -> Sizing:
     """The pool and the served context for a model of ``shape`` with ``available_bytes`` of RAM
-    free after its weights; the flags as ``EngineConfig`` holds them (None: not given).
+    free after its weights, of which a draft model's weights will take ``draft_bytes``; the
+    flags as ``EngineConfig`` holds them (None: not given).
     ``window``: when every layer slides, a sequence holds at most the window behind a step's
     first token plus the step's ``chunk`` (engine/kv_cache.py frees the rest), so a full context
     needs only that much of the pool."""
@@ -96,11 +99,14 @@ def decide(
     elif kv_cache_mb is not None:
         tokens, why = _blocks(kv_cache_mb * MIB // per_token, block_size), "set by --kv-cache-mb"
     else:
-        budget = int(available_bytes * KV_RAM_FRACTION)
+        free_bytes = max(0, available_bytes - draft_bytes)
+        budget = int(free_bytes * KV_RAM_FRACTION)
         target = max(need * per_token, DEFAULT_KV_CACHE_MB * MIB)
         fitting = min(target, budget) // per_token
         tokens = _blocks(fitting, block_size)
-        free = f"{_size(available_bytes)} of RAM free after the weights"
+        free = f"{_size(free_bytes)} of RAM free after the weights"
+        if draft_bytes:
+            free += f" (the draft model's {_size(draft_bytes)} included)"
         if tokens >= need:
             contexts = tokens // need
             fits = "one full context" if contexts == 1 else f"{contexts} full contexts"

@@ -11,8 +11,14 @@ Each entry names exactly one kind (``GGUF``, ``Plain`` or ``Embedding``) whose o
 source: ``model_id`` is a store name, a file or a directory; GGUF also takes
 ``quantized_model_id`` + ``quantized_filename`` (a file inside a directory or store entry).
 The optional settings (``alias``, ``chat_template``, ``jinja_explicit``, ``tool_call_parser``,
-``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``, and for GGUF ``mmproj``: a
-llama.cpp multimodal projector file) may sit beside the kind or inside it.
+``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``, ``lora``, and for GGUF ``mmproj``:
+a llama.cpp multimodal projector file) may sit beside the kind or inside it.
+
+``lora`` serves PEFT adapters on that model, each as its own model (`--lora` for `-m`): an
+object mapping each adapter's API id to its directory (TOML: a ``[label.lora]`` table), or an
+array of ``"NAME=PATH"`` strings as `--lora` takes them::
+
+    {"chat": {"GGUF": {"model_id": "smollm2"}, "lora": {"pirate": "adapters/pirate"}}}
 
 The API id is the alias, else derived from the source: a store name as is, a file's stem, a
 directory's name. Every mistake is reported with its key path and what was expected, all at
@@ -44,8 +50,9 @@ _SETTINGS = (
     "max_seq_len",
     "max_seqs",
     "mmproj",
+    "lora",
 )
-_GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "tool_call_parser", "in_situ_quant")
+_GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "tool_call_parser", "in_situ_quant", "lora")
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
     **dict.fromkeys(("Q8", "Q8_0", "Q8_1", "Q8K"), "q8"),
@@ -83,6 +90,7 @@ class ModelSpec:
     max_seqs: int | None = None
     tool_call_parser: str | None = None  # None: the syntax the chat template shows
     mmproj: str | None = None  # a llama.cpp multimodal projector file (GGUF models)
+    lora: tuple[tuple[str, str], ...] = ()  # (API id, directory) of each PEFT adapter on it
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in (None, *PARSERS):
@@ -152,15 +160,24 @@ def parse_models(data: Any, *, base: Path = Path(), origin: str = "") -> list[Mo
         spec = _parse_entry(str(label), entry, base, problems)
         if spec is not None:
             specs.append(spec)
-    seen: dict[str, str] = {}
+    seen: dict[str, str] = {}  # API id -> the key path serving it
     for spec in specs:
         assert spec.label is not None
-        other = seen.setdefault(spec.api_id, spec.label)
-        if other != spec.label:
+        other = seen.setdefault(spec.api_id, _path(spec.label))
+        if other != _path(spec.label):
             problems.append(
                 f"{_path(spec.label)}: serves under the API id {spec.api_id!r}, as "
-                f"{_path(other)} does; give one of them an alias"
+                f"{other} does; give one of them an alias"
             )
+    for spec in specs:  # adapters after every model: a model's id is never the adapter's fault
+        assert spec.label is not None
+        for name, _ in spec.lora:
+            where = _path(spec.label, "lora", name)
+            other = seen.setdefault(name, where)
+            if other != where:
+                problems.append(
+                    f"{where}: serves under the API id {name!r}, as {other} does; rename one"
+                )
     if problems:
         raise SpecError(problems, origin)
     return specs
@@ -227,6 +244,7 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         max_seqs=values.get("max_seqs"),
         tool_call_parser=values.get("tool_call_parser"),
         mmproj=values.get("mmproj"),
+        lora=values.get("lora") or (),
     )
 
 
@@ -282,6 +300,8 @@ def _setting(
     if kind == "Embedding" and name in _GENERATIVE_ONLY:
         problems.append(f"{path}: does not apply to Embedding models")
         return None
+    if name == "lora":
+        return _adapters(value, base, path, problems)
     if name in ("max_seq_len", "max_seqs"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"{path}: expected a positive integer, got {_describe(value)}")
@@ -313,6 +333,46 @@ def _setting(
     if name == "chat_template":
         return _template(value, base, path, problems)
     return value
+
+
+def _adapters(
+    value: Any, base: Path, path: str, problems: list[str]
+) -> tuple[tuple[str, str], ...] | None:
+    """``lora``: {name: directory} or ["NAME=PATH", ...] -> (name, directory) pairs, each a
+    directory (relative paths against the models file's folder); the adapter files themselves
+    are read and checked when the model loads."""
+    pairs: list[tuple[str, Any, str]] = []  # (name, path, key path for messages)
+    if isinstance(value, dict):
+        pairs = [(str(k), v, f"{path}.{_path(str(k))}") for k, v in value.items()]
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            name, sep, folder = item.partition("=") if isinstance(item, str) else ("", "", "")
+            if not sep or not name.strip() or not folder:
+                problems.append(f'{path}[{i}]: expected "NAME=PATH", got {_describe(item)}')
+                continue
+            pairs.append((name.strip(), folder, f"{path}[{i}]"))
+    else:
+        problems.append(
+            f"{path}: expected an object mapping adapter names to directories (or an array "
+            f'of "NAME=PATH"), got {_type(value)}'
+        )
+        return None
+    out: list[tuple[str, str]] = []
+    start = len(problems)
+    for name, folder, where in pairs:
+        if name == "default":
+            problems.append(f"{where}: 'default' names the default model; choose another name")
+        elif any(name == seen for seen, _ in out):
+            problems.append(f"{where}: the adapter name {name!r} is given twice")
+        elif not isinstance(folder, str) or not folder.strip():
+            problems.append(f"{where}: expected an adapter directory, got {_describe(folder)}")
+        else:
+            full = Path(folder).expanduser()
+            full = full if full.is_absolute() else base / full
+            if not full.is_dir():
+                problems.append(f"{where}: expected a PEFT adapter directory; {full} is not one")
+            out.append((name, str(full)))
+    return tuple(out) if len(problems) == start else None
 
 
 def read_chat_template(value: str) -> str:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import argparse
 import functools
+from pathlib import Path
 
 from inferd.config import EngineConfig
 from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
-from inferd.serving.loading import Servable, expected_kind, load_spec
+from inferd.serving.loading import ModelLoadError, Servable, expected_kind, load_spec
 from inferd.serving.lora import parse_lora_flags, serve_adapters
-from inferd.serving.registry import ModelRegistry, ModelSlot
+from inferd.serving.registry import ModelRegistry, ModelSlot, ModelStatus
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
 from inferd.store import DEFAULT_MODEL
@@ -55,13 +56,15 @@ def registry_from_args(
         default = args.default_model_id or (model.id if adapters else None)
         registry = ModelRegistry(slots, default_id=default, **policy)
         lines = [f"lora       {a.id}  (on {model.id})" for a in adapters]
+        if adapters:
+            lines.append(f"lora       at most {cfg.max_loras} attached at once (--max-loras)")
         return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec), *lines]
     if args.model is not None:
         raise ValueError("give -m or --config, not both")
     if getattr(args, "mmproj", None) is not None:
         raise ValueError("--mmproj goes with -m; in a --config file, use mmproj")
     if getattr(args, "lora", None):
-        raise ValueError("--lora goes with -m")
+        raise ValueError("--lora goes with -m; in a --config file, use lora")
     if template_flag is not None:
         raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
     if getattr(args, "tool_call_parser", None) is not None:
@@ -69,21 +72,45 @@ def registry_from_args(
             "--tool-call-parser goes with -m; in a --config file, use tool_call_parser"
         )
     specs = load_models_file(args.config)
-    slots = [
-        ModelSlot(
-            spec.api_id,
-            expected_kind(spec),
-            functools.partial(load_spec, spec, cfg, loop=loop),
-            label=spec.label,
+    max_rank = getattr(args, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+    slots, lines = [], []
+    for spec in specs:
+        load = functools.partial(_load_base, spec, cfg, loop, max_rank)
+        base = ModelSlot(spec.api_id, expected_kind(spec), load, label=spec.label)
+        slots.append(base)
+        lines.append(
+            f"model      {base.id}  ({base.kind}, label {spec.label}) loading in the background"
         )
-        for spec in specs
-    ]
+        # Each adapter's slot loads after its base's (the loader runs loads in order) and
+        # registers it on the base's engine.
+        for name, path in spec.lora:
+            view = functools.partial(_adapter_view, base, name, Path(path), max_rank)
+            slots.append(ModelSlot(name, "chat", view, label=f"{spec.label}.lora.{name}"))
+            lines.append(f"lora       {name}  (on {base.id})")
+    if any(spec.lora for spec in specs):
+        lines.append(f"lora       at most {cfg.max_loras} attached at once per model (--max-loras)")
     registry = ModelRegistry(slots, default_id=args.default_model_id, multi=True, **policy)
     registry.load_all()
-    lines = [
-        f"model      {s.id}  ({s.kind}, label {s.label}) loading in the background" for s in slots
-    ]
     return registry, [*lines, f"default    {registry.default_id}"]
+
+
+def _load_base(spec: ModelSpec, cfg: EngineConfig, loop: EngineLoop, max_rank: int) -> Servable:
+    model = load_spec(spec, cfg, loop=loop)
+    if isinstance(model, ServedModel):
+        model.max_lora_rank = max_rank  # for /v1/load_lora_adapter
+    return model
+
+
+def _adapter_view(base: ModelSlot, name: str, path: Path, max_rank: int) -> ServedModel:
+    """A models file's adapter, registered on its base model (loaded by now, or failed)."""
+    model = base.model
+    if base.status is not ModelStatus.LOADED or not isinstance(model, ServedModel):
+        why = f": {base.error}" if base.error else ""
+        raise ModelLoadError(f"its base model {base.id!r} is {base.status}{why}")
+    try:
+        return serve_adapters(model, [(name, path)], max_rank)[0]
+    except ValueError as exc:  # LoraError included: it names the adapter and the reason
+        raise ModelLoadError(str(exc)) from None
 
 
 def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:

@@ -32,5 +32,7 @@ def save_random_adapter(
         for name, p in peft_model.named_parameters():
             if "lora_" in name:  # large enough that a wrong scale or slice shows in the logits
                 p.copy_(torch.randn(p.shape, generator=g) * (0.5 / p.shape[-1] ** 0.5))
-    peft_model.save_pretrained(str(directory))
+    # No embedding is a target: say so, rather than have peft look for the base's config.json
+    # (absent beside a GGUF file) to decide it.
+    peft_model.save_pretrained(str(directory), save_embedding_layers=False)
     return peft_model.eval()

@@ -1,12 +1,15 @@
 """LoRA adapters served live: `inferd serve -m TINY --lora NAME=PATH ...` lists each adapter as
 its own model with ``parent``, a chat naming it answers as transformers + peft do greedily, the
-base answers as the base; a bad adapter stops the startup with its name in the error."""
+base answers as the base; a bad adapter stops the startup with its name in the error. The server
+runs with ``--max-loras 1``: every change of adapter evicts the other, which changes no reply."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +72,7 @@ def server(folder: Path, references: dict[str | None, str]) -> Iterator[LiveServ
     args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
     for name in ADAPTERS:
         args += ["--lora", f"{name}={folder / name}"]
-    args += ["--admin-key", "admin-secret", "--access-log-format", "off"]
+    args += ["--admin-key", "admin-secret", "--access-log-format", "off", "--max-loras", "1"]
     with live_server(args, folder / "serve.log") as live:
         yield live
 
@@ -103,6 +106,22 @@ def test_adapter_answers_as_peft_and_base_as_base(
     for name in ADAPTERS:
         assert _reply(client, name) == references[name], name
     assert _reply(client, "default") == references[None]
+
+
+def test_one_slot_concurrent_adapters_each_answer_as_peft(
+    server: LiveServer, references: dict[str | None, str]
+) -> None:
+    """Requests to two adapters at once with one slot: one waits for the other's to finish."""
+    client = _client(server)
+    evictions = server.metric("inferd_lora_evictions_total")
+    names = [*ADAPTERS, *ADAPTERS, "default"]
+    with ThreadPoolExecutor(len(names)) as pool:
+        replies = list(pool.map(lambda name: _reply(client, name), names))
+    for name, reply in zip(names, replies, strict=True):
+        assert reply == references[None if name == "default" else name], name
+    assert server.metric("inferd_lora_evictions_total") > evictions
+    assert server.metric("inferd_lora_resident") == 1
+    assert "LoRA fox" in server.log.read_text()  # the load/eviction log line
 
 
 def test_unknown_adapter_is_404(server: LiveServer) -> None:
@@ -161,3 +180,37 @@ def test_adapter_for_another_base_stops_startup(folder: Path, alien: Path) -> No
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "'alien'" in proc.stderr and "another model" in proc.stderr
+
+
+def test_config_file_serves_each_models_adapters(
+    folder: Path, alien: Path, references: dict[str | None, str]
+) -> None:
+    """`lora` in a --config file: the model's adapters are listed with it as parent and
+    answer as peft; one that cannot be served shows status error while the others serve."""
+    config = folder / "models.toml"
+    config.write_text(
+        f'[tiny]\ndtype = "f32"\nmax_seq_len = 128\n[tiny.Plain]\nmodel_id = "{folder / "base"}"\n'
+        f'[tiny.lora]\nfox64 = "{folder / "fox64"}"\nalien = "{alien}"\n'
+    )
+    args = ["--config", str(config), "--access-log-format", "off", "--max-loras", "1"]
+    with live_server(args, folder / "serve_config.log") as live:
+        deadline = time.monotonic() + 300
+        while True:
+            cards = {m["id"]: m for m in httpx.get(f"{live.api}/models").json()["data"]}
+            if not {"loading", "reloading"} & {c.get("status") for c in cards.values()}:
+                break
+            assert time.monotonic() < deadline, cards
+            time.sleep(0.5)
+        assert cards["fox64"]["status"] == "loaded" and cards["fox64"]["parent"] == "base"
+        assert cards["alien"]["status"] == "error"
+        assert "another model" in _status_error(live, "alien")
+        client = _client(live)
+        assert _reply(client, "fox64") == references["fox64"]
+        assert _reply(client, "base") == references[None]
+
+
+def _status_error(live: LiveServer, model: str) -> str:
+    r = httpx.post(f"{live.api}/chat/completions", json={"model": model, "messages": MESSAGES})
+    assert r.status_code == 503, r.text
+    message: str = r.json()["error"]["message"]
+    return message

@@ -3,6 +3,7 @@ decisions are arithmetic on a model's shape and the RAM left after its weights."
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -172,3 +173,47 @@ def test_a_model_whose_every_layer_slides_needs_only_its_window() -> None:
     assert (s.max_seq_len, s.pool_tokens, s.lowered_from) == (8192, 1024, None)
     lowered = decide(kv, available_bytes=64 * GIB, kv_cache_tokens=512, window=512, chunk=256)
     assert lowered.lowered_from == 8192 and lowered.max_seq_len == 512
+
+
+def test_a_draft_models_weights_shrink_the_default_pool() -> None:
+    """The draft model's weights leave that much less RAM free: a pool that RAM bounds shrinks
+    by the KV fraction of the draft's bytes (the same share the served weights cost it)."""
+    llama = shape(LLAMA_3_8B)
+    available, draft = 600 * MIB, 120 * MIB  # RAM-bound: 50% of 600 MiB < the 512 MiB default
+    alone = decide(llama, available_bytes=available)
+    drafted = decide(llama, available_bytes=available, draft_bytes=draft)
+    assert drafted.pool_tokens < alone.pool_tokens
+    shrunk = alone.pool_bytes - drafted.pool_bytes
+    block = 16 * llama.bytes_per_token
+    assert abs(shrunk - draft * KV_RAM_FRACTION) < block
+    assert "the draft model's 120 MiB included" in drafted.reason
+    assert "draft" not in alone.reason
+    # An explicit pool is what was asked for, draft or not.
+    assert decide(llama, available_bytes=available, draft_bytes=draft, kv_cache_mb=64) == decide(
+        llama, available_bytes=available, kv_cache_mb=64
+    )
+
+
+def test_served_models_sizing_counts_its_draft_model(tmp_path: Path) -> None:
+    """--draft-model: the startup sizing line names the draft's bytes, which are its weights'."""
+    from inferd.config import EngineConfig
+    from inferd.serving.served import load_model
+    from tests.models.tiny import save_tiny
+
+    save_tiny("llama", tmp_path / "base")
+    save_tiny("llama", tmp_path / "draft", seed=1, num_hidden_layers=1)
+    cfg = EngineConfig(dtype="f32", speculative="draft", draft_model=str(tmp_path / "draft"))
+    served = load_model(tmp_path / "base", cfg, progress=False)
+    try:
+        speculator = served.engine.engine._core.scheduler.speculator
+        assert speculator is not None and speculator.drafter is not None
+        draft = speculator.drafter.model
+        assert draft is not served.engine.engine.model
+        tensors = [*draft.parameters(), *draft.buffers()]
+        draft_bytes = sum(t.numel() * t.element_size() for t in tensors)
+        assert draft_bytes > 0
+        assert served.sizing is not None
+        kib = f"{draft_bytes / 1024:.0f} KiB"
+        assert f"the draft model's {kib} included" in served.sizing.reason
+    finally:
+        served.shutdown()
