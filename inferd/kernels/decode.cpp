@@ -76,16 +76,11 @@ inline float row_scale<int8_t>(const int8_t* row, int64_t dim) {
   return static_cast<float>(scale);
 }
 
-// One row of values (each already rounded to the activations' dtype) into the cache: a copy
-// for a float cache; for an int8 one, kv_quant.quantize_rows's arithmetic step for step, so
-// both write the same bytes: scale = float16(absmax / 127), code = round-half-even(x / scale),
-// both divisions as multiplications by the float32 reciprocal.
-template <typename C>
-inline void store_row(const float* x, int64_t dim, C* dst) {
-  for (int64_t i = 0; i < dim; ++i) dst[i] = from_f<C>(x[i]);
-}
-template <>
-inline void store_row<int8_t>(const float* x, int64_t dim, int8_t* dst) {
+// One row of values (each already rounded to the activations' dtype) into an int8 cache row:
+// kv_quant.quantize_rows's arithmetic step for step, so both write the same bytes:
+// scale = float16(absmax / 127), code = round-half-even(x / scale), both divisions as
+// multiplications by the float32 reciprocal.
+inline void quantize_row(const float* x, int64_t dim, int8_t* dst) {
   float amax = 0.f;
   for (int64_t i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(x[i]));
   const c10::Half scale(amax * INV_QMAX);
@@ -198,7 +193,7 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 // cos, signed_sin: float32 tables [max_pos, rot], signed_sin with its first half negated; the
 // first rot channels of each head rotate, the rest pass through (partial rotary).
 // C: the cache's element, T or int8 (then each k and v row is rounded to T as a float cache
-// would hold it, then quantized with its own scale: store_row).
+// would hold it, then quantized with its own scale: quantize_row).
 template <typename T, typename C>
 void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const float* cos,
                const float* ssin, T* q, C* kc, C* vc, int64_t n, int64_t heads, int64_t kv_heads,
@@ -212,33 +207,36 @@ void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const flo
       const T* src_row = qkv + r * width;
       const float* c = cos + pos[r] * rot;
       const float* s = ssin + pos[r] * rot;
-      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
-        const T* src = src_row + hd * dim;
-        if (!quantized || hd < heads) {
-          T* dst = hd < heads ? q + (r * heads + hd) * dim
-                              : reinterpret_cast<T*>(kc) + (slots[r] * kv_heads + (hd - heads)) * dim;
-          for (int64_t i = 0; i < rot; ++i) {
-            const int64_t j = i < half ? i + half : i - half;
-            dst[i] = from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]);
-          }
-          std::copy(src + rot, src + dim, dst + rot);
-          continue;
-        }
+      // The first rot channels rotated and rounded to T, the rest as they are.
+      const auto rotate = [&](const T* src, auto&& put) {
         for (int64_t i = 0; i < rot; ++i) {
           const int64_t j = i < half ? i + half : i - half;
-          tmp[i] = to_f(from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]));
+          put(i, from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]));
         }
-        for (int64_t i = rot; i < dim; ++i) tmp[i] = load_f(src, i);
-        store_row(tmp.data(), dim, kc + (slots[r] * kv_heads + (hd - heads)) * row);
+        for (int64_t i = rot; i < dim; ++i) put(i, src[i]);
+      };
+      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
+        const T* src = src_row + hd * dim;
+        const int64_t slot_row = slots[r] * kv_heads + (hd - heads);
+        if (hd < heads) {
+          T* dst = q + (r * heads + hd) * dim;
+          rotate(src, [&](int64_t i, T x) { dst[i] = x; });
+        } else if constexpr (quantized) {
+          rotate(src, [&](int64_t i, T x) { tmp[i] = to_f(x); });
+          quantize_row(tmp.data(), dim, kc + slot_row * row);
+        } else {
+          C* dst = kc + slot_row * row;
+          rotate(src, [&](int64_t i, T x) { dst[i] = x; });
+        }
       }
       const T* v = src_row + (heads + kv_heads) * dim;
       if constexpr (quantized) {
         for (int64_t h = 0; h < kv_heads; ++h) {
           for (int64_t i = 0; i < dim; ++i) tmp[i] = load_f(v + h * dim, i);
-          store_row(tmp.data(), dim, vc + (slots[r] * kv_heads + h) * row);
+          quantize_row(tmp.data(), dim, vc + (slots[r] * kv_heads + h) * row);
         }
       } else {
-        std::copy(v, src_row + width, reinterpret_cast<T*>(vc) + slots[r] * kv_heads * dim);
+        std::copy(v, src_row + width, vc + slots[r] * kv_heads * dim);
       }
     }
   });
