@@ -15,6 +15,9 @@ DEFAULT_MAX_MODEL_LEN = 8192  # tokens of context at most, unless --max-seq-len 
 DEFAULT_KV_CACHE_MB = 512
 KV_RAM_FRACTION = 0.5
 DTYPES = ("auto", "bf16", "f16", "f32")  # compute dtypes; auto: bf16 with native bf16, else f32
+# KV cache storage: auto is the compute dtype; int8 is quantized per token and KV head
+# (kernels/kv_quant.py), about half of bf16's bytes per token.
+KV_CACHE_DTYPES = ("auto", "bf16", "f32", "int8")
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,7 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_tokens: int | None = None  # None: from kv_cache_mb
     kv_cache_mb: int | None = None  # None: sized from the context and free RAM (sizing.py)
+    kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
     seed: int | None = None
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
@@ -57,6 +61,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
+                f"got {self.kv_cache_dtype!r}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "max_waiting"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")

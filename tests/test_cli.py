@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from inferd.cli import _engine_config, _parser
 from inferd.config import EngineConfig
 
@@ -70,3 +72,12 @@ def test_engine_flags_default_to_the_engine_config() -> None:
 def test_deterministic_flag_reaches_the_engine_config() -> None:
     args = _parser().parse_args(["serve", "--deterministic"])
     assert _engine_config(args) == EngineConfig(deterministic=True)
+
+
+def test_kv_cache_dtype_flag_reaches_the_engine_config() -> None:
+    args = _parser().parse_args(["serve", "--kv-cache-dtype", "int8"])
+    assert _engine_config(args) == EngineConfig(kv_cache_dtype="int8")
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        EngineConfig(kv_cache_dtype="int4")

@@ -40,6 +40,7 @@ from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
+from inferd.kernels.kv_quant import row_width
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import dense_rows, int8_activation_rows
 from inferd.layers.lora import lora_rows
@@ -103,7 +104,7 @@ class ModelRunner:
         config: ModelConfig,
         num_blocks: int,
         block_size: int,
-        dtype: torch.dtype,
+        kv_dtype: torch.dtype,
         *,
         deterministic: bool = False,
         encoder_cache_bytes: int = 256 << 20,
@@ -113,9 +114,13 @@ class ModelRunner:
         self.deterministic = deterministic
         self.config = config
         self.block_size = block_size
-        shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+        # ``kv_dtype``: the model's dtype, another float one, or int8 rows with their scales
+        # (inferd/kernels/kv_quant.py), which the kernels quantize and dequantize.
+        row = row_width(config.head_dim, kv_dtype)
+        shape = (num_blocks, block_size, config.num_kv_heads, row)
+        self.kv_dtype = kv_dtype
         self.kv_caches: list[KVCache] = [
-            (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
+            (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
             for _ in range(config.num_layers)
         ]
 

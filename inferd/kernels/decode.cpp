@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <limits>
 #include <vector>
 
@@ -50,6 +51,48 @@ inline c10::BFloat16 from_f<c10::BFloat16>(float v) {
   return c10::BFloat16(static_cast<uint16_t>(bits >> 16), c10::BFloat16::from_bits());
 }
 
+// int8 KV rows (inferd/kernels/kv_quant.py): `dim` codes, then the row's float16 scale, so a
+// value is code * scale. A float cache's rows are the values themselves (scale 1, exact).
+constexpr int64_t SCALE_BYTES = 2;
+constexpr float INV_QMAX = 1.f / 127.f;
+
+template <typename C>
+inline int64_t row_width(int64_t dim) {
+  return dim;
+}
+template <>
+inline int64_t row_width<int8_t>(int64_t dim) {
+  return dim + SCALE_BYTES;
+}
+
+template <typename C>
+inline float row_scale(const C*, int64_t) {
+  return 1.f;
+}
+template <>
+inline float row_scale<int8_t>(const int8_t* row, int64_t dim) {
+  c10::Half scale;
+  std::memcpy(&scale.x, row + dim, SCALE_BYTES);
+  return static_cast<float>(scale);
+}
+
+// One row of values (each already rounded to the activations' dtype) into an int8 cache row:
+// kv_quant.quantize_rows's arithmetic step for step, so both write the same bytes:
+// scale = float16(absmax / 127), code = round-half-even(x / scale), both divisions as
+// multiplications by the float32 reciprocal.
+inline void quantize_row(const float* x, int64_t dim, int8_t* dst) {
+  float amax = 0.f;
+  for (int64_t i = 0; i < dim; ++i) amax = std::max(amax, std::fabs(x[i]));
+  const c10::Half scale(amax * INV_QMAX);
+  const float s = static_cast<float>(scale);
+  const float inv = s > 0.f ? 1.f / s : 0.f;
+  for (int64_t i = 0; i < dim; ++i) {
+    const float code = std::min(127.f, std::max(-127.f, std::nearbyint(x[i] * inv)));
+    dst[i] = static_cast<int8_t>(code);
+  }
+  std::memcpy(dst + dim, &scale.x, SCALE_BYTES);
+}
+
 // Input checks: a kernel raises (a Python RuntimeError) on what it cannot take, and never reads
 // or writes outside its tensors. Index tensors are checked element by element; that is a pass
 // over a few hundred integers, next to kernels that read megabytes.
@@ -80,17 +123,24 @@ void check_range(const torch::Tensor& t, const char* name, int64_t lo, int64_t h
   }
 }
 
-void check_caches(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-                  const torch::Tensor& x) {
+// The caches hold rows of the activations' dtype, or int8 rows: head_dim codes then the row's
+// float16 scale (inferd/kernels/kv_quant.py). Returns the head size.
+int64_t check_caches(const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+                     const torch::Tensor& x) {
   check_tensor(k_cache, "k_cache", 4);
   check_tensor(v_cache, "v_cache", 4);
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes(), "k_cache ", k_cache.sizes(), " and v_cache ",
               v_cache.sizes(), " differ in shape");
-  TORCH_CHECK(k_cache.scalar_type() == x.scalar_type() &&
-                  v_cache.scalar_type() == x.scalar_type(),
-              "the caches must have the dtype of the activations (", x.scalar_type(), ")");
-  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.size(2) > 0 && k_cache.size(3) > 0,
-              "empty cache shape ", k_cache.sizes());
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type(), "k_cache is ",
+              k_cache.scalar_type(), ", v_cache is ", v_cache.scalar_type());
+  const bool quantized = k_cache.scalar_type() == at::kChar;
+  TORCH_CHECK(quantized || k_cache.scalar_type() == x.scalar_type(),
+              "the caches must be int8 or have the dtype of the activations (", x.scalar_type(),
+              "), not ", k_cache.scalar_type());
+  const int64_t dim = k_cache.size(3) - (quantized ? SCALE_BYTES : 0);
+  TORCH_CHECK(k_cache.size(1) > 0 && k_cache.size(2) > 0 && dim > 0, "empty cache shape ",
+              k_cache.sizes());
+  return dim;
 }
 
 void check_heads(int64_t heads, int64_t kv_heads) {
@@ -142,27 +192,52 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
 // paged cache at their slots; returns the rotated queries [n, heads, dim].
 // cos, signed_sin: float32 tables [max_pos, rot], signed_sin with its first half negated; the
 // first rot channels of each head rotate, the rest pass through (partial rotary).
-template <typename T>
+// C: the cache's element, T or int8 (then each k and v row is rounded to T as a float cache
+// would hold it, then quantized with its own scale: quantize_row).
+template <typename T, typename C>
 void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const float* cos,
-               const float* ssin, T* q, T* kc, T* vc, int64_t n, int64_t heads, int64_t kv_heads,
+               const float* ssin, T* q, C* kc, C* vc, int64_t n, int64_t heads, int64_t kv_heads,
                int64_t dim, int64_t rot) {
   const int64_t half = rot / 2, width = (heads + 2 * kv_heads) * dim;
+  const int64_t row = row_width<C>(dim);
+  constexpr bool quantized = std::is_same_v<C, int8_t>;
   at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> tmp(quantized ? dim : 0);
     for (int64_t r = begin; r < end; ++r) {
-      const T* row = qkv + r * width;
+      const T* src_row = qkv + r * width;
       const float* c = cos + pos[r] * rot;
       const float* s = ssin + pos[r] * rot;
-      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
-        const T* src = row + hd * dim;
-        T* dst = hd < heads ? q + (r * heads + hd) * dim
-                            : kc + (slots[r] * kv_heads + (hd - heads)) * dim;
+      // The first rot channels rotated and rounded to T, the rest as they are.
+      const auto rotate = [&](const T* src, auto&& put) {
         for (int64_t i = 0; i < rot; ++i) {
           const int64_t j = i < half ? i + half : i - half;
-          dst[i] = from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]);
+          put(i, from_f<T>(load_f(src, i) * c[i] + load_f(src, j) * s[i]));
         }
-        std::copy(src + rot, src + dim, dst + rot);
+        for (int64_t i = rot; i < dim; ++i) put(i, src[i]);
+      };
+      for (int64_t hd = 0; hd < heads + kv_heads; ++hd) {
+        const T* src = src_row + hd * dim;
+        const int64_t slot_row = slots[r] * kv_heads + (hd - heads);
+        if (hd < heads) {
+          T* dst = q + (r * heads + hd) * dim;
+          rotate(src, [&](int64_t i, T x) { dst[i] = x; });
+        } else if constexpr (quantized) {
+          rotate(src, [&](int64_t i, T x) { tmp[i] = to_f(x); });
+          quantize_row(tmp.data(), dim, kc + slot_row * row);
+        } else {
+          C* dst = kc + slot_row * row;
+          rotate(src, [&](int64_t i, T x) { dst[i] = x; });
+        }
       }
-      std::copy(row + (heads + kv_heads) * dim, row + width, vc + slots[r] * kv_heads * dim);
+      const T* v = src_row + (heads + kv_heads) * dim;
+      if constexpr (quantized) {
+        for (int64_t h = 0; h < kv_heads; ++h) {
+          for (int64_t i = 0; i < dim; ++i) tmp[i] = load_f(v + h * dim, i);
+          quantize_row(tmp.data(), dim, vc + (slots[r] * kv_heads + h) * row);
+        }
+      } else {
+        std::copy(v, src_row + width, vc + slots[r] * kv_heads * dim);
+      }
     }
   });
 }
@@ -173,8 +248,8 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
                             torch::Tensor v_cache, int64_t heads) {
   check_tensor(qkv, "qkv", 2);
   check_float(qkv, "qkv");
-  check_caches(k_cache, v_cache, qkv);
-  const int64_t n = qkv.size(0), kv_heads = k_cache.size(2), dim = k_cache.size(3);
+  const int64_t dim = check_caches(k_cache, v_cache, qkv);
+  const int64_t n = qkv.size(0), kv_heads = k_cache.size(2);
   check_heads(heads, kv_heads);
   TORCH_CHECK(qkv.size(1) == (heads + 2 * kv_heads) * dim, "qkv rows have ", qkv.size(1),
               " values, not (", heads, " + 2 * ", kv_heads, ") heads of ", dim);
@@ -192,12 +267,22 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
   check_range(positions, "positions", 0, cos.size(0), "the rotary table");
   check_range(slots, "slots", 0, k_cache.size(0) * k_cache.size(1), "the KV pool");
   auto q = torch::empty({n, heads, dim}, qkv.options());
+  const bool quantized = k_cache.scalar_type() == at::kChar;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rope_write_kv", [&] {
-    rope_rows<scalar_t>(qkv.data_ptr<scalar_t>(), positions.data_ptr<int64_t>(),
-                        slots.data_ptr<int64_t>(), cos.data_ptr<float>(),
-                        signed_sin.data_ptr<float>(), q.data_ptr<scalar_t>(),
-                        k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), n, heads,
-                        kv_heads, dim, rot);
+    const auto* x = qkv.data_ptr<scalar_t>();
+    const auto* p = positions.data_ptr<int64_t>();
+    const auto* sl = slots.data_ptr<int64_t>();
+    const float* c = cos.data_ptr<float>();
+    const float* s = signed_sin.data_ptr<float>();
+    if (quantized) {
+      rope_rows<scalar_t, int8_t>(x, p, sl, c, s, q.data_ptr<scalar_t>(),
+                                  k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>(), n, heads,
+                                  kv_heads, dim, rot);
+    } else {
+      rope_rows<scalar_t, scalar_t>(x, p, sl, c, s, q.data_ptr<scalar_t>(),
+                                    k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(), n,
+                                    heads, kv_heads, dim, rot);
+    }
   });
   return q;
 }
@@ -207,11 +292,11 @@ torch::Tensor rope_write_kv(const torch::Tensor& qkv, const torch::Tensor& posit
 // benchmarks/kernels_attention.py (decode_attention's `grouped` = false); the grouped kernel below
 // runs the model. softcap > 0: scores become softcap *
 // tanh(s / softcap); window > 0: only the last `window` keys are visible.
-template <typename T>
-void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, const int64_t* lens,
+template <typename T, typename C>
+void decode_rows(const T* q, const C* kc, const C* vc, const int64_t* tables, const int64_t* lens,
                  T* out, int64_t batch, int64_t max_blocks, int64_t block_size, int64_t heads,
                  int64_t kv_heads, int64_t dim, float scale, float softcap, int64_t window) {
-  const int64_t group = heads / kv_heads;
+  const int64_t group = heads / kv_heads, row = row_width<C>(dim);
   at::parallel_for(0, batch * heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(dim), acc(dim), scores;
     for (int64_t task = begin; task < end; ++task) {
@@ -224,10 +309,11 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
       float peak = -std::numeric_limits<float>::max();
       for (int64_t t = first; t < len; ++t) {
         const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const T* k = kc + (slot * kv_heads + kh) * dim;
+        const C* k = kc + (slot * kv_heads + kh) * row;
         float s = 0.f;
 #pragma omp simd reduction(+ : s)
         for (int64_t i = 0; i < dim; ++i) s += qf[i] * load_f(k, i);
+        s *= row_scale(k, dim);
         if (softcap > 0.f) s = softcap * std::tanh(s / softcap);
         scores[t - first] = s;
         peak = std::max(peak, s);
@@ -240,8 +326,8 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
       std::fill(acc.begin(), acc.end(), 0.f);
       for (int64_t t = first; t < len; ++t) {
         const int64_t slot = table[t / block_size] * block_size + t % block_size;
-        const T* v = vc + (slot * kv_heads + kh) * dim;
-        const float p = scores[t - first] / total;
+        const C* v = vc + (slot * kv_heads + kh) * row;
+        const float p = scores[t - first] / total * row_scale(v, dim);
 #pragma omp simd
         for (int64_t i = 0; i < dim; ++i) acc[i] += p * load_f(v, i);
       }
@@ -260,12 +346,12 @@ void decode_rows(const T* q, const T* kc, const T* vc, const int64_t* tables, co
 // row's result has the same bits whatever runs beside it (--deterministic relies on that).
 constexpr int64_t CHUNK_KEYS = 128;
 
-template <typename T>
-void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* tables,
+template <typename T, typename C>
+void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* tables,
                          const int64_t* lens, T* out, int64_t batch, int64_t max_blocks,
                          int64_t block_size, int64_t heads, int64_t kv_heads, int64_t dim,
                          float scale, float softcap, int64_t window) {
-  const int64_t group = heads / kv_heads;
+  const int64_t group = heads / kv_heads, row = row_width<C>(dim);
   // Chunk slots per (sequence, KV head): the longest row's; shorter rows leave theirs empty.
   int64_t longest = 1;
   for (int64_t b = 0; b < batch; ++b)
@@ -300,10 +386,11 @@ void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* ta
         float peak = -std::numeric_limits<float>::max();
         for (int64_t t = lo; t < hi; ++t) {
           const int64_t slot = table[t / block_size] * block_size + t % block_size;
-          const T* k = kc + (slot * kv_heads + kh) * dim;
+          const C* k = kc + (slot * kv_heads + kh) * row;
           float sc = 0.f;
 #pragma omp simd reduction(+ : sc)
           for (int64_t i = 0; i < dim; ++i) sc += qg[i] * load_f(k, i);
+          sc *= row_scale(k, dim);  // an int8 row's scale, once per key rather than per value
           if (softcap > 0.f) sc = softcap * std::tanh(sc / softcap);
           scores[t - lo] = sc;
           peak = std::max(peak, sc);
@@ -316,8 +403,8 @@ void decode_rows_grouped(const T* q, const T* kc, const T* vc, const int64_t* ta
         std::fill(acc.begin(), acc.end(), 0.f);
         for (int64_t t = lo; t < hi; ++t) {
           const int64_t slot = table[t / block_size] * block_size + t % block_size;
-          const T* v = vc + (slot * kv_heads + kh) * dim;
-          const float p = scores[t - lo];
+          const C* v = vc + (slot * kv_heads + kh) * row;
+          const float p = scores[t - lo] * row_scale(v, dim);
 #pragma omp simd
           for (int64_t i = 0; i < dim; ++i) acc[i] += p * load_f(v, i);
         }
@@ -360,12 +447,11 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
                                int64_t window, bool grouped = true) {
   check_tensor(q, "q", 3);
   check_float(q, "q");
-  check_caches(k_cache, v_cache, q);
+  const int64_t cache_dim = check_caches(k_cache, v_cache, q);
   const int64_t batch = q.size(0), heads = q.size(1), dim = q.size(2);
   const int64_t num_blocks = k_cache.size(0), block_size = k_cache.size(1);
   check_heads(heads, k_cache.size(2));
-  TORCH_CHECK(k_cache.size(3) == dim, "heads of ", dim, " over a cache of heads of ",
-              k_cache.size(3));
+  TORCH_CHECK(cache_dim == dim, "heads of ", dim, " over a cache of heads of ", cache_dim);
   check_tensor(block_tables, "block_tables", 2);
   TORCH_CHECK(block_tables.scalar_type() == at::kLong && block_tables.size(0) == batch,
               "block_tables must be int64 [", batch, ", max_blocks]");
@@ -383,12 +469,21 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
     }
   }
   auto out = torch::empty_like(q);
+  const bool quantized = k_cache.scalar_type() == at::kChar;
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, q.scalar_type(), "decode_attention", [&] {
-    const auto rows = grouped ? decode_rows_grouped<scalar_t> : decode_rows<scalar_t>;
-    rows(q.data_ptr<scalar_t>(), k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>(),
-         block_tables.data_ptr<int64_t>(), lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(),
-         batch, block_tables.size(1), k_cache.size(1), heads, k_cache.size(2), dim,
-         static_cast<float>(scale), static_cast<float>(softcap), window);
+    const auto run = [&](auto rows, const auto* kc, const auto* vc) {
+      rows(q.data_ptr<scalar_t>(), kc, vc, block_tables.data_ptr<int64_t>(),
+           lens.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch, block_tables.size(1),
+           block_size, heads, k_cache.size(2), dim, static_cast<float>(scale),
+           static_cast<float>(softcap), window);
+    };
+    if (quantized) {
+      run(grouped ? decode_rows_grouped<scalar_t, int8_t> : decode_rows<scalar_t, int8_t>,
+          k_cache.data_ptr<int8_t>(), v_cache.data_ptr<int8_t>());
+    } else {
+      run(grouped ? decode_rows_grouped<scalar_t, scalar_t> : decode_rows<scalar_t, scalar_t>,
+          k_cache.data_ptr<scalar_t>(), v_cache.data_ptr<scalar_t>());
+    }
   });
   return out;
 }

@@ -78,6 +78,8 @@ class FusedOps(PlainOps):
         v_cache: torch.Tensor,
         num_heads: int,
     ) -> torch.Tensor:
+        if not _kernel_takes(k_cache, qkv):
+            return super().rope_write_kv(qkv, rotation, slots, k_cache, v_cache, num_heads)
         return self.compiled.rope_write_kv(
             qkv.contiguous(),
             rotation.positions,
@@ -100,6 +102,10 @@ class FusedOps(PlainOps):
         softcap: float | None,
         window: int,
     ) -> torch.Tensor:
+        if not _kernel_takes(k_cache, q):
+            return super().decode_attention(
+                q, k_cache, v_cache, block_tables, lens, scale, softcap, window
+            )
         return self.compiled.decode_attention(
             q.contiguous(), k_cache, v_cache, block_tables, lens, scale, softcap or 0.0, window
         )
@@ -122,3 +128,9 @@ class FusedOps(PlainOps):
             # a multiple of 32 long it reads past them (bf16: garbage that varies by run).
             return self.compiled.int8_linear(x.contiguous(), weight, scales)
         return super().int8_linear(x, weight, scales)
+
+
+def _kernel_takes(cache: torch.Tensor, x: torch.Tensor) -> bool:
+    """The kernels read caches of the activations' dtype or int8 ones; a float cache of another
+    dtype (``--kv-cache-dtype bf16`` under a float32 model) runs the plain ops, which cast."""
+    return cache.dtype in (x.dtype, torch.int8)

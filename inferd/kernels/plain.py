@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from inferd.kernels.kv_quant import dequantize_rows, head_dim_of, is_quantized, quantize_rows
 from inferd.kernels.ops import KernelOps, Rotation
 
 SMALL_DECODE_KEYS = 256  # up to here a lone decode attends in float32 (see decode_attention)
@@ -35,7 +36,7 @@ class PlainOps(KernelOps):
         v_cache: torch.Tensor,
         num_heads: int,
     ) -> torch.Tensor:
-        n, (kv_heads, head_dim) = qkv.shape[0], k_cache.shape[2:]
+        n, kv_heads, head_dim = qkv.shape[0], k_cache.shape[2], head_dim_of(k_cache)
         qk_size = (num_heads + kv_heads) * head_dim
         v = qkv[:, qk_size:].view(n, kv_heads, head_dim)
         qk = qkv[:, :qk_size].view(n, num_heads + kv_heads, head_dim)
@@ -61,11 +62,12 @@ class PlainOps(KernelOps):
     ) -> torch.Tensor:
         """Grouped matmuls, because CPU SDPA is slow at one query (5x at 16 sequences, 2-5x for
         one sequence past 256 keys); for one sequence with few keys in float32, where the
-        matmuls cost less than bf16 ones that small (benchmarks/attention.py)."""
+        matmuls cost less than bf16 ones that small (benchmarks/attention.py). An int8 cache is
+        dequantized into float32 and attended there, as the fused kernel does."""
         batch, max_blocks = block_tables.shape
         num_keys = max_blocks * k_cache.shape[1]
         small = batch == 1 and num_keys <= SMALL_DECODE_KEYS
-        dtype = torch.float32 if small else q.dtype
+        dtype = torch.float32 if small or is_quantized(k_cache) else q.dtype
         keys = gather_blocks(k_cache, block_tables, dtype)  # [D, kv_heads, L, head_dim]
         values = gather_blocks(v_cache, block_tables, dtype)
         mask = decode_mask(lens, num_keys, window)
@@ -114,9 +116,13 @@ def write_kv(
     v: torch.Tensor,
     slots: torch.Tensor,
 ) -> None:
+    """k, v [n, kv_heads, head_dim] into the caches at ``slots``: as they are, cast to a float
+    cache's dtype, or quantized into an int8 cache's rows (inferd/kernels/kv_quant.py)."""
+    if is_quantized(k_cache):
+        k, v = quantize_rows(k), quantize_rows(v)
     # The pool seen as one row per slot: a single index_copy_ per tensor.
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k)
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v)
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slots, k.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slots, v.to(v_cache.dtype))
 
 
 def gather_blocks(
@@ -125,12 +131,16 @@ def gather_blocks(
     """[batch, max_blocks] block ids -> [batch, num_kv_heads, max_blocks * block_size, head_dim].
 
     Contiguous (and cast to ``dtype`` in the same copy): the CPU matmuls that read it cost
-    1.2-1.6x more on the transposed view, copy included (benchmarks/attention.py).
+    1.2-1.6x more on the transposed view, copy included (benchmarks/attention.py). An int8
+    cache's rows are dequantized into ``dtype``, which it then needs.
     """
     batch, max_blocks = block_tables.shape
-    _, block_size, num_kv_heads, head_dim = cache.shape
+    _, block_size, num_kv_heads, width = cache.shape
     blocks = cache.index_select(0, block_tables.reshape(-1))
-    blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, head_dim)
+    blocks = blocks.view(batch, max_blocks * block_size, num_kv_heads, width)
+    if is_quantized(cache):
+        assert dtype is not None, "an int8 cache dequantizes into a float dtype"
+        blocks = dequantize_rows(blocks, dtype)
     return blocks.transpose(1, 2).to(dtype or cache.dtype, memory_format=torch.contiguous_format)
 
 

@@ -151,8 +151,8 @@ def _prefill(
     spans = chunk.bidirectional
     padded = -(-total // PROMPT_TILE) * PROMPT_TILE
     padded = _tile_key_end(start - start % PROMPT_TILE, padded, spans)  # the farthest reach
-    keys = _padded_keys(k_cache, chunk.block_table, padded)
-    values = _padded_keys(v_cache, chunk.block_table, padded)
+    keys = _padded_keys(k_cache, chunk.block_table, padded, q.dtype)
+    values = _padded_keys(v_cache, chunk.block_table, padded, q.dtype)
     mask = _chunk_or_causal_mask(chunk, padded)
     _see_ahead_in_spans(mask, start, spans)
     q = q.transpose(0, 1)  # [heads, n, d]
@@ -199,9 +199,12 @@ def _tile_key_end(tile_start: int, tile_end: int, spans: tuple[tuple[int, int], 
     return max(tile_end, -(-reach // PROMPT_TILE) * PROMPT_TILE)
 
 
-def _padded_keys(cache: torch.Tensor, table: torch.Tensor, length: int) -> torch.Tensor:
-    """[1, kv_heads, length, d]: the table's keys, then zeros (always masked) up to ``length``."""
-    keys = gather_blocks(cache, table[None])
+def _padded_keys(
+    cache: torch.Tensor, table: torch.Tensor, length: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """[1, kv_heads, length, d] in ``dtype``: the table's keys (an int8 cache's dequantized),
+    then zeros (always masked) up to ``length``."""
+    keys = gather_blocks(cache, table[None], dtype)
     if keys.shape[2] >= length:
         return keys[:, :, :length]
     return F.pad(keys, (0, 0, 0, length - keys.shape[2]))

@@ -212,6 +212,20 @@ class EngineCollector(Collector):
             for model, s in stats.items():
                 metric.add_metric([model], getattr(s, attr, 0) or 0)
             yield metric
+        yield self._kv_capacity()
+
+    def _kv_capacity(self) -> Metric:
+        """The pool's size in tokens, labelled with how it stores them (--kv-cache-dtype)."""
+        metric = GaugeMetricFamily(
+            "inferd_kv_cache_capacity_tokens",
+            "Tokens the KV-cache pool holds, by the dtype it stores keys and values in.",
+            labels=["model", "dtype"],
+        )
+        for name, model in sorted(self.state.models.items()):
+            tokens = getattr(model, "kv_cache_tokens", None)
+            if tokens is not None:
+                metric.add_metric([name, getattr(model, "kv_cache_dtype", "")], tokens)
+        return metric
 
     def describe(self) -> Iterator[Metric]:
         return iter(())  # the models change at run time: collected, never described

@@ -29,6 +29,7 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
             "digest": f"sha256:{model.source.digest}",
             "revision": model.source.revision,
             "kv_cache_tokens": model.kv_cache_tokens,
+            "kv_cache_dtype": model.kv_cache_dtype,
             "max_seqs": model.engine_config.max_num_seqs,
             "deterministic": model.engine_config.deterministic,
             "kernels": {

@@ -27,6 +27,7 @@ from inferd.engine.runner import ModelRunner
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import speculator_for
+from inferd.kernels.kv_quant import cache_dtype, dtype_name
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
@@ -70,6 +71,7 @@ class ServedModel:
     engine_config: EngineConfig
     kv_cache_tokens: int
     created: int
+    kv_cache_dtype: str = ""  # how the pool stores K/V: bf16, f32, int8 (--kv-cache-dtype)
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
@@ -292,8 +294,9 @@ def assemble(
     free = available_bytes()
     drafter = drafter_for(loaded, cfg)
     draft_bytes = weight_bytes(drafter, loaded)
+    kv_dtype = cache_dtype(cfg.kv_cache_dtype, dtype)
     sizing = decide(
-        kv_shape(mcfg, dtype.itemsize),
+        kv_shape(mcfg, kv_dtype.itemsize, cache_dtype=dtype_name(kv_dtype)),
         available_bytes=free,
         draft_bytes=draft_bytes,
         max_seq_len=cfg.max_model_len,
@@ -318,7 +321,7 @@ def assemble(
         mcfg,
         num_blocks,
         cfg.block_size,
-        dtype,
+        kv_dtype,
         deterministic=cfg.deterministic,
         encoder_cache_bytes=cfg.encoder_cache_mb << 20,
     )
@@ -355,6 +358,7 @@ def assemble(
         engine=engine,
         engine_config=cfg,
         kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
+        kv_cache_dtype=dtype_name(kv_dtype),
         created=int(time.time()),
         sizing=sizing,
         isq=isq.method if isq is not None else None,

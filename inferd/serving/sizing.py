@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from inferd.config import DEFAULT_KV_CACHE_MB, DEFAULT_MAX_MODEL_LEN, KV_RAM_FRACTION
 from inferd.engine.kv_cache import tokens_held
+from inferd.kernels.kv_quant import SCALE_BYTES
 from inferd.models.config import ModelConfig
 
 MIB = 2**20
@@ -40,10 +41,11 @@ class SizingError(ValueError):
 class KVShape:
     """What the sizing needs of a model: its KV bytes per token and its positions."""
 
-    bytes_per_token: int  # K and V over all layers, in the compute dtype
+    bytes_per_token: int  # K and V over all layers, as the cache stores them
     trained_positions: int  # max_position_embeddings / context_length
     position_limit: int  # what the rope scaling allows; trained_positions without one
     scaling: str = ""  # e.g. "llama3 x8", for messages; "" without scaling
+    cache_dtype: str = ""  # bf16, f32, int8...: named in the startup line ("": not named)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +59,14 @@ class Sizing:
     lowered_from: int | None = None  # the context before the pool lowered it, when it did
 
 
-def kv_shape(config: ModelConfig, dtype_bytes: int) -> KVShape:
-    """The sizing's view of a model computing (and caching K/V) in ``dtype_bytes`` per value."""
-    per_token = 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+def kv_shape(config: ModelConfig, dtype_bytes: int, *, cache_dtype: str = "") -> KVShape:
+    """The sizing's view of a model caching K/V in ``dtype_bytes`` per value, or, with
+    ``cache_dtype`` "int8", in int8 codes and a float16 scale per token and KV head
+    (kernels/kv_quant.py). ``cache_dtype`` names the storage in the startup line."""
+    int8 = cache_dtype == "int8"
+    row = config.head_dim + SCALE_BYTES if int8 else config.head_dim * dtype_bytes
+    per_token = 2 * config.num_layers * config.num_kv_heads * row
+    cache = cache_dtype
     trained = config.max_position
     scaling = config.rope_scaling
     if scaling.kind == "linear" and scaling.factor > 1:
@@ -68,8 +75,8 @@ def kv_shape(config: ModelConfig, dtype_bytes: int) -> KVShape:
     elif scaling.kind == "llama3" and scaling.factor > 1:
         limit = max(trained, int(scaling.original_max_position * scaling.factor))
     else:
-        return KVShape(per_token, trained, trained)
-    return KVShape(per_token, trained, limit, f"{scaling.kind} x{scaling.factor:g}")
+        return KVShape(per_token, trained, trained, cache_dtype=cache)
+    return KVShape(per_token, trained, limit, f"{scaling.kind} x{scaling.factor:g}", cache)
 
 
 def decide(
@@ -119,7 +126,8 @@ def decide(
                     f"({_size(per_token)} each), fewer than {MIN_DEFAULT_CONTEXT}; free memory, "
                     "or set --kv-cache-mb"
                 )
-    pool = f"KV cache {tokens} tokens, {_size(tokens * per_token)} ({why})"
+    of = f" of {shape.cache_dtype}" if shape.cache_dtype else ""
+    pool = f"KV cache {tokens} tokens{of}, {_size(tokens * per_token)} ({why})"
     if tokens >= need:
         return Sizing(tokens, context, tokens * per_token, f"context {context}; {pool}")
     if max_seq_len is not None:

@@ -66,7 +66,11 @@ def test_the_isa_is_the_best_the_cpu_has_unless_forced(monkeypatch: pytest.Monke
 
 def test_the_kernel_parity_suite_passes_on_the_avx2_build() -> None:
     assert kernels.cpu_flags() >= AVX2_FLAGS, "the test machines have AVX2"
-    tests = ["tests/kernels/test_fused.py", "tests/kernels/test_checks.py"]
+    tests = [
+        "tests/kernels/test_fused.py",
+        "tests/kernels/test_checks.py",
+        "tests/kernels/test_kv_int8.py",
+    ]
     result = _run(["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-2000:]
     assert " passed" in result.stdout and "failed" not in result.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps, Rotation
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from tests.kernels.choice import ops_named
@@ -59,10 +60,29 @@ def test_decode_attention_refuses_other_dtypes(fused: KernelOps, dtype: torch.dt
 
 
 def test_caches_of_another_dtype_are_refused(fused: KernelOps) -> None:
-    with pytest.raises(RuntimeError, match="the caches must have the dtype of the activations"):
-        _decode(fused, cache_dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="the caches must have the dtype of the activations"):
-        _rope(fused, cache_dtype=torch.bfloat16)
+    """The kernels take caches of the activations' dtype or int8 ones; the ops hand a float
+    cache of another dtype (--kv-cache-dtype bf16 under a float32 model) to the plain ops,
+    which cast, and never to the kernels."""
+    assert isinstance(fused, FusedOps)
+    k_cache, v_cache = _caches(torch.bfloat16)
+    q = torch.randn(1, HEADS, DIM)
+    tables, lens = torch.tensor([[1, 2]]), torch.tensor([5])
+    message = "the caches must be int8 or have the dtype of the activations"
+    with pytest.raises(RuntimeError, match=message):
+        fused.compiled.decode_attention(q, k_cache, v_cache, tables, lens, 0.25, 0.0, 0)
+    with pytest.raises(RuntimeError, match=message):
+        fused.compiled.rope_write_kv(
+            torch.randn(1, (HEADS + 2 * KV_HEADS) * DIM),
+            torch.tensor([0]),
+            torch.tensor([0]),
+            torch.zeros(8, DIM),
+            torch.zeros(8, DIM),
+            k_cache,
+            v_cache,
+            HEADS,
+        )
+    out = _decode(fused, cache_dtype=torch.bfloat16)
+    assert out.dtype == torch.float32 and bool(out.isfinite().all())
 
 
 def test_int8_linear_refuses_float16_rows(fused: KernelOps) -> None:

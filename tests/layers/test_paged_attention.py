@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from inferd.kernels.kv_quant import SCALE_BYTES, dequantize_rows, quantize_rows
 from inferd.kernels.plain import decode_mask, grouped_attention, write_kv
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, attend_paged, chunk_mask
 from tests.kernels.choice import OPS_NAMES, ops_named
@@ -111,3 +112,62 @@ def test_prompt_rows_get_the_same_bits_whatever_the_chunking(chunks: tuple[int, 
     pieces = torch.cat([attend(s, c) for s, c in zip(starts, chunks, strict=True)])
     assert torch.equal(pieces, whole)
     torch.testing.assert_close(whole.float(), _reference(q, k, v, 0).float(), atol=2e-2, rtol=0)
+
+
+@pytest.mark.parametrize("ops_name", OPS_NAMES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_batch_over_an_int8_cache(dtype: torch.dtype, ops_name: str) -> None:
+    """Decodes and a prefill chunk over int8 blocks: the reference over the values the rows
+    hold (each quantized with its own scale), and the unquantized one within int8's error."""
+    torch.manual_seed(1)
+    lengths, firsts = [7, 13, 11], [6, 12, 5]
+    tables = [[3, 9], [1, 4, 7, 2], [8, 5, 6]]
+    seqs = [
+        (torch.randn(n, HEADS, DIM), torch.randn(n, KV_HEADS, DIM), torch.randn(n, KV_HEADS, DIM))
+        for n in lengths
+    ]
+    k_cache = torch.zeros(10, BS, KV_HEADS, DIM + SCALE_BYTES, dtype=torch.int8)
+    v_cache = torch.zeros_like(k_cache)
+    slots = [
+        [table[p // BS] * BS + p % BS for p in range(n)]
+        for table, n in zip(tables, lengths, strict=True)
+    ]
+    for (_, k, v), s, first in zip(seqs, slots, firsts, strict=True):  # earlier steps' writes
+        write_kv(
+            k_cache, v_cache, k[:first].to(dtype), v[:first].to(dtype), torch.tensor(s[:first])
+        )
+    rows = [(i, p) for i, first in enumerate(firsts) for p in range(first, lengths[i])]
+    q = torch.stack([seqs[i][0][p] for i, p in rows]).to(dtype)
+    k = torch.stack([seqs[i][1][p] for i, p in rows]).to(dtype)
+    v = torch.stack([seqs[i][2][p] for i, p in rows]).to(dtype)
+    meta = AttentionMetadata(
+        slot_mapping=torch.tensor([slots[i][p] for i, p in rows]),
+        decode_rows=torch.tensor([0, 1]),
+        decode_block_tables=torch.tensor([tables[0] + [0, 0], tables[1]]),
+        decode_lens=torch.tensor([7, 13]),
+        prefills=(PrefillChunk(2, 6, 5, torch.tensor(tables[2]), chunk_mask(5, 6)),),
+    )
+    ops = ops_named(ops_name, dtype)
+    write_kv(k_cache, v_cache, k, v, meta.slot_mapping)
+    out = attend_paged(ops, q, k_cache, v_cache, meta, scale=0.25).float()
+
+    def held(x: torch.Tensor) -> torch.Tensor:  # what an int8 row gives back, in dtype
+        return dequantize_rows(quantize_rows(x.to(dtype)), dtype).float()
+
+    stored = torch.cat(
+        [
+            _reference(s[0][f:].to(dtype).float(), held(s[1]), held(s[2]), f)
+            for s, f in zip(seqs, firsts, strict=True)
+        ]
+    )
+    exact = torch.cat(
+        [
+            _reference(
+                s[0][f:].to(dtype).float(), s[1].to(dtype).float(), s[2].to(dtype).float(), f
+            )
+            for s, f in zip(seqs, firsts, strict=True)
+        ]
+    )
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    torch.testing.assert_close(out, stored, atol=tol, rtol=tol)
+    assert float((out - exact).abs().max()) < 0.1

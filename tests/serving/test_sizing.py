@@ -217,3 +217,32 @@ def test_served_models_sizing_counts_its_draft_model(tmp_path: Path) -> None:
         assert f"the draft model's {kib} included" in served.sizing.reason
     finally:
         served.shutdown()
+
+
+# SmolLM2-135M's attention shape: 30 layers, 3 KV heads of 64 (the smallest head inferd serves).
+SMOLLM2_135M = {
+    **LLAMA_3_8B,
+    "hidden_size": 576,
+    "num_attention_heads": 9,
+    "num_key_value_heads": 3,
+    "num_hidden_layers": 30,
+}
+
+
+@pytest.mark.parametrize("hf", [SMOLLM2_135M, LLAMA_3_8B, QWEN2_5_7B, GEMMA_2_9B])
+def test_an_int8_pool_holds_nearly_twice_the_tokens_of_bf16(hf: dict[str, Any]) -> None:
+    """The same --kv-cache-mb (and the same default budget): an int8 pool holds >= 1.9x the
+    tokens of a bf16 one; a float16 scale per 64-value row leaves it 1.94x at worst."""
+    config = config_from_hf(hf)
+    bf16 = kv_shape(config, BF16, cache_dtype="bf16")
+    int8 = kv_shape(config, 1, cache_dtype="int8")
+    head = config.head_dim
+    assert int8.bytes_per_token == 2 * config.num_layers * config.num_kv_heads * (head + 2)
+    for budget in ({"kv_cache_mb": 64}, {"kv_cache_mb": 1000}, {}):
+        small = decide(bf16, available_bytes=2 * GIB, max_seq_len=128, **budget)
+        large = decide(int8, available_bytes=2 * GIB, max_seq_len=128, **budget)
+        assert large.pool_tokens >= 1.9 * small.pool_tokens, (budget, small, large)
+        if budget:
+            assert large.pool_bytes <= budget["kv_cache_mb"] * MIB
+    s = decide(int8, available_bytes=8 * GIB, kv_cache_mb=64)
+    assert f"KV cache {s.pool_tokens} tokens of int8, " in s.reason  # the startup line
