@@ -43,6 +43,7 @@ from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.outputs import RequestOutput
 from inferd.engine.sampling import SamplingParams
+from inferd.kernels.ops import KernelOps
 from inferd.layers.linear import Linear
 from inferd.server import sse
 from inferd.serving.served import ServedModel, load_model
@@ -130,7 +131,7 @@ def instrumented(engine: LLMEngine, timers: Timers) -> Iterator[None]:
         leaf = name.rsplit(".", 1)[-1]
         if isinstance(module, Linear) and leaf in MATMULS:
             patches.append((module, "forward", timers.wrap(module.forward, MATMULS[leaf])))
-    ops = model.layers[0].self_attn.ops
+    ops = kernel_ops(engine)
     for op, label in OPS.items():
         patches.append((ops, op, timers.wrap(getattr(ops, op), label)))
     patches += [
@@ -152,6 +153,13 @@ def instrumented(engine: LLMEngine, timers: Timers) -> Iterator[None]:
     ]
     with _all_patched(patches):
         yield
+
+
+def kernel_ops(engine: LLMEngine) -> KernelOps:
+    """The kernel ops the model's layers run on (one object, shared by all of them)."""
+    layer: Any = engine.model.layers[0]
+    ops: KernelOps = layer.self_attn.ops
+    return ops
 
 
 @contextmanager
@@ -304,7 +312,7 @@ def main() -> None:
     cfg = EngineConfig(max_num_seqs=max(16, *sizes), speculative="off", prefix_caching=False)
     served = load_model(resolve_source(args.model), cfg, progress=False, loop=CallerLoop())
     print(
-        f"{args.model}, {served.engine.engine.model.layers[0].self_attn.ops.description}, "
+        f"{args.model}, {kernel_ops(served.engine.engine).description}, "
         f"{torch.get_num_threads()} threads, ~{args.context}-token contexts"
     )
     for rows in sizes:

@@ -146,3 +146,36 @@ def test_dense_rows_give_a_row_the_same_bits_whatever_the_batch() -> None:
             for rows in (1, 2, 3, 8, 9, 17, 33):
                 assert torch.equal(layer(x[:rows]), full[:rows]), (trial, rows)
     assert not torch.equal(layer(x[:1]), full[:1])  # int4 at one row, dense at 128
+
+
+@pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
+def test_onednn_packed_weight_gives_the_bits_of_f_linear() -> None:
+    """The bf16 dense path runs on a copy of the weight packed once for oneDNN: every batch
+    size, decode-sized and prompt-sized, gets exactly ``F.linear``'s bits (so greedy output and
+    ``--deterministic`` are untouched), and the copy follows the weight when it changes."""
+    gen = torch.Generator().manual_seed(1)
+    for out_f, in_f in ((3072, 576), (576, 1536), (960, 576)):  # SmolLM2's gate/up, down, qkv
+        layer = Linear(in_f, out_f).to(torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(out_f, in_f, generator=gen) * 0.02)
+        for rows in (2, 9, 16, 33, 64, 200):
+            x = torch.randn(rows, in_f, generator=gen).bfloat16()
+            with torch.inference_mode():  # as the runner runs the model
+                assert torch.equal(layer(x), F.linear(x, layer.weight)), (out_f, in_f, rows)
+        packed = layer._onednn._packed
+        assert packed is not None  # the packed path did run
+        with torch.no_grad():
+            layer.weight.mul_(2)  # new contents in the same tensor: packed again
+        x = torch.randn(16, in_f, generator=gen).bfloat16()
+        with torch.inference_mode():
+            assert torch.equal(layer(x), F.linear(x, layer.weight))
+        assert layer._onednn._packed is not packed
+
+
+def test_float32_weights_are_not_packed_for_onednn() -> None:
+    """float32 runs MKL's sgemm, whose bits a oneDNN copy would not match: left alone."""
+    layer = Linear(64, 32)
+    x = torch.randn(16, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert layer._onednn._packed is None
