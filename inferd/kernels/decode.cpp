@@ -93,6 +93,16 @@ inline void quantize_row(const float* x, int64_t dim, int8_t* dst) {
   std::memcpy(dst + dim, &scale.x, SCALE_BYTES);
 }
 
+// Rows per parallel task of the row-wise elementwise kernels (RMSNorm, RoPE + K/V write,
+// SiLU * up): enough rows for ~32k values, never fewer than `least`. A batched decode's rows
+// (16 x 576 values for SmolLM2's norm) are microseconds of work, less than waking and joining a
+// second thread; on a loaded machine each fork/join waited for a descheduled thread and cost
+// milliseconds (benchmarks/step_profile.md). Prompt chunks still split over the threads.
+inline int64_t row_grain(int64_t row_values, int64_t least) {
+  constexpr int64_t kTaskValues = 1 << 15;
+  return std::max(least, kTaskValues / std::max<int64_t>(row_values, 1));
+}
+
 // Input checks: a kernel raises (a Python RuntimeError) on what it cannot take, and never reads
 // or writes outside its tensors. Index tensors are checked element by element; that is a pass
 // over a few hundred integers, next to kernels that read megabytes.
@@ -152,7 +162,7 @@ void check_heads(int64_t heads, int64_t kv_heads) {
 // before the weight, as the reference RMSNorm does.
 template <typename T>
 void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float eps) {
-  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(h, 8), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * h;
       T* yr = y + r * h;
@@ -201,7 +211,7 @@ void rope_rows(const T* qkv, const int64_t* pos, const int64_t* slots, const flo
   const int64_t half = rot / 2, width = (heads + 2 * kv_heads) * dim;
   const int64_t row = row_width<C>(dim);
   constexpr bool quantized = std::is_same_v<C, int8_t>;
-  at::parallel_for(0, n, 4, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, n, row_grain(width, 4), [&](int64_t begin, int64_t end) {
     std::vector<float> tmp(quantized ? dim : 0);
     for (int64_t r = begin; r < end; ++r) {
       const T* src_row = qkv + r * width;
@@ -491,7 +501,7 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
 // SiLU(gate) * up over rows laid out [gate | up], as the fused gate/up projection writes them.
 template <typename T>
 void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
-  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, row_grain(3 * inter, 4), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = x + r * 2 * inter;
       const T* up = gate + inter;

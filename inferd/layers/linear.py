@@ -22,6 +22,12 @@ SmolLM2 had KL 0.007 against dense bf16 and a 16-row step took ~9% less time, 54
 the fused kernels), and since then gate/up too, whose rows cost greedy top-1 agreement with f32
 (~0.94 instead of 0.975: tests/server/test_default_quality_live.py).
 
+The dense bf16 weight is kept a second time in oneDNN's blocked layout (``OneDnnWeight``), made
+on first use: ``F.linear`` reorders the weight into that layout on every call, which cost SmolLM2
+~40% of its gate/up projection and ~40% of its output head at 16 rows; the packed call runs the
+same kernel on the same blocks and gives the same bits. It costs a copy of the dense weights,
+so the copies together stay within a share of the free RAM (``PackBudget``).
+
 Each kernel alone is batch-invariant (a row's output bits do not depend on the other rows), but
 the choice between them is not, so a step with prompt rows runs every row dense
 (``dense_rows``): a prompt's logits then do not depend on how it was chunked or on how much of
@@ -33,7 +39,7 @@ from __future__ import annotations
 import enum
 import sys
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
@@ -41,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd.host_memory import available_bytes
 from inferd.kernels import int8_dot_products_exact
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
@@ -103,6 +110,7 @@ class Linear(nn.Linear, KernelUser):
         self._packed: torch.Tensor | None = None
         self._scales: torch.Tensor | None = None
         self._int8_mm: torch.ScriptObject | None = None  # fbgemm's prepacked int8 weight
+        self._onednn = OneDnnWeight()  # the dense weight in oneDNN's layout (bf16 only)
         self.lora: LoraSlot | None = None  # adapters' low-rank updates (layers/lora.py)
 
     def pack(
@@ -134,6 +142,7 @@ class Linear(nn.Linear, KernelUser):
         self._packed, self._scales, self.packed_kind = packed, scales, kind
         self.small_batch = sys.maxsize
         self._int8_mm = None
+        self._onednn = OneDnnWeight()
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
     @property
@@ -153,7 +162,7 @@ class Linear(nn.Linear, KernelUser):
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
         if self.dense and _dense_rows.get():
-            return _invariant_dense(x, self.weight, self.bias)
+            return _invariant_dense(x, self._dense_linear)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
         if (
@@ -162,7 +171,16 @@ class Linear(nn.Linear, KernelUser):
             and _int8_rows_allowed.get()
         ):
             return self._int8_by_int8(x)
-        return F.linear(x, self.weight, self.bias)
+        return self._dense_linear(x)
+
+    def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
+        """``F.linear`` on the dense weight: through its oneDNN-packed copy where one can be made
+        (module doc: the same bits, less time)."""
+        packed = self._onednn.get(self.weight, x) if self.bias is None and x.shape[0] > 1 else None
+        if packed is None:
+            return F.linear(x, self.weight, self.bias)
+        out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+        return out
 
     def _int8_by_int8(self, x: torch.Tensor) -> torch.Tensor:
         # Rows scaled to a max of 1 make fbgemm's per-tensor activation scale a per-row one.
@@ -192,17 +210,113 @@ class Linear(nn.Linear, KernelUser):
 
 
 def _invariant_dense(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor, linear: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:
-    """``F.linear`` whose row results do not depend on the number of rows.
+    """``linear`` (the dense ``F.linear``) whose row results do not depend on the number of rows.
 
     oneDNN's bf16 matmul gives a row the same bits for every batch of 2 rows or more, but a lone
     row takes a matrix-vector kernel that sums long rows (1536 inputs: SmolLM2's down projection)
     in another order, about one time in ten; so a lone row runs beside a zero row.
     """
     if x.shape[0] != 1:
-        return F.linear(x, weight, bias)
-    return F.linear(torch.cat((x, torch.zeros_like(x))), weight, bias)[:1]
+        return linear(x)
+    return linear(torch.cat((x, torch.zeros_like(x))))[:1]
+
+
+# The batch size oneDNN is told to expect when it packs a weight: a batched decode's. The packed
+# layout serves every batch size (and gives every one the same bits as F.linear).
+ONEDNN_PACK_ROWS = 16
+
+
+class OneDnnWeight:
+    """A bf16 dense weight reordered once into oneDNN's blocked layout.
+
+    ``F.linear`` in bf16 hands the weight to oneDNN, which reorders it into its blocked layout
+    on every call: for SmolLM2's gate/up projection at 16 rows that copy is ~40% of the call
+    (benchmarks/step_profile.md). Packed once, the same kernel runs on the same blocks and gives
+    the same bits (tests/layers/test_linear.py checks it against ``F.linear``), so this is only
+    a cache: it is remade when the weight tensor or its contents change (LoRA never touches the
+    base weight; ``use_packed_only`` drops it). float32 weights go to MKL's sgemm, not oneDNN,
+    and are left alone; so are weights that need gradients, layers with a bias (where F.linear
+    adds it its own way) and lone rows (F.linear may take a matrix-vector kernel for them).
+    """
+
+    __slots__ = ("_budget", "_bytes", "_key", "_packed")
+
+    def __init__(self) -> None:
+        self._key: tuple[int, int] | None = None
+        self._packed: torch.Tensor | None = None
+        self._budget: PackBudget | None = None  # what the copy's bytes were taken from
+        self._bytes = 0
+
+    def get(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
+        if not _onednn_packable(weight, x):
+            return None
+        key = (weight.data_ptr(), weight._version)
+        if key != self._key:
+            self._release()
+            size = weight.numel() * weight.element_size()
+            budget = PACK_BUDGET
+            if not budget.take(size):
+                return None  # F.linear: slower, but no second copy where RAM is short
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(
+                weight.detach(), ONEDNN_PACK_ROWS
+            )
+            self._key, self._budget, self._bytes = key, budget, size
+        return self._packed
+
+    def _release(self) -> None:
+        if self._budget is not None:
+            self._budget.give_back(self._bytes)
+        self._key, self._packed, self._budget, self._bytes = None, None, None, 0
+
+    def __del__(self) -> None:
+        self._release()
+
+
+class PackBudget:
+    """The bytes that packed copies of dense weights may take, process-wide.
+
+    Each copy doubles its weight's memory: worth it for a small model, ruinous for one whose
+    weights fill the machine (a 7B model in bf16 on 24 GiB). So copies together take at most a
+    share of the RAM the OS could give when the first was made (after the weights and the KV
+    pool are in); layers past the budget keep calling ``F.linear`` (same bits, slower)."""
+
+    def __init__(self, share: float) -> None:
+        self.share = share
+        self.remaining: int | None = None  # set at the first copy
+
+    def take(self, size: int) -> bool:
+        if self.remaining is None:
+            self.remaining = int(self.share * available_bytes())
+        if size > self.remaining:
+            return False
+        self.remaining -= size
+        return True
+
+    def give_back(self, size: int) -> None:
+        if self.remaining is not None:
+            self.remaining += size
+
+
+PACK_BUDGET = PackBudget(share=0.25)
+
+
+def _onednn_packable(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    return (
+        _ONEDNN
+        and weight.dtype == torch.bfloat16
+        and x.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and weight.dim() == 2
+        and x.dim() == 2
+        and x.is_contiguous()
+        and weight.numel() > 0
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+    )
+
+
+_ONEDNN = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
 def int4_packable(out_features: int, in_features: int) -> bool:

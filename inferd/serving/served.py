@@ -27,6 +27,7 @@ from inferd.engine.runner import ModelRunner
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import speculator_for
+from inferd.host_memory import available_bytes
 from inferd.kernels.kv_quant import cache_dtype, dtype_name
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
@@ -47,7 +48,7 @@ from inferd.serving.multimodal import (
     VideoPrompter,
     expand_markers,
 )
-from inferd.serving.sizing import Sizing, available_bytes, decide, kv_shape
+from inferd.serving.sizing import Sizing, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
 from inferd.structured.tool_syntax import ToolFormat, choose

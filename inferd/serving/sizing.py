@@ -167,16 +167,3 @@ def _size(num_bytes: int) -> str:
     if num_bytes >= MIB:
         return f"{num_bytes / MIB:.0f} MiB"
     return f"{num_bytes / 1024:.0f} KiB"
-
-
-def available_bytes() -> int:
-    """Memory the OS can give without swapping (MemAvailable), or a modest 4 GiB guess where
-    /proc/meminfo cannot be read."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4 * GIB

@@ -146,3 +146,58 @@ def test_dense_rows_give_a_row_the_same_bits_whatever_the_batch() -> None:
             for rows in (1, 2, 3, 8, 9, 17, 33):
                 assert torch.equal(layer(x[:rows]), full[:rows]), (trial, rows)
     assert not torch.equal(layer(x[:1]), full[:1])  # int4 at one row, dense at 128
+
+
+@pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
+def test_onednn_packed_weight_gives_the_bits_of_f_linear() -> None:
+    """The bf16 dense path runs on a copy of the weight packed once for oneDNN: every batch
+    size, decode-sized and prompt-sized, gets exactly ``F.linear``'s bits (so greedy output and
+    ``--deterministic`` are untouched), and the copy follows the weight when it changes."""
+    gen = torch.Generator().manual_seed(1)
+    for out_f, in_f in ((3072, 576), (576, 1536), (960, 576)):  # SmolLM2's gate/up, down, qkv
+        layer = Linear(in_f, out_f).to(torch.bfloat16)
+        with torch.no_grad():
+            layer.weight.copy_(torch.randn(out_f, in_f, generator=gen) * 0.02)
+        for rows in (2, 9, 16, 33, 64, 200):
+            x = torch.randn(rows, in_f, generator=gen).bfloat16()
+            with torch.inference_mode():  # as the runner runs the model
+                assert torch.equal(layer(x), F.linear(x, layer.weight)), (out_f, in_f, rows)
+        packed = layer._onednn._packed
+        assert packed is not None  # the packed path did run
+        with torch.no_grad():
+            layer.weight.mul_(2)  # new contents in the same tensor: packed again
+        x = torch.randn(16, in_f, generator=gen).bfloat16()
+        with torch.inference_mode():
+            assert torch.equal(layer(x), F.linear(x, layer.weight))
+        assert layer._onednn._packed is not packed
+
+
+def test_float32_weights_are_not_packed_for_onednn() -> None:
+    """float32 runs MKL's sgemm, whose bits a oneDNN copy would not match: left alone."""
+    layer = Linear(64, 32)
+    x = torch.randn(16, 64)
+    with torch.inference_mode():
+        assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert layer._onednn._packed is None
+
+
+@pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
+def test_packed_copies_stay_within_their_ram_budget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy that does not fit the budget is not made (F.linear's bits all the same); a layer
+    that goes away gives its copy's bytes back."""
+    size = 256 * 128 * 2
+    budget = linear_module.PackBudget(share=1.0)
+    budget.remaining = size + size // 2  # room for one copy, not two
+    monkeypatch.setattr(linear_module, "PACK_BUDGET", budget)
+    layers = [Linear(128, 256).to(torch.bfloat16) for _ in range(2)]
+    x = torch.randn(16, 128).bfloat16()
+    with torch.inference_mode():
+        for layer in layers:
+            assert torch.equal(layer(x), F.linear(x, layer.weight))
+    assert layers[0]._onednn._packed is not None and layers[1]._onednn._packed is None
+    assert budget.remaining == size // 2
+    del layers[0]
+    assert budget.remaining == size + size // 2
+    with torch.inference_mode():
+        layers[0](x)  # the freed room now takes the other copy
+    assert layers[0]._onednn._packed is not None and budget.remaining == size // 2

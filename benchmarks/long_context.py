@@ -1,0 +1,181 @@
+"""Decode speed with long contexts: tokens/s once the prompt is in the cache, by context length
+and number of streams, inferd in process beside llama-server when one is given.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/long_context.py \\
+        [--contexts 1024,4096,8192] [--streams 1,16] [--tokens 32] [--model smollm2]
+    LLAMA_SERVER=/path/to/llama-server ... (adds llama.cpp's server on the same GGUF)
+
+Each point: ``streams`` greedy requests, each with its own prompt of ``context - tokens - 1``
+tokens (its own cache salt, so nothing is shared), are prefilled first (not timed); then the
+last ``tokens`` tokens up to ``context`` are generated and timed: decode tokens/s = streams *
+tokens / that time, so the attention over the whole context is what grows with it. Contexts
+past the model's positions are dropped with a note (SmolLM2: 8192; 16384 is not allowed).
+
+llama-server gets the same prompts as token ids on ``/completion`` (``-np streams`` slots of
+``context + tokens`` each, ``-t`` the threads inferd uses, no prompt cache between points); its
+decode rate is the sum of the streams' ``predicted_n`` over the longest ``predicted_ms`` (the
+time from each stream's first token to its last, as llama.cpp reports it).
+
+The machine may be loaded by others: the two engines run back to back per point, so read the
+ratios more than the absolute figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import time
+import urllib.request
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from inferd.bench.process import free_port, run_server
+from inferd.config import EngineConfig
+from inferd.engine.driver import CallerLoop
+from inferd.engine.sampling import SamplingParams
+from inferd.serving.served import ServedModel, load_model
+from inferd.serving.sizing import SizingError
+from inferd.source import ModelSource, resolve_source
+
+FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
+
+
+@dataclass(frozen=True, slots=True)
+class Point:
+    context: int
+    streams: int
+    tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.context - self.tokens - 1
+
+
+def prompts(served: ServedModel, point: Point) -> list[list[int]]:
+    """One prompt of ``point.prompt_tokens`` tokens per stream, each beginning differently."""
+    base = served.tokenizer.encode(FILLER * (point.context // 8 + 2))
+    return [
+        served.tokenizer.encode(f"Story {i}: ")[:8] + base[: point.prompt_tokens - 8]
+        for i in range(point.streams)
+    ]
+
+
+def inferd_decode_rate(served: ServedModel, point: Point) -> float:
+    """Decode tokens/s of ``point`` on an engine stepped by this thread."""
+    engine = served.engine.engine
+    params = SamplingParams(max_tokens=point.tokens + 1, temperature=0, ignore_eos=True)
+    for ids in prompts(served, point):
+        rid = f"long-{uuid.uuid4().hex}"
+        engine.add_request(rid, ids, params, cache_salt=rid)
+    while any(not r.output_token_ids for r in engine._core.requests.values()):
+        engine.step()  # prefill, untimed: every stream has its first token
+    started = time.perf_counter()
+    generated = 0
+    while engine.has_unfinished():
+        generated += sum(len(out.token_ids) for out in engine.step())
+    return generated / (time.perf_counter() - started)
+
+
+def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int) -> float:
+    """Decode tokens/s of ``point`` on llama-server (module doc), started for this point."""
+    port = free_port()
+    slot = point.context + 16
+    cmd = [
+        binary,
+        *("-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
+        *("-t", str(threads), "-np", str(point.streams), "-c", str(point.streams * slot)),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"http://127.0.0.1:{port}"
+        with run_server(cmd, url + "/health", Path(tmp) / "llama.log", 600, "llama-server"):
+            ids = _token_ids_for(url, point)
+            results = asyncio.run(_completions(url, ids, point.tokens))
+    produced = sum(r["timings"]["predicted_n"] for r in results)
+    longest = max(r["timings"]["predicted_ms"] for r in results) / 1000
+    return produced / longest
+
+
+def _token_ids_for(url: str, point: Point) -> list[list[int]]:
+    """The same kind of prompts, in llama.cpp's own tokenization (one per stream)."""
+    text = FILLER * (point.context // 8 + 2)
+    base = _post(url + "/tokenize", {"content": text})["tokens"]
+    return [
+        _post(url + "/tokenize", {"content": f"Story {i}: "})["tokens"][:8]
+        + base[: point.prompt_tokens - 8]
+        for i in range(point.streams)
+    ]
+
+
+async def _completions(url: str, prompts: list[list[int]], tokens: int) -> list[dict]:
+    body = {"n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
+    calls = [asyncio.to_thread(_post, url + "/completion", body | {"prompt": p}) for p in prompts]
+    return list(await asyncio.gather(*calls))
+
+
+def _post(url: str, body: dict) -> dict:
+    request = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        result: dict = json.loads(response.read())
+        return result
+
+
+def load_for(
+    source: ModelSource, contexts: list[int], streams: int
+) -> tuple[ServedModel, list[int]]:
+    """The model with room for ``streams`` sequences of the longest context it allows, and
+    the contexts that fit."""
+    contexts = sorted(contexts)
+    while contexts:
+        longest = contexts[-1]
+        cfg = EngineConfig(
+            max_num_seqs=streams,
+            max_model_len=longest,
+            kv_cache_tokens=streams * (longest + 16),
+            speculative="off",
+            prefix_caching=False,
+        )
+        try:
+            return load_model(source, cfg, progress=False, loop=CallerLoop()), contexts
+        except SizingError as exc:  # past the model's positions
+            print(f"context {longest} dropped: {exc}")
+            contexts.pop()
+    raise SystemExit("no context fits this model")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--contexts", default="1024,4096,8192")
+    parser.add_argument("--streams", default="1,16")
+    parser.add_argument("--tokens", type=int, default=32, help="decode tokens timed per stream")
+    args = parser.parse_args()
+    contexts = [int(c) for c in args.contexts.split(",") if c]
+    streams = [int(s) for s in args.streams.split(",") if s]
+    source = resolve_source(args.model)
+    served, contexts = load_for(source, contexts, max(streams))
+    binary = os.environ.get("LLAMA_SERVER")
+    threads = torch.get_num_threads()
+    print(f"{args.model}, {threads} threads, {args.tokens} decode tokens per stream timed")
+    print("| context | streams | inferd decode tok/s | llama-server decode tok/s | ratio |")
+    print("|---|---|---|---|---|")
+    for context in contexts:
+        for n in streams:
+            point = Point(context, n, args.tokens)
+            ours = inferd_decode_rate(served, point)
+            peer = llama_server_decode_rate(binary, source.path, point, threads) if binary else None
+            theirs = f"{peer:.1f}" if peer else "—"
+            ratio = f"{ours / peer:.2f}x" if peer else "—"
+            print(f"| {context} | {n} | {ours:.1f} | {theirs} | {ratio} |", flush=True)
+    served.shutdown()
+
+
+if __name__ == "__main__":
+    main()

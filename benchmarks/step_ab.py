@@ -1,0 +1,111 @@
+"""Batched decode steps of two variants alternating in one process, and their greedy tokens.
+
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/step_ab.py --rows 16 --steps 6 \\
+        --switch all --old-kernels /path/to/old/inferd/kernels/decode.cpp
+
+The variants ("before" / "after"): ``onednn`` turns the oneDNN-packed dense weights off / on
+(layers/linear.py), ``kernels`` runs the fused kernels built from ``--old-kernels`` / from this
+tree's decode.cpp, ``all`` both. The same requests are stepped with the variants alternating step
+by step, so drift of a loaded machine hits both alike; the medians and their ratio are printed.
+First, each variant generates ``--rows`` greedy replies of 24 tokens from the start, and the
+script says whether the tokens are identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import inferd.kernels as kernels
+import inferd.layers.linear as linear
+from inferd.config import EngineConfig
+from inferd.engine.driver import CallerLoop
+from inferd.engine.llm_engine import LLMEngine
+from inferd.engine.sampling import SamplingParams
+from inferd.kernels.ops import KernelOps
+from inferd.serving.served import ServedModel, load_model
+from inferd.source import resolve_source
+
+
+def ops_built_from(source: Path) -> KernelOps:
+    """The fused ops compiled from ``source`` (cached by its digest, beside this tree's)."""
+    kernels.SOURCE, kernels._tried, kernels._compiled = source, False, None
+    return kernels.load_ops(torch.bfloat16)
+
+
+def start(served: ServedModel, tag: str, rows: int, tokens: int) -> None:
+    engine = served.engine.engine
+    params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    for i in range(rows):
+        text = f"Write a story about topic {i}."
+        engine.add_request(
+            f"{tag}-{i}", served.chat_prompt([{"role": "user", "content": text}]), params
+        )
+    while any(not r.output_token_ids for r in engine._core.requests.values()):
+        engine.step()
+
+
+def finish(engine: LLMEngine) -> dict[str, list[int]]:
+    tokens: dict[str, list[int]] = {}
+    while engine.has_unfinished():
+        for out in engine.step():
+            tokens.setdefault(out.request_id.split("-")[1], []).extend(out.token_ids)
+    return tokens
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--switch", choices=["onednn", "kernels", "all"], default="all")
+    parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    ops: dict[bool, KernelOps] = {}
+    if args.switch != "onednn":
+        if args.old_kernels is None:
+            parser.error("--switch kernels/all needs --old-kernels")
+        new = kernels.SOURCE
+        ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
+    cfg = EngineConfig(speculative="off", max_num_seqs=max(16, args.rows), prefix_caching=False)
+    served = load_model(resolve_source("smollm2"), cfg, progress=False, loop=CallerLoop())
+    engine = served.engine.engine
+
+    def switch(after: bool) -> None:
+        if args.switch != "kernels":
+            linear._ONEDNN = after
+        if ops:
+            engine.model.use_kernels(ops[after])
+
+    replies = {}
+    for after in (False, True):
+        switch(after)
+        start(served, f"t{after}", args.rows, 24)
+        replies[after] = finish(engine)
+    print("greedy tokens identical:", replies[False] == replies[True])
+    start(served, "ab", args.rows, 2 * args.steps + 4)
+    engine.step()
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for _ in range(args.steps):
+        for after in (False, True):
+            switch(after)
+            began = time.perf_counter()
+            engine.step()
+            times[after].append(time.perf_counter() - began)
+    finish(engine)
+    before, after_ms = (statistics.median(times[k]) * 1000 for k in (False, True))
+    print(
+        f"{args.switch}, {args.rows} rows, {torch.get_num_threads()} threads: before "
+        f"{before:.2f} ms, after {after_ms:.2f} ms a step ({before / after_ms:.2f}x)"
+    )
+    served.shutdown()
+
+
+if __name__ == "__main__":
+    main()
