@@ -130,9 +130,14 @@ def compare(
         for r in range(rounds):
             for workload in workloads:
                 for setting, endpoint in endpoints.items():
-                    if progress is not None:
-                        progress(f"round {r + 1}/{rounds}: {workload.name}, {setting.label}")
-                    result.add(workload, setting, measure(endpoint, workload, setting.label))
+                    summary = measure(endpoint, workload, setting.label)
+                    result.add(workload, setting, summary)
+                    if progress is not None:  # each figure as it comes: a cut run keeps them
+                        progress(
+                            f"round {r + 1}/{rounds}: {workload.name}, {setting.label}: "
+                            f"{summary.tokens_per_second:.1f} tokens/s, "
+                            f"drafted {summary.drafted}, accepted {summary.accepted}"
+                        )
     return result
 
 
