@@ -220,8 +220,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens",
         type=int,
         default=d.num_speculative_tokens,
-        help="drafted tokens verified per step at most; ngram: per step at first, more (up to "
-        f"7) while a request's drafts are all accepted (default: {d.num_speculative_tokens})",
+        help=f"drafted tokens verified per step at most (default: {d.num_speculative_tokens})",
     )
 
 

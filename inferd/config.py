@@ -45,9 +45,7 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py): "ngram" drafts each request's next tokens
     # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
     speculative: str = "ngram"
-    # Drafts verified per step at most (benchmarks/speculative.py); ngram: at first, growing
-    # while a request's drafts are all accepted (engine/speculative.py, LOOKUP_MAX_TOKENS)
-    num_speculative_tokens: int = 3
+    num_speculative_tokens: int = 3  # drafts verified per step at most (benchmarks/speculative.py)
     # "draft": this model (same tokenizer) drafts; "self": the served model's first
     # self_spec_layers layers (default: half) draft (engine/draft_model.py)
     draft_model: str | None = None

@@ -43,12 +43,6 @@ renormalized, which again gives ``p``; with ``q`` a point mass it is the rule ab
 point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with ``p(x)``; with
 ``q`` near ``p`` this one accepts nearly always.)
 
-How many: a step of one stream costs about the same for 4 rows as for 8 (weight reads, and on
-a small model the step's fixed overhead, dominate), so a request whose drafts were all accepted
-(it is copying) drafts twice as many the next step, up to ``max_num_tokens`` (the engine's
-ngram speculator: ``LOOKUP_MAX_TOKENS``, within ``max_batch_rows``); its first miss sets it
-back to ``num_tokens``. Verification is unchanged, so greedy output is too.
-
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
 less the cost of the drafted rows; when it falls below zero the request stops drafting for a
@@ -71,18 +65,12 @@ if TYPE_CHECKING:
     from inferd.engine.request import Request
 
 METHODS = ("ngram", "draft", "self", "off")
-# How far a prompt lookup's drafts grow: one stream's 1 + 7 rows stay within max_batch_rows.
-LOOKUP_MAX_TOKENS = 7
 
 
 @dataclass(frozen=True, slots=True)
 class SpeculativeConfig:
     method: str = "ngram"  # "ngram" | "draft" | "self" | "off" (draft, self: draft_model.py)
     num_tokens: int = 3  # drafts per verify step at most (k)
-    # More than num_tokens: a prompt-lookup request's drafts grow while it hits (module
-    # docstring, "How many"), doubling after each wholly accepted draft up to this, and fall back
-    # to num_tokens at a miss. 0: always num_tokens.
-    max_num_tokens: int = 0
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
     # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
@@ -101,8 +89,6 @@ class SpeculativeConfig:
             )
         if self.num_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
-        if self.max_num_tokens < 0:
-            raise ValueError("max_num_tokens must not be negative")
         if not 1 <= self.min_ngram <= self.max_ngram:
             raise ValueError("the n-gram lengths must satisfy 1 <= min_ngram <= max_ngram")
 
@@ -122,7 +108,6 @@ class DraftState:
     # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
     gain: float = 0.5
     paused: int = 0  # decode steps left without drafting
-    length: int = 0  # drafts to propose next at most (0: the config's num_tokens)
     pause: int = 0  # the length of the next pause
     drafted: int = 0
     accepted: int = 0
@@ -158,9 +143,8 @@ class Speculator:
 
     def draft_budget(self, num_decodes: int) -> int:
         """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts)."""
-        cfg = self.config
-        rows_each = cfg.max_batch_rows // max(num_decodes, 1)
-        return max(0, min(max(cfg.num_tokens, cfg.max_num_tokens), rows_each - 1))
+        rows_each = self.config.max_batch_rows // max(num_decodes, 1)
+        return max(0, min(self.config.num_tokens, rows_each - 1))
 
     def propose(self, request: Request, k: int) -> tuple[int, ...]:
         """Up to ``k`` drafts for the request's next tokens (none when it should not draft)."""
@@ -175,14 +159,13 @@ class Speculator:
             state.paused -= 1
             return ()
         if self.drafter is not None:
-            k = min(k, self.config.num_tokens)  # a draft model's drafts cost a forward each
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
             draft = self.drafter.propose(request, k)
             if draft.probs is not None:
                 self.draft_probs[request.request_id] = draft.probs
             return tuple(draft.tokens)
         tokens = [*request.prompt_token_ids, *request.output_token_ids]
-        return tuple(self._lookup(state, tokens, min(k, state.length or self.config.num_tokens)))
+        return tuple(self._lookup(state, tokens, k))
 
     def _lookup(self, state: DraftState, tokens: list[int], k: int) -> list[int]:
         cfg, end = self.config, len(tokens)
@@ -224,11 +207,6 @@ class Speculator:
         state.drafted += drafted
         state.accepted += accepted
         state.gain = 0.5 * state.gain + 0.5 * (accepted - cfg.draft_cost * drafted)
-        if drafted and accepted == drafted:  # a run of copied text: draft further next time
-            cap = max(cfg.num_tokens, cfg.max_num_tokens)
-            state.length = min(2 * (state.length or cfg.num_tokens), cap)
-        else:
-            state.length = 0
         if state.gain < 0:
             state.pause = min(max(state.pause * 2, cfg.first_pause), cfg.max_pause)
             state.paused, state.gain = state.pause, 0.0
@@ -249,9 +227,9 @@ def speculator_for(config: EngineConfig, drafter: DraftModel | None = None) -> S
         return None
     if (drafter is None) != (config.speculative == "ngram"):
         raise ValueError(f"speculative={config.speculative!r} drafts with a draft model")
-    k = config.num_speculative_tokens
-    grown = max(k, LOOKUP_MAX_TOKENS) if config.speculative == "ngram" else 0
-    return Speculator(SpeculativeConfig(config.speculative, k, max_num_tokens=grown), drafter)
+    return Speculator(
+        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens), drafter
+    )
 
 
 def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:

@@ -106,43 +106,6 @@ def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
     assert spec.states["r"].pause == 6
 
 
-def _agreeing_logits(tokens: Sequence[int]) -> torch.Tensor:
-    """Logits whose argmax at each row is the given token: greedy accepts all those drafts."""
-    logits = torch.zeros((len(tokens), 16))
-    for row, token in enumerate(tokens):
-        logits[row, token] = 1.0
-    return logits
-
-
-def test_drafts_grow_while_all_are_accepted_and_fall_back_at_a_miss() -> None:
-    spec = Speculator(SpeculativeConfig(num_tokens=2, max_num_tokens=7, max_batch_rows=8))
-    assert spec.draft_budget(1) == 7 and spec.draft_budget(2) == 3  # the rows still bound it
-    passage = list(range(1, 15))  # a passage the output copies: 1 2 ... 14
-    request = _request(passage, [1], temperature=0, max_tokens=50)
-    lengths = []
-    for _ in range(3):
-        draft = spec.propose(request, spec.draft_budget(1))
-        lengths.append(len(draft))
-        verdict = spec.verify(_agreeing_logits([*draft, draft[-1] + 1]), draft, request)
-        assert verdict.accepted == len(draft)
-        request.output_token_ids.extend(verdict.tokens)
-    assert lengths == [2, 4, 7]  # doubled after each whole acceptance, up to max_num_tokens
-    draft = spec.propose(request, 7)
-    assert len(draft) == 7
-    wrong = _agreeing_logits([draft[0], 0, 0, 0, 0, 0, 0, 0])  # the second draft is rejected
-    assert spec.verify(wrong, draft, request).accepted == 1
-    request.output_token_ids.extend([draft[0], 0])
-    request.output_token_ids.extend(passage[:3])  # copying again from the passage's start
-    assert len(spec.propose(request, 7)) == 2  # back to num_tokens
-    fixed = Speculator(SpeculativeConfig(num_tokens=2))  # no max_num_tokens: no growth
-    copy = _request(passage, [1], temperature=0, max_tokens=50)
-    copy.request_id = "fixed"
-    draft = fixed.propose(copy, fixed.draft_budget(1))
-    fixed.verify(_agreeing_logits([*draft, 9]), draft, copy)
-    copy.output_token_ids.extend([*draft, 4])
-    assert fixed.draft_budget(1) == 2 and len(fixed.propose(copy, 7)) == 2
-
-
 def test_sampled_verification_preserves_the_distribution() -> None:
     """Chi-square of the first emitted token, and of the second given the first draft was
     accepted, against the distribution plain sampling draws from (temperature, top-k)."""
