@@ -56,6 +56,10 @@ def _consume(line: str, timing: RequestTiming) -> None:
     chunk = json.loads(data)
     if chunk.get("usage"):
         timing.tokens = chunk["usage"]["completion_tokens"]
+    timings = chunk.get("timings") or {}
+    if "draft_n" in timings:  # llama-server's speculation counts, in its last chunk
+        timing.drafted = int(timings["draft_n"])
+        timing.accepted = int(timings.get("draft_n_accepted", 0))
     for choice in chunk.get("choices", []):
         # Chat streams carry delta.content; completion streams carry text.
         if choice.get("delta", {}).get("content") or choice.get("text"):

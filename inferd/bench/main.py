@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import json
 import math
+import signal
 import sys
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -19,6 +20,9 @@ from inferd.bench.http import run_http
 from inferd.bench.peers import PEERS, run_serial
 from inferd.bench.process import ServerProcess, start_server
 from inferd.bench.server_peers import SERVER_PEERS, start_peer_server
+from inferd.bench.spec_compare import SETTINGS
+from inferd.bench.spec_workloads import KINDS as SPEC_KINDS
+from inferd.bench.spec_workloads import spec_workload
 from inferd.bench.stats import Summary
 from inferd.bench.workloads import WORKLOADS, Workload
 
@@ -31,8 +35,9 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--url", help="measure this OpenAI-compatible server instead of starting one")
     p.add_argument(
         "--workloads",
-        default=",".join(WORKLOADS),
-        help=f"comma-separated, from: {', '.join(WORKLOADS)}",
+        default=None,
+        help=f"comma-separated, from: {', '.join(WORKLOADS)} (all); with --speculative, from: "
+        f"{', '.join(SPEC_KINDS)} (all)",
     )
     p.add_argument(
         "--peers",
@@ -44,6 +49,28 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="instead: sweep prompt length, generation length and concurrency on an engine in "
         "this process (no HTTP, no peers)",
+    )
+    p.add_argument(
+        "--speculative",
+        action="store_true",
+        help="instead: speculative decoding off and on, inferd (--speculative off, ngram) beside "
+        "llama-server (without and with --spec-type ngram-simple), on copy/edit, summarize and "
+        "free-generation workloads at --streams",
+    )
+    p.add_argument(
+        "--streams",
+        default="1,16",
+        help="with --speculative: comma-separated concurrent stream counts (default: 1,16)",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=3, help="with --speculative: rounds; medians are printed"
+    )
+    p.add_argument(
+        "--max-tokens",
+        type=int,
+        default=None,
+        help="with --speculative: tokens each request generates at most (default: the "
+        "workload's: copy 256, summarize 128, free 128)",
     )
     p.add_argument("--threads", type=int, default=2, help="threads for the peers")
     p.add_argument(
@@ -70,7 +97,9 @@ def main(args: argparse.Namespace) -> int:
 
     source = resolve_source(args.model)
     gguf = source.path
-    chosen = [w for w in args.workloads.split(",") if w]
+    if args.speculative:
+        return _speculative(args, gguf)
+    chosen = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
@@ -97,6 +126,50 @@ def main(args: argparse.Namespace) -> int:
     if args.json:
         args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
     return 0
+
+
+def _speculative(args: argparse.Namespace, gguf: Path) -> int:
+    from inferd.bench.spec_compare import compare, log_progress, server_starter
+    from inferd.bench.spec_compare import render as render_spec
+
+    if args.url is not None:
+        raise ValueError("--speculative starts its own servers (inferd twice): drop --url")
+    workloads = spec_workloads(args, _text_api(args.api, gguf))
+    settings = [s for s in SETTINGS if s.engine == "inferd" or s.engine in args.peers.split(",")]
+    extra = [a for a in args.serve_args if a != "--"]
+    if args.isq is not None:
+        extra += ["--isq", args.isq]
+    starter = server_starter(gguf, args.threads, extra)
+    # Four servers run under this process: a SIGTERM (a timeout) must stop them too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    result = compare(starter, workloads, args.rounds, settings, progress=log_progress)
+    for s in SETTINGS:
+        if s not in settings:
+            result.unavailable[s.label] = "not in --peers"
+    print(render_spec(result))
+    if args.json:
+        figures = [asdict(r) for runs in result.runs.values() for r in runs]
+        args.json.write_text(json.dumps(figures, indent=2))
+    return 0
+
+
+def spec_workloads(args: argparse.Namespace, text: bool = False) -> list[Workload]:
+    """The --speculative workloads the arguments choose, each at each stream count."""
+    kinds = [k for k in (args.workloads or ",".join(SPEC_KINDS)).split(",") if k]
+    unknown = set(kinds) - set(SPEC_KINDS)
+    if unknown:
+        raise ValueError(f"unknown --speculative workloads: {', '.join(sorted(unknown))}")
+    try:
+        streams = [int(s) for s in args.streams.split(",") if s]
+    except ValueError:
+        raise ValueError(f"--streams takes comma-separated counts, not {args.streams!r}") from None
+    if not streams or args.rounds < 1:
+        raise ValueError("--speculative needs at least one stream count and one round")
+    return [
+        replace(spec_workload(kind, n, args.max_tokens), text=text)
+        for kind in kinds
+        for n in streams
+    ]
 
 
 def _sweep(args: argparse.Namespace, source: ModelSource) -> int:
@@ -132,12 +205,17 @@ def _inferd(
 def _workloads(api: str, gguf: Path) -> dict[str, Workload]:
     """The workloads, as plain-text completions when asked or when the model has no chat
     template (a base model: chat would be refused)."""
-    text = api == "completions"
+    text = _text_api(api, gguf)
+    return {key: replace(w, text=text) for key, w in WORKLOADS.items()}
+
+
+def _text_api(api: str, gguf: Path) -> bool:
+    """Whether requests are plain-text completions (asked, or a model without chat template)."""
     if api == "auto" and gguf.suffix == ".gguf":
         from inferd.loading.gguf import GGUFFile
 
-        text = not GGUFFile(gguf).metadata.get("tokenizer.chat_template")
-    return {key: replace(w, text=text) for key, w in WORKLOADS.items()}
+        return not GGUFFile(gguf).metadata.get("tokenizer.chat_template")
+    return api == "completions"
 
 
 def _run_peer(

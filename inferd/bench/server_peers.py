@@ -14,7 +14,7 @@ import importlib.util
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -64,10 +64,17 @@ SERVER_PEERS: dict[str, Callable[[Path, int, int], list[str]]] = {
 
 @contextmanager
 def start_peer_server(
-    name: str, gguf: Path, threads: int, log: Path, timeout: float = 300
+    name: str,
+    gguf: Path,
+    threads: int,
+    log: Path,
+    timeout: float = 300,
+    extra: Sequence[str] = (),
 ) -> Iterator[str]:
-    """Start the named peer on a free loopback port; yields its OpenAI base URL (with /v1)."""
+    """Start the named peer on a free loopback port; yields its OpenAI base URL (with /v1).
+    ``extra``: more command-line flags for the peer."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/v1"
-    with run_server(SERVER_PEERS[name](gguf, port, threads), api + "/models", log, timeout, name):
+    command = [*SERVER_PEERS[name](gguf, port, threads), *extra]
+    with run_server(command, api + "/models", log, timeout, name):
         yield api

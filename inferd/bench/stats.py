@@ -13,6 +13,9 @@ class RequestTiming:
     token_times: list[float] = field(default_factory=list)  # arrival of each text delta
     tokens: int | None = None  # generated tokens as the engine counted them, when it says
     completed: bool = False
+    # Speculative drafts the server says it verified and accepted (llama-server's timings)
+    drafted: int | None = None
+    accepted: int | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -40,6 +43,15 @@ class Summary:
     itl_p50: float
     itl_p99: float
     peak_rss_mb: float | None = None
+    drafted: int | None = None  # speculative draft tokens verified, when the engine says
+    accepted: int | None = None  # and how many of them it accepted
+
+    @property
+    def acceptance(self) -> float | None:
+        """Accepted over drafted tokens (None: unknown, or nothing drafted)."""
+        if not self.drafted or self.accepted is None:
+            return None
+        return self.accepted / self.drafted
 
     @property
     def tokens_per_second(self) -> float:
@@ -58,6 +70,7 @@ def summarize(
     peak_rss_mb: float | None = None,
 ) -> Summary:
     ttfts = [t.ttft for t in timings if t.ttft is not None]
+    drafts = [t for t in timings if t.drafted is not None]
     gaps = [b - a for t in timings for a, b in zip(t.token_times, t.token_times[1:], strict=False)]
     return Summary(
         name=name,
@@ -73,4 +86,6 @@ def summarize(
         itl_p50=statistics.median(gaps) if gaps else float("nan"),
         itl_p99=percentile(gaps, 99),
         peak_rss_mb=peak_rss_mb,
+        drafted=sum(t.drafted or 0 for t in drafts) if drafts else None,
+        accepted=sum(t.accepted or 0 for t in drafts) if drafts else None,
     )

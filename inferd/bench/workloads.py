@@ -32,6 +32,8 @@ class Workload:
     # Plain-text prompts to /v1/completions instead of chat: for base models, which have no
     # chat template (Gemma 3 270M); the text is the messages' contents, one paragraph each.
     text: bool = False
+    # The user messages, request i sending users[i % len]; empty: a story about a topic.
+    users: tuple[str, ...] = ()
 
     def request(self, index: int) -> list[dict[str, str]] | str:
         """What one request sends: the messages, or (``text``) the prompt."""
@@ -43,7 +45,9 @@ class Workload:
     def messages(self, index: int) -> list[dict[str, str]]:
         topic = TOPICS[index % len(TOPICS)]
         user = f"Write a long story about {topic}. Story number {index}."
-        if self.user_repeat > 1:
+        if self.users:
+            user = self.users[index % len(self.users)]
+        elif self.user_repeat > 1:
             user = (f"Background notes on {topic}, part {index}. " * self.user_repeat) + user
         out = [{"role": "user", "content": user}]
         if self.system is not None:
