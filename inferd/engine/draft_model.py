@@ -96,7 +96,10 @@ class DraftModel:
                 drafted.append(int(logits.argmax()))
             else:
                 q = sampling_probs(logits, request)
-                drafted.append(draw(q, request.generator))
+                # A seeded request draws with its position's generator: the uniform its
+                # verification draws again there, so a close q drafts what p then gives.
+                generator = request.generator_at(len(request.output_token_ids) + i)
+                drafted.append(draw(q, generator))
                 probs.append(q / q.sum())
             if i + 1 < k:
                 logits = self._run(cache, drafted[-1:])
