@@ -15,7 +15,11 @@ Drafts: the argmax of the draft model's logits for a greedy request (so a point 
 served model's greedy text is unchanged whatever is drafted); for a sampled request a draw
 from the draft model's distribution ``q`` (the request's temperature and top-k/p/min-p on the
 draft logits), which verification needs beside the draft: it accepts ``x`` with probability
-``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized.
+``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized. A seeded
+request draws each draft with its position's generator (``Request.generator_at``), the uniform
+its verification draws again there from ``p``: with ``q`` near ``p`` both give the same token.
+A constrained request's drafts are not masked here; the speculator cuts them where the grammar
+refuses them.
 """
 
 from __future__ import annotations

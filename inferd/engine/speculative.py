@@ -43,7 +43,7 @@ and a draft stands while it equals that token. The output is the plain sampled t
 was drafted (so with speculation on or off, alone or batched, and again on a retry), and a
 point-mass draft is still accepted with probability ``p(x)``.
 
-Who speculates not: a lazy constraint still waiting for its trigger (tool calls under
+Who does not speculate: a lazy constraint still waiting for its trigger (tool calls under
 ``tool_choice`` auto: the rows after a draft would need the trigger search run over the
 drafts), requests with a thinking budget (past it the sampler forces the closing tokens), and
 nobody in a step with more decode rows than ``max_batch_rows`` (a batch that large is

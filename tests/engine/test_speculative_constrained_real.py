@@ -150,7 +150,10 @@ def test_deterministic_seeded_text_with_speculation_on_and_off(smollm2_gguf: Pat
     options: dict[str, Any] = {"deterministic": True}
     schema = Constraint.json_schema(SCHEMA)
     with LLM(str(smollm2_gguf), speculative="off", **options) as off:
-        text_prompt, json_prompt = off.model.chat_prompt(TEXT_COPY), off.model.chat_prompt(JSON_COPY)
+        text_prompt, json_prompt = (
+            off.model.chat_prompt(TEXT_COPY),
+            off.model.chat_prompt(JSON_COPY),
+        )
         prompts = [text_prompt, json_prompt, text_prompt]
         params = [_seeded(5), _seeded(7, schema), _greedy(Constraint.regex(SENTENCE), 40)]
         plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
