@@ -7,8 +7,9 @@ then does (greedy, temperature, top-k/p, penalties) it can only pick an allowed 
 
 A request with speculative drafts has a row per draft after its own: row ``i`` gets the mask
 after the drafts before it. llguidance advances the matcher over them and rolls it back, in the
-same background job (the drafts were checked against the constraint when they were proposed,
-so every row's mask is defined).
+same background job. Rows after a draft the mask refuses (rare: drafts were cut where the
+constraint refuses them, but a mask also leaves out non-canonical tokenizations the constraint
+would take) may allow nothing; verification never reaches them, as that draft is rejected.
 """
 
 from __future__ import annotations
