@@ -75,14 +75,9 @@ class EngineCore:
         if not scheduled.chunks:
             return failed
         started = time.perf_counter()
-        # Constrained rows: their masks are computed while the model runs (structured/masks.py).
-        # (A request with drafts is never constrained: its draft rows get no mask.)
-        samplers = [
-            m
-            for c in scheduled.chunks
-            if c.completes
-            for m in [c.request.matcher, *[None] * len(c.draft)]
-        ]
+        # Constrained rows: their masks are computed while the model runs (structured/masks.py),
+        # a draft's row with the matcher advanced over the drafts before it.
+        samplers = [(c.request.matcher, c.draft) for c in scheduled.chunks if c.completes]
         masks = MaskJob.start(samplers, self.runner.config.vocab_size)
         result = self.runner.execute(scheduled)
         self.scheduler.advance(scheduled)

@@ -15,7 +15,11 @@ Drafts: the argmax of the draft model's logits for a greedy request (so a point 
 served model's greedy text is unchanged whatever is drafted); for a sampled request a draw
 from the draft model's distribution ``q`` (the request's temperature and top-k/p/min-p on the
 draft logits), which verification needs beside the draft: it accepts ``x`` with probability
-``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized.
+``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized. A seeded
+request draws each draft with its position's generator (``Request.generator_at``), the uniform
+its verification draws again there from ``p``: with ``q`` near ``p`` both give the same token.
+A constrained request's drafts are not masked here; the speculator cuts them where the grammar
+refuses them.
 """
 
 from __future__ import annotations
@@ -96,7 +100,10 @@ class DraftModel:
                 drafted.append(int(logits.argmax()))
             else:
                 q = sampling_probs(logits, request)
-                drafted.append(draw(q, request.generator))
+                # A seeded request draws with its position's generator: the uniform its
+                # verification draws again there, so a close q drafts what p then gives.
+                generator = request.generator_at(len(request.output_token_ids) + i)
+                drafted.append(draw(q, generator))
                 probs.append(q / q.sum())
             if i + 1 < k:
                 logits = self._run(cache, drafted[-1:])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,8 @@ class Request:
     num_computed_tokens: int = 0
     status: RequestStatus = RequestStatus.WAITING
     block_ids: list[int] = field(default_factory=list)
+    # The draws of an unseeded sampled request (None: torch's global generator). A seeded
+    # request draws from ``generator_at`` instead.
     generator: torch.Generator | None = None
     num_preemptions: int = 0
     stop_reason: str | int | None = None  # the stop string or token id that ended it
@@ -88,8 +91,6 @@ class Request:
     bidirectional_spans: tuple[tuple[int, int], ...] = ()
 
     def __post_init__(self) -> None:
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed)
         if self.params.thinking is not None:
             self.thinking = ThinkingTracker(self.params.thinking)
 
@@ -101,6 +102,27 @@ class Request:
     def num_tokens(self) -> int:
         return len(self.prompt_token_ids) + len(self.output_token_ids)
 
+    def generator_at(self, index: int) -> torch.Generator | None:
+        """The generator that draws output token ``index`` (0: the first output token).
+
+        A seeded request's draws depend only on its seed and the token's position: each
+        position gets a generator seeded from both, so however many draws were made before
+        (one per token plainly, more or fewer when speculation verifies drafts: see
+        engine/speculative.py) the same seed gives the same text, alone, in a batch or again.
+        Unseeded: ``generator`` (None: the global one), whose stream simply goes on.
+        """
+        seed = self.params.seed
+        if seed is None:
+            return self.generator
+        return torch.Generator().manual_seed(position_seed(seed, index))
+
+    @property
+    def draws_on(self) -> torch.device | None:
+        """The device of the request's draws (None: wherever its logits are)."""
+        if self.params.seed is not None:
+            return torch.device("cpu")  # generator_at's generators are CPU ones
+        return None if self.generator is None else self.generator.device
+
     def media_digests(self, start: int, end: int) -> list[str]:
         """Digests of the media held in part by positions ``[start, end)``."""
         return [m.digest for m in self.media if m.overlaps(start, end)]
@@ -108,3 +130,11 @@ class Request:
     def token_at(self, index: int) -> int:
         n = len(self.prompt_token_ids)
         return self.prompt_token_ids[index] if index < n else self.output_token_ids[index - n]
+
+
+def position_seed(seed: int, index: int) -> int:
+    """A 64-bit seed for output position ``index`` of a request seeded with ``seed``: a hash,
+    so nearby seeds and positions give unrelated streams (torch's CPU generator keeps only the
+    low 32 bits of a seed; a hash spreads both inputs over them)."""
+    data = seed.to_bytes(8, "little") + index.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")

@@ -8,8 +8,9 @@ more (sampling, penalties, logit bias, logprobs) get per-row work:
 2. logit bias is added, then the repetition penalty (over prompt and output tokens) and the
    frequency and presence penalties (over output tokens) are applied;
 3. greedy rows take the argmax of the result; sampled rows apply temperature, then top-k, top-p
-   and min-p filtering, then draw with the request's own generator so a seed reproduces the
-   same text.
+   and min-p filtering, then draw; a seeded request draws each token with a generator seeded
+   by its seed and the token's position (``Request.generator_at``), so a seed reproduces the
+   same text however the tokens were produced (alone, batched, speculated).
 """
 
 from __future__ import annotations
@@ -93,12 +94,13 @@ def apply_logit_transforms(
 
 
 def _sample_row(logits: torch.Tensor, request: Request) -> int:
-    return draw(sampling_probs(logits, request), request.generator)
+    generator = request.generator_at(len(request.output_token_ids))
+    return draw(sampling_probs(logits, request), generator)
 
 
 def sampling_probs(logits: torch.Tensor, request: Request) -> torch.Tensor:
     """The distribution a sampled row draws from (unnormalized): temperature, then top-k,
-    top-p and min-p filtering, on the device of the request's generator. Speculative
+    top-p and min-p filtering, on the device of the request's draws. Speculative
     verification (engine/speculative.py) accepts and resamples drafts against it."""
     p = request.params
     logits = logits.float()
@@ -113,8 +115,9 @@ def sampling_probs(logits: torch.Tensor, request: Request) -> torch.Tensor:
         probs = _top_p(probs, p.top_p)
     if p.min_p > 0.0:
         probs = probs.masked_fill(probs < p.min_p * probs.max(), 0.0)
-    if request.generator is not None and probs.device != request.generator.device:
-        probs = probs.to(request.generator.device)
+    device = request.draws_on
+    if device is not None and probs.device != device:
+        probs = probs.to(device)
     return probs
 
 

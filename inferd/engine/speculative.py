@@ -28,12 +28,26 @@ Logit bias and the repetition, frequency and presence penalties apply per row as
 applies them, with the drafts before the row counted as output (a row is only reached when they
 were all accepted, so they are the output then).
 
-Who speculates: not constrained requests (the grammar matcher would have to follow drafts it may
-then drop), not seeded sampled requests (a seed must reproduce its text, while
-speculation's random draws depend on what it drafted, which depends on the batch), not requests
-with a thinking budget (past it the sampler forces the closing tokens), and nobody
-in a step with more decode rows than ``max_batch_rows`` (a batch that large is compute-bound:
-extra rows cost what they would save).
+Constrained requests (engine/core.py, structured/masks.py): a draft is cut before its first
+token the constraint refuses (``TokenMatcher.valid_prefix``), and each of the chunk's rows gets
+the mask of the constraint advanced over the drafts before it (llguidance advances a matcher
+over the drafts and rolls it back while the model runs). The masked rows are then verified as
+any others: a draft stands only where its row's masked argmax (or draw) is that token, so the
+output is the one constrained decoding without drafts gives. The matcher itself only ever
+consumes the tokens appended to the output, as without speculation: nothing to roll back.
+
+Seeded sampled requests: their draws depend only on the seed and the output position
+(``Request.generator_at``), and their verification is coupled to plain sampling: each row draws
+its token as a plain decode at that position would (the same distribution, the same uniform),
+and a draft stands while it equals that token. The output is the plain sampled text whatever
+was drafted (so with speculation on or off, alone or batched, and again on a retry), and a
+point-mass draft is still accepted with probability ``p(x)``.
+
+Who does not speculate: a lazy constraint still waiting for its trigger (tool calls under
+``tool_choice`` auto: the rows after a draft would need the trigger search run over the
+drafts), requests with a thinking budget (past it the sampler forces the closing tokens), and
+nobody in a step with more decode rows than ``max_batch_rows`` (a batch that large is
+compute-bound: extra rows cost what they would save).
 
 A draft model (``--speculative draft``, or ``self``: the served model's first layers; see
 engine/draft_model.py) proposes instead of the lookup; its greedy drafts are verified as above,
@@ -120,13 +134,11 @@ class Verdict:
 
 
 def speculates(request: Request) -> bool:
-    """Whether the request's tokens may be drafted and verified at all (module docstring)."""
+    """Whether the request's tokens may be drafted and verified now (module docstring)."""
     p = request.params
-    if request.matcher is not None:
-        return False
-    if p.thinking is not None and p.thinking.budget is not None:
-        return False  # past the budget the sampler forces the closing tokens: no draft fits
-    return p.greedy or p.seed is None
+    if request.matcher is not None and not request.matcher.follows_drafts:
+        return False  # a lazy constraint waiting for its trigger
+    return p.thinking is None or p.thinking.budget is None  # past it, closing tokens are forced
 
 
 class Speculator:
@@ -163,9 +175,14 @@ class Speculator:
             draft = self.drafter.propose(request, k)
             if draft.probs is not None:
                 self.draft_probs[request.request_id] = draft.probs
-            return tuple(draft.tokens)
-        tokens = [*request.prompt_token_ids, *request.output_token_ids]
-        return tuple(self._lookup(state, tokens, k))
+            drafted = draft.tokens
+        else:
+            tokens = [*request.prompt_token_ids, *request.output_token_ids]
+            drafted = self._lookup(state, tokens, k)
+        if request.matcher is not None and drafted:
+            # Never draft what the constraint refuses: its row could not choose it.
+            drafted = drafted[: request.matcher.valid_prefix(drafted)]
+        return tuple(drafted)
 
     def _lookup(self, state: DraftState, tokens: list[int], k: int) -> list[int]:
         cfg, end = self.config, len(tokens)
@@ -194,6 +211,8 @@ class Speculator:
         probs = self.draft_probs.pop(request.request_id, None)
         if params.greedy:
             verdict = _verify_greedy(logits, draft)
+        elif params.seed is not None:
+            verdict = _verify_coupled(logits, draft, request)
         else:
             verdict = _verify_sampled(logits, draft, request, probs)
         self._record(request.request_id, len(draft), verdict.accepted)
@@ -240,14 +259,27 @@ def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:
     return Verdict([*draft[:accepted], best[accepted]], accepted)
 
 
+def _verify_coupled(logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
+    """A seeded request: each row's token is the plain draw at its output position; the drafts
+    stand while they equal those tokens (module docstring)."""
+    first = len(request.output_token_ids)
+    tokens: list[int] = []
+    for i, row in enumerate(logits.unbind(0)):
+        tokens.append(draw(sampling_probs(row, request), request.generator_at(first + i)))
+        if i == len(draft) or tokens[-1] != draft[i]:
+            return Verdict(tokens, i)
+    raise AssertionError("logits must have a row past the last draft")
+
+
 def _verify_sampled(
     logits: torch.Tensor,
     draft: Sequence[int],
     request: Request,
     draft_probs: Sequence[torch.Tensor] | None = None,
 ) -> Verdict:
-    """``draft_probs``: per draft, the normalized distribution ``q`` it was drawn from (a draft
-    model); None: each draft is a point mass (prompt lookup)."""
+    """The rejection rule (an unseeded request). ``draft_probs``: per draft, the normalized
+    distribution ``q`` it was drawn from (a draft model); None: each draft is a point mass
+    (prompt lookup)."""
     generator = request.generator
     for i, token in enumerate(draft):
         probs = sampling_probs(logits[i], request)

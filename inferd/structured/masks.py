@@ -4,6 +4,12 @@
 computes the masks there with the GIL released, in parallel with PyTorch's forward. ``apply``
 waits for them and sets every disallowed logit of those rows to -inf, so whatever the sampler
 then does (greedy, temperature, top-k/p, penalties) it can only pick an allowed token.
+
+A request with speculative drafts has a row per draft after its own: row ``i`` gets the mask
+after the drafts before it. llguidance advances the matcher over them and rolls it back, in the
+same background job. Rows after a draft the mask refuses (rare: drafts were cut where the
+constraint refuses them, but a mask also leaves out non-canonical tokenizations the constraint
+would take) may allow nothing; verification never reaches them, as that draft is rejected.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ _THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-m
 _EXECUTOR: llguidance.LLExecutor | None = None
 _BITS = torch.arange(32, dtype=torch.int32)
 
+# One request's part of a step's logits: its matcher (None: free) and its drafts (one more row
+# each after its own).
+MaskEntry = tuple[TokenMatcher | None, Sequence[int]]
+
 
 def _executor() -> llguidance.LLExecutor:
     global _EXECUTOR
@@ -31,24 +41,37 @@ def _executor() -> llguidance.LLExecutor:
 
 @dataclass(slots=True)
 class MaskJob:
-    rows: list[int]  # rows of the logits that are constrained
+    rows: list[int]  # rows of the logits that are constrained, ascending
     future: concurrent.futures.Future[torch.Tensor] | None
     # Per constrained row: tokens allowed beside the grammar's (a lazy matcher's free text
     # while its trigger is half written), or None.
     extra: list[torch.Tensor | None]
 
     @classmethod
-    def start(cls, matchers: Sequence[TokenMatcher | None], vocab_size: int) -> MaskJob:
-        """Begin the masks for ``matchers`` (one per logits row, None: unconstrained)."""
-        # A lazy matcher still waiting for its trigger mostly leaves its row free.
-        present = [(i, m.mask_source()) for i, m in enumerate(matchers) if m is not None]
-        chosen = [(i, source) for i, source in present if source is not None]
-        rows = [i for i, _ in chosen]
+    def start(cls, entries: Sequence[MaskEntry], vocab_size: int) -> MaskJob:
+        """Begin the masks of a step's logits rows: one entry per request that samples, in
+        row order, each covering its own row and one per draft."""
+        rows: list[int] = []
+        extra: list[torch.Tensor | None] = []
+        plain: list[tuple[llguidance.LLMatcher, int]] = []
+        drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
+        row = 0
+        for matcher, draft in entries:
+            # A lazy matcher still waiting for its trigger mostly leaves its row free.
+            source = None if matcher is None else matcher.mask_source()
+            if source is not None:
+                j = len(rows)  # its first row in the masks
+                rows.extend(range(row, row + 1 + len(draft)))
+                extra.extend([source[1], *[None] * len(draft)])
+                if draft:
+                    assert source[1] is None  # drafts only where the grammar is the whole mask
+                    drafted.append((source[0], j, list(draft)))
+                else:
+                    plain.append((source[0], j))
+            row += 1 + len(draft)
         if not rows:
             return cls(rows, None, [])
-        inners = [(source[0], j) for j, (_, source) in enumerate(chosen)]  # j: row in the masks
-        future = _THREAD.submit(_fill, inners, len(rows), vocab_size)
-        return cls(rows, future, [source[1] for _, source in chosen])
+        return cls(rows, _THREAD.submit(_fill, plain, drafted, len(rows), vocab_size), extra)
 
     def apply(self, logits: torch.Tensor) -> None:
         """Mask ``logits`` [rows, vocab] in place (waits for the masks if still running)."""
@@ -67,11 +90,21 @@ class MaskJob:
 
 
 def _fill(
-    matchers: list[tuple[llguidance.LLMatcher, int]], batch: int, vocab_size: int
+    plain: list[tuple[llguidance.LLMatcher, int]],
+    drafted: list[tuple[llguidance.LLMatcher, int, list[int]]],
+    batch: int,
+    vocab_size: int,
 ) -> torch.Tensor:
     words = (vocab_size + 31) // 32
     bitmask = torch.zeros((batch, words), dtype=torch.int32)
-    _executor().unsafe_compute_mask_ptr(matchers, bitmask.data_ptr(), words * 4, batch)
+    executor = _executor()
+    if plain:
+        executor.unsafe_compute_mask_ptr(plain, bitmask.data_ptr(), words * 4, batch)
+    if drafted:
+        # Each matcher's row j, then j + 1 + i after draft i; the matcher is rolled back.
+        executor.unsafe_compute_mask_ptr_with_draft_token(
+            drafted, bitmask.data_ptr(), words * 4, batch
+        )
     return bitmask
 
 

@@ -40,6 +40,17 @@ class TokenMatcher:
         its own (None: only its own); None when the next token is free."""
         return None if self.inner is None else (self.inner, None)
 
+    @property
+    def follows_drafts(self) -> bool:
+        """Whether speculative drafts can be checked and masked here: the grammar matcher is
+        the whole story (structured/masks.py advances it over the drafts and rolls it back)."""
+        return True
+
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """How many of ``tokens``, in order, the constraint would take from here (it takes
+        none of them: the matcher does not move)."""
+        return len(tokens) if self.inner is None else self.inner.validate_tokens(tokens)
+
 
 @dataclass(slots=True)
 class LazyMatcher(TokenMatcher):
@@ -66,6 +77,12 @@ class LazyMatcher(TokenMatcher):
         self.inner, self.waiting = self.waiting, None
         ids = self.tokenizer.tokenize_bytes(self.tail[min(found) :])
         return self.inner.consume_tokens(ids)
+
+    @property
+    def follows_drafts(self) -> bool:
+        """Not while waiting: each row after a draft would need the trigger search run over
+        the drafts before it."""
+        return self.inner is not None
 
     def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
         """While waiting, the next token is free unless it would complete a trigger: then the

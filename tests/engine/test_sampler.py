@@ -135,17 +135,37 @@ def test_seeded_sampling_is_reproducible_and_seeds_differ() -> None:
 
     def draws(seed: int) -> list[int]:
         request = make_request("r", 1, temperature=1.0, seed=seed)
-        return [sample(logits, [request]).token_ids[0] for _ in range(8)]
+        for _ in range(8):
+            request.output_token_ids.append(sample(logits, [request]).token_ids[0])
+        return request.output_token_ids
 
     assert draws(7) == draws(7)
     assert draws(7) != draws(8)
+    assert len(set(draws(7))) > 4  # each position draws afresh
+
+
+def test_a_seeded_draw_depends_only_on_the_seed_and_the_position() -> None:
+    """Whatever was drawn before (speculation draws more or fewer times), output position i
+    of a seeded request draws the same token; unrelated requests beside it change nothing."""
+    logits = torch.zeros(1, 1000)
+    request = make_request("r", 1, temperature=1.0, seed=11)
+    request.output_token_ids.extend([5, 6, 7])
+    at_three = sample(logits, [request]).token_ids[0]
+    for _ in range(5):  # the same position drawn again, after other draws of other requests
+        torch.rand(100)
+        other = make_request("o", 1, temperature=1.0, seed=12)
+        token = sample(logits.repeat(2, 1), [other, request]).token_ids[1]
+        assert token == at_three
+    request.output_token_ids[:] = [9, 9, 9]  # the position, not the tokens before, keys it
+    assert sample(logits, [request]).token_ids[0] == at_three
 
 
 def test_sampled_frequencies_follow_the_transformed_distribution() -> None:
     logits = torch.tensor([[0.0, 0.0, 0.0]])
     request = make_request(
-        "r", 1, temperature=1.0, seed=1, logit_bias=((0, math.log(2.0)),), presence_penalty=1.0
+        "r", 1, temperature=1.0, logit_bias=((0, math.log(2.0)),), presence_penalty=1.0
     )
+    request.generator = torch.Generator().manual_seed(1)  # one stream over all the draws
     request.output_token_ids.append(2)  # token 2 pays the presence penalty
     weights = [2.0, 1.0, math.exp(-1.0)]
     want = [w / sum(weights) for w in weights]

@@ -12,11 +12,13 @@ import torch
 from inferd.engine.detokenizer import IncrementalDetokenizer
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import Request, RequestStatus
-from inferd.engine.sampler import sampling_probs
+from inferd.engine.sampler import sample, sampling_probs
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import SpeculativeConfig, Speculator, speculates
+from inferd.engine.thinking import ThinkingSpec
 from inferd.structured.constraint import Constraint
+from inferd.structured.matcher import LazyMatcher, TokenMatcher
 
 
 def _request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -> Request:
@@ -56,12 +58,16 @@ def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
 def test_who_speculates() -> None:
     assert speculates(_request([1], temperature=0))
     assert speculates(_request([1], temperature=0.8))
-    assert speculates(_request([1], temperature=0, seed=3))  # greedy: the seed is unused
-    assert not speculates(_request([1], temperature=0.8, seed=3))  # a seed reproduces its text
+    assert speculates(_request([1], temperature=0, seed=3))
+    assert speculates(_request([1], temperature=0.8, seed=3))  # draws keyed by position
     assert speculates(_request([1], temperature=0, repetition_penalty=1.2))
     constrained = _request([1], temperature=0, constraint=Constraint.regex("a+"))
-    constrained.matcher = object()  # type: ignore[assignment]  # any matcher
+    constrained.matcher = LazyMatcher(None)  # waiting for a trigger: drafts not followed
     assert not speculates(constrained)
+    constrained.matcher = TokenMatcher(None)  # a free matcher follows any draft
+    assert speculates(constrained)
+    budget = ThinkingSpec("<think>", "</think>", (5,), budget=8)
+    assert not speculates(_request([1], temperature=0, thinking=budget))
 
 
 def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() -> None:
@@ -136,6 +142,33 @@ def test_sampled_verification_preserves_the_distribution() -> None:
         # df = 5 (six tokens left by top-k): P(chi2 > 20.5) = 0.001 under the null.
         assert int(live.sum()) == 6
         assert chi2 < 20.5, (counts, want)
+
+
+def test_seeded_verification_emits_the_plain_draws() -> None:
+    """A seeded request: whatever was drafted, verification emits the tokens plain sampling
+    draws at those positions (so its text does not depend on speculation), and a draft equal
+    to the plain draw stands."""
+    vocab = 8
+    torch.manual_seed(1)
+    logits = torch.randn(3, vocab)
+    spec = Speculator(SpeculativeConfig())
+    accepted = 0
+    for seed in range(200):
+        request = _request([1], [2], temperature=0.9, top_k=6, seed=seed, max_tokens=50)
+        plain = []
+        for row in logits:  # one plain decode per position, as without speculation
+            plain.append(sample(row[None], [request]).token_ids[0])
+            request.output_token_ids.append(plain[-1])
+        del request.output_token_ids[1:]
+        # Drafts: the first plain token (always accepted) or another, then a likely token.
+        first = plain[0] if seed % 2 else (plain[0] + 1) % vocab
+        verdict = spec.verify(logits, [first, int(logits[1].argmax())], request)
+        n = len(verdict.tokens)
+        assert verdict.tokens == plain[:n]
+        assert verdict.accepted == n - 1
+        assert (verdict.accepted > 0) == (first == plain[0])
+        accepted += verdict.accepted
+    assert accepted > 100  # the odd seeds' first drafts, and likely second ones
 
 
 def test_rejected_drafts_give_their_blocks_back() -> None:

@@ -118,7 +118,7 @@ def test_masks_allow_exactly_what_the_matcher_accepts(
     vocab = 49152
     logits = torch.randn(3, vocab)
     before = logits.clone()
-    MaskJob.start([choice, None, digits], vocab).apply(logits)
+    MaskJob.start([(choice, ()), (None, ()), (digits, ())], vocab).apply(logits)
     assert torch.equal(logits[1], before[1])  # the unconstrained row is untouched
     for row, matcher in ((0, choice), (2, digits)):
         allowed = torch.isfinite(logits[row]).nonzero().flatten().tolist()
@@ -128,6 +128,36 @@ def test_masks_allow_exactly_what_the_matcher_accepts(
         assert torch.equal(logits[row][kept], before[row][kept])
     assert smollm2_tokenizer.encode("5")[0] in torch.isfinite(logits[2]).nonzero().flatten()
     assert not torch.isfinite(logits[2][smollm2_tokenizer.encode("a")[0]])
+
+
+def test_draft_rows_get_the_masks_after_the_drafts_before_them(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    """Speculation: a request's row per draft is masked as if the drafts before it had been
+    consumed, beside a plain constrained row; the matchers do not move."""
+    schema = Constraint.json_schema(PERSON)
+    text = smollm2_tokenizer.encode('{"name": "Bo", "age": 3}')
+    drafting, plain = compiler.matcher(schema), compiler.matcher(Constraint.regex(r"[0-9]+"))
+    assert drafting.follows_drafts
+    assert drafting.valid_prefix(text[:4]) == 4
+    assert drafting.valid_prefix([*text[:2], smollm2_tokenizer.encode("x")[0]]) == 2
+    vocab = 49152
+    logits = torch.randn(6, vocab)
+    entries = [(plain, ()), (None, ()), (drafting, tuple(text[:3]))]
+    job = MaskJob.start(entries, vocab)
+    assert job.rows == [0, 2, 3, 4, 5]
+    job.apply(logits)
+    walker = compiler.matcher(schema)  # consumes the drafts by hand: the masks it gives
+    for i in range(4):
+        allowed = torch.isfinite(logits[2 + i])
+        alone = torch.zeros(1, vocab)
+        MaskJob.start([(walker, ())], vocab).apply(alone)
+        assert torch.equal(allowed, torch.isfinite(alone[0])), i
+        assert 0 < int(allowed.sum()) < vocab
+        if i < 3:
+            assert allowed[text[i]] and walker.consume(text[i])
+    assert all(drafting.consume(t) for t in text) and drafting.accepting  # it had not moved
+    assert torch.isfinite(logits[1]).all()
 
 
 def test_unpack_reads_bits_low_first() -> None:
@@ -221,9 +251,9 @@ def test_a_half_written_trigger_is_completed_only_into_a_valid_call(
         return matcher
 
     free = compiler.matcher(lazy)
-    assert MaskJob.start([free], vocab).rows == []  # no trigger begun: the row is free
+    assert MaskJob.start([(free, ())], vocab).rows == []  # no trigger begun: the row is free
     logits = torch.zeros(1, vocab)
-    MaskJob.start([walked()], vocab).apply(logits)
+    MaskJob.start([(walked(), ())], vocab).apply(logits)
     allowed = torch.isfinite(logits[0])
     assert allowed[tokenizer.token_to_id(">")]
     assert allowed[tokenizer.token_to_id("s")]  # "<tool_calls" opens no call: free text
@@ -243,4 +273,4 @@ def test_one_grammar_serves_eager_and_lazy_use(compiler: GrammarCompiler) -> Non
     compiler.matcher(eager)
     matcher = compiler.matcher(lazy)
     assert all(matcher.consume(t) for t in compiler.vocabulary.get().tokenize_str("Hi <tool_call"))
-    assert MaskJob.start([matcher], 49152).rows == [0]  # the trigger is half written: masked
+    assert MaskJob.start([(matcher, ())], 49152).rows == [0]  # the trigger is half written: masked
