@@ -40,7 +40,10 @@ test: pull lint browser
 	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
 	$(VENV)/bin/inferd pull gemma3   # the second real model (tests/models/*gemma3*)
 	# two workers (CI has two cores); --dist loadfile keeps each file's live server in one worker
-	$(PY) -m pytest -q -n 2 --dist loadfile
+	$(PY) -m pytest -q -n 2 --dist loadfile --ignore=tests/ray
+	# the local Ray cluster alone, in its own process: its driver's threads and replicas would
+	# take the cores from the other worker's servers starting up
+	$(PY) -m pytest -q tests/ray
 
 # Peers for the side-by-side table; llama-cpp-python builds from source (several minutes).
 bench: pull
