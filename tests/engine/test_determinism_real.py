@@ -8,12 +8,11 @@ restart. Outputs are compared by token ids and by their logprobs, exactly.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 from inferd import LLM
 from inferd.engine.sampling import SamplingParams
-from inferd.llm import RequestOutput
+from tests.engine.bits import run_bits
 
 # ~180 tokens: three 64-position attention tiles, so chunk boundaries fall inside tiles.
 LONG_STORY = [
@@ -28,31 +27,20 @@ LONG_STORY = [
 SHORT = [{"role": "user", "content": "Tell me a story about a violin maker."}]
 
 
-def _bits(out: RequestOutput) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """Token ids and the logprob of each: equal only where the logits' bits were."""
-    completion = out.outputs[0]
-    assert completion.logprobs is not None
-    return completion.token_ids, tuple(lp.logprob for lp in completion.logprobs)
-
-
-def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list:
-    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
-
-
 def test_default_greedy_ignores_prefix_hits_and_chunking(smollm2_gguf: Path) -> None:
     greedy = SamplingParams(max_tokens=8, temperature=0, logprobs=1, ignore_eos=True)
     with LLM(str(smollm2_gguf), max_num_batched_tokens=512) as whole:
         prompt = whole.model.chat_prompt(LONG_STORY)
         assert 128 < len(prompt) <= 512  # one chunk here, several tiles
-        first = _run(whole, [prompt], [greedy])[0]
+        first = run_bits(whole, [prompt], [greedy])[0]
         hits_before = whole.engine.stats().prefix_cache_hits
-        retry = _run(whole, [prompt], [greedy])[0]  # the prefix cache holds all but the tail
+        retry = run_bits(whole, [prompt], [greedy])[0]  # the prefix cache holds all but the tail
         assert whole.engine.stats().prefix_cache_hits > hits_before
     assert retry == first
     # 24-token chunks: boundaries inside attention tiles, steps of more and fewer than 8 rows.
     with LLM(str(smollm2_gguf), max_num_batched_tokens=24) as chunked:
-        assert _run(chunked, [prompt], [greedy])[0] == first
-        assert _run(chunked, [prompt], [greedy])[0] == first  # and its retry
+        assert run_bits(chunked, [prompt], [greedy])[0] == first
+        assert run_bits(chunked, [prompt], [greedy])[0] == first  # and its retry
 
 
 def test_deterministic_seeded_batch_equals_solo_and_restart(smollm2_gguf: Path) -> None:
@@ -63,16 +51,16 @@ def test_deterministic_seeded_batch_equals_solo_and_restart(smollm2_gguf: Path) 
     options = {"deterministic": True, "max_num_batched_tokens": 96, "kv_cache_tokens": 320}
     with LLM(str(smollm2_gguf), **options) as llm:
         prompt, long_prompt = llm.model.chat_prompt(SHORT), llm.model.chat_prompt(LONG_STORY)
-        solo = _run(llm, [prompt], [seeded])[0]
+        solo = run_bits(llm, [prompt], [seeded])[0]
         # 16 copies beside a long prompt prefilled in chunks and another sampled request; the
         # copies hit the solo run's cached prefix.
-        batch = _run(llm, [prompt] * 16 + [long_prompt], [seeded] * 16 + [other])
+        batch = run_bits(llm, [prompt] * 16 + [long_prompt], [seeded] * 16 + [other])
         stats = llm.engine.stats()
         assert stats.preemptions > 0
         assert stats.prefix_cache_hits > 0
     assert batch[:16] == [solo] * 16
     # A fresh engine (new weights, KV pool, generators), other batch sizes: the same bits.
     with LLM(str(smollm2_gguf), deterministic=True, max_num_batched_tokens=40) as restarted:
-        again = _run(restarted, [long_prompt, prompt], [other, seeded])
+        again = run_bits(restarted, [long_prompt, prompt], [other, seeded])
     assert again[1] == solo
     assert again[0] == batch[16]

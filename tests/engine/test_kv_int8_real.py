@@ -10,7 +10,7 @@ engine scores the same text (teacher forcing, not a run-off of two free generati
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ import pytest
 
 from inferd import LLM
 from inferd.engine.sampling import SamplingParams
-from inferd.llm import RequestOutput
+from tests.engine.bits import run_bits
 
 STORY = [{"role": "user", "content": "Tell me a story about a violin maker."}]
 PASSAGE = (
@@ -36,16 +36,6 @@ LONG = [
     }
 ]
 INT8 = {"kv_cache_dtype": "int8"}
-
-
-def _bits(out: RequestOutput) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    completion = out.outputs[0]
-    assert completion.logprobs is not None
-    return completion.token_ids, tuple(lp.logprob for lp in completion.logprobs)
-
-
-def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list:
-    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
 
 
 def _greedy(n: int) -> SamplingParams:
@@ -69,9 +59,9 @@ def int8_engine(smollm2_gguf: Path) -> Iterator[LLM]:
 def test_deterministic_int8_bits_alone_and_in_a_preempting_batch(int8_engine: LLM) -> None:
     llm = int8_engine
     prompt, long_prompt = llm.model.chat_prompt(STORY), llm.model.chat_prompt(LONG)
-    solo = _run(llm, [prompt], [SEEDED])[0]
+    solo = run_bits(llm, [prompt], [SEEDED])[0]
     before = llm.engine.stats()
-    batch = _run(llm, [prompt] * 8 + [long_prompt], [SEEDED] * 8 + [OTHER])
+    batch = run_bits(llm, [prompt] * 8 + [long_prompt], [SEEDED] * 8 + [OTHER])
     stats = llm.engine.stats()
     assert stats.preemptions > before.preemptions
     assert stats.prefix_cache_hits > before.prefix_cache_hits
@@ -83,9 +73,9 @@ def test_deterministic_int8_bits_with_speculation(smollm2_gguf: Path, int8_engin
     without speculation, alone and beside other requests."""
     prompts = [int8_engine.model.chat_prompt(m) for m in (COPY, STORY)]
     params = [_greedy(32), SEEDED]
-    alone = [_run(int8_engine, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    alone = [run_bits(int8_engine, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     with LLM(str(smollm2_gguf), speculative="ngram", **OPTIONS) as spec:
-        together = _run(spec, prompts, params)
+        together = run_bits(spec, prompts, params)
         stats = spec.engine.stats()
     assert stats.speculative_accepted > 5
     assert stats.kv_blocks_used == 0

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import jsonschema
-import pytest
 
 from inferd import LLM
 from inferd.engine.sampling import SamplingParams
@@ -75,16 +74,6 @@ def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams
 
 def _accepted(llm: LLM) -> int:
     return llm.engine.stats().speculative_accepted
-
-
-@pytest.fixture(scope="module")
-def pair(smollm2_gguf: Path) -> Iterator[tuple[LLM, LLM]]:
-    """The default model twice, in the default mode: speculation on, and off."""
-    with (
-        LLM(str(smollm2_gguf), speculative="ngram") as on,
-        LLM(str(smollm2_gguf), speculative="off") as off,
-    ):
-        yield on, off
 
 
 def test_constrained_greedy_output_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:

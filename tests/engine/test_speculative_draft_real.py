@@ -6,7 +6,7 @@ another tokenizer refused at startup."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,26 +15,14 @@ import pytest
 from inferd import LLM
 from inferd.engine.draft_model import DraftModel
 from inferd.engine.sampling import SamplingParams
-from inferd.llm import RequestOutput
 from inferd.serving.loading import ModelLoadError
+from tests.engine.bits import run_bits
 from tests.engine.test_speculative_real import COPY, FREE
 from tests.models.tiny import save_tiny
-
-Bits = tuple[tuple[int, ...], tuple[float, ...], str | None]
 
 
 def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, ignore_eos=True)
-
-
-def _bits(out: RequestOutput) -> Bits:
-    c = out.outputs[0]
-    assert c.logprobs is not None
-    return c.token_ids, tuple(lp.logprob for lp in c.logprobs), c.finish_reason
-
-
-def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list[Bits]:
-    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
 
 
 def _drafter(llm: LLM) -> DraftModel:
@@ -58,11 +46,11 @@ def test_greedy_text_is_unchanged_by_a_draft_model(engines: dict[str, LLM]) -> N
     off = engines["off"]
     prompts = [off.model.chat_prompt(COPY), off.model.chat_prompt(FREE)]
     params = [_greedy(40), _greedy(32)]
-    plain = _run(off, prompts, params)
+    plain = run_bits(off, prompts, params)
     for mode in ("draft", "self"):
         llm = engines[mode]
         before = llm.engine.stats()
-        got = [_run(llm, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        got = [run_bits(llm, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
         after = llm.engine.stats()
         drafted = after.speculative_drafted - before.speculative_drafted
         accepted = after.speculative_accepted - before.speculative_accepted
@@ -117,7 +105,7 @@ def test_deterministic_bits_are_unchanged(smollm2_gguf: Path) -> None:
     for mode, extra in modes:
         with LLM(model, speculative=mode, **options, **extra) as llm:
             prompts = [llm.model.chat_prompt(m) for m in (COPY, FREE)]
-            results[mode] = _run(llm, prompts, params)  # both in one batch
+            results[mode] = run_bits(llm, prompts, params)  # both in one batch
             assert llm.engine.stats().kv_blocks_used == 0
             if mode != "off":
                 assert llm.engine.stats().speculative_drafted > 0

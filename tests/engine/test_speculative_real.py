@@ -8,16 +8,13 @@ long prefill, a free-text request and a seeded sampled one), and every KV block 
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from inferd import LLM
 from inferd.engine.sampling import SamplingParams
-from inferd.llm import RequestOutput
+from tests.engine.bits import run_bits
 
 PASSAGE = (
     "The lighthouse keeper climbed the spiral stairs at dusk, lit the great lamp and wrote in "
@@ -39,29 +36,6 @@ def _greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0, logprobs=1, ignore_eos=True)
 
 
-Bits = tuple[tuple[int, ...], tuple[float, ...], str, str | None]
-
-
-def _bits(out: RequestOutput) -> Bits:
-    c = out.outputs[0]
-    assert c.logprobs is not None and len(c.logprobs) == len(c.token_ids)
-    return c.token_ids, tuple(lp.logprob for lp in c.logprobs), c.text, c.finish_reason
-
-
-def _run(llm: LLM, prompts: Sequence[list[int]], params: Sequence[SamplingParams]) -> list[Bits]:
-    return [_bits(o) for o in llm.generate(list(prompts), list(params), use_tqdm=False)]
-
-
-@pytest.fixture(scope="module")
-def pair(smollm2_gguf: Path) -> Iterator[tuple[LLM, LLM]]:
-    """The default model twice, in the default mode: speculation on, and off."""
-    with (
-        LLM(str(smollm2_gguf), speculative="ngram") as on,
-        LLM(str(smollm2_gguf), speculative="off") as off,
-    ):
-        yield on, off
-
-
 def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
     copy = on.model.chat_prompt(COPY)
@@ -70,9 +44,9 @@ def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
     penalized = replace(_greedy(48), repetition_penalty=1.15)
     params = [_greedy(96), _greedy(48), penalized]
     before = on.engine.stats()
-    fast = [_run(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    fast = [run_bits(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     after = on.engine.stats()
-    plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    plain = [run_bits(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     # The copy was drafted and mostly accepted, in fewer steps than tokens.
     accepted = after.speculative_accepted - before.speculative_accepted
     assert accepted > 30
@@ -108,13 +82,13 @@ def test_deterministic_bits_alone_and_in_a_mixed_batch(smollm2_gguf: Path) -> No
     with LLM(str(smollm2_gguf), speculative="off", **options) as off:
         prompts = [off.model.chat_prompt(m) for m in (COPY, FREE, LONG, FREE)]
         params = [greedy_copy, greedy_free, greedy_long, seeded]
-        plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        plain = [run_bits(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     with LLM(str(smollm2_gguf), speculative="ngram", **options) as on:
-        alone = [_run(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        alone = [run_bits(on, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
         before = on.engine.stats()
         assert before.speculative_accepted > 20
         # The copy speculates while the long prompt is prefilled in 64-token chunks beside it.
-        batch = _run(on, prompts, params)
+        batch = run_bits(on, prompts, params)
         stats = on.engine.stats()
         assert stats.speculative_accepted > before.speculative_accepted
     assert alone == plain
