@@ -36,14 +36,13 @@ from pathlib import Path
 import torch
 
 from inferd.bench.process import free_port, run_server
+from inferd.bench.sweep import FILLER
 from inferd.config import EngineConfig
 from inferd.engine.driver import CallerLoop
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.served import ServedModel, load_model
 from inferd.serving.sizing import SizingError
 from inferd.source import ModelSource, resolve_source
-
-FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
 
 
 @dataclass(frozen=True, slots=True)

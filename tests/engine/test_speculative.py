@@ -21,7 +21,7 @@ from inferd.structured.constraint import Constraint
 from inferd.structured.matcher import LazyMatcher, TokenMatcher
 
 
-def _request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -> Request:
+def make_request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -> Request:
     request = Request(
         request_id="r",
         prompt_token_ids=list(prompt),
@@ -36,7 +36,7 @@ def _request(prompt: Sequence[int], output: Sequence[int] = (), **params: Any) -
 def test_drafts_follow_the_latest_longest_match() -> None:
     spec = Speculator(SpeculativeConfig(num_tokens=3))
     # "7 8 9" occurred twice; the suffix "8 9" continues after its latest occurrence: 4 5 6.
-    request = _request([7, 8, 9, 1, 2, 3, 7, 8, 9, 4, 5, 6, 0], [8, 9], max_tokens=50)
+    request = make_request([7, 8, 9, 1, 2, 3, 7, 8, 9, 4, 5, 6, 0], [8, 9], max_tokens=50)
     assert spec.propose(request, 3) == (4, 5, 6)
     # The trigram "0 8 9" is unseen: the bigram "8 9" gave that; now "8 9 4" is known.
     request.output_token_ids.append(4)  # the index grows with the output
@@ -45,34 +45,34 @@ def test_drafts_follow_the_latest_longest_match() -> None:
 
 def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
     spec = Speculator(SpeculativeConfig(num_tokens=8))
-    request = _request([1, 2, 3, 4], [1, 2], max_tokens=50)
+    request = make_request([1, 2, 3, 4], [1, 2], max_tokens=50)
     assert spec.propose(request, 8) == (3, 4, 1, 2)  # the continuation runs to the last token
-    short = _request([1, 2, 3, 4], [1, 2], max_tokens=4)
+    short = make_request([1, 2, 3, 4], [1, 2], max_tokens=4)
     short.request_id = "short"
     assert spec.propose(short, 8) == (3,)  # two tokens left: one draft and the model's own
-    unseen = _request([1, 2, 3, 4], [9], max_tokens=50)
+    unseen = make_request([1, 2, 3, 4], [9], max_tokens=50)
     unseen.request_id = "unseen"
     assert spec.propose(unseen, 8) == ()
 
 
 def test_who_speculates() -> None:
-    assert speculates(_request([1], temperature=0))
-    assert speculates(_request([1], temperature=0.8))
-    assert speculates(_request([1], temperature=0, seed=3))
-    assert speculates(_request([1], temperature=0.8, seed=3))  # draws keyed by position
-    assert speculates(_request([1], temperature=0, repetition_penalty=1.2))
-    constrained = _request([1], temperature=0, constraint=Constraint.regex("a+"))
+    assert speculates(make_request([1], temperature=0))
+    assert speculates(make_request([1], temperature=0.8))
+    assert speculates(make_request([1], temperature=0, seed=3))
+    assert speculates(make_request([1], temperature=0.8, seed=3))  # draws keyed by position
+    assert speculates(make_request([1], temperature=0, repetition_penalty=1.2))
+    constrained = make_request([1], temperature=0, constraint=Constraint.regex("a+"))
     constrained.matcher = LazyMatcher(None)  # waiting for a trigger: drafts not followed
     assert not speculates(constrained)
     constrained.matcher = TokenMatcher(None)  # a free matcher follows any draft
     assert speculates(constrained)
     budget = ThinkingSpec("<think>", "</think>", (5,), budget=8)
-    assert not speculates(_request([1], temperature=0, thinking=budget))
+    assert not speculates(make_request([1], temperature=0, thinking=budget))
 
 
 def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() -> None:
     spec = Speculator(SpeculativeConfig())
-    request = _request([1, 2], [3], temperature=0, max_tokens=50)
+    request = make_request([1, 2], [3], temperature=0, max_tokens=50)
     logits = torch.full((4, 10), -5.0)
     for row, best in enumerate([4, 5, 9, 7]):
         logits[row, best] = 5.0
@@ -85,7 +85,7 @@ def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() ->
 
 def test_penalties_count_the_drafts_before_each_row() -> None:
     spec = Speculator(SpeculativeConfig())
-    request = _request([1, 2], [3], temperature=0, presence_penalty=2.0, max_tokens=50)
+    request = make_request([1, 2], [3], temperature=0, presence_penalty=2.0, max_tokens=50)
     logits = torch.zeros((3, 10))
     logits[0, 3], logits[0, 4] = 6.0, 5.0  # token 3 is already output: 6 - 2 < 5
     logits[1, 4], logits[1, 7] = 5.5, 4.0  # once draft 4 stands, it is output too: 3.5 < 4
@@ -97,7 +97,7 @@ def test_penalties_count_the_drafts_before_each_row() -> None:
 def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
     cfg = SpeculativeConfig(num_tokens=2, first_pause=3)
     spec = Speculator(cfg)
-    request = _request([5, 6, 7, 5, 6], [7], temperature=0, max_tokens=50)
+    request = make_request([5, 6, 7, 5, 6], [7], temperature=0, max_tokens=50)
     draft = spec.propose(request, 2)
     assert draft == (5, 6)
     logits = torch.zeros((3, 10))
@@ -118,7 +118,7 @@ def test_sampled_verification_preserves_the_distribution() -> None:
     vocab, trials = 8, 6000
     torch.manual_seed(0)
     logits = torch.randn(3, vocab) * 1.5
-    request = _request([1], [2], temperature=0.9, top_k=6, max_tokens=50)
+    request = make_request([1], [2], temperature=0.9, top_k=6, max_tokens=50)
     request.generator = torch.Generator().manual_seed(1234)  # as a seeded request's
     expected = [sampling_probs(row, request) for row in logits]
     expected = [p / p.sum() for p in expected]
@@ -154,7 +154,7 @@ def test_seeded_verification_emits_the_plain_draws() -> None:
     spec = Speculator(SpeculativeConfig())
     accepted = 0
     for seed in range(200):
-        request = _request([1], [2], temperature=0.9, top_k=6, seed=seed, max_tokens=50)
+        request = make_request([1], [2], temperature=0.9, top_k=6, seed=seed, max_tokens=50)
         plain = []
         for row in logits:  # one plain decode per position, as without speculation
             plain.append(sample(row[None], [request]).token_ids[0])
@@ -176,7 +176,7 @@ def test_rejected_drafts_give_their_blocks_back() -> None:
     spec = Speculator(SpeculativeConfig(num_tokens=6, max_batch_rows=8))
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64), kv, speculator=spec)
     passage = [10, 11, 12, 13, 14, 15, 16, 17, 18]
-    request = _request([*passage, 1, 10, 11], max_tokens=40, temperature=0)
+    request = make_request([*passage, 1, 10, 11], max_tokens=40, temperature=0)
     scheduler.add(request)
     prefill = scheduler.schedule()
     scheduler.advance(prefill)

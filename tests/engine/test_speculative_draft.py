@@ -5,28 +5,11 @@ emits tokens distributed as ``p`` (a chi-square test on a small vocabulary, q !=
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
-
 import torch
 
-from inferd.engine.detokenizer import IncrementalDetokenizer
-from inferd.engine.request import Request
 from inferd.engine.sampler import draw, sampling_probs
-from inferd.engine.sampling import SamplingParams
 from inferd.engine.speculative import SpeculativeConfig, Speculator
-
-
-def _request(prompt: Sequence[int], output: Sequence[int], **params: Any) -> Request:
-    request = Request(
-        request_id="r",
-        prompt_token_ids=list(prompt),
-        params=SamplingParams(**params),
-        eos_token_ids=frozenset(),
-        detokenizer=IncrementalDetokenizer(lambda t: b"x"),
-    )
-    request.output_token_ids.extend(output)
-    return request
+from tests.engine.test_speculative import make_request
 
 
 def _chi2(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
@@ -42,7 +25,7 @@ def test_draft_model_rule_preserves_the_distribution() -> None:
     vocab, trials = 8, 6000
     torch.manual_seed(0)
     logits = torch.randn(3, vocab) * 1.5
-    request = _request([1], [2], temperature=0.9, top_k=6, max_tokens=50)
+    request = make_request([1], [2], temperature=0.9, top_k=6, max_tokens=50)
     request.generator = torch.Generator().manual_seed(1234)
     expected = [p / p.sum() for p in (sampling_probs(row, request) for row in logits)]
     q = [torch.softmax(torch.randn(vocab), dim=-1) for _ in range(2)]
@@ -73,7 +56,7 @@ def test_a_point_mass_q_decides_as_prompt_lookup_does() -> None:
     vocab = 8
     torch.manual_seed(3)
     logits = torch.randn(4, vocab)
-    request = _request([1], [2], temperature=1.0, max_tokens=50)
+    request = make_request([1], [2], temperature=1.0, max_tokens=50)
     spec = Speculator(SpeculativeConfig())
     for trial in range(200):
         draft = [trial % vocab, (trial * 3) % vocab, (trial * 5) % vocab]
