@@ -356,6 +356,84 @@ void decode_rows(const T* q, const C* kc, const C* vc, const int64_t* tables, co
 // row's result has the same bits whatever runs beside it (--deterministic relies on that).
 constexpr int64_t CHUNK_KEYS = 128;
 
+// Calls f(t, slot) for the keys lo..hi-1 of one sequence, block by block (no division per key).
+template <typename F>
+inline void for_each_slot(const int64_t* table, int64_t block_size, int64_t lo, int64_t hi,
+                          F&& f) {
+  int64_t t = lo, block = lo / block_size, offset = lo % block_size;
+  while (t < hi) {
+    const int64_t base = table[block] * block_size;
+    const int64_t stop = std::min(hi, t + block_size - offset);
+    for (; t < stop; ++t) f(t, base + offset++);
+    ++block;
+    offset = 0;
+  }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+inline __m512 bf16x16_to_ps(const c10::BFloat16* p) {  // 16 bfloat16 -> 16 float32, exactly
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+// One chunk of one (sequence, KV head) over a bf16 cache with heads of D values, in AVX-512
+// registers: the compiler's code for the generic loops kept the accumulators in memory and spent
+// most of its time in per-key horizontal sums, ~5x this (benchmarks/kernels_attention.py).
+// Scores: each K row widened once for the whole group; values: query head by query head, D/16
+// accumulators in registers, the chunk's V rows read from L1 after the first head.
+template <int64_t D>
+void grouped_chunk_bf16(const float* qf, int64_t group, const c10::BFloat16* kc,
+                        const c10::BFloat16* vc, const int64_t* table, int64_t block_size,
+                        int64_t kv_heads, int64_t kh, int64_t lo, int64_t hi, float softcap,
+                        float* scores, float* part, int64_t stride) {
+  constexpr int64_t V = D / 16;
+  for (int64_t g = 0; g < group; ++g) part[g * stride] = -std::numeric_limits<float>::max();
+  for_each_slot(table, block_size, lo, hi, [&](int64_t t, int64_t slot) {
+    const c10::BFloat16* k = kc + (slot * kv_heads + kh) * D;
+    __m512 kf[V];
+    for (int64_t j = 0; j < V; ++j) kf[j] = bf16x16_to_ps(k + 16 * j);
+    for (int64_t g = 0; g < group; ++g) {
+      const float* qg = qf + g * D;
+      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), kf[0]);
+      for (int64_t j = 1; j < V; ++j) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), kf[j], a);
+      float sc = _mm512_reduce_add_ps(a);
+      if (softcap > 0.f) sc = softcap * std::tanh(sc / softcap);
+      scores[g * CHUNK_KEYS + (t - lo)] = sc;
+      part[g * stride] = std::max(part[g * stride], sc);
+    }
+  });
+  const int64_t n = hi - lo;
+  for (int64_t g = 0; g < group; ++g) {
+    float* sg = scores + g * CHUNK_KEYS;
+    const float peak = part[g * stride];
+    float total = 0.f;
+    for (int64_t j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - peak);
+      total += sg[j];
+    }
+    part[g * stride + 1] = total;
+    __m512 acc[V];
+    for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_setzero_ps();
+    for_each_slot(table, block_size, lo, hi, [&](int64_t t, int64_t slot) {
+      const c10::BFloat16* v = vc + (slot * kv_heads + kh) * D;
+      const __m512 p = _mm512_set1_ps(sg[t - lo]);
+      for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_fmadd_ps(p, bf16x16_to_ps(v + 16 * j), acc[j]);
+    });
+    for (int64_t j = 0; j < V; ++j) _mm512_storeu_ps(part + g * stride + 2 + 16 * j, acc[j]);
+  }
+}
+#endif
+
+// Whether grouped_chunk_bf16 serves these types and this head size on this build.
+template <typename T, typename C>
+constexpr bool fast_bf16_heads() {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, c10::BFloat16>;
+#else
+  return false;
+#endif
+}
+
 template <typename T, typename C>
 void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* tables,
                          const int64_t* lens, T* out, int64_t batch, int64_t max_blocks,
@@ -373,11 +451,13 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
   at::parallel_for(0, batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * dim), scores, acc(dim);
     for (int64_t task = begin; task < end; ++task) {
-      const int64_t c = task % chunks, kh = (task / chunks) % kv_heads;
+      // KV heads innermost: a thread's consecutive tasks read the K/V heads of the same slots,
+      // which lie side by side in the cache (the hardware prefetcher sees one stream).
+      const int64_t kh = task % kv_heads, c = (task / kv_heads) % chunks;
       const int64_t b = task / (chunks * kv_heads), len = lens[b];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t lo = first + c * CHUNK_KEYS, hi = std::min(len, lo + CHUNK_KEYS);
-      float* part = partial.data() + task * group * stride;
+      float* part = partial.data() + ((b * kv_heads + kh) * chunks + c) * group * stride;
       const int64_t* table = tables + b * max_blocks;
       for (int64_t g = 0; g < group; ++g) {
         const T* qh = q + (b * heads + kh * group + g) * dim;
@@ -387,6 +467,21 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
         std::fill(part + g * stride + 2, part + (g + 1) * stride, 0.f);
       }
       if (hi <= lo) continue;  // an empty chunk: weight 0 in the merge
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+      if constexpr (fast_bf16_heads<T, C>()) {
+        const auto fast = dim == 64    ? grouped_chunk_bf16<64>
+                          : dim == 128 ? grouped_chunk_bf16<128>
+                          : dim == 256 ? grouped_chunk_bf16<256>
+                                       : nullptr;
+        if (fast != nullptr) {
+          if (scores.size() < static_cast<size_t>(group * CHUNK_KEYS))
+            scores.resize(group * CHUNK_KEYS);
+          fast(qf.data(), group, kc, vc, table, block_size, kv_heads, kh, lo, hi, softcap,
+               scores.data(), part, stride);
+          continue;
+        }
+      }
+#endif
       const int64_t n = hi - lo;
       scores.resize(n);
       // Query head by query head over the chunk: the first reads its K and V rows from memory,
