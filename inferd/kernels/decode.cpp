@@ -724,21 +724,63 @@ inline void int8_row(const float* x, const int8_t* w, float scale, float* out, i
   for (int64_t r = 0; r < rows; ++r) out[r] = tail[r] * scale;
 }
 
-// y[r, o] for all rows in tiles of ROW_TILE, parallel over blocks of output rows; `row_fn`
+// y[r, o] for all rows in tiles of `Tile`, parallel over blocks of output rows; `row_fn`
 // computes one output row for one tile into out[0..rows).
-template <typename T, typename RowFn>
+template <typename T, int64_t Tile = ROW_TILE, typename RowFn>
 void weight_only_rows(int64_t rows, int64_t n, T* y, RowFn row_fn) {
   at::parallel_for(0, n, 16, [&](int64_t begin, int64_t end) {
-    float out[ROW_TILE];
+    float out[Tile];
     for (int64_t o = begin; o < end; ++o) {
-      for (int64_t r0 = 0; r0 < rows; r0 += ROW_TILE) {
-        const int64_t tile = std::min(ROW_TILE, rows - r0);
+      for (int64_t r0 = 0; r0 < rows; r0 += Tile) {
+        const int64_t tile = std::min(Tile, rows - r0);
         row_fn(o, r0, tile, out);
         for (int64_t r = 0; r < tile; ++r) y[(r0 + r) * n + o] = from_f<T>(out[r]);
       }
     }
   });
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+// The int8 kernel on AVX-512, for up to WIDE_TILE input rows at once: each 16 weights widened
+// once (sign extension and a conversion) for every row of the tile, one 16-lane accumulator per
+// row. The AVX2 kernel above, 8 lanes and 4 rows a pass, was compute-bound at ~5 ms for
+// SmolLM2's output head (49152 x 576) on one row, where reading its 28 MB takes ~1 ms, and
+// read the weights once per 4 rows (benchmarks/kernels.py). A row's sums run in the same order
+// whatever the tile holds, so its bits do not depend on the rows beside it.
+constexpr int64_t WIDE_TILE = 8;
+
+template <int64_t R>
+inline void int8_row_wide(const float* x, const int8_t* w, float scale, float* out, int64_t k) {
+  __m512 acc[R];
+  for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= k; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + i));
+    const __m512 wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+    for (int64_t r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * k + i), wf, acc[r]);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    float total = _mm512_reduce_add_ps(acc[r]);
+    for (int64_t j = i; j < k; ++j) total += x[r * k + j] * static_cast<float>(w[j]);
+    out[r] = total * scale;
+  }
+}
+
+inline void int8_tile_wide(const float* x, const int8_t* w, float scale, float* out,
+                           int64_t rows, int64_t k) {
+  switch (rows) {
+    case 1: return int8_row_wide<1>(x, w, scale, out, k);
+    case 2: return int8_row_wide<2>(x, w, scale, out, k);
+    case 3: return int8_row_wide<3>(x, w, scale, out, k);
+    case 4: return int8_row_wide<4>(x, w, scale, out, k);
+    case 5: return int8_row_wide<5>(x, w, scale, out, k);
+    case 6: return int8_row_wide<6>(x, w, scale, out, k);
+    case 7: return int8_row_wide<7>(x, w, scale, out, k);
+    default: return int8_row_wide<8>(x, w, scale, out, k);
+  }
+}
+#endif
 
 torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
                           const torch::Tensor& scale) {
@@ -757,10 +799,17 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
   const std::vector<float> sf = widen(scale);
   const int8_t* wp = w.data_ptr<int8_t>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int8_linear", [&] {
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+    weight_only_rows<scalar_t, WIDE_TILE>(
+        rows, n, y.data_ptr<scalar_t>(), [&](int64_t o, int64_t r0, int64_t tile, float* out) {
+          int8_tile_wide(xf.data() + r0 * k, wp + o * k, sf[o], out, tile, k);
+        });
+#else
     weight_only_rows<scalar_t>(rows, n, y.data_ptr<scalar_t>(),
                                [&](int64_t o, int64_t r0, int64_t tile, float* out) {
                                  int8_row(xf.data() + r0 * k, wp + o * k, sf[o], out, tile, k);
                                });
+#endif
   });
   return y;
 }

@@ -15,7 +15,7 @@ from inferd.kernels import FUSED_DTYPES, build_status, kernel_isa, load_ops
 from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps
 from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention, unpack_int4_rows
-from inferd.layers.linear import Linear, PackedKind, pack_int4_rows
+from inferd.layers.linear import Linear, PackedKind, pack_int4_rows, pack_int8
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from tests.kernels.choice import ops_named
 
@@ -244,6 +244,22 @@ def test_int8_linear(fused: KernelOps, dtype: torch.dtype, rows: int, in_feature
     torch.testing.assert_close(layer(x), expected, **_tol(dtype))
     if in_features % 32 == 0:  # and torch's kernel where it is sound
         torch.testing.assert_close(layer(x), PLAIN.int8_linear(x, layer._packed, layer._scales))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_int8_linear_rows_do_not_depend_on_their_neighbours(
+    fused: KernelOps, dtype: torch.dtype
+) -> None:
+    """Each row has the bits it has alone, in every tile position (the AVX-512 kernel takes 8
+    rows a pass) and batch size up to 17, and the product of the weight it encodes."""
+    torch.manual_seed(6)
+    w, scale = pack_int8(torch.randn(48, 104), dtype)
+    x = torch.randn(17, 104).to(dtype)
+    alone = torch.cat([fused.int8_linear(x[i : i + 1], w, scale) for i in range(17)])
+    expected = (x.float() @ (w.float() * scale.float()[:, None]).T).to(dtype)
+    torch.testing.assert_close(alone, expected, **_tol(dtype))
+    for rows in (2, 7, 8, 9, 16, 17):
+        assert torch.equal(fused.int8_linear(x[:rows], w, scale), alone[:rows])
 
 
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8])
