@@ -6,10 +6,8 @@ The default model (SmolLM2-135M-Instruct) reads a fixed ~300-token English text.
 the dense float32 model; each bf16 regime the engine can run a row through is then forced on
 every row:
 
-- dense bf16: prompt rows, batches above 32 rows, and every row under ``--deterministic``;
-- int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode);
-- int8 x int8 rows: batched decodes of 9..32 rows, on CPUs with exact int8 dot products (VNNI or
-  AMX); the QKV and down projections and the output head stay dense bf16 there.
+- dense bf16: prompt rows, batches above 8 rows, and every row under ``--deterministic``;
+- int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode).
 
 Prints, per regime, the mean KL(f32 || regime) of the next-token distributions, the share of
 positions whose top-1 token matches float32, and the perplexity of the text. The README's table
@@ -25,10 +23,9 @@ from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-import inferd.layers.linear as linear
-from inferd.kernels import int8_dot_products_exact, load_ops
+from inferd.kernels import load_ops
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import Linear, dense_rows, int8_activation_rows
+from inferd.layers.linear import Linear, dense_rows
 from inferd.loading.model import load
 from inferd.models.llama import LlamaForCausalLM
 from inferd.source import resolve_source
@@ -88,18 +85,6 @@ def int4_rows(model: LlamaForCausalLM) -> Iterator[None]:
 
 
 @contextmanager
-def int8_rows(model: LlamaForCausalLM) -> Iterator[None]:
-    """Every row through the mid-batch regime: int8 x int8 where a layer has it, else dense."""
-    saved = linear.INT8_ACTIVATION_MAX_ROWS
-    linear.INT8_ACTIVATION_MAX_ROWS = sys.maxsize
-    try:
-        with _small_batch(model, 0), int8_activation_rows():
-            yield
-    finally:
-        linear.INT8_ACTIVATION_MAX_ROWS = saved
-
-
-@contextmanager
 def _small_batch(model: LlamaForCausalLM, rows: int) -> Iterator[None]:
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     saved = [m.small_batch for m in layers]
@@ -132,11 +117,9 @@ def main(model_id: str = "smollm2") -> None:
     ref = forward(f32.model, ids, len(ids))
     model = bf16.model
     regimes: list[tuple[str, Callable[[], AbstractContextManager[None]]]] = [
-        ("dense bf16 (prompts, > 32 rows, --deterministic)", dense_rows),
+        ("dense bf16 (prompts, > 8 rows, --deterministic)", dense_rows),
         ("int4 weights, bf16 rows (batches <= 8)", lambda: int4_rows(model)),
     ]
-    if int8_dot_products_exact():
-        regimes.append(("int8 x int8 rows (batched decodes of 9..32)", lambda: int8_rows(model)))
     print(f"{source.name}: {len(ids)} tokens; reference: dense float32\n")
     print("| regime | KL vs f32 | top-1 agreement | perplexity |")
     print("|---|---|---|---|")

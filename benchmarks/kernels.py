@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from inferd.layers.linear import INT8_ACTIVATION_MAX_ROWS, Linear, PackedKind, int8_activation_rows
+from inferd.layers.linear import Linear, PackedKind
 
 SHAPES = {"qkv": (960, 576), "o": (576, 576), "gate_up": (3072, 576), "down": (576, 1536)}
 HEAD = (49152, 576)
@@ -49,20 +49,11 @@ def dense(w: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
 
 def packed(kind: PackedKind) -> Callable[[torch.Tensor], Kernel]:
     def make(w: torch.Tensor) -> Kernel:
-        layer = Linear(w.shape[1], w.shape[0], int8_activations=False).bfloat16()
+        layer = Linear(w.shape[1], w.shape[0]).bfloat16()
         layer.pack(kind, source=w, small_batch=1 << 20)
         return layer
 
     return make
-
-
-def int8_activations(w: torch.Tensor) -> Kernel:
-    """As the model runs mid batches: the down projection and the head opt out (dense)."""
-    if tuple(w.shape) in (SHAPES["down"], HEAD):
-        return dense(w)
-    layer = Linear(w.shape[1], w.shape[0]).bfloat16()
-    layer.pack(PackedKind.INT8, source=w, small_batch=0)  # every batch to the int8 x int8 path
-    return layer
 
 
 def main() -> None:
@@ -70,15 +61,14 @@ def main() -> None:
         f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
         f"cpu capability {torch.backends.cpu.get_cpu_capability()}"
     )
-    print("| batch | bf16 dense | int8 weights | int4 weights | int8 x int8 rows (model mix) |")
-    print("|---|---|---|---|---|")
-    with torch.inference_mode(), int8_activation_rows():
+    print("| batch | bf16 dense | int8 weights | int4 weights |")
+    print("|---|---|---|---|")
+    with torch.inference_mode():
         for batch in (1, 2, 4, 8, 16, 32):
             row = [
                 step_ms(batch, dense),
                 step_ms(batch, packed(PackedKind.INT8)),
                 step_ms(batch, packed(PackedKind.INT4)),
-                step_ms(batch, int8_activations) if batch <= INT8_ACTIVATION_MAX_ROWS else 0.0,
             ]
             print(f"| {batch} | " + " | ".join(f"{v:.1f} ms" for v in row) + " |")
 

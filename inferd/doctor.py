@@ -172,9 +172,8 @@ ISA_TABLE: tuple[dict[str, str], ...] = (
         "isa": "avx512",
         "needs": "AVX-512 F/BW/VL + BF16 + VNNI",
         "dtype": "bf16",
-        "matmul": "dense bf16 (oneDNN) for prompts and batches over 32 rows",
-        "packed": "int4/int8 weight-only (torch's kernels, bf16 activations) for <= 8 rows; "
-        "int8 x int8 rows (fbgemm VNNI) for 9..32",
+        "matmul": "dense bf16 (oneDNN, weights prepacked) for prompts and batches over 8 rows",
+        "packed": "int4/int8 weight-only (torch's kernels, bf16 activations) for <= 8 rows",
         "decode_ops": "fused kernels, avx512 build",
     },
     {
@@ -182,8 +181,7 @@ ISA_TABLE: tuple[dict[str, str], ...] = (
         "needs": "AVX2 + FMA + F16C",
         "dtype": "f32",
         "matmul": "dense f32 (MKL/oneDNN) for prompts and batches over 8 rows",
-        "packed": "int4/int8 weight-only (inferd's AVX2 kernels, f32 activations) for <= 8 rows; "
-        "int8 x int8 rows for 9..32 only with AVX-VNNI/AMX (exact int8 dot products)",
+        "packed": "int4/int8 weight-only (inferd's AVX2 kernels, f32 activations) for <= 8 rows",
         "decode_ops": "fused kernels, avx2 build",
     },
     {

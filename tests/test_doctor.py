@@ -116,7 +116,6 @@ def test_system_info_of_a_running_server(tmp_path: Path) -> None:
         "packed_int4": 0,
         "packed_int8": 9,
         "dense_dropped": 9,
-        "int8_activation_rows": 0,  # ISQ kernels serve every batch
         "fused": "fused CPU kernels",
     }
 

@@ -22,8 +22,7 @@ import torch
 from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import store_info
-from inferd.kernels import int8_dot_products_exact
-from inferd.layers.linear import Linear, PackedKind, int8_activation_rows, pack_int4, pack_int8
+from inferd.layers.linear import Linear, PackedKind, pack_int4, pack_int8
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import load_safetensors_model
@@ -88,34 +87,6 @@ def test_q8_perplexity_within_one_percent(perplexities: dict[str | None, float])
 
 def test_q4_perplexity_within_measured_bound(perplexities: dict[str | None, float]) -> None:
     assert abs(perplexities["q4"] / perplexities[None] - 1) < 0.01, perplexities
-
-
-@pytest.mark.skipif(not int8_dot_products_exact(), reason="int8-row path is off on this CPU")
-def test_int8_rows_of_batched_decodes_stay_close_to_dense_bf16(
-    smollm2_gguf: Path, text_ids: list[int]
-) -> None:
-    """Every forward of 16 rows runs the mid-batch int8 x int8 kernels (what a 16-way batched
-    decode runs, here forced on for prompt chunks); the dense bf16 model is the baseline.
-
-    Measured: KL 0.0074 (0.017 before the QKV projection opted out), top-1 agreement 0.96,
-    perplexity 30.03 vs 30.07, with gate/up on int8 rows too (it has opted out since: only the
-    attention output runs them)."""
-    gguf = GGUFFile(smollm2_gguf)
-    logprobs = {}
-    for packed in (False, True):
-        model, _ = load_gguf_model(gguf, torch.bfloat16, progress=False, packed_kernels=packed)
-        with int8_activation_rows():
-            logits = full_forward(model, text_ids, chunk=16).float()
-        logprobs[packed] = logits.log_softmax(-1)
-    assert model.layers[0].self_attn.o_proj.serves_int8_activations
-    assert not model.layers[0].mlp.gate_up_proj.serves_int8_activations
-    dense, int8 = logprobs[False], logprobs[True]
-    kl = float((dense.exp() * (dense - int8)).sum(-1).mean())
-    top1 = float((dense.argmax(-1) == int8.argmax(-1)).float().mean())
-    targets = torch.tensor(text_ids[1:])[:, None]
-    ppl = [math.exp(-float(lp[:-1].gather(1, targets).mean())) for lp in (dense, int8)]
-    assert kl < 0.01 and top1 > 0.93, (kl, top1)
-    assert abs(ppl[1] / ppl[0] - 1) < 0.01, ppl
 
 
 @pytest.mark.parametrize("kind", [PackedKind.INT4, PackedKind.INT8])

@@ -18,7 +18,8 @@ beside it where that matters (README: "Determinism"):
 
 - by default a step with prompt rows runs every row dense (``dense_rows``), so a prompt's logits
   are the same whether it came in one chunk or many, or mostly from the prefix cache; steps of
-  decodes alone keep the batch-size kernels (int4 rows up to 8, int8 x int8 rows up to 32);
+  decodes alone keep the batch-size kernels (weight-only int4/int8 up to ``small_batch`` rows,
+  dense past it);
 - ``deterministic``: every row of every step dense, and every row's attention through the
   one-query paged kernel (a prompt row attends as if it were a decode at its position), so a
   row's bits depend only on its request: not on the batch, the chunking, preemption or prefix
@@ -31,7 +32,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -42,7 +43,7 @@ from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.kernels.kv_quant import row_width
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import dense_rows, int8_activation_rows
+from inferd.layers.linear import dense_rows
 from inferd.layers.lora import lora_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
@@ -197,11 +198,10 @@ class ModelRunner:
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
         """Dense rows for steps with prompt rows (always, when deterministic); else the
-        batch-size kernels, int8 x int8 rows included."""
-        decodes_only = _decodes_only(output)
-        if self.deterministic or not decodes_only:
+        batch-size kernels."""
+        if self.deterministic or not _decodes_only(output):
             return dense_rows()
-        return int8_activation_rows()
+        return nullcontext()
 
     def _prefill_chunk(self, req: Request, row: int, start: int, count: int) -> PrefillChunk:
         """Rows ``row..`` of the batch: ``count`` of the request's tokens from ``start``,

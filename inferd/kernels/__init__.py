@@ -277,14 +277,6 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
-def int8_dot_products_exact() -> bool:
-    """Whether fbgemm's int8 x int8 kernels sum products exactly here: with VNNI (AVX-512 VNNI,
-    AVX-VNNI) or AMX they accumulate in int32, while plain AVX2/AVX-512 pair products through
-    vpmaddubsw, which saturates at int16 (on SmolLM2's projections that cost 5% relative error
-    per row, and KL 0.024 against dense bf16 instead of 0.007)."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
 def _ensure_ninja_on_path() -> None:
     """torch's loader runs ``ninja`` from PATH; the ninja wheel puts it beside this Python."""
     if shutil.which("ninja") is None:

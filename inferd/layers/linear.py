@@ -10,17 +10,11 @@ int4 packing is affine per group of 32 input columns: ``w = q * scale + min`` wi
 0..15. That is exactly GGML's Q4_1 layout (and holds Q4_0 with ``min = -8 * scale``), so weights
 that came from such blocks are repacked without further loss.
 
-Between those regimes (a batched decode of 9..32 rows) the weight-only kernels are already
-compute-bound while bf16 still pays for reading twice the bytes, so a third copy serves them:
-int8 weights times int8 activations (fbgemm's VNNI kernel), each activation row scaled by its own
-max first. llama.cpp quantizes activations for every matmul; here only batched decodes do (the
-runner opens ``int8_activation_rows`` for steps without prompt tokens, so prompts keep
-weight-only precision; only on CPUs whose int8 dot products are exact, with VNNI or AMX:
-``kernels.int8_dot_products_exact``), and the layers where int8 rows cost most opt out: the QKV
-and down projections and the output head (with gate/up and the attention output on int8 rows,
-SmolLM2 had KL 0.007 against dense bf16 and a 16-row step took ~9% less time, 54 vs 59 ms before
-the fused kernels), and since then gate/up too, whose rows cost greedy top-1 agreement with f32
-(~0.94 instead of 0.975: tests/server/test_default_quality_live.py).
+Batches past ``small_batch`` run the dense bf16 weight. A third regime once served batched
+decodes of 9..32 rows with int8 weights times int8 activations (fbgemm's VNNI kernel); against
+the oneDNN-packed dense weight below it was slower at every size (SmolLM2, 2 cores: a 16-row
+step 37.3 vs 33.3 ms, 10 rows 32.1 vs 28.6, 32 rows 50.3 vs 48.5) and less accurate, so it
+was removed.
 
 The dense bf16 weight is kept a second time in oneDNN's blocked layout (``OneDnnWeight``), made
 on first use: ``F.linear`` reorders the weight into that layout on every call, which cost SmolLM2
@@ -38,7 +32,6 @@ from __future__ import annotations
 
 import enum
 import sys
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -48,26 +41,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferd.host_memory import available_bytes
-from inferd.kernels import int8_dot_products_exact
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
 
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
-INT8_ACTIVATION_MAX_ROWS = 32
 
-_int8_rows_allowed: ContextVar[bool] = ContextVar("int8_rows_allowed", default=False)
 _dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
-
-
-@contextmanager
-def int8_activation_rows(allowed: bool = True) -> Iterator[None]:
-    """Let mid batches run int8 weights x int8 rows inside this block (off elsewhere)."""
-    token = _int8_rows_allowed.set(allowed)
-    try:
-        yield
-    finally:
-        _int8_rows_allowed.reset(token)
 
 
 @contextmanager
@@ -100,16 +80,12 @@ class Linear(nn.Linear, KernelUser):
     the dense weight is gone (an empty tensor that only remembers the dtype).
     """
 
-    def __init__(
-        self, in_features: int, out_features: int, bias: bool = False, int8_activations: bool = True
-    ) -> None:
+    def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.packed_kind: PackedKind | None = None
         self.small_batch = DEFAULT_SMALL_BATCH
-        self.int8_activations = int8_activations  # whether ``pack`` adds the mid-batch copy
         self._packed: torch.Tensor | None = None
         self._scales: torch.Tensor | None = None
-        self._int8_mm: torch.ScriptObject | None = None  # fbgemm's prepacked int8 weight
         self._onednn = OneDnnWeight()  # the dense weight in oneDNN's layout (bf16 only)
         self.lora: LoraSlot | None = None  # adapters' low-rank updates (layers/lora.py)
 
@@ -133,15 +109,12 @@ class Linear(nn.Linear, KernelUser):
             self._packed, self._scales = pack_int8(w, self.weight.dtype)
         self.packed_kind = kind
         self.small_batch = small_batch
-        if self.int8_activations and int8_dot_products_exact():
-            self._int8_mm = prepack_int8_activations(w)
 
     def use_packed_only(self, kind: PackedKind, packed: torch.Tensor, scales: torch.Tensor) -> None:
         """Serve every batch from these kernel tensors (``pack_int4``/``pack_int8`` output) and
         free the dense weight: weight-only quantization that saves memory."""
         self._packed, self._scales, self.packed_kind = packed, scales, kind
         self.small_batch = sys.maxsize
-        self._int8_mm = None
         self._onednn = OneDnnWeight()
         self.weight = nn.Parameter(torch.empty(0, dtype=self.weight.dtype), requires_grad=False)
 
@@ -149,10 +122,6 @@ class Linear(nn.Linear, KernelUser):
     def dense(self) -> bool:
         """Whether the dense weight is still held (False after ``use_packed_only``)."""
         return self.weight.numel() > 0
-
-    @property
-    def serves_int8_activations(self) -> bool:
-        return self._int8_mm is not None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base(x)
@@ -165,12 +134,6 @@ class Linear(nn.Linear, KernelUser):
             return _invariant_dense(x, self._dense_linear)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
-        if (
-            self._int8_mm is not None
-            and rows <= INT8_ACTIVATION_MAX_ROWS
-            and _int8_rows_allowed.get()
-        ):
-            return self._int8_by_int8(x)
         return self._dense_linear(x)
 
     def _dense_linear(self, x: torch.Tensor) -> torch.Tensor:
@@ -181,13 +144,6 @@ class Linear(nn.Linear, KernelUser):
             return F.linear(x, self.weight, self.bias)
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
         return out
-
-    def _int8_by_int8(self, x: torch.Tensor) -> torch.Tensor:
-        # Rows scaled to a max of 1 make fbgemm's per-tensor activation scale a per-row one.
-        peak = x.abs().amax(-1, keepdim=True).float().clamp_(min=torch.finfo(torch.float32).tiny)
-        out = torch.ops.quantized.linear_dynamic(x / peak, self._int8_mm, False)
-        out = out.mul_(peak).to(x.dtype)
-        return out if self.bias is None else out + self.bias
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
         assert self._packed is not None and self._scales is not None
@@ -351,21 +307,6 @@ def int4_kernel_tensors(
     # The kernel computes (q - 8) * scale + zero, so zero = min + 8 * scale.
     scales_and_zeros = torch.stack([scale, lo + 8 * scale], dim=-1).transpose(0, 1)
     return packed, scales_and_zeros.contiguous().to(dtype)
-
-
-def prepack_int8_activations(w: torch.Tensor) -> torch.ScriptObject | None:
-    """fbgemm's packed form of ``w`` (symmetric int8 per output row); None where this torch has
-    no fbgemm (then mid batches stay dense)."""
-    if "fbgemm" not in torch.backends.quantized.supported_engines:
-        return None
-    q, scale = int8_codes(w)
-    zeros = torch.zeros(w.shape[0], dtype=torch.long)
-    with warnings.catch_warnings():
-        # torch 2.13 warns that quantized tensors are deprecated; this one only feeds the packer.
-        warnings.simplefilter("ignore", UserWarning)
-        qw = torch._make_per_channel_quantized_tensor(q, scale.double(), zeros, 0)
-    packed: torch.ScriptObject = torch.ops.quantized.linear_prepack(qw, None)
-    return packed
 
 
 def pack_int4(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

@@ -36,12 +36,8 @@ class LlamaAttention(nn.Module, KernelUser):
         self.head_dim = cfg.head_dim
         self.q_size = cfg.num_heads * cfg.head_dim
         self.kv_size = cfg.num_kv_heads * cfg.head_dim
-        # Int8 rows here cost most of their error (KL 0.011 of 0.017 on SmolLM2): bf16 here.
         self.qkv_proj = Linear(
-            cfg.hidden_size,
-            self.q_size + 2 * self.kv_size,
-            bias=cfg.attention_bias,
-            int8_activations=False,
+            cfg.hidden_size, self.q_size + 2 * self.kv_size, bias=cfg.attention_bias
         )
         self.o_proj = Linear(self.q_size, cfg.hidden_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -74,15 +70,8 @@ class LlamaAttention(nn.Module, KernelUser):
 class LlamaMLP(nn.Module, KernelUser):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        # Its input (the normed residual) has outlier channels too: per-row int8 rows there
-        # dropped greedy top-1 agreement with f32 on SmolLM2 from 0.975 to ~0.94 at 16 rows
-        # (tests/server/test_default_quality_live.py wants >= 0.95), so bf16 at mid batches.
-        self.gate_up_proj = Linear(
-            cfg.hidden_size, 2 * cfg.intermediate_size, int8_activations=False
-        )
-        # SiLU(gate) * up has outlier channels that per-row int8 rounds badly (+1.1% vs +0.4%
-        # perplexity with it on SmolLM2): bf16 at mid batches.
-        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size, int8_activations=False)
+        self.gate_up_proj = Linear(cfg.hidden_size, 2 * cfg.intermediate_size)
+        self.down_proj = Linear(cfg.intermediate_size, cfg.hidden_size)
         self.gelu = cfg.hidden_act == "gelu_tanh"  # GeGLU (Gemma) instead of SwiGLU
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -114,8 +103,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = self.make_norm(cfg)
         self.rotary = rotary
-        # Int8 rows before the logits cost +0.9% perplexity on SmolLM2: bf16 at mid batches.
-        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size, int8_activations=False)
+        self.lm_head = Linear(cfg.hidden_size, cfg.vocab_size)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 

@@ -39,7 +39,6 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
                 ),
                 "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
                 "dense_dropped": sum(not m.dense for m in linears),
-                "int8_activation_rows": sum(m.serves_int8_activations for m in linears),
                 "fused": decoder.ops.description,
             },
         }

@@ -9,24 +9,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from inferd.kernels import int8_dot_products_exact
 from inferd.layers import linear as linear_module
-from inferd.layers.linear import (
-    INT8_ACTIVATION_MAX_ROWS,
-    Linear,
-    PackedKind,
-    dequantize_packed,
-    int8_activation_rows,
-)
+from inferd.layers.linear import Linear, PackedKind, dequantize_packed
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from tests.models.test_llama_parity import full_forward
 
 
-def _linear(
-    weight: torch.Tensor, kind: PackedKind, dtype: torch.dtype, int8_activations: bool = True
-) -> Linear:
-    layer = Linear(weight.shape[1], weight.shape[0], int8_activations=int8_activations).to(dtype)
+def _linear(weight: torch.Tensor, kind: PackedKind, dtype: torch.dtype) -> Linear:
+    layer = Linear(weight.shape[1], weight.shape[0]).to(dtype)
     with torch.no_grad():
         layer.weight.copy_(weight)
     layer.pack(kind, source=weight)
@@ -55,51 +46,12 @@ def test_small_batches_use_the_packed_kernel_and_large_ones_the_dense(kind: Pack
     layer = _linear(weight, kind, torch.float32)
     packed_weight = dequantize_packed(layer)
     small = torch.randn(layer.small_batch, 64)
-    large = torch.randn(INT8_ACTIVATION_MAX_ROWS + 1, 64)
+    large = torch.randn(layer.small_batch + 1, 64)
     torch.testing.assert_close(layer(small), small @ packed_weight.T, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(layer(large), F.linear(large, weight))
 
 
-def test_int8_rows_only_where_int8_dot_products_are_exact(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """Without VNNI/AMX, fbgemm's int8 products saturate, so no layer takes the int8-row path."""
-    weight = torch.randn(96, 128, generator=torch.Generator().manual_seed(0))
-    monkeypatch.setattr(linear_module, "int8_dot_products_exact", lambda: False)
-    assert not _linear(weight, PackedKind.INT4, torch.bfloat16).serves_int8_activations
-    monkeypatch.setattr(linear_module, "int8_dot_products_exact", lambda: True)
-    assert _linear(weight, PackedKind.INT4, torch.bfloat16).serves_int8_activations
-
-
-@pytest.mark.skipif(not int8_dot_products_exact(), reason="int8-row path is off on this CPU")
-@pytest.mark.parametrize("rows", [9, INT8_ACTIVATION_MAX_ROWS])
-def test_mid_batches_multiply_int8_weights_by_int8_rows(rows: int) -> None:
-    torch.manual_seed(0)
-    weight = torch.randn(96, 128)
-    layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
-    assert layer.serves_int8_activations
-    # Rows of very different magnitudes: each is quantized on its own scale, so the small ones
-    # keep their precision next to the large ones.
-    x = torch.randn(rows, 128) * torch.logspace(-3, 3, rows)[:, None]
-    with int8_activation_rows():
-        out = layer(x.to(torch.bfloat16))
-    assert out.dtype == torch.bfloat16
-    ref = F.linear(x, weight)
-    rel = (out.float() - ref).norm(dim=-1) / ref.norm(dim=-1)
-    assert float(rel.max()) < 0.02, rel
-
-
-def test_layers_that_opt_out_stay_dense_at_mid_batches() -> None:
-    torch.manual_seed(0)
-    weight = torch.randn(96, 128)
-    layer = _linear(weight, PackedKind.INT4, torch.bfloat16, int8_activations=False)
-    assert not layer.serves_int8_activations
-    x = torch.randn(16, 128, dtype=torch.bfloat16)
-    with int8_activation_rows():
-        torch.testing.assert_close(layer(x), F.linear(x, weight.to(torch.bfloat16)))
-
-
-def test_mid_batches_stay_dense_outside_batched_decodes() -> None:
+def test_bf16_batches_past_the_small_batch_run_the_dense_weight() -> None:
     torch.manual_seed(0)
     weight = torch.randn(96, 128)
     layer = _linear(weight, PackedKind.INT4, torch.bfloat16)

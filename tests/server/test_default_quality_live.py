@@ -1,5 +1,5 @@
 """The default settings' quality, live: a server on the defaults (bf16 with int4/int8 decode
-copies and int8 x int8 rows for batched decodes where the CPU has AVX-512; float32 with inferd's
+copies and dense bf16 for batched decodes where the CPU has AVX-512; float32 with inferd's
 AVX2 int4/int8 kernels where it has AVX2) against the shared float32 server.
 
 Every other live test that reads text serves ``--dtype f32``; these check what users run:
@@ -7,7 +7,7 @@ Every other live test that reads text serves ``--dtype f32``; these check what u
 - perplexity of a fixed text (prompt logprobs, ``echo`` + ``logprobs``: the prefill path) within
   2% of float32's;
 - greedy decodes, one at a time (weight-only packed kernels) and 16 at once (decode steps of 16
-  rows: the int8-row regime): each generated token is float32's top-1 choice at that point in at
+  rows: the dense weights): each generated token is float32's top-1 choice at that point in at
   least 95% of positions, and the decoded text's perplexity is within 2% of float32's scoring of
   the same tokens.
 """
@@ -23,7 +23,6 @@ from typing import Any
 import httpx
 import pytest
 
-from inferd.kernels import int8_dot_products_exact
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.tokenizer import tokenizer_from_gguf
 from tests.server.live import LiveServer, live_server
@@ -118,8 +117,8 @@ def test_the_default_server_runs_the_packed_kernels(default_server: LiveServer) 
     assert model["dtype"] == {"bf16": "bfloat16", "f32": "float32"}[info["choices"]["dtype"]]
     kernels = model["kernels"]
     assert kernels["packed_int4"] > 0 and kernels["fused"] == "fused CPU kernels"
-    # The mid-batch int8 rows exist exactly where int8 dot products are exact (VNNI/AMX).
-    assert (kernels["int8_activation_rows"] > 0) == int8_dot_products_exact()
+    # The packed copies sit beside the dense weights, which serve batches past 8 rows.
+    assert kernels["dense_dropped"] == 0
 
 
 def test_prompt_perplexity_is_within_2_percent_of_float32(
