@@ -109,14 +109,16 @@ def weights_mb(shape: ModelShape, dtype: torch.dtype, isq: str | None) -> float:
     return (shape.params * size + packed) / 2**20
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> int:
-    """What the KV pool spends per token for ``--kv-cache-dtype`` with the model computing in
-    ``dtype``: the serving's own arithmetic, so the estimate matches what serve allocates."""
+def kv_storage(config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> tuple[str, int]:
+    """How the KV pool stores a token for ``--kv-cache-dtype`` with the model computing in
+    ``dtype``: the storage's name and its bytes per token, by the serving's own arithmetic
+    (serving/sizing.py), so the estimate matches what serve allocates."""
     from inferd.kernels.kv_quant import cache_dtype, dtype_name
     from inferd.serving.sizing import kv_shape
 
     stored = cache_dtype(kv_cache_dtype, dtype)
-    return kv_shape(config, stored.itemsize, cache_dtype=dtype_name(stored)).bytes_per_token
+    name = dtype_name(stored)
+    return name, kv_shape(config, stored.itemsize, cache_dtype=name).bytes_per_token
 
 
 def recommend(
@@ -129,7 +131,6 @@ def recommend(
 ) -> dict[str, Any]:
     """The estimate (see the module docstring); host facts default to this machine's.
     ``kv_cache_dtype``: as ``serve --kv-cache-dtype`` (auto, bf16, f32, int8)."""
-    from inferd.kernels.kv_quant import cache_dtype, dtype_name
     from inferd.loading.model import resolve_dtype
 
     mem = memory_info()
@@ -144,8 +145,7 @@ def recommend(
     fits = bool(fitting) or options["q4"] <= available - headroom
     weights = options[isq]
     context = min(cfg.max_position, DEFAULT_MAX_MODEL_LEN)
-    kv_dtype = dtype_name(cache_dtype(kv_cache_dtype, dtype))  # what the estimate assumes
-    per_token = kv_bytes_per_token(cfg, dtype, kv_cache_dtype)
+    kv_dtype, per_token = kv_storage(cfg, dtype, kv_cache_dtype)  # what the estimate assumes
     cap_seqs = max(4, min(64, 4 * cpus))
     most = cap_seqs * context * per_token / 2**20  # every sequence at its full context
     kv_mb = int(max(64, min((available - weights - headroom) / 2, most)))
