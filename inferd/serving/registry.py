@@ -268,7 +268,8 @@ class ModelSlot:
         assert model is not None
         adapters = [a for a in self.adapters if a.status is ModelStatus.LOADED]
         for adapter in adapters:  # they run on this engine: no new request reaches them
-            adapter.status = ModelStatus.UNLOADING
+            with adapter._lock:
+                adapter.status = ModelStatus.UNLOADING
         running = self.in_flight()
         deadline = time.monotonic() + drain_timeout
         while self.in_flight() and time.monotonic() < deadline:
