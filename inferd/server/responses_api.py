@@ -395,8 +395,9 @@ async def _stream(
                 yield sse.KEEPALIVE
                 continue
             if out.finish_reason in ("error", "abort"):
-                err = output_error(out)
-                failure = (err.status, err.message, out.error_code or out.finish_reason)
+                err = output_error(out)  # a 4xx/503 when a LoRA adapter's files are why
+                status = err.status if out.error_code is not None else 500
+                failure = (status, err.message, out.error_code or out.finish_reason)
                 break
             last = out
             for chunk in send(builder.feed(out.text)):
