@@ -11,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from inferd.config import KV_CACHE_DTYPES, EngineConfig
 from inferd.store import DEFAULT_MODEL
 
 
@@ -55,6 +56,13 @@ def add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         metavar="FILE",
         default=None,
         help="also write the settings as a models file for `serve --config` (JSON, or .toml)",
+    )
+    tune.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=EngineConfig().kv_cache_dtype,
+        help="the KV cache storage to size for, as `serve --kv-cache-dtype` (auto: the model's "
+        "dtype; int8 holds about twice the tokens of bf16)",
     )
     tune.set_defaults(func=_tune)
     for sp in (convert, quantize, doctor, tune):
@@ -150,7 +158,9 @@ def _doctor(args: argparse.Namespace) -> int:
 def _tune(args: argparse.Namespace) -> int:
     from inferd.tune import emit_config, format_text, model_shape, recommend
 
-    rec = recommend(model_shape(model_id(args) or DEFAULT_MODEL))
+    rec = recommend(
+        model_shape(model_id(args) or DEFAULT_MODEL), kv_cache_dtype=args.kv_cache_dtype
+    )
     if args.emit_config is not None:
         emit_config(rec, args.emit_config)
         rec["emitted_config"] = str(args.emit_config)

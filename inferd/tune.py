@@ -10,7 +10,10 @@ The estimate, step by step:
 3. quantization: none if the dense weights fit in half of the available memory (the other half
    is for the KV cache and the rest of the system), else q8, else q4.
 4. KV cache: half of what remains after the weights and a headroom (10% of available + 512
-   MiB), at most what the sequences below could use, at least 64 MiB.
+   MiB), at most what the sequences below could use, at least 64 MiB. Its bytes per token are
+   the pool sizing's (serving/sizing.py ``kv_shape``) for ``--kv-cache-dtype``: auto stores K
+   and V in the model's dtype, int8 stores per-token-per-head int8 rows with a float16 scale
+   each, so about twice (bf16) or four times (f32) the tokens fit in the same memory.
 5. max seqs: how many sequences of half the context fit in that cache, capped at 4 per usable
    CPU (past that a CPU decode step gets slower, not wider) and at 64.
 
@@ -106,14 +109,28 @@ def weights_mb(shape: ModelShape, dtype: torch.dtype, isq: str | None) -> float:
     return (shape.params * size + packed) / 2**20
 
 
+def kv_storage(config: ModelConfig, dtype: torch.dtype, kv_cache_dtype: str) -> tuple[str, int]:
+    """How the KV pool stores a token for ``--kv-cache-dtype`` with the model computing in
+    ``dtype``: the storage's name and its bytes per token, by the serving's own arithmetic
+    (serving/sizing.py), so the estimate matches what serve allocates."""
+    from inferd.kernels.kv_quant import cache_dtype, dtype_name
+    from inferd.serving.sizing import kv_shape
+
+    stored = cache_dtype(kv_cache_dtype, dtype)
+    name = dtype_name(stored)
+    return name, kv_shape(config, stored.itemsize, cache_dtype=name).bytes_per_token
+
+
 def recommend(
     shape: ModelShape,
     *,
     available_mb: int | None = None,
     usable_cpus: int | None = None,
     dtype: torch.dtype | None = None,
+    kv_cache_dtype: str = "auto",
 ) -> dict[str, Any]:
-    """The estimate (see the module docstring); host facts default to this machine's."""
+    """The estimate (see the module docstring); host facts default to this machine's.
+    ``kv_cache_dtype``: as ``serve --kv-cache-dtype`` (auto, bf16, f32, int8)."""
     from inferd.loading.model import resolve_dtype
 
     mem = memory_info()
@@ -128,7 +145,7 @@ def recommend(
     fits = bool(fitting) or options["q4"] <= available - headroom
     weights = options[isq]
     context = min(cfg.max_position, DEFAULT_MAX_MODEL_LEN)
-    per_token = cfg.kv_bytes_per_token * dtype.itemsize // 4
+    kv_dtype, per_token = kv_storage(cfg, dtype, kv_cache_dtype)  # what the estimate assumes
     cap_seqs = max(4, min(64, 4 * cpus))
     most = cap_seqs * context * per_token / 2**20  # every sequence at its full context
     kv_mb = int(max(64, min((available - weights - headroom) / 2, most)))
@@ -146,6 +163,8 @@ def recommend(
         str(kv_mb),
         "--block-size",
         str(BLOCK_SIZE),
+        "--kv-cache-dtype",
+        kv_dtype,
     ]
     if isq is not None:
         flags += ["--isq", isq]
@@ -179,6 +198,7 @@ def recommend(
             "max_seq_len": context,
             "kv_cache_mb": kv_mb,
             "kv_cache_tokens": kv_tokens,
+            "kv_cache_dtype": kv_dtype,
             "block_size": BLOCK_SIZE,
         },
         "serve_flags": flags,
@@ -196,8 +216,9 @@ def format_text(rec: dict[str, Any]) -> str:
         f"dtype      {r['dtype']}",
         f"quantize   {r['isq'] or 'none'}  (weights ~{mem['weights']:.0f} MiB"
         f"{'' if mem['fits'] else ', which may NOT fit'})",
-        f"kv cache   {r['kv_cache_mb']} MiB = {r['kv_cache_tokens']} tokens "
-        f"({m['kv_bytes_per_token']} bytes each), block size {r['block_size']}",
+        f"kv cache   {r['kv_cache_mb']} MiB = {r['kv_cache_tokens']} tokens of "
+        f"{r['kv_cache_dtype']} ({m['kv_bytes_per_token']} bytes each), block size "
+        f"{r['block_size']}",
         f"max seqs   {r['max_seqs']}  (context {r['max_seq_len']})",
         f"serve      inferd serve -m {m['source']} {' '.join(rec['serve_flags'])}",
     ]
@@ -206,14 +227,16 @@ def format_text(rec: dict[str, Any]) -> str:
 
 def emit_config(rec: dict[str, Any], path: Path) -> None:
     """Write the recommendation as a models file (JSON, or TOML for ``.toml``) for
-    ``inferd serve --config``; server-wide flags (KV cache, block size) go in a TOML comment
-    and are printed by the command, as a models file has no key for them."""
+    ``inferd serve --config``, the KV cache dtype the estimate assumes included; server-wide
+    flags (KV cache size, block size) go in a TOML comment and are printed by the command, as
+    a models file has no key for them."""
     m, r = rec["model"], rec["recommended"]
     entry: dict[str, Any] = {
         m["kind"]: {"model_id": m["source"]},
         "dtype": r["dtype"],
         "max_seqs": r["max_seqs"],
         "max_seq_len": r["max_seq_len"],
+        "kv_cache_dtype": r["kv_cache_dtype"],
     }
     if r["isq"] is not None:
         entry["in_situ_quant"] = r["isq"]

@@ -15,6 +15,7 @@ from inferd.config import EngineConfig
 from inferd.doctor import CPU_FLAGS, cpu_info
 from inferd.kernels import kernel_isa
 from inferd.server.app import build_app
+from inferd.serving.loading import load_spec
 from inferd.serving.served import load_model
 from inferd.serving.spec import load_models_file
 from inferd.source import resolve_source
@@ -159,3 +160,62 @@ def test_tune_quantizes_when_memory_is_short(smollm2_gguf: Path) -> None:
     short = recommend(shape, available_mb=250, usable_cpus=4, dtype=bf16)
     assert short["recommended"]["isq"] == "q4" and short["memory_mb"]["fits"]
     assert not recommend(shape, available_mb=100, usable_cpus=4, dtype=bf16)["memory_mb"]["fits"]
+
+
+def test_tune_kv_bytes_follow_the_kv_cache_dtype(smollm2_gguf: Path) -> None:
+    """Each --kv-cache-dtype is sized as the pool stores it: 2 (K, V) x layers x KV heads x
+    (head_dim values of its size; int8: head_dim codes + a 2-byte float16 scale) per token; int8
+    holds about twice bf16's tokens in the same memory, and so more sequences."""
+    shape = model_shape(str(smollm2_gguf))
+    cfg = shape.config
+    rows = 2 * cfg.num_layers * cfg.num_kv_heads
+    expected = {
+        "auto": rows * cfg.head_dim * 2,  # the model computes in bf16 here
+        "bf16": rows * cfg.head_dim * 2,
+        "f32": rows * cfg.head_dim * 4,
+        "int8": rows * (cfg.head_dim + 2),
+    }
+    recs = {
+        kv: recommend(
+            shape, available_mb=3000, usable_cpus=16, dtype=torch.bfloat16, kv_cache_dtype=kv
+        )
+        for kv in expected
+    }
+    for kv, rec in recs.items():
+        r = rec["recommended"]
+        assert rec["model"]["kv_bytes_per_token"] == expected[kv], kv
+        assert r["kv_cache_dtype"] == ("bf16" if kv == "auto" else kv)
+        flags = rec["serve_flags"]
+        assert flags[flags.index("--kv-cache-dtype") + 1] == r["kv_cache_dtype"]
+        # the memory bound decides here, the same MiB for each: tokens follow bytes per token
+        assert r["kv_cache_mb"] == recs["bf16"]["recommended"]["kv_cache_mb"], kv
+        assert r["kv_cache_tokens"] == r["kv_cache_mb"] * 2**20 // expected[kv] // 16 * 16, kv
+    tokens = {kv: rec["recommended"]["kv_cache_tokens"] for kv, rec in recs.items()}
+    assert tokens["f32"] < tokens["bf16"] < tokens["int8"]
+    seqs = {kv: rec["recommended"]["max_seqs"] for kv, rec in recs.items()}
+    assert seqs["f32"] < seqs["bf16"] < seqs["int8"], seqs
+
+
+def test_tune_kv_cache_dtype_in_text_json_and_emitted_config(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tune --kv-cache-dtype int8` says which KV dtype it assumes, and the models file it
+    writes carries it: a model served from that file caches K/V in int8."""
+    save_tiny("mistral", tmp_path / "m")
+    emitted = tmp_path / "models.toml"
+    args = ["tune", "-m", str(tmp_path / "m"), "--kv-cache-dtype", "int8"]
+    assert main([*args, "--json", "--emit-config", str(emitted)]) == 0
+    rec = json.loads(capsys.readouterr().out)
+    assert rec["recommended"]["kv_cache_dtype"] == "int8"
+    (spec,) = load_models_file(emitted)
+    assert spec.kv_cache_dtype == "int8"
+    served = load_spec(spec, EngineConfig(kv_cache_tokens=256))
+    try:
+        assert served.kv_cache_dtype == "int8"
+    finally:
+        served.shutdown()
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "tokens of int8" in out and "--kv-cache-dtype int8" in out
+    with pytest.raises(SystemExit):
+        main(["tune", "-m", str(tmp_path / "m"), "--kv-cache-dtype", "int4"])

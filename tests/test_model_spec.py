@@ -190,6 +190,20 @@ def test_in_situ_quant_names() -> None:
         parse_models({"a": {"GGUF": {"model_id": "smollm2"}, "in_situ_quant": "Q6K"}})
 
 
+def test_kv_cache_dtype_per_model() -> None:
+    doc = {
+        "a": {"GGUF": {"model_id": "smollm2"}, "kv_cache_dtype": "int8"},
+        "b": {"Plain": {"model_id": "org/b"}},
+    }
+    assert [s.kv_cache_dtype for s in parse_models(doc)] == ["int8", None]
+    with pytest.raises(SpecError, match=r"a.kv_cache_dtype: expected one of auto, .* got 'q4'"):
+        parse_models({"a": {"GGUF": {"model_id": "smollm2"}, "kv_cache_dtype": "q4"}})
+    with pytest.raises(SpecError, match=r"e.kv_cache_dtype: does not apply to Embedding"):
+        parse_models({"e": {"Embedding": {"model_id": "minilm"}, "kv_cache_dtype": "int8"}})
+    with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
+        ModelSpec(model_id="x", kv_cache_dtype="fp8")
+
+
 def test_tool_call_parser_names_a_syntax() -> None:
     doc = {
         "a": {"GGUF": {"model_id": "smollm2"}, "tool_call_parser": "mistral"},

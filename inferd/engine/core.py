@@ -17,6 +17,7 @@ from dataclasses import replace
 
 import torch
 
+from inferd.engine.lora_slots import AdapterLoadError
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import Request, RequestStatus
 from inferd.engine.runner import ModelRunner, PromptLogits, StepResult
@@ -71,7 +72,7 @@ class EngineCore:
 
     def step(self) -> list[RequestOutput]:
         scheduled = self.scheduler.schedule()
-        failed = [self._fail(request, why) for request, why in scheduled.failed]
+        failed = [self._fail(request, exc) for request, exc in scheduled.failed]
         if not scheduled.chunks:
             return failed
         started = time.perf_counter()
@@ -95,12 +96,14 @@ class EngineCore:
         self.last_step_seconds = time.perf_counter() - started
         return failed + outputs
 
-    def _fail(self, request: Request, message: str) -> RequestOutput:
-        """End a request that cannot run (its adapter failed to load) with an error output."""
+    def _fail(self, request: Request, exc: AdapterLoadError) -> RequestOutput:
+        """End a request that cannot run (its adapter failed to load) with an error output
+        whose ``error_code`` says why, so the server answers it as the client's (or the
+        operator's) problem, not the engine's."""
         self.scheduler.finish(request, RequestStatus.FINISHED_ERROR)
         self.requests.pop(request.request_id, None)
         self.prompt_logprobs.pop(request.request_id, None)
-        return _output(request, "", (), "error", error=message)
+        return replace(_output(request, "", (), "error", error=str(exc)), error_code=exc.code)
 
     def _sample_with_drafts(self, result: StepResult) -> list[RequestOutput]:
         """The plain rows sampled as one batch, each chunk with drafts verified on its rows."""

@@ -41,8 +41,23 @@ class AdapterLoader(Protocol):
         """Detach adapter ``key`` from the decoder."""
 
 
+class AdapterChangedError(RuntimeError):
+    """Raised by a loader: the adapter's files on disk are no longer the ones registered under
+    its key (its name stands for those weights only), so it cannot be loaded again."""
+
+
+ADAPTER_CHANGED = "lora_adapter_changed"  # the files changed on disk since registration
+ADAPTER_UNAVAILABLE = "lora_adapter_unavailable"  # any other failure to read or attach it
+
+
 class AdapterLoadError(RuntimeError):
-    """A request's adapter could not be made resident; the request fails with this message."""
+    """A request's adapter could not be made resident; the request fails with this message and
+    ``code`` (``ADAPTER_CHANGED`` or ``ADAPTER_UNAVAILABLE``), which the server turns into a
+    4xx/503 answer rather than an engine failure."""
+
+    def __init__(self, message: str, code: str = ADAPTER_UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(slots=True)
@@ -84,7 +99,9 @@ class LoraSlots:
             try:
                 self.loader.load(key)
             except Exception as exc:
-                raise AdapterLoadError(str(exc)) from exc
+                changed = isinstance(exc, AdapterChangedError)
+                code = ADAPTER_CHANGED if changed else ADAPTER_UNAVAILABLE
+                raise AdapterLoadError(str(exc), code) from exc
             self.resident[key] = None
             self.loads += 1
         evicted = f", evicted {victim}" if victim is not None else ""

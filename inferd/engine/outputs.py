@@ -28,6 +28,9 @@ class RequestOutput:
     num_output_tokens: int
     stop_reason: str | int | None = None  # matched stop string or stop token id
     error: str | None = None
+    # Why an "error" finish is not the engine's fault, when it is not (engine/lora_slots.py's
+    # codes: the request's adapter could not be loaded); None otherwise.
+    error_code: str | None = None
     logprobs: tuple[TokenLogprob, ...] | None = None  # one per token_ids entry, when asked for
     # One per prompt token (None for the first, which nothing predicts), on a request's first
     # output only, when its params ask for prompt_logprobs.

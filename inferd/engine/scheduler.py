@@ -71,7 +71,7 @@ class SchedulerOutput:
     chunks: tuple[ScheduledChunk, ...]
     preempted: tuple[str, ...] = ()
     # waiting requests whose adapter could not be loaded, with why: they end with an error
-    failed: tuple[tuple[Request, str], ...] = ()
+    failed: tuple[tuple[Request, AdapterLoadError], ...] = ()
 
     @property
     def num_batched_tokens(self) -> int:
@@ -140,7 +140,7 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         chunks: list[ScheduledChunk] = []
         preempted: list[str] = []
-        failed: list[tuple[Request, str]] = []
+        failed: list[tuple[Request, AdapterLoadError]] = []
         encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
@@ -182,7 +182,9 @@ class Scheduler:
             long_in_flight |= need > self.config.max_num_batched_tokens
         return SchedulerOutput(tuple(chunks), tuple(preempted), tuple(failed))
 
-    def _adapter_resident(self, request: Request, failed: list[tuple[Request, str]]) -> bool:
+    def _adapter_resident(
+        self, request: Request, failed: list[tuple[Request, AdapterLoadError]]
+    ) -> bool:
         """Whether ``request``'s adapter (if any) is resident now, loading it if a slot is
         free or held by an adapter no running request uses; a load failure goes to
         ``failed``."""
@@ -193,7 +195,7 @@ class Scheduler:
         try:
             return self.adapters.admit(key, in_use)
         except AdapterLoadError as exc:
-            failed.append((request, str(exc)))
+            failed.append((request, exc))
             return False
 
     def _schedule_running(

@@ -47,6 +47,7 @@ from inferd.server.generation import (
     chat_prompt_with_media,
     collect,
     engine_error,
+    output_error,
     start,
 )
 from inferd.server.limits import RequestTimeoutError
@@ -446,8 +447,8 @@ async def _stream(
                 yield _event("ping", {})
                 continue
             if out.finish_reason in ("error", "abort"):
-                status = 500 if out.finish_reason == "error" else 503
-                yield failure(status, out.error or "the request was aborted")
+                err = output_error(out)
+                yield failure(err.status, err.message)
                 return
             last = out
             text = out.text

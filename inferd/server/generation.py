@@ -22,6 +22,7 @@ from typing import Any
 from starlette.requests import Request
 
 from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
+from inferd.engine.lora_slots import ADAPTER_CHANGED, ADAPTER_UNAVAILABLE
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
@@ -372,11 +373,24 @@ def visible_logprobs(out: RequestOutput) -> list[TokenLogprob]:
     return lps
 
 
-def raise_for_failure(out: RequestOutput) -> None:
-    if out.finish_reason == "error":
-        raise APIError(500, out.error or "the engine failed")
+# Failures the engine reports that are not its own: a LoRA adapter whose files changed on disk
+# is the operator's to fix (409: loading it again is the way out), one that cannot be read now
+# may come back (503).
+_OUTPUT_ERROR_STATUS = {ADAPTER_CHANGED: 409, ADAPTER_UNAVAILABLE: 503}
+
+
+def output_error(out: RequestOutput) -> APIError:
+    """The HTTP error for a failed ("error") or aborted output."""
     if out.finish_reason == "abort":
-        raise APIError(503, out.error or "the request was aborted")
+        return APIError(503, out.error or "the request was aborted")
+    status = _OUTPUT_ERROR_STATUS.get(out.error_code or "", 500)
+    param = "model" if out.error_code is not None else None
+    return APIError(status, out.error or "the engine failed", param, out.error_code)
+
+
+def raise_for_failure(out: RequestOutput) -> None:
+    if out.finish_reason in ("error", "abort"):
+        raise output_error(out)
 
 
 async def collect(
@@ -491,13 +505,13 @@ async def stream_events(
 def error_payload(exc: Exception | RequestOutput) -> dict[str, object]:
     """The OpenAI-style body of an error that happens after a stream has started."""
     if isinstance(exc, RequestOutput):
-        message = exc.error or "the request was aborted"
-        code = exc.finish_reason
-        kind = "server_error"
+        err = output_error(exc)
+        if exc.error_code is None:  # the engine's own failure, or an abort
+            err = APIError(err.status, err.message, code=exc.finish_reason)
+            return {"error": err.body()["error"] | {"type": "server_error"}}
     else:
         err = engine_error(exc) if isinstance(exc, ENGINE_ERRORS) else APIError(500, str(exc))
-        message, code, kind = err.message, err.code, err.type
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+    return err.body()
 
 
 def token_piece(model: ServedModel, token_id: int) -> str:

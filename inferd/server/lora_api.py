@@ -24,8 +24,7 @@ from starlette.responses import JSONResponse, Response
 from inferd.server.errors import APIError
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
-from inferd.serving.lora import serve_adapters, withdraw_adapter
-from inferd.serving.registry import ModelSlot
+from inferd.serving.lora import adapter_slot, serve_adapters, withdraw_adapter
 from inferd.serving.served import ServedModel
 
 DRAIN_POLL_SECONDS = 0.05
@@ -53,6 +52,7 @@ async def load_lora_adapter(request: Request) -> Response:
     name = body.lora_name
     if name == "default" or name in state.registry.slots:
         raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
+    base_slot = state.slot(None)
     base = state.resolve_model(None)
     if base.lora is not None:
         raise APIError(400, "the default model is itself an adapter", "lora_name")
@@ -67,7 +67,8 @@ async def load_lora_adapter(request: Request) -> Response:
         if getattr(winner.model, "lora", None) != views[0].lora:  # not the same files
             withdraw_adapter(views[0])
         raise APIError(409, f"the model id {name!r} is taken", "lora_name", "model_exists")
-    state.registry.add(ModelSlot.of_loaded(views[0]))
+    path = Path(body.lora_path)
+    state.registry.add(adapter_slot(base_slot, name, path, base.max_lora_rank, views[0]))
     return JSONResponse({"id": name, "object": "model", "parent": base.id})
 
 
@@ -77,9 +78,12 @@ async def unload_lora_adapter(request: Request) -> Response:
     name = body.lora_name
     slot = state.registry.slots.get(name)
     view = slot.model if slot is not None else None
+    if slot is not None and slot.parent is not None and not isinstance(view, ServedModel):
+        state.registry.remove(name)  # not on any engine now (failed, or its base unloaded)
+        return JSONResponse({"id": name, "object": "model", "deleted": True})
     if slot is None or not isinstance(view, ServedModel) or view.lora is None:
         raise APIError(404, f"no LoRA adapter {name!r} is loaded", "lora_name", "model_not_found")
-    del state.registry.slots[name]  # no new request reaches it from here on
+    state.registry.remove(name)  # no new request reaches it from here on
     running = set(view.engine.in_flight())
     deadline = time.monotonic() + state.registry.drain_timeout
     while running & set(view.engine.in_flight()):

@@ -84,6 +84,8 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
         card["modalities"] = model_modalities(model).card()
     else:
         card["modalities"] = EMBEDDING_MODALITIES if slot.kind == "embedding" else TEXT_ONLY.card()
+    if "parent" not in card and slot.parent is not None:  # an adapter not on an engine now
+        card["parent"] = slot.parent.id
     if slot.label is not None:
         card["label"] = slot.label
     if slot.error is not None:

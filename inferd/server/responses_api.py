@@ -38,6 +38,7 @@ from inferd.server.generation import (
     chat_prompt_with_media,
     collect,
     engine_error,
+    output_error,
     sampling_params,
     start,
 )
@@ -394,7 +395,9 @@ async def _stream(
                 yield sse.KEEPALIVE
                 continue
             if out.finish_reason in ("error", "abort"):
-                failure = (500, out.error or "the request was aborted", out.finish_reason)
+                err = output_error(out)  # a 4xx/503 when a LoRA adapter's files are why
+                status = err.status if out.error_code is not None else 500
+                failure = (status, err.message, out.error_code or out.finish_reason)
                 break
             last = out
             for chunk in send(builder.feed(out.text)):

@@ -111,6 +111,7 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         max_model_len=spec.max_seq_len or base.max_model_len,
         max_num_seqs=spec.max_seqs or base.max_num_seqs,
         isq=spec.in_situ_quant or base.isq,
+        kv_cache_dtype=spec.kv_cache_dtype or base.kv_cache_dtype,
     )
     return load_model(
         source,

@@ -105,6 +105,10 @@ class ModelSlot:
     created: int = field(default_factory=lambda: int(time.time()))
     load_order: int | None = None  # set on each successful load
     on_progress: ProgressCallback | None = field(default=None, repr=False)
+    # A LoRA adapter's slot names its base model's (serving/lora.py): it serves on the base's
+    # engine, so it unloads with the base and is registered again when the base loads again.
+    parent: ModelSlot | None = field(default=None, repr=False)
+    adapters: list[ModelSlot] = field(default_factory=list, repr=False)  # a base's adapters
     _future: Future[Servable] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -167,7 +171,28 @@ class ModelSlot:
             self.status = ModelStatus.LOADED
         log.info("model %s loaded in %.1fs", self.id, elapsed)
         self._emit(elapsed)
+        for adapter in list(self.adapters):
+            adapter._load_after_base()
         return model
+
+    def _load_after_base(self) -> None:
+        """Register this adapter again on its base's new engine, now, on the loader thread
+        (the base has just loaded), so a reload answers once its adapters are back. One that
+        cannot be served (its files gone or changed) shows status error; the others serve.
+        An adapter whose own load is queued already (the first load) is left to it."""
+        with self._lock:
+            if self.load_fn is None or self.status not in (ModelStatus.UNLOADED, ModelStatus.ERROR):
+                return
+            self.status = ModelStatus.RELOADING
+            self.error = None
+            future: Future[Servable] = Future()
+            self._future = future
+            load_fn = self.load_fn
+        self._emit(0.0)
+        try:
+            future.set_result(self._load(load_fn))
+        except Exception as exc:  # logged and shown by _load; the base and the others serve
+            future.set_exception(exc)
 
     def _emit(self, elapsed: float) -> None:
         if self.on_progress is not None:
@@ -195,6 +220,10 @@ class ModelSlot:
         model = self.model
         if self.status is ModelStatus.LOADED and model is not None:
             return model
+        parent = self.parent
+        if parent is not None and parent.status is not ModelStatus.LOADED:
+            await parent.ensure_loaded(auto_reload)  # its adapters load with it
+            return await self.wait_loaded()
         if self.status is ModelStatus.UNLOADING:
             raise UnavailableError(f"the model {self.id!r} is being unloaded")
         if self.status is ModelStatus.ERROR:
@@ -218,6 +247,12 @@ class ModelSlot:
             raise ConflictError(f"the model {self.id!r} is already loaded; unload it first")
         if self.status is ModelStatus.UNLOADING:
             raise ConflictError(f"the model {self.id!r} is being unloaded; wait for it")
+        parent = self.parent
+        if parent is not None and parent.status is not ModelStatus.LOADED:
+            raise ConflictError(
+                f"the LoRA adapter {self.id!r} serves on {parent.id!r}, which is "
+                f"{parent.status}; reload {parent.id!r} (its adapters come back with it)"
+            )
         self.start_loading()
         return await self.wait_loaded()
 
@@ -231,6 +266,10 @@ class ModelSlot:
             self.status = ModelStatus.UNLOADING
             model = self.model
         assert model is not None
+        adapters = [a for a in self.adapters if a.status is ModelStatus.LOADED]
+        for adapter in adapters:  # they run on this engine: no new request reaches them
+            with adapter._lock:
+                adapter.status = ModelStatus.UNLOADING
         running = self.in_flight()
         deadline = time.monotonic() + drain_timeout
         while self.in_flight() and time.monotonic() < deadline:
@@ -247,6 +286,10 @@ class ModelSlot:
         with self._lock:
             self.model = None
             self.status = ModelStatus.UNLOADED
+        for adapter in adapters:
+            with adapter._lock:
+                adapter.model = None
+                adapter.status = ModelStatus.UNLOADED
         log.info("model %s unloaded", self.id)
         return UnloadReport(drained=max(0, running - aborted), aborted=aborted)
 
@@ -298,6 +341,16 @@ class ModelRegistry:
         if slot.id in self.slots:
             raise ValueError(f"two models would be served as {slot.id!r}; give one an alias")
         self.slots[slot.id] = slot
+        if slot.parent is not None and slot not in slot.parent.adapters:
+            slot.parent.adapters.append(slot)
+
+    def remove(self, model_id: str) -> ModelSlot | None:
+        """Stop serving ``model_id`` (a LoRA adapter unloaded at runtime): no request reaches it,
+        and its base no longer registers it when it loads again."""
+        slot = self.slots.pop(model_id, None)
+        if slot is not None and slot.parent is not None and slot in slot.parent.adapters:
+            slot.parent.adapters.remove(slot)
+        return slot
 
     @property
     def default_id(self) -> str | None:

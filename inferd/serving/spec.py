@@ -11,7 +11,8 @@ Each entry names exactly one kind (``GGUF``, ``Plain`` or ``Embedding``) whose o
 source: ``model_id`` is a store name, a file or a directory; GGUF also takes
 ``quantized_model_id`` + ``quantized_filename`` (a file inside a directory or store entry).
 The optional settings (``alias``, ``chat_template``, ``jinja_explicit``, ``tool_call_parser``,
-``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``, ``lora``, and for GGUF ``mmproj``:
+``dtype``, ``in_situ_quant``, ``max_seq_len``, ``max_seqs``, ``kv_cache_dtype`` (as
+`--kv-cache-dtype`; ``inferd tune --emit-config`` writes it), ``lora``, and for GGUF ``mmproj``:
 a llama.cpp multimodal projector file) may sit beside the kind or inside it.
 
 ``lora`` serves PEFT adapters on that model, each as its own model (`--lora` for `-m`): an
@@ -34,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from inferd.config import DTYPES
+from inferd.config import DTYPES, KV_CACHE_DTYPES
 from inferd.store import CATALOG
 from inferd.structured.tool_syntax import PARSERS
 
@@ -49,10 +50,18 @@ _SETTINGS = (
     "in_situ_quant",
     "max_seq_len",
     "max_seqs",
+    "kv_cache_dtype",
     "mmproj",
     "lora",
 )
-_GENERATIVE_ONLY = ("chat_template", "jinja_explicit", "tool_call_parser", "in_situ_quant", "lora")
+_GENERATIVE_ONLY = (
+    "chat_template",
+    "jinja_explicit",
+    "tool_call_parser",
+    "in_situ_quant",
+    "kv_cache_dtype",
+    "lora",
+)
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
     **dict.fromkeys(("Q8", "Q8_0", "Q8_1", "Q8K"), "q8"),
@@ -88,6 +97,7 @@ class ModelSpec:
     in_situ_quant: str | None = None  # q8 | q4
     max_seq_len: int | None = None
     max_seqs: int | None = None
+    kv_cache_dtype: str | None = None  # None: the server's --kv-cache-dtype
     tool_call_parser: str | None = None  # None: the syntax the chat template shows
     mmproj: str | None = None  # a llama.cpp multimodal projector file (GGUF models)
     lora: tuple[tuple[str, str], ...] = ()  # (API id, directory) of each PEFT adapter on it
@@ -104,6 +114,11 @@ class ModelSpec:
             raise ValueError(f"in_situ_quant must be q8 or q4; got {self.in_situ_quant!r}")
         if self.dtype is not None and self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}; got {self.dtype!r}")
+        if self.kv_cache_dtype not in (None, *KV_CACHE_DTYPES):
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
+                f"got {self.kv_cache_dtype!r}"
+            )
         for name in ("max_seq_len", "max_seqs"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -242,6 +257,7 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         in_situ_quant=values.get("in_situ_quant"),
         max_seq_len=values.get("max_seq_len"),
         max_seqs=values.get("max_seqs"),
+        kv_cache_dtype=values.get("kv_cache_dtype"),
         tool_call_parser=values.get("tool_call_parser"),
         mmproj=values.get("mmproj"),
         lora=values.get("lora") or (),
@@ -312,6 +328,9 @@ def _setting(
         return None
     if name == "dtype" and value not in DTYPES:
         problems.append(f"{path}: expected one of {', '.join(DTYPES)}, got {value!r}")
+        return None
+    if name == "kv_cache_dtype" and value not in KV_CACHE_DTYPES:
+        problems.append(f"{path}: expected one of {', '.join(KV_CACHE_DTYPES)}, got {value!r}")
         return None
     if name == "tool_call_parser" and value not in PARSERS:
         problems.append(f"{path}: expected one of {', '.join(PARSERS)}, got {value!r}")

@@ -19,9 +19,9 @@ from inferd.engine.driver import EngineLoop
 from inferd.engine.embedding import EmbeddingModel
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
-from inferd.serving.loading import ModelLoadError, Servable, expected_kind, load_spec
-from inferd.serving.lora import parse_lora_flags, serve_adapters
-from inferd.serving.registry import ModelRegistry, ModelSlot, ModelStatus
+from inferd.serving.loading import Servable, expected_kind, load_spec
+from inferd.serving.lora import adapter_slot, parse_lora_flags, serve_adapters
+from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
 from inferd.store import DEFAULT_MODEL
@@ -51,8 +51,10 @@ def registry_from_args(
             model.shutdown()  # the command ends: nothing stays half-served
             raise
         slot = ModelSlot.of_loaded(model)
-        slot.load_fn = functools.partial(load_spec, spec, cfg, loop=loop)
-        slots = [slot, *(ModelSlot.of_loaded(a) for a in adapters)]
+        max_rank = getattr(args, "max_lora_rank", DEFAULT_MAX_LORA_RANK)
+        slot.load_fn = functools.partial(_load_base, spec, cfg, loop, max_rank)
+        flags = dict(parse_lora_flags(getattr(args, "lora", None) or []))
+        slots = [slot, *(adapter_slot(slot, a.id, flags[a.id], max_rank, a) for a in adapters)]
         default = args.default_model_id or (model.id if adapters else None)
         registry = ModelRegistry(slots, default_id=default, **policy)
         lines = [f"lora       {a.id}  (on {model.id})" for a in adapters]
@@ -84,8 +86,7 @@ def registry_from_args(
         # Each adapter's slot loads after its base's (the loader runs loads in order) and
         # registers it on the base's engine.
         for name, path in spec.lora:
-            view = functools.partial(_adapter_view, base, name, Path(path), max_rank)
-            slots.append(ModelSlot(name, "chat", view, label=f"{spec.label}.lora.{name}"))
+            slots.append(adapter_slot(base, name, Path(path), max_rank))
             lines.append(f"lora       {name}  (on {base.id})")
     if any(spec.lora for spec in specs):
         lines.append(f"lora       at most {cfg.max_loras} attached at once per model (--max-loras)")
@@ -99,18 +100,6 @@ def _load_base(spec: ModelSpec, cfg: EngineConfig, loop: EngineLoop, max_rank: i
     if isinstance(model, ServedModel):
         model.max_lora_rank = max_rank  # for /v1/load_lora_adapter
     return model
-
-
-def _adapter_view(base: ModelSlot, name: str, path: Path, max_rank: int) -> ServedModel:
-    """A models file's adapter, registered on its base model (loaded by now, or failed)."""
-    model = base.model
-    if base.status is not ModelStatus.LOADED or not isinstance(model, ServedModel):
-        why = f": {base.error}" if base.error else ""
-        raise ModelLoadError(f"its base model {base.id!r} is {base.status}{why}")
-    try:
-        return serve_adapters(model, [(name, path)], max_rank)[0]
-    except ValueError as exc:  # LoraError included: it names the adapter and the reason
-        raise ModelLoadError(str(exc)) from None
 
 
 def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:

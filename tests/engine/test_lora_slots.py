@@ -80,7 +80,7 @@ def _run(views: list[ServedModel]) -> list[tuple[list[int], str | None]]:
 
 
 def _outcomes(views: list[ServedModel]) -> list[tuple[list[int], str | None, str | None]]:
-    """``_run``'s, with each request's error message."""
+    """``_run``'s, with each request's error as "code: message" (its ``error_code``)."""
 
     async def one(view: ServedModel) -> tuple[list[int], str | None, str | None]:
         params = view.adapted(SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True))
@@ -88,7 +88,8 @@ def _outcomes(views: list[ServedModel]) -> list[tuple[list[int], str | None, str
         reason = error = None
         async for out in view.engine.generate(PROMPT, params):
             tokens.extend(out.token_ids)
-            reason, error = out.finish_reason, out.error
+            reason = out.finish_reason
+            error = None if out.error is None else f"{out.error_code}: {out.error}"
         return tokens, reason, error
 
     async def every() -> list[tuple[list[int], str | None, str | None]]:
@@ -188,12 +189,14 @@ def test_changed_files_fail_the_request_not_the_others(
         )
         (tokens, reason, error), (other_tokens, other_reason, _) = _outcomes([view, other])
         assert reason == "error" and tokens == []
-        assert error is not None and "'r8'" in error and "files changed" in error
+        assert error is not None and error.startswith("lora_adapter_changed: ")
+        assert "'r8'" in error and "changed on disk" in error and "load_lora_adapter" in error
         assert other_reason == "length" and other_tokens == refs["r16"]
         withdraw_adapter(other)
         assert _attached(served) == set()
         stale = dataclasses.replace(view, lora=other.lora)  # a view of a withdrawn adapter
         [(_, stale_reason, stale_error)] = _outcomes([stale])
         assert stale_reason == "error" and "not registered" in (stale_error or "")
+        assert (stale_error or "").startswith("lora_adapter_unavailable: ")
     finally:
         served.shutdown()
