@@ -24,7 +24,8 @@ from inferd.bench.spec_compare import SETTINGS
 from inferd.bench.spec_workloads import KINDS as SPEC_KINDS
 from inferd.bench.spec_workloads import spec_workload
 from inferd.bench.stats import Summary
-from inferd.bench.workloads import WORKLOADS, Workload
+from inferd.bench.workloads import DEFAULT_WORKLOADS, WORKLOADS, Workload
+from inferd.config import EngineConfig
 
 if TYPE_CHECKING:
     from inferd.source import ModelSource
@@ -36,7 +37,8 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--workloads",
         default=None,
-        help=f"comma-separated, from: {', '.join(WORKLOADS)} (all); with --speculative, from: "
+        help=f"comma-separated, from: {', '.join(WORKLOADS)} (default: "
+        f"{','.join(DEFAULT_WORKLOADS)}); with --speculative, from: "
         f"{', '.join(SPEC_KINDS)} (all)",
     )
     p.add_argument(
@@ -99,7 +101,7 @@ def main(args: argparse.Namespace) -> int:
     gguf = source.path
     if args.speculative:
         return _speculative(args, gguf)
-    chosen = [w for w in (args.workloads or ",".join(WORKLOADS)).split(",") if w]
+    chosen = [w for w in (args.workloads or ",".join(DEFAULT_WORKLOADS)).split(",") if w]
     unknown = set(chosen) - set(WORKLOADS)
     if unknown:
         raise ValueError(f"unknown workloads: {', '.join(sorted(unknown))}")
@@ -107,6 +109,9 @@ def main(args: argparse.Namespace) -> int:
     if args.in_process:
         return _sweep(args, source)
     extra = [a for a in args.serve_args if a != "--"]
+    widest = max(workloads[key].concurrency for key in chosen)
+    if widest > EngineConfig().max_num_seqs and "--max-seqs" not in extra:
+        extra += ["--max-seqs", str(widest)]  # every stream decoding, as llama-server's slots
     if args.isq is not None:
         extra += ["--isq", args.isq]
     results: list[Summary] = []
@@ -174,7 +179,6 @@ def spec_workloads(args: argparse.Namespace, text: bool = False) -> list[Workloa
 
 def _sweep(args: argparse.Namespace, source: ModelSource) -> int:
     from inferd.bench.sweep import peak_rss_mb, run_point, sweep_points
-    from inferd.config import EngineConfig
     from inferd.engine.driver import CallerLoop
     from inferd.serving.served import load_model
 
@@ -239,11 +243,12 @@ def _run_peer(
     return [
         run_serial(stream, workloads[key], name)
         for key in chosen
-        if key != "long" or name != "transformers"
+        if (key != "long" or name != "transformers") and key != "concurrent64"
     ]
 
 
-SERVER_PEER_WORKLOADS = ("single", "concurrent")  # what the targets compare over HTTP
+# What the targets compare over HTTP
+SERVER_PEER_WORKLOADS = ("single", "concurrent", "concurrent64")
 
 
 def _run_server_peer(

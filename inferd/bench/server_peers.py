@@ -20,8 +20,8 @@ from pathlib import Path
 
 from inferd.bench.process import free_port, run_server
 
-PARALLEL_SLOTS = 16  # llama-server's -np: room for the 16-way workload
-CONTEXT_PER_SLOT = 4096
+PARALLEL_SLOTS = 64  # llama-server's -np: room for the 64-way workload
+CONTEXT_PER_SLOT = 2048  # the server peers' workloads: prompts of ~300 tokens, replies of <= 256
 
 
 class PeerUnavailable(RuntimeError):

@@ -58,6 +58,7 @@ class Workload:
 WORKLOADS = {
     "single": Workload("single stream, 128 tokens", requests=4, concurrency=1, max_tokens=128),
     "concurrent": Workload("16 concurrent streams", requests=32, concurrency=16, max_tokens=128),
+    "concurrent64": Workload("64 concurrent streams", requests=128, concurrency=64, max_tokens=128),
     "long": Workload(
         "2000-token prompt", requests=2, concurrency=1, max_tokens=16, user_repeat=220
     ),
@@ -69,3 +70,7 @@ WORKLOADS = {
         system=SYSTEM_FILLER * 28,
     ),
 }
+
+# What a plain `inferd bench` runs: 64 streams only when asked (run one request at a time, the
+# in-process peers would take many minutes over its 128 requests).
+DEFAULT_WORKLOADS = ("single", "concurrent", "long", "shared")
