@@ -85,6 +85,10 @@ METHODS = ("ngram", "draft", "self", "off")
 class SpeculativeConfig:
     method: str = "ngram"  # "ngram" | "draft" | "self" | "off" (draft, self: draft_model.py)
     num_tokens: int = 3  # drafts per verify step at most (k)
+    # A request's drafts start this long (capped by num_tokens) and double after a verify step
+    # that accepted all of them, back to this at a miss: a copy runs long drafts, a request
+    # whose drafts keep failing pays for few rows.
+    first_tokens: int = 3
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
     # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
@@ -122,6 +126,7 @@ class DraftState:
     # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
     gain: float = 0.5
     paused: int = 0  # decode steps left without drafting
+    length: int = 0  # drafts it may propose next (0: the config's first length)
     pause: int = 0  # the length of the next pause
     drafted: int = 0
     accepted: int = 0
@@ -170,6 +175,7 @@ class Speculator:
         if state.paused > 0:
             state.paused -= 1
             return ()
+        k = min(k, state.length or self._first_length())
         if self.drafter is not None:
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
             draft = self.drafter.propose(request, k)
@@ -225,12 +231,19 @@ class Speculator:
         state = self.states.setdefault(request_id, DraftState())
         state.drafted += drafted
         state.accepted += accepted
+        if accepted == drafted >= (state.length or self._first_length()):
+            state.length = min(2 * drafted, cfg.num_tokens)
+        elif accepted < drafted:
+            state.length = self._first_length()
         state.gain = 0.5 * state.gain + 0.5 * (accepted - cfg.draft_cost * drafted)
         if state.gain < 0:
             state.pause = min(max(state.pause * 2, cfg.first_pause), cfg.max_pause)
             state.paused, state.gain = state.pause, 0.0
         elif accepted > 0:
             state.pause = 0  # it pays again: the next failing stretch pauses briefly
+
+    def _first_length(self) -> int:
+        return min(self.config.first_tokens, self.config.num_tokens)
 
     def forget(self, request_id: str) -> None:
         self.states.pop(request_id, None)

@@ -44,7 +44,7 @@ def test_drafts_follow_the_latest_longest_match() -> None:
 
 
 def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
-    spec = Speculator(SpeculativeConfig(num_tokens=8))
+    spec = Speculator(SpeculativeConfig(num_tokens=8, first_tokens=8))
     request = make_request([1, 2, 3, 4], [1, 2], max_tokens=50)
     assert spec.propose(request, 8) == (3, 4, 1, 2)  # the continuation runs to the last token
     short = make_request([1, 2, 3, 4], [1, 2], max_tokens=4)
@@ -53,6 +53,27 @@ def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
     unseen = make_request([1, 2, 3, 4], [9], max_tokens=50)
     unseen.request_id = "unseen"
     assert spec.propose(unseen, 8) == ()
+
+
+def test_draft_length_doubles_while_every_draft_is_accepted() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=7, first_tokens=2))
+    request = make_request(list(range(20)) * 2, [0, 1], temperature=0, max_tokens=100)
+    lengths = []
+    for _ in range(4):  # a copy: the model agrees with every draft
+        draft = spec.propose(request, 7)
+        lengths.append(len(draft))
+        logits = torch.full((len(draft) + 1, 20), -1.0)
+        following = [*draft, (draft[-1] + 1) % 20]
+        logits[torch.arange(len(draft) + 1), torch.tensor(following)] = 1.0
+        assert spec.verify(logits, draft, request).accepted == len(draft)
+        request.output_token_ids.extend(following)
+    assert lengths == [2, 4, 7, 7]  # doubled, then capped by num_tokens
+    draft = spec.propose(request, 7)
+    logits = torch.zeros((len(draft) + 1, 20))
+    logits[:, 19] = 1.0  # a miss at the first draft
+    assert spec.verify(logits, draft, request).accepted == 0
+    assert len(spec.propose(request, 7)) == 2  # back to the first length
+    assert len(spec.propose(request, 1)) == 1  # the step's budget still caps it
 
 
 def test_who_speculates() -> None:
@@ -173,7 +194,7 @@ def test_seeded_verification_emits_the_plain_draws() -> None:
 
 def test_rejected_drafts_give_their_blocks_back() -> None:
     kv = KVCacheManager(num_blocks=16, block_size=4)
-    spec = Speculator(SpeculativeConfig(num_tokens=6, max_batch_rows=8))
+    spec = Speculator(SpeculativeConfig(num_tokens=6, first_tokens=6, max_batch_rows=8))
     scheduler = Scheduler(SchedulerConfig(max_num_batched_tokens=64), kv, speculator=spec)
     passage = [10, 11, 12, 13, 14, 15, 16, 17, 18]
     request = make_request([*passage, 1, 10, 11], max_tokens=40, temperature=0)
