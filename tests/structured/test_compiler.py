@@ -138,7 +138,6 @@ def test_draft_rows_get_the_masks_after_the_drafts_before_them(
     schema = Constraint.json_schema(PERSON)
     text = smollm2_tokenizer.encode('{"name": "Bo", "age": 3}')
     drafting, plain = compiler.matcher(schema), compiler.matcher(Constraint.regex(r"[0-9]+"))
-    assert drafting.follows_drafts
     assert drafting.valid_prefix(text[:4]) == 4
     assert drafting.valid_prefix([*text[:2], smollm2_tokenizer.encode("x")[0]]) == 2
     vocab = 49152
