@@ -185,8 +185,12 @@ class GrammarGuide:
     def allowed(self, vocab_size: int) -> torch.Tensor | None:
         if self.matcher.is_stopped() or self.matcher.is_error():
             return torch.zeros(vocab_size, dtype=torch.bool)  # nothing to draft after the end
-        mask = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
-        return unpack(mask[None], vocab_size)[0]
+        # The tokenizer's vocabulary may be shorter than the model's (padded) one: no bits there.
+        raw = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+        words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        n = min(len(words), len(raw))
+        words[:n] = raw[:n]
+        return unpack(words[None], vocab_size)[0]
 
     def take(self, token: int) -> None:
         self.matcher.consume_token(token)
