@@ -2,16 +2,18 @@
 budget (the closing marker forced after it) and tool calls under ``tool_choice`` auto (a lazy
 grammar waiting for its trigger). Each gives the same output with prompt-lookup drafts as
 without them, and drafts are accepted on both sides of the change: before the budget and in
-the answer after it, in the free text before a call and in the call itself."""
+the answer after it, in the free text before a trigger and in the grammar's text after it."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
 from inferd import LLM
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.thinking import ThinkingSpec
+from inferd.structured.constraint import Constraint
 from inferd.structured.tool_syntax import ToolSpec
 from inferd.structured.tool_syntax.base import calls_constraint
 from inferd.structured.tool_syntax.hermes import Hermes
@@ -41,9 +43,13 @@ def test_a_thinking_budget_closes_at_the_same_token_with_drafts(pair: tuple[LLM,
     assert tokens[BUDGET : BUDGET + len(spec.close_ids)] == spec.close_ids  # forced at the budget
     assert "</think>" not in on.model.tokenizer.decode(list(tokens[:BUDGET]))
     accepted = after.speculative_accepted - before.speculative_accepted
-    # Fewer steps than tokens on both sides of the budget: drafts stood before and after it.
-    assert accepted > 10
-    assert after.steps - before.steps < len(tokens) - accepted + 2
+    assert after.steps - before.steps < len(tokens) - accepted + 2  # a step per verify
+    # Drafts stood inside the budget (the reply cut there), and after it too.
+    before_budget = _accepted(on)
+    inside = _run(on, [prompt], [replace(greedy, max_tokens=BUDGET)])[0]
+    assert inside[0] == tokens[:BUDGET]
+    within = _accepted(on) - before_budget
+    assert within > 5 and accepted > within + 5
     # Beside free and seeded requests, and a budget the prompt lookup drafts run into at once.
     tight = replace(greedy, thinking=_thinking(on, 3), max_tokens=30)
     free = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True)
@@ -72,37 +78,49 @@ def test_a_seeded_thinking_request_with_speculation_on_and_off(smollm2_gguf: Pat
 LOG = ToolSpec(
     "log",
     "Write an entry in the keeper's log",
-    {
-        "type": "object",
-        "properties": {"entry": {"type": "string"}},
-        "required": ["entry"],
-    },
+    {"type": "object", "properties": {"entry": {"type": "string"}}, "required": ["entry"]},
 )
-CALL = '<tool_call>\n{"name": "log", "arguments": {"entry": "the wind, the rain"}}\n</tool_call>'
-CALL_COPY = [
-    {
-        "role": "user",
-        "content": "Repeat this text word for word:\n\nThe keeper climbed the stairs at dusk and "
-        f"lit the great lamp.\n{CALL}",
-    }
-]
+# A lazy grammar whose trigger the copied passage reaches (the small model calls no tools): free
+# text up to "the colour", then the grammar to the sentence's end.
+MIDWAY = Constraint.lark('start: "the colour" /[a-z ,]+/ "."', triggers=("the colour",))
 
 
-def test_tool_calls_under_auto_with_drafts(pair: tuple[LLM, LLM]) -> None:
-    """A lazy grammar: free text before the call speculates (drafts stop short of the
-    trigger), the call is the same tokens and valid, alone and beside a plain request."""
+def test_lazy_grammars_speculate_before_and_after_their_trigger(pair: tuple[LLM, LLM]) -> None:
+    """Drafts stop short of the trigger while the grammar waits, the token completing it is
+    chosen under the waiting mask, and the grammar's own text drafts after it: the same tokens
+    as without speculation, alone and beside other requests; the tool-call grammar of
+    ``tool_choice`` auto speculates over a reply that calls nothing."""
     on, off = pair
+    prompt = on.model.chat_prompt(COPY)
+    midway = SamplingParams(max_tokens=80, temperature=0, constraint=MIDWAY)
+    before = _accepted(on)
+    fast = _run(on, [prompt], [midway])[0]
+    accepted = _accepted(on) - before
+    assert fast == _run(off, [prompt], [midway])[0]
+    assert fast[2] == "stop"  # the grammar completed
+    head, tail = fast[1].split("the colour", 1)  # the trigger came, the grammar held after it
+    assert re.fullmatch("[a-z ,]+[.]", tail), tail
+    # Drafts stood while waiting (the reply cut before the trigger), and after it too.
+    waiting = len(on.model.tokenizer.encode(head)) - 2
+    before = _accepted(on)
+    early = _run(on, [prompt], [replace(midway, max_tokens=waiting)])[0]
+    assert early[0] == fast[0][:waiting]
+    within = _accepted(on) - before
+    assert within > 5 and accepted > within + 5
+
     auto = calls_constraint(Hermes(), [LOG], parallel=False, lazy=True)
-    params = SamplingParams(max_tokens=80, temperature=0, constraint=auto)
-    free_text, call = on.model.chat_prompt(COPY), on.model.chat_prompt(CALL_COPY)
-    for prompt in (free_text, call):
-        before = _accepted(on)
-        fast = _run(on, [prompt], [params])[0]
-        accepted = _accepted(on) - before
-        assert fast == _run(off, [prompt], [params])[0]
-        assert accepted > 5, fast[1]
-    assert "<tool_call>" not in fast[1] or fast[1].endswith("</tool_call>"), fast[1]
-    prompts = [call, free_text, call]
-    mixed = [params, SamplingParams(max_tokens=40, temperature=0), replace(params, max_tokens=30)]
-    assert _run(on, prompts, mixed) == _run(off, prompts, mixed)
+    tools = SamplingParams(max_tokens=60, temperature=0, constraint=auto)
+    before = _accepted(on)
+    assert _run(on, [prompt], [tools]) == _run(off, [prompt], [tools])
+    assert _accepted(on) - before > 5
+    prompts = [prompt, prompt, on.model.chat_prompt(TEXT_COPY), prompt]
+    seeded = replace(_seeded(3, 80), constraint=MIDWAY)
+    mixed = [midway, tools, SamplingParams(max_tokens=40, temperature=0), seeded]
+    batch = _run(on, prompts, mixed)
+    assert batch[:3] == _run(off, prompts[:3], mixed[:3])
+    assert batch[0] == fast
+    sampled = batch[3][1]  # sampled: the grammar holds after the trigger wherever it comes
+    assert "the colour" not in sampled or re.fullmatch(
+        "[a-z ,]+[.]", sampled.split("the colour", 1)[1]
+    )
     assert on.engine.stats().kv_blocks_used == 0
