@@ -18,8 +18,13 @@ draft logits), which verification needs beside the draft: it accepts ``x`` with 
 ``min(1, p(x) / q(x))`` and on rejection draws from ``max(0, p - q)`` renormalized. A seeded
 request draws each draft with its position's generator (``Request.generator_at``), the uniform
 its verification draws again there from ``p``: with ``q`` near ``p`` both give the same token.
-A constrained request's drafts are not masked here; the speculator cuts them where the grammar
-refuses them.
+A constrained request's drafts are masked as they are drawn: a copy of its matcher
+(``TokenMatcher.draft_guide``) gives each draft's allowed tokens and takes the draft, so the
+draft model proposes only what the constraint takes (a lazy matcher still waiting: no token
+that would complete its trigger, where the speculator would cut the draft). Cutting a drawn
+draft instead would bias a sampled request: verification needs each draft drawn from the ``q``
+it is judged against, and a cut keeps only the drafts the constraint takes, so ``q`` must
+leave out the others (masked ``q``: drawn and judged alike).
 """
 
 from __future__ import annotations
@@ -95,7 +100,14 @@ class DraftModel:
         logits = self._run(cache, tokens[keep:])
         drafted: list[int] = []
         probs: list[torch.Tensor] = []
+        guide = None if request.matcher is None else request.matcher.draft_guide()
         for i in range(k):
+            if guide is not None:
+                allowed = guide.allowed(logits.shape[-1])
+                if allowed is not None:
+                    if not bool(allowed.any()):
+                        break  # the constraint is complete: nothing to draft
+                    logits = logits.masked_fill(~allowed, float("-inf"))
             if request.params.greedy:
                 drafted.append(int(logits.argmax()))
             else:
@@ -105,6 +117,8 @@ class DraftModel:
                 generator = request.generator_at(len(request.output_token_ids) + i)
                 drafted.append(draw(q, generator))
                 probs.append(q / q.sum())
+            if guide is not None:
+                guide.take(drafted[-1])
             if i + 1 < k:
                 logits = self._run(cache, drafted[-1:])
         return Draft(drafted, None if request.params.greedy else probs)

@@ -36,6 +36,21 @@ any others: a draft stands only where its row's masked argmax (or draw) is that 
 output is the one constrained decoding without drafts gives. The matcher itself only ever
 consumes the tokens appended to the output, as without speculation: nothing to roll back.
 
+A lazy constraint still waiting for its trigger (tool calls under ``tool_choice`` auto) cuts a
+draft before its first token that would complete a trigger (``LazyMatcher.valid_prefix``): the
+drafts before it are free text, so the constraint is still waiting after each of them, and each
+row's mask is the waiting one at the output's end after the drafts before it (free, or the
+trigger-completing tokens only where a call could start: ``LazyMatcher.row_sources``). The
+token that completes a trigger is always a row's own, chosen under that row's mask as without
+speculation; the next step then drafts under the grammar.
+
+Thinking budgets (engine/thinking.py): past the budget the sampler forces the closing marker's
+tokens (outside a constraint). A draft never reaches that point: it is cut so that the
+reasoning tokens after it stay below the budget (``ThinkingTracker.unforced_ahead``), so no
+verified row is ever forced; the forced tokens themselves are plain decode steps, and the answer
+after the block drafts freely again. A row's sampled choice is thus the plain one at every
+drafted position, and the output is the one without drafts.
+
 Seeded sampled requests: their draws depend only on the seed and the output position
 (``Request.generator_at``), and their verification is coupled to plain sampling: each row draws
 its token as a plain decode at that position would (the same distribution, the same uniform),
@@ -43,14 +58,17 @@ and a draft stands while it equals that token. The output is the plain sampled t
 was drafted (so with speculation on or off, alone or batched, and again on a retry), and a
 point-mass draft is still accepted with probability ``p(x)``.
 
-Who does not speculate: a lazy constraint still waiting for its trigger (tool calls under
-``tool_choice`` auto: the rows after a draft would need the trigger search run over the
-drafts), requests with a thinking budget (past it the sampler forces the closing tokens), and
-nobody in a step with more decode rows than ``max_batch_rows`` (a batch that large is
-compute-bound: extra rows cost what they would save).
+Who does not speculate: nobody in a step with more decode rows than ``max_batch_rows`` (a
+batch that large is compute-bound: extra rows cost what they would save); a request on its
+first output token, on the last that max_tokens allows, or while its think block's closing
+tokens are being forced; and a request whose drafts are all cut (above) or that paused drafting
+(below).
 
 A draft model (``--speculative draft``, or ``self``: the served model's first layers; see
-engine/draft_model.py) proposes instead of the lookup; its greedy drafts are verified as above,
+engine/draft_model.py) proposes instead of the lookup (under a constraint it drafts from its
+logits masked as the constraint, or the waiting lazy one, allows: a sampled draft must come from
+the ``q`` it is judged against, so refused tokens are left out of ``q`` rather than cut after
+the draw); its greedy drafts are verified as above,
 its sampled ones (drawn from its distribution ``q``) by the general rule: ``x`` is accepted with
 probability ``min(1, p(x) / q(x))``, and on rejection a token is drawn from ``max(0, p - q)``
 renormalized, which again gives ``p``; with ``q`` a point mass it is the rule above. (The
@@ -138,12 +156,17 @@ class Verdict:
     accepted: int  # how many drafts were accepted
 
 
-def speculates(request: Request) -> bool:
-    """Whether the request's tokens may be drafted and verified now (module docstring)."""
-    p = request.params
-    if request.matcher is not None and not request.matcher.follows_drafts:
-        return False  # a lazy constraint waiting for its trigger
-    return p.thinking is None or p.thinking.budget is None  # past it, closing tokens are forced
+def draft_limit(request: Request, k: int) -> int:
+    """How many of the ``k`` drafts a step allows the request may draft (module docstring):
+    none past max_tokens (the last allowed token is always the model's own), and none that
+    would reach a thinking budget (the sampler forces the closing tokens there, outside a
+    constraint, and a verified row is never forced)."""
+    k = min(k, request.params.max_tokens - len(request.output_token_ids) - 1)
+    if request.thinking is not None and request.matcher is None:
+        ahead = request.thinking.unforced_ahead()
+        if ahead is not None:
+            k = min(k, ahead)
+    return max(k, 0)
 
 
 class Speculator:
@@ -165,10 +188,9 @@ class Speculator:
 
     def propose(self, request: Request, k: int) -> tuple[int, ...]:
         """Up to ``k`` drafts for the request's next tokens (none when it should not draft)."""
-        if k <= 0 or not request.output_token_ids or not speculates(request):
+        if not request.output_token_ids:
             return ()
-        # Never draft past max_tokens: the last allowed token is always the model's own.
-        k = min(k, request.params.max_tokens - len(request.output_token_ids) - 1)
+        k = draft_limit(request, k)
         if k <= 0:
             return ()
         state = self.states.setdefault(request.request_id, DraftState())

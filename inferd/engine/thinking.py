@@ -67,6 +67,19 @@ class ThinkingTracker:
             return self.spec.close_ids[self._forced]
         return None
 
+    def unforced_ahead(self) -> int | None:
+        """The most tokens that may be drafted now with no row of their verification forced:
+        the next token's and one after each draft (engine/speculative.py). None: no limit (no
+        budget, or the block is over). Each token fed before the close counts toward the budget,
+        whatever its text, and the budget forces once the count reaches it; so ``m`` drafts
+        are safe while ``reasoning_tokens + m`` stays below it (a marker the drafts close the
+        block with ends it sooner, which only frees rows)."""
+        if self._phase is _Phase.CLOSING:
+            return 0
+        if self._phase is _Phase.DONE or self.spec.budget is None:
+            return None
+        return max(0, self.spec.budget - self.reasoning_tokens - 1)
+
     def feed(self, text: str) -> None:
         """One output token was appended; ``text`` is what it released (may be empty)."""
         if self._phase is _Phase.DONE:

@@ -7,9 +7,11 @@ then does (greedy, temperature, top-k/p, penalties) it can only pick an allowed 
 
 A request with speculative drafts has a row per draft after its own: row ``i`` gets the mask
 after the drafts before it. llguidance advances the matcher over them and rolls it back, in the
-same background job. Rows after a draft the mask refuses (rare: drafts were cut where the
-constraint refuses them, but a mask also leaves out non-canonical tokenizations the constraint
-would take) may allow nothing; verification never reaches them, as that draft is rejected.
+same background job; a lazy matcher still waiting for its trigger (whose drafts never complete
+one) gives each row's mask from the output's end after the drafts before it. Rows after a
+draft the mask refuses (rare: drafts were cut where the constraint refuses them, but a mask
+also leaves out non-canonical tokenizations the constraint would take) may allow nothing;
+verification never reaches them, as that draft is rejected.
 """
 
 from __future__ import annotations
@@ -21,11 +23,10 @@ from dataclasses import dataclass
 import llguidance
 import torch
 
-from inferd.structured.matcher import TokenMatcher
+from inferd.structured.matcher import TokenMatcher, unpack
 
 _THREAD = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
 _EXECUTOR: llguidance.LLExecutor | None = None
-_BITS = torch.arange(32, dtype=torch.int32)
 
 # One request's part of a step's logits: its matcher (None: free) and its drafts (one more row
 # each after its own).
@@ -57,6 +58,15 @@ class MaskJob:
         drafted: list[tuple[llguidance.LLMatcher, int, list[int]]] = []
         row = 0
         for matcher, draft in entries:
+            sources = None if matcher is None or not draft else matcher.row_sources(draft)
+            if sources is not None:  # rows masked one by one (a lazy matcher still waiting)
+                for i, each in enumerate(sources):
+                    if each is not None:
+                        plain.append((each[0], len(rows)))
+                        rows.append(row + i)
+                        extra.append(each[1])
+                row += 1 + len(draft)
+                continue
             # A lazy matcher still waiting for its trigger mostly leaves its row free.
             source = None if matcher is None else matcher.mask_source()
             if source is not None:
@@ -106,9 +116,3 @@ def _fill(
             drafted, bitmask.data_ptr(), words * 4, batch
         )
     return bitmask
-
-
-def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[rows, words] int32 bitmask -> [rows, vocab_size] bool, True where a token is allowed."""
-    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
-    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()

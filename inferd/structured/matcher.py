@@ -5,10 +5,17 @@ request's output, so a preempted request that recomputes its KV cache keeps its 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import llguidance
 import torch
+
+# A row's mask: a grammar matcher's next tokens, and the tokens allowed beside them (None: only
+# the grammar's)
+MaskSource = tuple[llguidance.LLMatcher, torch.Tensor | None]
+_BITS = torch.arange(32, dtype=torch.int32)
 
 
 @dataclass(slots=True)
@@ -35,21 +42,26 @@ class TokenMatcher:
             return None
         return self.inner.get_error() or "constraint error"
 
-    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+    def mask_source(self) -> MaskSource | None:
         """What this step's mask comes from: a grammar matcher, and the tokens allowed beside
         its own (None: only its own); None when the next token is free."""
         return None if self.inner is None else (self.inner, None)
 
-    @property
-    def follows_drafts(self) -> bool:
-        """Whether speculative drafts can be checked and masked here: the grammar matcher is
-        the whole story (structured/masks.py advances it over the drafts and rolls it back)."""
-        return True
+    def row_sources(self, draft: Sequence[int]) -> list[MaskSource | None] | None:
+        """The mask sources of a chunk's rows (its own, then one after each of ``draft``) when
+        each is worked out alone; None: the grammar matcher advanced over the drafts gives them
+        (structured/masks.py does that in one llguidance call and rolls it back)."""
+        return None
 
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of ``tokens``, in order, the constraint would take from here (it takes
         none of them: the matcher does not move)."""
         return len(tokens) if self.inner is None else self.inner.validate_tokens(tokens)
+
+    def draft_guide(self) -> DraftGuide | None:
+        """A copy of this matcher's state a draft model steps through as it drafts, to draft
+        only what the constraint takes (engine/draft_model.py); None: every token is."""
+        return None if self.inner is None else GrammarGuide(self.inner.deep_copy())
 
 
 @dataclass(slots=True)
@@ -68,35 +80,59 @@ class LazyMatcher(TokenMatcher):
         if self.inner is not None:
             return self.inner.consume_token(token)
         assert self.waiting is not None and self.tokenizer is not None
-        self.tail += self.tokenizer.decode_bytes([token])
-        found = [at for at in (self.tail.find(t.trigger) for t in self.tables) if at >= 0]
-        if not found:
-            keep = max(len(t.trigger) for t in self.tables) - 1
-            self.tail = self.tail[-keep:] if keep > 0 else b""
+        tail = self.tail + self.tokenizer.decode_bytes([token])
+        found = _trigger_at(self.tables, tail)
+        if found is None:
+            self.tail = _keep(self.tables, tail)
             return True
         self.inner, self.waiting = self.waiting, None
-        ids = self.tokenizer.tokenize_bytes(self.tail[min(found) :])
+        ids = self.tokenizer.tokenize_bytes(tail[found:])
         return self.inner.consume_tokens(ids)
 
-    @property
-    def follows_drafts(self) -> bool:
-        """Not while waiting: each row after a draft would need the trigger search run over
-        the drafts before it."""
-        return self.inner is not None
+    def valid_prefix(self, tokens: list[int]) -> int:
+        """While waiting: the tokens before the first that would complete a trigger. A draft
+        stops short of a trigger, so the rows after its tokens are still free text, each
+        masked (``row_sources``) as the step that had appended them one by one would be."""
+        if self.inner is not None:
+            return self.inner.validate_tokens(tokens)
+        assert self.tokenizer is not None
+        tail = self.tail
+        for i, token in enumerate(tokens):
+            tail += self.tokenizer.decode_bytes([token])
+            if _trigger_at(self.tables, tail) is not None:
+                return i
+            tail = _keep(self.tables, tail)
+        return len(tokens)
 
-    def mask_source(self) -> tuple[llguidance.LLMatcher, torch.Tensor | None] | None:
+    def row_sources(self, draft: Sequence[int]) -> list[MaskSource | None] | None:
+        """While waiting: row ``i``'s mask is the waiting mask at the output's end after the
+        drafts before it (which complete no trigger: ``valid_prefix`` cut them before one)."""
+        if self.inner is not None:
+            return None
+        assert self.tokenizer is not None
+        tail, sources = self.tail, []
+        for token in [*draft, None]:
+            sources.append(self._waiting_source(tail))
+            if token is not None:
+                tail = _keep(self.tables, tail + self.tokenizer.decode_bytes([token]))
+        return sources
+
+    def mask_source(self) -> MaskSource | None:
+        if self.inner is not None:
+            return self.inner, None
+        return self._waiting_source(self.tail)
+
+    def _waiting_source(self, tail: bytes) -> MaskSource | None:
         """While waiting, the next token is free unless it would complete a trigger: then the
         bytes from the trigger on must start a valid call (a token such as ``>"`` after
         ``<tool_call`` would open a call the grammar refuses). So a token that completes a
         trigger is allowed only where the grammar, fed the trigger's start, allows it. The
         grammar is fed the longest start the output ends with; the triggers of one syntax begin
         alike (``[name(`` for each tool), so their started parts are the same bytes."""
-        if self.inner is not None:
-            return self.inner, None
         assert self.waiting is not None and self.tokenizer is not None
         live: list[tuple[int, TriggerTable, torch.Tensor]] = []
         for table in self.tables:
-            start = table.partial(self.tail)
+            start = table.partial(tail)
             mask = table.completing[start]
             if mask is not None:
                 live.append((start, table, mask))
@@ -108,6 +144,74 @@ class LazyMatcher(TokenMatcher):
         if start:
             probe.consume_tokens(self.tokenizer.tokenize_bytes(table.trigger[:start]))
         return probe, ~completing
+
+    def draft_guide(self) -> DraftGuide | None:
+        if self.inner is not None:
+            return GrammarGuide(self.inner.deep_copy())
+        assert self.tokenizer is not None
+        return WaitingGuide(self.tables, self.tokenizer, self.tail)
+
+
+def _trigger_at(tables: Sequence[TriggerTable], tail: bytes) -> int | None:
+    """Where the earliest trigger found in ``tail`` begins (None: none is)."""
+    found = [at for at in (tail.find(t.trigger) for t in tables) if at >= 0]
+    return min(found) if found else None
+
+
+def _keep(tables: Sequence[TriggerTable], tail: bytes) -> bytes:
+    """The last bytes of the output that could still hold the start of a trigger."""
+    keep = max(len(t.trigger) for t in tables) - 1
+    return tail[-keep:] if keep > 0 else b""
+
+
+class DraftGuide(Protocol):
+    """A constraint's state stepped through by a draft model as it drafts."""
+
+    def allowed(self, vocab_size: int) -> torch.Tensor | None:
+        """The tokens [vocab_size] the next draft may be (bool); None: any."""
+        ...
+
+    def take(self, token: int) -> None:
+        """The next draft is ``token`` (one ``allowed`` gave)."""
+        ...
+
+
+@dataclass(slots=True)
+class GrammarGuide:
+    """A grammar matcher's copy: the drafts follow its masks."""
+
+    matcher: llguidance.LLMatcher
+
+    def allowed(self, vocab_size: int) -> torch.Tensor | None:
+        if self.matcher.is_stopped() or self.matcher.is_error():
+            return torch.zeros(vocab_size, dtype=torch.bool)  # nothing to draft after the end
+        # The tokenizer's vocabulary may be shorter than the model's (padded) one: no bits there.
+        raw = torch.frombuffer(bytearray(self.matcher.compute_bitmask()), dtype=torch.int32)
+        words = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+        n = min(len(words), len(raw))
+        words[:n] = raw[:n]
+        return unpack(words[None], vocab_size)[0]
+
+    def take(self, token: int) -> None:
+        self.matcher.consume_token(token)
+
+
+@dataclass(slots=True)
+class WaitingGuide:
+    """A lazy matcher waiting for its trigger: drafts never complete one (the speculator cuts
+    a draft before such a token), so each may be any token but those."""
+
+    tables: Sequence[TriggerTable]
+    tokenizer: llguidance.LLTokenizer
+    tail: bytes
+
+    def allowed(self, vocab_size: int) -> torch.Tensor | None:
+        refused = [t.completing[t.partial(self.tail)] for t in self.tables]
+        masks = [m[:vocab_size] for m in refused if m is not None]
+        return None if not masks else ~torch.stack(masks).any(0)
+
+    def take(self, token: int) -> None:
+        self.tail = _keep(self.tables, self.tail + self.tokenizer.decode_bytes([token]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,3 +252,9 @@ class TriggerTable:
             if tail.endswith(self.trigger[:k]):
                 return k
         return 0
+
+
+def unpack(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[rows, words] int32 bitmask -> [rows, vocab_size] bool, True where a token is allowed."""
+    bits = (bitmask.unsqueeze(-1) >> _BITS) & 1
+    return bits.reshape(bitmask.shape[0], -1)[:, :vocab_size].bool()

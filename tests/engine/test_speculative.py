@@ -15,7 +15,7 @@ from inferd.engine.request import Request, RequestStatus
 from inferd.engine.sampler import sample, sampling_probs
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
-from inferd.engine.speculative import SpeculativeConfig, Speculator, speculates
+from inferd.engine.speculative import SpeculativeConfig, Speculator, draft_limit
 from inferd.engine.thinking import ThinkingSpec
 from inferd.structured.constraint import Constraint
 from inferd.structured.matcher import LazyMatcher, TokenMatcher
@@ -76,19 +76,36 @@ def test_draft_length_doubles_while_every_draft_is_accepted() -> None:
     assert len(spec.propose(request, 1)) == 1  # the step's budget still caps it
 
 
-def test_who_speculates() -> None:
-    assert speculates(make_request([1], temperature=0))
-    assert speculates(make_request([1], temperature=0.8))
-    assert speculates(make_request([1], temperature=0, seed=3))
-    assert speculates(make_request([1], temperature=0.8, seed=3))  # draws keyed by position
-    assert speculates(make_request([1], temperature=0, repetition_penalty=1.2))
-    constrained = make_request([1], temperature=0, constraint=Constraint.regex("a+"))
-    constrained.matcher = LazyMatcher(None)  # waiting for a trigger: drafts not followed
-    assert not speculates(constrained)
-    constrained.matcher = TokenMatcher(None)  # a free matcher follows any draft
-    assert speculates(constrained)
-    budget = ThinkingSpec("<think>", "</think>", (5,), budget=8)
-    assert not speculates(make_request([1], temperature=0, thinking=budget))
+def test_draft_limits() -> None:
+    """Drafts stop before max_tokens' last token and below a thinking budget (outside a
+    constraint, where the budget forces the close); a lazy matcher still waiting drafts."""
+    assert draft_limit(make_request([1], [2], temperature=0, max_tokens=50), 3) == 3
+    assert draft_limit(make_request([1], [2, 2], temperature=0.8, seed=3, max_tokens=4), 3) == 1
+    constrained = make_request([1], [2], temperature=0, constraint=Constraint.regex("a+"))
+    constrained.matcher = LazyMatcher(None)  # waiting for a trigger: drafts are followed
+    assert draft_limit(constrained, 3) == 3
+    budget = ThinkingSpec("<think>", "</think>", (5,), budget=8, started_in_reasoning=True)
+    thinking = make_request([1], temperature=0, thinking=budget, max_tokens=50)
+    assert thinking.thinking is not None
+    limits = []
+    for _ in range(8):
+        limits.append(draft_limit(thinking, 3))
+        thinking.output_token_ids.append(2)
+        thinking.thinking.feed("x")
+    # 8 reasoning tokens: the 9th is forced; each verified row stays before it.
+    assert limits == [3, 3, 3, 3, 3, 2, 1, 0]
+    assert thinking.thinking.forced_token() == 5
+    assert draft_limit(thinking, 3) == 0  # the forced token is a plain decode
+    thinking.thinking.feed("")  # the closing token: the answer drafts freely
+    assert draft_limit(thinking, 3) == 3
+    # Under a constraint the budget forces nothing: no limit.
+    fresh = make_request([1], temperature=0, thinking=budget, max_tokens=50)
+    fresh.matcher = TokenMatcher(None)
+    for _ in range(7):
+        fresh.output_token_ids.append(2)
+        assert fresh.thinking is not None
+        fresh.thinking.feed("x")
+    assert draft_limit(fresh, 3) == 3
 
 
 def test_greedy_verification_takes_the_matching_prefix_and_the_argmax_after() -> None:

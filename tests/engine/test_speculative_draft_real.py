@@ -2,21 +2,33 @@
 speculation (SmolLM2 drafting for itself accepts nearly everything; its first half of layers
 much less), stop strings and max_tokens cut at the same token, the same bits under
 ``deterministic=True``, every KV block and draft cache freed after, and a draft model with
-another tokenizer refused at startup."""
+another tokenizer refused at startup. Constrained requests draft under their constraint."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from inferd import LLM
 from inferd.engine.draft_model import DraftModel
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.loading import ModelLoadError
+from inferd.structured.constraint import Constraint
 from tests.engine.bits import run_bits
+from tests.engine.test_speculative_constrained_real import (
+    JSON_COPY,
+    SCHEMA,
+    SENTENCE,
+    TEXT_COPY,
+    _run,
+    _seeded,
+)
 from tests.engine.test_speculative_real import COPY, FREE
 from tests.models.tiny import save_tiny
 
@@ -87,6 +99,45 @@ def test_sampled_requests_run_and_free_everything(engines: dict[str, LLM]) -> No
     after = draft.engine.stats()
     assert [len(o.outputs[0].token_ids) for o in outs] == [24, 24]
     # q is p here (the same model): nearly every draw is accepted
+    drafted = after.speculative_drafted - before.speculative_drafted
+    assert after.speculative_accepted - before.speculative_accepted >= 0.8 * drafted > 0
+    assert after.kv_blocks_used == 0 and _drafter(draft).caches == {}
+
+
+def test_constrained_drafts_follow_the_constraint(engines: dict[str, LLM]) -> None:
+    """Under a JSON schema or a regex the draft model drafts from its logits masked by the
+    constraint (a refused draft is never drawn, so none is cut after): the same greedy output
+    as without speculation; the model drafting for itself has nearly every draft stand, a full
+    draft each step. A sampled constrained request validates, its masked draws accepted."""
+    off = engines["off"]
+    json_prompt, text_prompt = off.model.chat_prompt(JSON_COPY), off.model.chat_prompt(TEXT_COPY)
+    prompts = [json_prompt, text_prompt]
+    params = [
+        SamplingParams(max_tokens=80, temperature=0, constraint=Constraint.json_schema(SCHEMA)),
+        SamplingParams(max_tokens=60, temperature=0, constraint=Constraint.regex(SENTENCE)),
+    ]
+    plain = [_run(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+    for mode in ("draft", "self"):
+        llm = engines[mode]
+        before = llm.engine.stats()
+        got = [_run(llm, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
+        after = llm.engine.stats()
+        assert got == plain, mode
+        drafted = after.speculative_drafted - before.speculative_drafted
+        accepted = after.speculative_accepted - before.speculative_accepted
+        assert accepted > 0, mode
+        if mode == "draft":
+            tokens = sum(len(g[0]) for g in got)
+            assert accepted >= 0.9 * drafted
+            assert drafted >= 0.6 * tokens  # ~3 drafts for every 4 tokens: none cut
+    draft = engines["draft"]
+    before = draft.engine.stats()
+    sampled = [_seeded(s, 80, Constraint.json_schema(SCHEMA)) for s in range(2)]
+    sampled.append(replace(sampled[0], seed=None, temperature=0.8))
+    for _, text, reason in _run(draft, [json_prompt] * 3, sampled):
+        assert reason == "stop"
+        jsonschema.validate(json.loads(text), SCHEMA)
+    after = draft.engine.stats()
     drafted = after.speculative_drafted - before.speculative_drafted
     assert after.speculative_accepted - before.speculative_accepted >= 0.8 * drafted > 0
     assert after.kv_blocks_used == 0 and _drafter(draft).caches == {}

@@ -138,7 +138,6 @@ def test_draft_rows_get_the_masks_after_the_drafts_before_them(
     schema = Constraint.json_schema(PERSON)
     text = smollm2_tokenizer.encode('{"name": "Bo", "age": 3}')
     drafting, plain = compiler.matcher(schema), compiler.matcher(Constraint.regex(r"[0-9]+"))
-    assert drafting.follows_drafts
     assert drafting.valid_prefix(text[:4]) == 4
     assert drafting.valid_prefix([*text[:2], smollm2_tokenizer.encode("x")[0]]) == 2
     vocab = 49152
@@ -274,3 +273,72 @@ def test_one_grammar_serves_eager_and_lazy_use(compiler: GrammarCompiler) -> Non
     matcher = compiler.matcher(lazy)
     assert all(matcher.consume(t) for t in compiler.vocabulary.get().tokenize_str("Hi <tool_call"))
     assert MaskJob.start([(matcher, ())], 49152).rows == [0]  # the trigger is half written: masked
+
+
+def _row_masks(entries: list[tuple[TokenMatcher | None, tuple[int, ...]]]) -> torch.Tensor:
+    """The allowed tokens of each row a step with ``entries`` has (all True: a free row)."""
+    rows = sum(1 + len(draft) for _, draft in entries)
+    logits = torch.zeros(rows, 49152)
+    MaskJob.start(entries, 49152).apply(logits)
+    return torch.isfinite(logits)
+
+
+def test_a_waiting_lazy_matcher_follows_drafts_up_to_its_trigger(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    """tool_choice auto with drafts: a draft is cut before the token that would complete the
+    trigger, and each row after a draft gets the mask the matcher gives once the drafts before
+    it are consumed one by one (free, or masked where the trigger is half written); the matcher
+    itself does not move."""
+    tool = ToolSpec("f", "", {"type": "object", "properties": {"a": {"type": "integer"}}})
+    lazy = calls_constraint(Hermes(), [tool], parallel=True, lazy=True)
+    text = smollm2_tokenizer.encode('Sure, <tool_call>{"name": "f"')
+    walker = compiler.matcher(lazy)
+    completes = next(i for i, t in enumerate(text) if walker.consume(t) and walker.inner)
+    matcher = compiler.matcher(lazy)
+    assert completes > 2 and matcher.valid_prefix(text) == completes
+    draft = tuple(text[:completes])
+    got = _row_masks([(None, (text[0],)), (matcher, draft)])[2:]
+    walker = compiler.matcher(lazy)
+    for i in range(len(draft) + 1):
+        assert torch.equal(got[i], _row_masks([(walker, ())])[0]), i
+        if i < len(draft):
+            assert got[i][draft[i]] and walker.consume(draft[i])
+    assert got[0].all() and not got[-1].all()  # free at first; half a trigger: masked
+    assert got[-1][text[completes]] and walker.consume(text[completes])  # a call opens
+    assert matcher.mask_source() is None and matcher.inner is None  # it had not moved
+
+
+def test_draft_guides_allow_what_the_rows_would(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle
+) -> None:
+    """A draft model's guide: a grammar's allows what its row's mask allows, step by step; a
+    waiting lazy matcher's allows every token but those that would complete the trigger."""
+    schema = Constraint.json_schema(
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    )
+    text = smollm2_tokenizer.encode('{"a": 12}')
+    matcher, walker = compiler.matcher(schema), compiler.matcher(schema)
+    guide = matcher.draft_guide()
+    assert guide is not None
+    for token in text:
+        allowed = guide.allowed(49152)
+        assert allowed is not None and torch.equal(allowed, _row_masks([(walker, ())])[0])
+        guide.take(token)
+        assert walker.consume(token)
+    assert matcher.valid_prefix(text) == len(text)  # the guide moved a copy
+    ended = guide.allowed(49152)
+    assert ended is not None and not ended.any()  # complete: nothing more to draft
+
+    tool = ToolSpec("f", "", {"type": "object"})
+    lazy = compiler.matcher(calls_constraint(Hermes(), [tool], parallel=False, lazy=True))
+    waiting = lazy.draft_guide()
+    assert waiting is not None
+    for token in smollm2_tokenizer.encode("Hi <tool_call"):
+        waiting.take(token)
+    allowed = waiting.allowed(49152)
+    closer = smollm2_tokenizer.tokenizer.token_to_id(">")
+    assert allowed is not None and not allowed[closer] and allowed.sum() > 40_000
+    assert lazy.valid_prefix(smollm2_tokenizer.encode("Hi <tool_call>")) < len(
+        smollm2_tokenizer.encode("Hi <tool_call>")
+    )
