@@ -222,7 +222,9 @@ def test_decode_attention_with_peaked_scores(
         scores = torch.einsum("hd,hnd->hn", q[b].double(), kk)
         want = torch.einsum("hn,hnd->hd", scores.softmax(-1), vv)
         assert float(scores.max(-1).values.sub(scores.median(-1).values).min()) > 87
-        torch.testing.assert_close(out[b].double(), want, **_tol(dtype))
+        # float32 scores of ~|300| carry ~1e-5 of rounding into their weights' exponents
+        tol = _tol(dtype) if dtype == torch.bfloat16 else {"atol": 5e-4, "rtol": 5e-4}
+        torch.testing.assert_close(out[b].double(), want, **tol)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
