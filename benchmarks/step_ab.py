@@ -23,7 +23,7 @@ import torch
 
 import inferd.kernels as kernels
 import inferd.layers.linear as linear
-from inferd.config import EngineConfig
+from inferd.config import KV_CACHE_DTYPES, EngineConfig
 from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.sampling import SamplingParams
@@ -72,6 +72,7 @@ def main() -> None:
     parser.add_argument(
         "--context", type=int, default=0, help="filler prompt tokens of the timed rows"
     )
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -81,7 +82,12 @@ def main() -> None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
         ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
-    cfg = EngineConfig(speculative="off", max_num_seqs=max(16, args.rows), prefix_caching=False)
+    cfg = EngineConfig(
+        speculative="off",
+        max_num_seqs=max(16, args.rows),
+        prefix_caching=False,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     served = load_model(resolve_source("smollm2"), cfg, progress=False, loop=CallerLoop())
     engine = served.engine.engine
 
