@@ -1,7 +1,7 @@
 """Batched decode steps of two variants alternating in one process, and their greedy tokens.
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/step_ab.py --rows 16 --steps 6 \\
-        --switch all --old-kernels /path/to/old/inferd/kernels/decode.cpp
+        --switch all --old-kernels /path/to/old/inferd/kernels/decode.cpp [--context 256]
 
 The variants ("before" / "after"): ``onednn`` turns the oneDNN-packed dense weights off / on
 (layers/linear.py), ``kernels`` runs the fused kernels built from ``--old-kernels`` / from this
@@ -17,18 +17,21 @@ import argparse
 import statistics
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 import inferd.kernels as kernels
 import inferd.layers.linear as linear
-from inferd.config import EngineConfig
+from inferd.config import KV_CACHE_DTYPES, EngineConfig
 from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.sampling import SamplingParams
 from inferd.kernels.ops import KernelOps
 from inferd.serving.served import ServedModel, load_model
 from inferd.source import resolve_source
+
+FILLER = "The keeper climbed the stairs, trimmed the wick and wound the clockwork. "
 
 
 def ops_built_from(source: Path) -> KernelOps:
@@ -37,14 +40,16 @@ def ops_built_from(source: Path) -> KernelOps:
     return kernels.load_ops(torch.bfloat16)
 
 
-def start(served: ServedModel, tag: str, rows: int, tokens: int) -> None:
+def start(served: ServedModel, tag: str, rows: int, tokens: int, context: int = 0) -> None:
+    """Rows of short chat prompts, or with ``context`` of that many filler tokens each (the
+    timed steps then attend over ~context keys a row, as a long conversation's do)."""
     engine = served.engine.engine
     params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    filler = served.tokenizer.encode(FILLER * (context // 8 + 1))[:context]
     for i in range(rows):
         text = f"Write a story about topic {i}."
-        engine.add_request(
-            f"{tag}-{i}", served.chat_prompt([{"role": "user", "content": text}]), params
-        )
+        prompt = filler or served.chat_prompt([{"role": "user", "content": text}])
+        engine.add_request(f"{tag}-{i}", prompt, params)
     while any(not r.output_token_ids for r in engine._core.requests.values()):
         engine.step()
 
@@ -64,6 +69,10 @@ def main() -> None:
     parser.add_argument("--switch", choices=["onednn", "kernels", "all"], default="all")
     parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
     parser.add_argument("--threads", type=int)
+    parser.add_argument(
+        "--context", type=int, default=0, help="filler prompt tokens of the timed rows"
+    )
+    parser.add_argument("--kv-cache-dtype", default="auto", choices=KV_CACHE_DTYPES)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -73,7 +82,12 @@ def main() -> None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
         ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
-    cfg = EngineConfig(speculative="off", max_num_seqs=max(16, args.rows), prefix_caching=False)
+    cfg = EngineConfig(
+        speculative="off",
+        max_num_seqs=max(16, args.rows),
+        prefix_caching=False,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     served = load_model(resolve_source("smollm2"), cfg, progress=False, loop=CallerLoop())
     engine = served.engine.engine
 
@@ -89,12 +103,17 @@ def main() -> None:
         start(served, f"t{after}", args.rows, 24)
         replies[after] = finish(engine)
     print("greedy tokens identical:", replies[False] == replies[True])
-    start(served, "ab", args.rows, 2 * args.steps + 4)
+    start(served, "ab", args.rows, 2 * args.steps + 4, args.context)
     engine.step()
     times: dict[bool, list[float]] = {False: [], True: []}
+    attention: dict[bool, list[float]] = {False: [], True: []}  # the kernels' share, a step
+    for variant, bucket in attention.items():
+        if variant in ops:
+            timed_attention(ops[variant], bucket)
     for _ in range(args.steps):
         for after in (False, True):
             switch(after)
+            attention[after].append(0.0)
             began = time.perf_counter()
             engine.step()
             times[after].append(time.perf_counter() - began)
@@ -104,7 +123,26 @@ def main() -> None:
         f"{args.switch}, {args.rows} rows, {torch.get_num_threads()} threads: before "
         f"{before:.2f} ms, after {after_ms:.2f} ms a step ({before / after_ms:.2f}x)"
     )
+    if ops:
+        before, after_ms = (statistics.median(attention[k]) * 1000 for k in (False, True))
+        print(
+            f"decode attention in those steps: before {before:.2f} ms, after {after_ms:.2f} ms "
+            f"({before / after_ms:.2f}x)"
+        )
     served.shutdown()
+
+
+def timed_attention(ops: KernelOps, bucket: list[float]) -> None:
+    """Add each ``decode_attention`` call's seconds to the last entry of ``bucket``."""
+    op = ops.decode_attention
+
+    def timed(*args: Any, **kwargs: Any) -> torch.Tensor:
+        began = time.perf_counter()
+        out = op(*args, **kwargs)
+        bucket[-1] += time.perf_counter() - began
+        return out
+
+    setattr(ops, "decode_attention", timed)  # noqa: B010 (an instance's, not the class's)
 
 
 if __name__ == "__main__":

@@ -370,65 +370,253 @@ inline void for_each_slot(const int64_t* table, int64_t block_size, int64_t lo, 
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-inline __m512 bf16x16_to_ps(const c10::BFloat16* p) {  // 16 bfloat16 -> 16 float32, exactly
-  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+// The AVX-512 path of the grouped kernel for bfloat16 activations over bfloat16 or int8 caches
+// with heads of 64, 128 or 256 values. Where the time went before (one horizontal sum per key and
+// query head, a scalar exp per score, each V row widened once per query head), and what replaces it:
+// - scores 16 keys at a time: per key a 16-lane vector of pairwise products from
+//   _mm512_dpbf16_ps on the raw bf16 q and K rows (q is bf16 already, so the softmax scale is
+//   applied after the dot product: no rounding of q * scale), then one transpose-reduce of the
+//   16 vectors into the 16 scores; an int8 tile is widened to bf16 once for the group (exact:
+//   codes are integers of 8 bits) and its row scales applied to the 16 scores;
+// - the exponentials 16 at a time (exp_ps);
+// - values for up to values_heads<D>() query heads per pass over the V rows, each row widened
+//   once per pass, accumulators in registers;
+// - software prefetch of the rows ahead: a sequence's blocks are scattered over the pool, where
+//   the hardware prefetcher loses the stream at each block edge.
+// 16 rows x 256 keys of SmolLM2 (9/3 heads of 64), before -> after, one thread: 230 -> 135 us
+// with a bf16 cache and 520 -> 180 us with an int8 one in cache, 690 -> 390 and 1050 -> 300 us
+// with the rows in DRAM (benchmarks/kernels_attention.py --old-kernels, --layers 30). Scores
+// and weights differ from the generic loop's by float32 rounding only (other summation order).
+inline __m512 bf16_even_ps(const void* p) {  // elements 0, 2, .. 30 of 32 bfloat16 as float32
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_loadu_si512(p), 16));
+}
+inline __m512 bf16_odd_ps(const void* p) {  // elements 1, 3, .. 31
+  return _mm512_castsi512_ps(
+      _mm512_and_si512(_mm512_loadu_si512(p), _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+inline __m512 int8x16_to_ps(const int8_t* p) {
+  return _mm512_cvtepi32_ps(
+      _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))));
 }
 
-// One chunk of one (sequence, KV head) over a bf16 cache with heads of D values, in AVX-512
-// registers: the compiler's code for the generic loops kept the accumulators in memory and spent
-// most of its time in per-key horizontal sums, ~5x this (benchmarks/kernels_attention.py).
-// Scores: each K row widened once for the whole group; values: query head by query head, D/16
-// accumulators in registers, the chunk's V rows read from L1 after the first head.
+// Lane i of the result: the sum of v[i]'s 16 lanes (four rounds of shuffles and adds for all 16).
+inline __m512 transpose_sum(const __m512* v) {
+  __m512 w[8], x[4];
+  for (int i = 0; i < 8; ++i)
+    w[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  for (int j = 0; j < 4; ++j) {
+    const __m512d a = _mm512_castps_pd(w[2 * j]), b = _mm512_castps_pd(w[2 * j + 1]);
+    x[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+  }
+  const __m512 y0 = _mm512_add_ps(_mm512_shuffle_f32x4(x[0], x[1], 0x88),
+                                  _mm512_shuffle_f32x4(x[0], x[1], 0xDD));
+  const __m512 y1 = _mm512_add_ps(_mm512_shuffle_f32x4(x[2], x[3], 0x88),
+                                  _mm512_shuffle_f32x4(x[2], x[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(y0, y1, 0x88), _mm512_shuffle_f32x4(y0, y1, 0xDD));
+}
+
+// e^x for x <= 0 (scores less their maximum), 16 at a time: x = n ln2 + r with |r| <= ln2 / 2,
+// e^r by a polynomial of degree 7 (relative error ~2e-7, as std::exp's float to a unit or two),
+// times 2^n by scalef. Below -87 the result is ~0 and flushed: such a weight changes no sum.
+inline __m512 exp_ps(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);  // ln2, two parts (exact n*hi)
+  r = _mm512_fmadd_ps(n, _mm512_set1_ps(2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+template <int64_t D, typename C>
+inline void prefetch_row(const C* row) {
+  constexpr int64_t bytes = D * static_cast<int64_t>(sizeof(C));
+  for (int64_t at = 0; at < bytes; at += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(row) + at, _MM_HINT_T0);
+}
+
+// Query heads whose value accumulators (D / 16 registers each) one pass over the V rows keeps.
 template <int64_t D>
-void grouped_chunk_bf16(const float* qf, int64_t group, const c10::BFloat16* kc,
-                        const c10::BFloat16* vc, const int64_t* table, int64_t block_size,
-                        int64_t kv_heads, int64_t kh, int64_t lo, int64_t hi, float softcap,
-                        float* scores, float* part, int64_t stride) {
+constexpr int values_heads() {
+  return D == 64 ? 4 : D == 128 ? 3 : 1;
+}
+constexpr int kTile = 16;  // keys whose scores one transpose-reduce yields
+
+// Heads g0 .. g0 + G - 1 of the group: weights `w` (scores after the exp, CHUNK_KEYS apart per
+// head, times the V row's scale for int8) against the chunk's n V rows, unnormalized.
+template <int64_t D, int G, typename C>
+void values_pass(const C* const* vrows, const float* vscale, const float* w, int64_t n,
+                 float* part, int64_t stride) {
   constexpr int64_t V = D / 16;
-  for (int64_t g = 0; g < group; ++g) part[g * stride] = -std::numeric_limits<float>::max();
-  for_each_slot(table, block_size, lo, hi, [&](int64_t t, int64_t slot) {
-    const c10::BFloat16* k = kc + (slot * kv_heads + kh) * D;
-    __m512 kf[V];
-    for (int64_t j = 0; j < V; ++j) kf[j] = bf16x16_to_ps(k + 16 * j);
-    for (int64_t g = 0; g < group; ++g) {
-      const float* qg = qf + g * D;
-      __m512 a = _mm512_mul_ps(_mm512_loadu_ps(qg), kf[0]);
-      for (int64_t j = 1; j < V; ++j) a = _mm512_fmadd_ps(_mm512_loadu_ps(qg + 16 * j), kf[j], a);
-      float sc = _mm512_reduce_add_ps(a);
-      if (softcap > 0.f) sc = softcap * std::tanh(sc / softcap);
-      scores[g * CHUNK_KEYS + (t - lo)] = sc;
-      part[g * stride] = std::max(part[g * stride], sc);
+  constexpr int64_t ahead = 8;  // rows prefetched ahead of the one read
+  __m512 acc[G][V];
+  for (int g = 0; g < G; ++g)
+    for (int64_t j = 0; j < V; ++j) acc[g][j] = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + ahead < n) prefetch_row<D>(vrows[t + ahead]);
+    const C* v = vrows[t];
+    const float s = std::is_same_v<C, int8_t> ? vscale[t] : 1.f;
+    __m512 p[G];
+    for (int g = 0; g < G; ++g) p[g] = _mm512_set1_ps(w[g * CHUNK_KEYS + t] * s);
+    for (int64_t j = 0; j < V; ++j) {
+      __m512 x;
+      if constexpr (std::is_same_v<C, int8_t>) {
+        x = int8x16_to_ps(v + 16 * j);
+      } else {  // bf16: even elements of 32 in accumulator j, odd ones in j + 1
+        x = j % 2 == 0 ? bf16_even_ps(v + 16 * j) : bf16_odd_ps(v + 16 * (j - 1));
+      }
+      for (int g = 0; g < G; ++g) acc[g][j] = _mm512_fmadd_ps(p[g], x, acc[g][j]);
     }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* out = part + g * stride + 2;
+    if constexpr (std::is_same_v<C, int8_t>) {
+      for (int64_t j = 0; j < V; ++j) _mm512_storeu_ps(out + 16 * j, acc[g][j]);
+    } else {  // interleave the even and odd elements back
+      const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+      const __m512i hi =
+          _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+      for (int64_t j = 0; j < V; j += 2) {
+        _mm512_storeu_ps(out + 16 * j, _mm512_permutex2var_ps(acc[g][j], lo, acc[g][j + 1]));
+        _mm512_storeu_ps(out + 16 * j + 16,
+                         _mm512_permutex2var_ps(acc[g][j], hi, acc[g][j + 1]));
+      }
+    }
+  }
+}
+
+template <int64_t D, typename C>
+using ValuesPass = void (*)(const C* const*, const float*, const float*, int64_t, float*, int64_t);
+
+template <int64_t D, typename C>
+void values(const C* const* vrows, const float* vscale, const float* w, int64_t n, int64_t group,
+            float* part, int64_t stride) {
+  static constexpr ValuesPass<D, C> passes[] = {values_pass<D, 1, C>, values_pass<D, 2, C>,
+                                                values_pass<D, 3, C>, values_pass<D, 4, C>};
+  for (int64_t g0 = 0; g0 < group; g0 += values_heads<D>()) {
+    const int64_t g = std::min<int64_t>(values_heads<D>(), group - g0);
+    passes[g - 1](vrows, vscale, w + g0 * CHUNK_KEYS, n, part + g0 * stride, stride);
+  }
+}
+
+// One chunk (keys lo..hi-1, at most CHUNK_KEYS) of one (sequence, KV head): for each of the
+// group's query heads (q: their bf16 rows, side by side) the chunk's maximum score, sum of
+// exponentials and weighted values into `part` (stride apart), as the generic loop writes them.
+// `scores`: group * CHUNK_KEYS floats; `kb`: kTile * D bf16 (an int8 tile widened).
+template <int64_t D, typename C>
+void grouped_chunk_avx512(const c10::BFloat16* q, int64_t group, float scale, const C* kc,
+                          const C* vc, const int64_t* table, int64_t block_size,
+                          int64_t kv_heads, int64_t kh, int64_t lo, int64_t hi, float softcap,
+                          float* scores, c10::BFloat16* kb, float* part, int64_t stride) {
+  constexpr bool quantized = std::is_same_v<C, int8_t>;
+  constexpr int64_t row = quantized ? D + SCALE_BYTES : D;
+  const int64_t n = hi - lo, tiles = (n + kTile - 1) / kTile;
+  const C* krows[CHUNK_KEYS];
+  const C* vrows[CHUNK_KEYS];
+  alignas(64) float kscale[CHUNK_KEYS], vscale[CHUNK_KEYS];
+  for_each_slot(table, block_size, lo, hi, [&](int64_t t, int64_t slot) {
+    const int64_t at = (slot * kv_heads + kh) * row;
+    krows[t - lo] = kc + at;
+    vrows[t - lo] = vc + at;
   });
-  const int64_t n = hi - lo;
+  // The chunk's whole slots (every KV head's K and V rows, side by side in a slot) into L2 from
+  // the first KV head's task: the tasks of the next heads run next on this thread and read the
+  // rest. The rows come from DRAM in the model (the weight matmuls between two layers' attention
+  // evict them); ~1.3-1.7x over prefetching this head's rows only, in a 30-layer rotation.
+  if (kh == 0 && kv_heads > 1) {
+    const int64_t span = kv_heads * row * static_cast<int64_t>(sizeof(C));
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t at = 0; at < span; at += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(krows[t]) + at, _MM_HINT_T1);
+        _mm_prefetch(reinterpret_cast<const char*>(vrows[t]) + at, _MM_HINT_T1);
+      }
+    }
+  }
+  for (int64_t t = n; t < tiles * kTile; ++t) krows[t] = krows[0];  // read, never kept
+  if constexpr (quantized) {
+    for (int64_t t = 0; t < n; ++t) {
+      kscale[t] = row_scale(krows[t], D) * scale;
+      vscale[t] = row_scale(vrows[t], D);
+    }
+  }
+  float* peak = part;  // part[g * stride]: the running maximum of head g
+  for (int64_t g = 0; g < group; ++g) peak[g * stride] = -std::numeric_limits<float>::max();
+  for (int64_t tile = 0; tile < tiles; ++tile) {
+    const C* const* rows = krows + tile * kTile;
+    if (tile + 1 < tiles)
+      for (int k = 0; k < kTile; ++k) prefetch_row<D>(rows[kTile + k]);
+    else  // the chunk's first V rows, for the values pass
+      for (int64_t t = 0; t < std::min<int64_t>(n, kTile); ++t) prefetch_row<D>(vrows[t]);
+    const c10::BFloat16* k16[kTile];
+    if constexpr (quantized) {  // widen the tile to bf16 once for the group (exactly)
+      for (int k = 0; k < kTile; ++k) {
+        c10::BFloat16* dst = kb + k * D;
+        k16[k] = dst;
+        for (int64_t i = 0; i < D; i += 32) {
+          const __m512 a = int8x16_to_ps(rows[k] + i), b = int8x16_to_ps(rows[k] + i + 16);
+          _mm512_storeu_si512(dst + i, (__m512i)(_mm512_cvtne2ps_pbh(b, a)));
+        }
+      }
+    } else {
+      for (int k = 0; k < kTile; ++k) k16[k] = rows[k];
+    }
+    const int64_t valid = std::min<int64_t>(kTile, n - tile * kTile);
+    const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1u);
+    const __m512 factor =
+        quantized ? _mm512_loadu_ps(kscale + tile * kTile) : _mm512_set1_ps(scale);
+    for (int64_t g = 0; g < group; ++g) {
+      __m512bh qg[D / 32];
+      for (int64_t i = 0; i < D / 32; ++i)
+        qg[i] = (__m512bh)(_mm512_loadu_si512(q + g * D + 32 * i));
+      __m512 dots[kTile];
+      for (int k = 0; k < kTile; ++k) {
+        __m512 a = _mm512_setzero_ps();
+        for (int64_t i = 0; i < D / 32; ++i)
+          a = _mm512_dpbf16_ps(a, qg[i], (__m512bh)(_mm512_loadu_si512(k16[k] + 32 * i)));
+        dots[k] = a;
+      }
+      __m512 s = _mm512_mul_ps(transpose_sum(dots), factor);
+      if (softcap > 0.f) {
+        alignas(64) float e[kTile];
+        _mm512_store_ps(e, s);
+        for (float& x : e) x = softcap * std::tanh(x / softcap);
+        s = _mm512_load_ps(e);
+      }
+      _mm512_mask_storeu_ps(scores + g * CHUNK_KEYS + tile * kTile, mask, s);
+      peak[g * stride] = std::max(peak[g * stride], _mm512_mask_reduce_max_ps(mask, s));
+    }
+  }
   for (int64_t g = 0; g < group; ++g) {
     float* sg = scores + g * CHUNK_KEYS;
-    const float peak = part[g * stride];
-    float total = 0.f;
-    for (int64_t j = 0; j < n; ++j) {
-      sg[j] = std::exp(sg[j] - peak);
-      total += sg[j];
+    const __m512 top = _mm512_set1_ps(peak[g * stride]);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; t += 16) {
+      const __mmask16 m = static_cast<__mmask16>(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1u);
+      const __m512 e = exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, sg + t), top));
+      _mm512_mask_storeu_ps(sg + t, m, e);
+      total = _mm512_mask_add_ps(total, m, total, e);
     }
-    part[g * stride + 1] = total;
-    __m512 acc[V];
-    for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_setzero_ps();
-    for_each_slot(table, block_size, lo, hi, [&](int64_t t, int64_t slot) {
-      const c10::BFloat16* v = vc + (slot * kv_heads + kh) * D;
-      const __m512 p = _mm512_set1_ps(sg[t - lo]);
-      for (int64_t j = 0; j < V; ++j) acc[j] = _mm512_fmadd_ps(p, bf16x16_to_ps(v + 16 * j), acc[j]);
-    });
-    for (int64_t j = 0; j < V; ++j) _mm512_storeu_ps(part + g * stride + 2 + 16 * j, acc[j]);
+    part[g * stride + 1] = _mm512_reduce_add_ps(total);
   }
+  values<D, C>(vrows, vscale, scores, n, group, part, stride);
 }
 #endif
 
-// Whether grouped_chunk_bf16 serves these types and this head size on this build.
+// Whether grouped_chunk_avx512 serves these types on this build (heads of 64, 128 or 256).
 template <typename T, typename C>
-constexpr bool fast_bf16_heads() {
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-  return std::is_same_v<T, c10::BFloat16> && std::is_same_v<C, c10::BFloat16>;
+constexpr bool fast_heads() {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+  return std::is_same_v<T, c10::BFloat16> &&
+         (std::is_same_v<C, c10::BFloat16> || std::is_same_v<C, int8_t>);
 #else
   return false;
 #endif
@@ -450,6 +638,7 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
   std::vector<float> partial(batch * kv_heads * chunks * group * stride);
   at::parallel_for(0, batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * dim), scores, acc(dim);
+    std::vector<c10::BFloat16> kb;  // the fast path's int8 tile, widened
     for (int64_t task = begin; task < end; ++task) {
       // KV heads innermost: a thread's consecutive tasks read the K/V heads of the same slots,
       // which lie side by side in the cache (the hardware prefetcher sees one stream).
@@ -467,17 +656,18 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
         std::fill(part + g * stride + 2, part + (g + 1) * stride, 0.f);
       }
       if (hi <= lo) continue;  // an empty chunk: weight 0 in the merge
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-      if constexpr (fast_bf16_heads<T, C>()) {
-        const auto fast = dim == 64    ? grouped_chunk_bf16<64>
-                          : dim == 128 ? grouped_chunk_bf16<128>
-                          : dim == 256 ? grouped_chunk_bf16<256>
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+      if constexpr (fast_heads<T, C>()) {
+        const auto fast = dim == 64    ? grouped_chunk_avx512<64, C>
+                          : dim == 128 ? grouped_chunk_avx512<128, C>
+                          : dim == 256 ? grouped_chunk_avx512<256, C>
                                        : nullptr;
         if (fast != nullptr) {
           if (scores.size() < static_cast<size_t>(group * CHUNK_KEYS))
             scores.resize(group * CHUNK_KEYS);
-          fast(qf.data(), group, kc, vc, table, block_size, kv_heads, kh, lo, hi, softcap,
-               scores.data(), part, stride);
+          if (kb.size() < static_cast<size_t>(kTile * dim)) kb.resize(kTile * dim);
+          fast(q + (b * heads + kh * group) * dim, group, scale, kc, vc, table, block_size,
+               kv_heads, kh, lo, hi, softcap, scores.data(), kb.data(), part, stride);
           continue;
         }
       }

@@ -198,6 +198,36 @@ def test_decode_attention_over_long_contexts(
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+def test_decode_attention_with_peaked_scores(
+    fused: KernelOps, dtype: torch.dtype, head_dim: int
+) -> None:
+    """Scores hundreds apart (most weights far below e^-87, the AVX-512 path's exp clamps them
+    to ~0), keys in tiles of 16 cut by block edges and a ragged tail: the largest scores' values
+    win, as in float64."""
+    torch.manual_seed(9)
+    block, kv_heads, heads, blocks = 16, 2, 6, 12
+    k_cache = (torch.randn(2 * blocks, block, kv_heads, head_dim) * 4).to(dtype)
+    v_cache = torch.randn(2 * blocks, block, kv_heads, head_dim).to(dtype)
+    tables = torch.randperm(2 * blocks).view(2, blocks)
+    q = (torch.randn(2, heads, head_dim) * 4).to(dtype)
+    lens = torch.tensor([181, 37])
+    out = fused.decode_attention(q, k_cache, v_cache, tables, lens, 1.0, None, 0)
+    keys = gather_blocks(k_cache, tables).double()  # [batch, kv_heads, keys, dim]
+    values = gather_blocks(v_cache, tables).double()
+    group = heads // kv_heads
+    for b, n in enumerate(lens.tolist()):
+        kk = keys[b, :, :n].repeat_interleave(group, 0)  # [heads, n, dim]
+        vv = values[b, :, :n].repeat_interleave(group, 0)
+        scores = torch.einsum("hd,hnd->hn", q[b].double(), kk)
+        want = torch.einsum("hn,hnd->hd", scores.softmax(-1), vv)
+        assert float(scores.max(-1).values.sub(scores.median(-1).values).min()) > 87
+        # float32 scores of ~|300| carry ~1e-5 of rounding into their weights' exponents
+        tol = _tol(dtype) if dtype == torch.bfloat16 else {"atol": 5e-4, "rtol": 5e-4}
+        torch.testing.assert_close(out[b].double(), want, **tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_decode_attention_row_bits_do_not_depend_on_the_batch(
     fused: KernelOps, dtype: torch.dtype
 ) -> None:
