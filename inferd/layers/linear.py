@@ -161,7 +161,9 @@ class Linear(nn.Linear, KernelUser):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if self.dense and _dense_rows.get():
+        # The context variable first: ``dense`` reads the weight through nn.Module's
+        # ``__getattr__`` (~1 us), and decode steps seldom run dense rows.
+        if _dense_rows.get() and self.dense:
             return _invariant_dense(x, self._dense_linear)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
