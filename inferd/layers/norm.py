@@ -16,3 +16,9 @@ class RMSNorm(nn.Module, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(
+        self, x: torch.Tensor, delta: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(x + delta))``: a residual add and this norm in one kernel call."""
+        return self.ops.add_rms_norm(x, delta, self.weight, self.eps)

@@ -104,9 +104,29 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
-        # forward, not __call__, on the hot path (LlamaAttention.forward says why)
-        x = x + self.self_attn.forward(self.input_norm.forward(x), rotation, meta, cache)
-        return x + self.mlp.forward(self.post_attention_norm.forward(x))
+        x, delta = self.forward_split(x, None, rotation, meta, cache)
+        return x + delta
+
+    def forward_split(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        rotation: Rotation,
+        meta: AttentionMetadata,
+        cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer on ``x + delta`` (on ``x`` when ``delta`` is None), its output left as a
+        pair (residual, delta) to add: each residual add runs inside the norm after it
+        (``add_rms_norm``), the next layer's for the last one. Submodules' ``forward`` is called
+        directly on this hot path (LlamaAttention.forward says why)."""
+        if delta is None:
+            h = self.input_norm.forward(x)
+        else:
+            x, h = self.input_norm.add_forward(x, delta)
+        x, h = self.post_attention_norm.add_forward(
+            x, self.self_attn.forward(h, rotation, meta, cache)
+        )
+        return x, self.mlp.forward(h)
 
 
 class LlamaForCausalLM(nn.Module, KernelUser):
@@ -133,7 +153,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return LlamaDecoderLayer(cfg)
 
-    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -155,10 +175,15 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
             window_meta = sliding_window_metadata(meta, self.config.sliding_window)
-        layers = zip(self.layers, kv_caches, self.sliding, strict=True)
-        for layer, cache, sliding in layers:  # forward, not __call__: LlamaAttention.forward
-            x = layer.forward(x, rotation, window_meta if sliding else meta, cache)
-        return self.norm.forward(x)
+        delta: torch.Tensor | None = None  # what a layer left to add (forward_split)
+        layers: Any = zip(self.layers, kv_caches, self.sliding, strict=True)
+        for layer, cache, sliding in layers:
+            x, delta = layer.forward_split(
+                x, delta, rotation, window_meta if sliding else meta, cache
+            )
+        if delta is None:  # no layers
+            return self.norm.forward(x)
+        return self.norm.add_forward(x, delta)[1]
 
     def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """The rotary embedding of a step's positions (M-RoPE models take [3, n] positions)."""
