@@ -6,9 +6,12 @@ import torch
 from torch import nn
 
 from inferd.layers.kernel_user import KernelUser
+from inferd.layers.registered import Registered
 
 
 class RMSNorm(nn.Module, KernelUser):
+    weight = Registered[nn.Parameter]("_parameters")  # read straight away (layers/registered.py)
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)

@@ -22,6 +22,7 @@ from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_win
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
+from inferd.layers.registered import Registered
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig, ModelConfigError
 
@@ -29,6 +30,10 @@ KVCache = tuple[torch.Tensor, torch.Tensor]
 
 
 class LlamaAttention(nn.Module, KernelUser):
+    # Read straight from the registry on the hot path (layers/registered.py)
+    qkv_proj = Registered[Linear]()
+    o_proj = Registered[Linear]()
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads = cfg.num_heads
@@ -74,6 +79,9 @@ class LlamaAttention(nn.Module, KernelUser):
 
 
 class LlamaMLP(nn.Module, KernelUser):
+    gate_up_proj = Registered[Linear]()  # read straight from the registry (layers/registered.py)
+    down_proj = Registered[Linear]()
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         # Its input (the normed residual) has outlier channels too: per-row int8 rows there
@@ -94,6 +102,12 @@ class LlamaMLP(nn.Module, KernelUser):
 
 
 class LlamaDecoderLayer(nn.Module):
+    # Read straight from the registry on the hot path (layers/registered.py)
+    input_norm = Registered[RMSNorm]()
+    self_attn = Registered[LlamaAttention]()
+    post_attention_norm = Registered[RMSNorm]()
+    mlp = Registered[LlamaMLP]()
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
