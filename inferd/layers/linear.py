@@ -51,6 +51,7 @@ from inferd.host_memory import available_bytes
 from inferd.kernels import int8_dot_products_exact
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
+from inferd.layers.registered import Registered
 
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
@@ -99,6 +100,10 @@ class Linear(nn.Linear, KernelUser):
     After ``use_packed_only`` (in-situ quantization) the packed kernel serves every batch and
     the dense weight is gone (an empty tensor that only remembers the dtype).
     """
+
+    # Read on every call: straight from the registry (layers/registered.py)
+    weight = Registered[torch.Tensor]("_parameters")
+    bias = Registered[nn.Parameter]("_parameters")  # None where there is none, as nn.Linear
 
     def __init__(
         self, in_features: int, out_features: int, bias: bool = False, int8_activations: bool = True
