@@ -1,9 +1,9 @@
 """Kernel ops for the decode step, chosen once per model: fused C++ or plain PyTorch.
 
 A SmolLM2 decode step spent more time dispatching ~45 small PyTorch ops per layer than in its
-weight matmuls. The kernels of ``decode.cpp`` replace the chains that cost most: RMSNorm, RoPE
-of q and k together with the paged K/V write, one-query attention over the paged cache,
-SiLU(gate) * up, and a one-row int8 GEMV for the output head. ``KernelOps`` (ops.py) is their
+weight matmuls. The kernels of ``decode.cpp`` replace the chains that cost most: RMSNorm (with
+the residual add before it), RoPE of q and k together with the paged K/V write, one-query
+attention over the paged cache, SiLU(gate) * up, and a one-row int8 GEMV for the output head. ``KernelOps`` (ops.py) is their
 typed interface; ``PlainOps`` (plain.py) is the PyTorch reference each kernel is checked
 against (tests/kernels/), ``FusedOps`` (fused.py) the compiled kernels. ``load_ops`` picks one
 for a model when its engine is assembled.
