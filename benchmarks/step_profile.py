@@ -62,13 +62,14 @@ MATMULS = {
 OPS = {
     "decode_attention": "attention (paged decode)",
     "rope_write_kv": "rope + kv write",
-    "rms_norm": "rms norms",
+    "rms_norm": "rms norms (+ residual adds)",
+    "add_rms_norm": "rms norms (+ residual adds)",
     "silu_mul": "silu * up",
 }
 FORWARD_GLUE = "Python and dispatch in the forward"
 ORDER = [
     *MATMULS.values(),
-    *OPS.values(),
+    *dict.fromkeys(OPS.values()),
     "rotary tables",
     FORWARD_GLUE,
     "runner: inputs and metadata",

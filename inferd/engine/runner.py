@@ -54,7 +54,7 @@ class ModelInputs:
     input_ids: torch.Tensor  # [num_tokens]
     positions: torch.Tensor  # [num_tokens]
     meta: AttentionMetadata
-    sample_rows: torch.Tensor  # rows whose hidden state becomes logits
+    sample_rows: torch.Tensor | None  # rows whose hidden state becomes logits; None: all
     # Same order as sample_rows: one row each, 1 + len(draft) for a chunk with drafts.
     sampled_chunks: tuple[ScheduledChunk, ...]
     prompt_rows: torch.Tensor | None = None  # rows whose logits score the next prompt token
@@ -136,7 +136,8 @@ class ModelRunner:
                 inputs.input_ids, positions, inputs.meta, self.kv_caches, embeds=embeds
             )
         with dense_rows(self.deterministic):
-            logits = self.model.compute_logits(hidden[inputs.sample_rows])
+            rows = inputs.sample_rows
+            logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
             if inputs.prompt_rows is None:
                 return StepResult(logits, inputs.sampled_chunks)
             prompt_logits = self.model.compute_logits(hidden[inputs.prompt_rows])
@@ -278,7 +279,13 @@ class ModelRunner:
             input_ids=torch.tensor(ids, dtype=torch.long),
             positions=torch.tensor(positions, dtype=torch.long),
             meta=meta,
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long),
+            # Rows are sampled in order and at most once, so as many as the step's are all
+            # of them (every row of a plain decode step): no gather then.
+            sample_rows=(
+                None
+                if len(sample_rows) == len(ids)
+                else torch.tensor(sample_rows, dtype=torch.long)
+            ),
             sampled_chunks=tuple(sampled),
             prompt_rows=torch.tensor(prompt_rows, dtype=torch.long) if prompt_rows else None,
             prompt_spans=tuple(prompt_spans),

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 #include <type_traits>
 #include <limits>
 #include <vector>
@@ -196,6 +197,48 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double ep
                             x.numel() / h, h, static_cast<float>(eps));
   });
   return y;
+}
+
+// The residual add and the RMSNorm after it, in one call (two per decoder layer): sum =
+// round(x + delta) to the input type, as torch's add rounds it, then rms_norm_rows over that
+// sum, the same code as rms_norm; returns (sum, normed sum), the bits of the two ops apart.
+template <typename T>
+void add_rows(const T* x, const T* delta, T* sum, int64_t rows, int64_t h) {
+  at::parallel_for(0, rows, row_grain(h, 8), [&](int64_t begin, int64_t end) {
+    const T* xr = x + begin * h;
+    const T* dr = delta + begin * h;
+    T* sr = sum + begin * h;
+    const int64_t n = (end - begin) * h;
+#pragma omp simd
+    for (int64_t i = 0; i < n; ++i) sr[i] = from_f<T>(load_f(xr, i) + load_f(dr, i));
+  });
+}
+
+std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x,
+                                                      const torch::Tensor& delta,
+                                                      const torch::Tensor& w, double eps) {
+  TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension");
+  check_tensor(x, "x", x.dim());
+  check_tensor(delta, "delta", x.dim());
+  check_tensor(w, "weight", 1);
+  check_float(x, "x");
+  TORCH_CHECK(delta.sizes() == x.sizes(), "delta ", delta.sizes(), " and x ", x.sizes(),
+              " differ in shape");
+  TORCH_CHECK(delta.scalar_type() == x.scalar_type() && w.scalar_type() == x.scalar_type(),
+              "delta is ", delta.scalar_type(), ", weight is ", w.scalar_type(), ", x is ",
+              x.scalar_type());
+  const int64_t h = x.size(-1);
+  TORCH_CHECK(h > 0 && w.size(0) == h, "weight has ", w.size(0), " entries for rows of ", h);
+  auto sum = torch::empty_like(x);
+  auto y = torch::empty_like(x);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
+    const int64_t rows = x.numel() / h;
+    add_rows<scalar_t>(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(),
+                       sum.data_ptr<scalar_t>(), rows, h);
+    rms_norm_rows<scalar_t>(sum.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
+                            y.data_ptr<scalar_t>(), rows, h, static_cast<float>(eps));
+  });
+  return {sum, y};
 }
 
 // Rotate-half RoPE of q and k straight out of the fused QKV rows, k and v written into the
@@ -1087,6 +1130,7 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
   m.def("rms_norm", &rms_norm, release());
+  m.def("add_rms_norm", &add_rms_norm, release());
   m.def("rope_write_kv", &rope_write_kv, release());
   m.def("decode_attention", &decode_attention, release(), py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("block_tables"), py::arg("lens"), py::arg("scale"),

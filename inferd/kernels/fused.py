@@ -19,6 +19,10 @@ class CompiledKernels(Protocol):
 
     def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor: ...
 
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
     def rope_write_kv(
         self,
         qkv: torch.Tensor,
@@ -68,6 +72,13 @@ class FusedOps(PlainOps):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         # Per-head q/k norms see strided views: one copy, still fewer passes than the plain ops.
         return self.compiled.rms_norm(x.contiguous(), weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if delta.dtype != x.dtype:  # a sum that promotes: the plain ops (torch's add) do it
+            return super().add_rms_norm(x, delta, weight, eps)
+        return self.compiled.add_rms_norm(x.contiguous(), delta.contiguous(), weight, eps)
 
     def rope_write_kv(
         self,

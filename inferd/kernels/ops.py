@@ -58,6 +58,13 @@ class KernelOps(ABC):
         """``weight * round(x / rms(x))``: normalized in float32, rounded to x's dtype, scaled."""
 
     @abstractmethod
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The residual add and the norm after it: ``(x + delta, rms_norm(x + delta))``, the
+        sum rounded to x's dtype as ``+`` rounds it; the same bits as the two ops apart."""
+
+    @abstractmethod
     def rope_write_kv(
         self,
         qkv: torch.Tensor,

@@ -27,6 +27,12 @@ class PlainOps(KernelOps):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return weight * x32.to(x.dtype)
 
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + delta
+        return total, self.rms_norm(total, weight, eps)
+
     def rope_write_kv(
         self,
         qkv: torch.Tensor,

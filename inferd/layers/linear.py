@@ -43,6 +43,7 @@ from torch import nn
 from inferd.host_memory import available_bytes
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
+from inferd.layers.registered import Registered
 
 INT4_GROUP = 32
 DEFAULT_SMALL_BATCH = 8
@@ -79,6 +80,10 @@ class Linear(nn.Linear, KernelUser):
     After ``use_packed_only`` (in-situ quantization) the packed kernel serves every batch and
     the dense weight is gone (an empty tensor that only remembers the dtype).
     """
+
+    # Read on every call: straight from the registry (layers/registered.py)
+    weight = Registered[torch.Tensor]("_parameters")
+    bias = Registered[nn.Parameter]("_parameters")  # None where there is none, as nn.Linear
 
     def __init__(self, in_features: int, out_features: int, bias: bool = False) -> None:
         super().__init__(in_features, out_features, bias=bias)
@@ -130,7 +135,9 @@ class Linear(nn.Linear, KernelUser):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        if self.dense and _dense_rows.get():
+        # The context variable first: ``dense`` reads the weight through nn.Module's
+        # ``__getattr__`` (~1 us), and decode steps seldom run dense rows.
+        if _dense_rows.get() and self.dense:
             return _invariant_dense(x, self._dense_linear)
         if self._packed is not None and rows <= self.small_batch:
             return self._weight_only(x)
@@ -161,7 +168,8 @@ class Linear(nn.Linear, KernelUser):
             out = self.ops.int8_linear(pair, self._packed, self._scales)[:1]
         else:
             out = self.ops.int8_linear(xk, self._packed, self._scales)
-        out = out.to(x.dtype)
+        if out.dtype != x.dtype:  # a no-op ``to`` still costs a dispatch (~2 us)
+            out = out.to(x.dtype)
         return out if self.bias is None else out + self.bias
 
 
@@ -206,10 +214,14 @@ class OneDnnWeight:
         self._bytes = 0
 
     def get(self, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor | None:
-        if not _onednn_packable(weight, x):
+        # Every call checks what may change between calls; the weight's device and shape are
+        # checked when it is packed (~3 us of checks, ~120 calls a decode step).
+        if not _takes_rows(weight, x):
             return None
         key = (weight.data_ptr(), weight._version)
         if key != self._key:
+            if not _onednn_packable(weight, x):
+                return None
             self._release()
             size = weight.numel() * weight.element_size()
             budget = PACK_BUDGET
@@ -268,6 +280,18 @@ def _onednn_packable(weight: torch.Tensor, x: torch.Tensor) -> bool:
         and x.dim() == 2
         and x.is_contiguous()
         and weight.numel() > 0
+        and not (torch.is_grad_enabled() and weight.requires_grad)
+    )
+
+
+def _takes_rows(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """The part of ``_onednn_packable`` that a packed weight still needs checked call by call."""
+    return (
+        _ONEDNN
+        and x.dtype == torch.bfloat16
+        and weight.dtype == torch.bfloat16
+        and x.dim() == 2
+        and x.is_contiguous()
         and not (torch.is_grad_enabled() and weight.requires_grad)
     )
 

@@ -6,9 +6,12 @@ import torch
 from torch import nn
 
 from inferd.layers.kernel_user import KernelUser
+from inferd.layers.registered import Registered
 
 
 class RMSNorm(nn.Module, KernelUser):
+    weight = Registered[nn.Parameter]("_parameters")  # read straight away (layers/registered.py)
+
     def __init__(self, hidden_size: int, eps: float) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size), requires_grad=False)
@@ -16,3 +19,9 @@ class RMSNorm(nn.Module, KernelUser):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.ops.rms_norm(x, self.weight, self.eps)
+
+    def add_forward(
+        self, x: torch.Tensor, delta: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x + delta, self(x + delta))``: a residual add and this norm in one kernel call."""
+        return self.ops.add_rms_norm(x, delta, self.weight, self.eps)

@@ -32,6 +32,12 @@ class GemmaRMSNorm(RMSNorm):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
+    def add_forward(
+        self, x: torch.Tensor, delta: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        total = x + delta  # no fused kernel for this norm: the add, then the norm
+        return total, self.forward(total)
+
 
 class Gemma2DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
@@ -47,15 +53,30 @@ class Gemma2DecoderLayer(nn.Module):
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
+        x, delta = self.forward_split(x, None, rotation, meta, cache)
+        return x + delta
+
+    def forward_split(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        rotation: Rotation,
+        meta: AttentionMetadata,
+        cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As ``LlamaDecoderLayer.forward_split``: the layer on ``x + delta``, its output as
+        (residual, delta)."""
+        if delta is not None:
+            x = x + delta
         x = x + self.post_attention_norm(self.self_attn(self.input_norm(x), rotation, meta, cache))
-        return x + self.post_feedforward_norm(self.mlp(self.pre_feedforward_norm(x)))
+        return x, self.post_feedforward_norm(self.mlp(self.pre_feedforward_norm(x)))
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return Gemma2DecoderLayer(cfg)
 
-    def make_norm(self, cfg: ModelConfig) -> nn.Module:
+    def make_norm(self, cfg: ModelConfig) -> RMSNorm:
         return GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:

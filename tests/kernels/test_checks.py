@@ -102,6 +102,11 @@ def test_rms_norm_refuses_a_weight_of_another_width(fused: KernelOps) -> None:
         fused.rms_norm(torch.ones(2, 8), torch.ones(7), 1e-5)
 
 
+def test_add_rms_norm_refuses_rows_of_another_shape(fused: KernelOps) -> None:
+    with pytest.raises(RuntimeError, match=r"delta \[2, 4\] and x \[2, 8\] differ in shape"):
+        fused.add_rms_norm(torch.ones(2, 8), torch.ones(2, 4), torch.ones(8), 1e-5)
+
+
 def _decode(
     fused: KernelOps, tables: list[list[int]], lens: list[int], heads: int = HEADS
 ) -> torch.Tensor:

@@ -69,6 +69,24 @@ def test_rms_norm(fused: KernelOps, dtype: torch.dtype, hidden: int) -> None:
     )
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 16, 200])
+@pytest.mark.parametrize("hidden", [64, 576, 2048])
+def test_add_rms_norm_is_the_add_then_the_norm(
+    fused: KernelOps, dtype: torch.dtype, rows: int, hidden: int
+) -> None:
+    # The decoder runs it in place of ``x + delta`` and ``rms_norm`` (every residual add): the
+    # same bits, or the greedy tokens change; on both the fused ops and the plain ones.
+    torch.manual_seed(rows + hidden)
+    weight = torch.randn(hidden).to(dtype)
+    x = (torch.randn(rows, hidden) * 4).to(dtype)
+    delta = (torch.randn(rows, hidden) * torch.logspace(-4, 2, hidden)).to(dtype)
+    for ops in (fused, PLAIN):
+        total, normed = ops.add_rms_norm(x, delta, weight, 1e-5)
+        assert torch.equal(total, x + delta)
+        assert torch.equal(normed, ops.rms_norm(x + delta, weight, 1e-5))
+
+
 def _rotary(dim: int, max_position: int = 64) -> RotaryEmbedding:
     return RotaryEmbedding(dim, max_position, inverse_frequencies(dim, 10000.0, RopeScaling()))
 
