@@ -3,10 +3,10 @@
 A SmolLM2 decode step spent more time dispatching ~45 small PyTorch ops per layer than in its
 weight matmuls. The kernels of ``decode.cpp`` replace the chains that cost most: RMSNorm (with
 the residual add before it), RoPE of q and k together with the paged K/V write, one-query
-attention over the paged cache, SiLU(gate) * up, and a one-row int8 GEMV for the output head. ``KernelOps`` (ops.py) is their
-typed interface; ``PlainOps`` (plain.py) is the PyTorch reference each kernel is checked
-against (tests/kernels/), ``FusedOps`` (fused.py) the compiled kernels. ``load_ops`` picks one
-for a model when its engine is assembled.
+attention over the paged cache, SiLU(gate) * up, and a one-row int8 GEMV for the output head.
+``KernelOps`` (ops.py) is their typed interface; ``PlainOps`` (plain.py) is the PyTorch
+reference each kernel is checked against (tests/kernels/), ``FusedOps`` (fused.py) the compiled
+kernels. ``load_ops`` picks one for a model when its engine is assembled.
 
 The build targets an instruction set (``ISAS``): ``avx512`` (AVX-512 with BF16 and VNNI) or
 ``avx2`` (AVX2, FMA, F16C), the best the CPU has, or the one ``INFERD_KERNEL_ISA`` names (so an
