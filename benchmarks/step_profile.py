@@ -8,7 +8,8 @@ this thread (as under `inferd serve`) through plain decode steps, twice: bare, f
 wall time, and with timers around the pieces of the step, for the table. The timers are
 exclusive (a piece's children are charged to themselves, not to it), so the rows add up to
 the instrumented step; "Python and dispatch in the forward" is what the model's forward spent
-outside every timed kernel and matmul (module calls, views, residual adds, the embedding).
+outside every timed kernel and matmul (module calls, views, the embedding; the residual
+adds run inside the norms: ``add_rms_norm``).
 The timers themselves cost a little (a few microseconds per call, ~300 calls a step): compare
 the bare and instrumented step times printed under each table.
 
