@@ -235,7 +235,10 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "--num-speculative-tokens",
         type=int,
         default=d.num_speculative_tokens,
-        help=f"drafted tokens verified per step at most (default: {d.num_speculative_tokens})",
+        help=(
+            "drafted tokens verified per step at most: a request drafts 3, twice as many "
+            f"while every draft is accepted (default: {d.num_speculative_tokens})"
+        ),
     )
 
 

@@ -49,7 +49,9 @@ class EngineConfig:
     # Speculative decoding (engine/speculative.py): "ngram" drafts each request's next tokens
     # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
     speculative: str = "ngram"
-    num_speculative_tokens: int = 3  # drafts verified per step at most (benchmarks/speculative.py)
+    # Drafts verified per step at most; a request starts at 3 and doubles while all are
+    # accepted (engine/speculative.py; benchmarks/speculative.py)
+    num_speculative_tokens: int = 7
     # "draft": this model (same tokenizer) drafts; "self": the served model's first
     # self_spec_layers layers (default: half) draft (engine/draft_model.py)
     draft_model: str | None = None
