@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from inferd.bench.http import run_http
 from inferd.bench.peers import PEERS, run_serial
 from inferd.bench.process import ServerProcess, start_server
-from inferd.bench.server_peers import SERVER_PEERS, start_peer_server
+from inferd.bench.server_peers import PARALLEL_SLOTS, SERVER_PEERS, start_peer_server
 from inferd.bench.spec_compare import SETTINGS
 from inferd.bench.spec_workloads import KINDS as SPEC_KINDS
 from inferd.bench.spec_workloads import spec_workload
@@ -259,17 +259,22 @@ def _run_server_peer(
     workloads: dict[str, Workload] = WORKLOADS,
 ) -> list[Summary]:
     keys = [k for k in chosen if k in SERVER_PEER_WORKLOADS]
-    if not keys:
-        return []
-    try:
-        with (
-            tempfile.TemporaryDirectory() as tmp,
-            start_peer_server(name, gguf, threads, Path(tmp) / "peer.log") as api,
-        ):
-            return [asyncio.run(run_http(api, "default", workloads[k], name)) for k in keys]
-    except Exception as exc:  # a missing or broken peer must not sink the run
-        print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return []
+    # One server per slot count: a workload of more streams than PARALLEL_SLOTS gets its own.
+    by_slots: dict[int, list[str]] = {}
+    for key in keys:
+        by_slots.setdefault(max(PARALLEL_SLOTS, workloads[key].concurrency), []).append(key)
+    results: list[Summary] = []
+    for slots, group in by_slots.items():
+        try:
+            with (
+                tempfile.TemporaryDirectory() as tmp,
+                start_peer_server(name, gguf, threads, Path(tmp) / "peer.log", slots=slots) as api,
+            ):
+                for key in group:
+                    results.append(asyncio.run(run_http(api, "default", workloads[key], name)))
+        except Exception as exc:  # a missing or broken peer must not sink the run
+            print(f"skip {name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+    return results
 
 
 def render(results: list[Summary], inferd_rss_mb: float | None) -> str:

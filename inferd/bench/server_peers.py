@@ -20,15 +20,18 @@ from pathlib import Path
 
 from inferd.bench.process import free_port, run_server
 
-PARALLEL_SLOTS = 64  # llama-server's -np: room for the 64-way workload
-CONTEXT_PER_SLOT = 2048  # the server peers' workloads: prompts of ~300 tokens, replies of <= 256
+# llama-server's -np: room for 16 streams, or a workload's streams where it has more (the
+# 64-stream one gets a server of its own: more slots, more KV cells, slow a 16-stream run down).
+PARALLEL_SLOTS = 16
+CONTEXT_PER_SLOT = 4096
 
 
 class PeerUnavailable(RuntimeError):
     """The peer is not installed here; the message says what would install it."""
 
 
-def llama_cpp_python_server(gguf: Path, port: int, threads: int) -> list[str]:
+def llama_cpp_python_server(gguf: Path, port: int, threads: int, slots: int) -> list[str]:
+    del slots  # one request at a time
     for module in ("llama_cpp", "sse_starlette", "starlette_context", "pydantic_settings"):
         if importlib.util.find_spec(module) is None:
             raise PeerUnavailable(
@@ -44,19 +47,19 @@ def llama_cpp_python_server(gguf: Path, port: int, threads: int) -> list[str]:
     ]
 
 
-def llama_server(gguf: Path, port: int, threads: int) -> list[str]:
+def llama_server(gguf: Path, port: int, threads: int, slots: int) -> list[str]:
     binary = os.environ.get("LLAMA_SERVER") or shutil.which("llama-server")
     if not binary:
         raise PeerUnavailable("no llama-server on PATH (or $LLAMA_SERVER)")
     return [
         binary,
         *("-m", str(gguf), "--host", "127.0.0.1", "--port", str(port)),
-        *("-t", str(threads), "-np", str(PARALLEL_SLOTS)),
-        *("-c", str(PARALLEL_SLOTS * CONTEXT_PER_SLOT), "--jinja"),
+        *("-t", str(threads), "-np", str(slots)),
+        *("-c", str(slots * CONTEXT_PER_SLOT), "--jinja"),
     ]
 
 
-SERVER_PEERS: dict[str, Callable[[Path, int, int], list[str]]] = {
+SERVER_PEERS: dict[str, Callable[[Path, int, int, int], list[str]]] = {
     "llama.cpp-server": llama_cpp_python_server,
     "llama-server": llama_server,
 }
@@ -70,11 +73,12 @@ def start_peer_server(
     log: Path,
     timeout: float = 300,
     extra: Sequence[str] = (),
+    slots: int = PARALLEL_SLOTS,
 ) -> Iterator[str]:
     """Start the named peer on a free loopback port; yields its OpenAI base URL (with /v1).
-    ``extra``: more command-line flags for the peer."""
+    ``extra``: more command-line flags for the peer; ``slots``: streams it serves at once."""
     port = free_port()
     api = f"http://127.0.0.1:{port}/v1"
-    command = [*SERVER_PEERS[name](gguf, port, threads), *extra]
+    command = [*SERVER_PEERS[name](gguf, port, threads, slots), *extra]
     with run_server(command, api + "/models", log, timeout, name):
         yield api

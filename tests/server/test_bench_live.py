@@ -42,6 +42,6 @@ def test_a_missing_server_peer_is_skipped_with_the_reason(
     monkeypatch.delenv("LLAMA_SERVER", raising=False)
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(PeerUnavailable, match="llama-server"):
-        llama_server(smollm2_gguf, 1, 2)
+        llama_server(smollm2_gguf, 1, 2, 16)
     assert _run_peer("llama-server", smollm2_gguf, 2, ["single"]) == []
     assert "skip llama-server: PeerUnavailable" in capsys.readouterr().err
