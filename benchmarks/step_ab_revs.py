@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from step_ab import finish  # benchmarks/ is on sys.path when this script runs
 
 import inferd
 
@@ -73,14 +74,6 @@ def start(served: Any, package: str, tag: str, rows: int, tokens: int) -> None:
         engine.step()
 
 
-def finish(served: Any) -> dict[str, list[int]]:
-    engine, tokens = served.engine.engine, {}
-    while engine.has_unfinished():
-        for out in engine.step():
-            tokens.setdefault(out.request_id.split("-")[1], []).extend(out.token_ids)
-    return tokens
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--old", default="main", help="git revision of the 'old' tree")
@@ -98,7 +91,7 @@ def main() -> None:
         replies = {}
         for tree, package in trees.items():
             start(served[tree], package, "t", rows, 32)
-            replies[tree] = finish(served[tree])
+            replies[tree] = finish(served[tree].engine.engine)
         for tree, package in trees.items():
             start(served[tree], package, "ab", rows, args.steps + 8)
             served[tree].engine.engine.step()
@@ -109,7 +102,7 @@ def main() -> None:
                 served[tree].engine.engine.step()
                 times[tree].append(time.perf_counter() - began)
         for tree in trees:
-            finish(served[tree])
+            finish(served[tree].engine.engine)
         old, new = (statistics.median(times[t]) * 1000 for t in ("old", "new"))
         print(
             f"{rows} rows, {args.threads} threads: greedy tokens identical "

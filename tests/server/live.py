@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,3 +37,12 @@ def live_server(
 ) -> Iterator[LiveServer]:
     with serve_subprocess(args, log, startup_timeout) as (url, proc):
         yield LiveServer(url, proc, log)
+
+
+def lora_server_args(folder: Path, adapters: Iterable[str]) -> list[str]:
+    """``inferd serve`` flags for the tiny float32 base in ``folder/base`` with the adapters
+    ``folder/NAME``, one resident at a time, admin routes behind the key "admin-secret"."""
+    args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
+    for name in adapters:
+        args += ["--lora", f"{name}={folder / name}"]
+    return [*args, "--admin-key", "admin-secret", "--access-log-format", "off", "--max-loras", "1"]

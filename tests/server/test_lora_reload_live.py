@@ -21,7 +21,7 @@ import pytest
 
 from tests.models.lora_tiny import save_random_adapter
 from tests.models.tiny import save_tiny
-from tests.server.live import LiveServer, live_server
+from tests.server.live import LiveServer, live_server, lora_server_args
 
 MESSAGES: list[Any] = [{"role": "user", "content": "Say something about foxes and 12345."}]
 ADAPTERS = {"fox8": 8, "fox16": 16}
@@ -42,11 +42,7 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(folder: Path) -> Iterator[LiveServer]:
-    args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
-    for name in ADAPTERS:
-        args += ["--lora", f"{name}={folder / name}"]
-    args += ["--admin-key", "admin-secret", "--access-log-format", "off", "--max-loras", "1"]
-    with live_server(args, folder / "serve.log") as live:
+    with live_server(lora_server_args(folder, ADAPTERS), folder / "serve.log") as live:
         yield live
 
 
