@@ -78,7 +78,11 @@ point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
 less the cost of the drafted rows; when it falls below zero the request stops drafting for a
-pause that doubles each time (free text rarely repeats), and tries again after it.
+pause that doubles each time (free text rarely repeats), and tries again after it. Its drafts
+start at ``first_tokens`` and double after a step that accepted every one, up to ``num_tokens``,
+back to the start at a miss: a copy runs long drafts, a request that misses pays for few rows
+(one verify of 8 rows costs little more than one of 4 since the output head's int8 kernel takes
+8 rows a pass: benchmarks/speculative.py, 7 against 3 on the copy workload 1.66x vs 1.58x off).
 """
 
 from __future__ import annotations
