@@ -20,8 +20,8 @@ from pathlib import Path
 
 from inferd.bench.process import free_port, run_server
 
-# llama-server's -np: room for 16 streams, or a workload's streams where it has more (the
-# 64-stream one gets a server of its own: more slots, more KV cells, slow a 16-stream run down).
+# llama-server's -np: 16 slots (what the 1- and 16-stream workloads have always run against),
+# or a workload's streams where it has more: the 64-stream one gets a server of its own.
 PARALLEL_SLOTS = 16
 CONTEXT_PER_SLOT = 4096
 
