@@ -21,7 +21,13 @@ from inferd.layers.attention import AttentionMetadata, sliding_window_metadata
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig
-from inferd.models.llama import KVCache, LlamaAttention, LlamaForCausalLM, LlamaMLP
+from inferd.models.llama import (
+    KVCache,
+    LlamaAttention,
+    LlamaForCausalLM,
+    LlamaMLP,
+    SplitResidualLayer,
+)
 
 
 class GemmaRMSNorm(RMSNorm):
@@ -39,7 +45,7 @@ class GemmaRMSNorm(RMSNorm):
         return total, self.forward(total)
 
 
-class Gemma2DecoderLayer(nn.Module):
+class Gemma2DecoderLayer(SplitResidualLayer):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -49,12 +55,6 @@ class Gemma2DecoderLayer(nn.Module):
         self.pre_feedforward_norm = GemmaRMSNorm(size, eps)
         self.mlp = LlamaMLP(cfg)
         self.post_feedforward_norm = GemmaRMSNorm(size, eps)
-
-    def forward(
-        self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
-        x, delta = self.forward_split(x, None, rotation, meta, cache)
-        return x + delta
 
     def forward_split(
         self,

@@ -90,7 +90,29 @@ class LlamaMLP(nn.Module, KernelUser):
         return self.down_proj.forward(act)
 
 
-class LlamaDecoderLayer(nn.Module):
+class SplitResidualLayer(nn.Module):
+    """A decoder layer whose output stays a pair (residual, delta) on the model's hot path, so
+    the next norm does the add (``forward_split``); ``forward`` adds them for other callers (a
+    self-speculation draft running the first layers)."""
+
+    def forward(
+        self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
+    ) -> torch.Tensor:
+        x, delta = self.forward_split(x, None, rotation, meta, cache)
+        return x + delta
+
+    def forward_split(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        rotation: Rotation,
+        meta: AttentionMetadata,
+        cache: KVCache,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+
+class LlamaDecoderLayer(SplitResidualLayer):
     # Read straight from the registry on the hot path (layers/registered.py)
     input_norm = Registered[RMSNorm]()
     self_attn = Registered[LlamaAttention]()
@@ -103,12 +125,6 @@ class LlamaDecoderLayer(nn.Module):
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg)
-
-    def forward(
-        self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
-    ) -> torch.Tensor:
-        x, delta = self.forward_split(x, None, rotation, meta, cache)
-        return x + delta
 
     def forward_split(
         self,
