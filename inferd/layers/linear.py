@@ -135,8 +135,8 @@ class Linear(nn.Linear, KernelUser):
 
     def _base(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.shape[0]
-        # The context variable first: ``dense`` reads the weight through nn.Module's
-        # ``__getattr__`` (~1 us), and decode steps seldom run dense rows.
+        # The context variable first: decode steps seldom run dense rows, and ``dense`` is a
+        # property that reads the weight.
         if _dense_rows.get() and self.dense:
             return _invariant_dense(x, self._dense_linear)
         if self._packed is not None and rows <= self.small_batch:
@@ -271,16 +271,13 @@ PACK_BUDGET = PackBudget(share=0.25)
 
 
 def _onednn_packable(weight: torch.Tensor, x: torch.Tensor) -> bool:
+    """Whether ``weight`` may be packed for rows like ``x``: the per-call checks and the
+    weight's own, which hold as long as it stays packed."""
     return (
-        _ONEDNN
-        and weight.dtype == torch.bfloat16
-        and x.dtype == torch.bfloat16
+        _takes_rows(weight, x)
         and weight.device.type == "cpu"
         and weight.dim() == 2
-        and x.dim() == 2
-        and x.is_contiguous()
         and weight.numel() > 0
-        and not (torch.is_grad_enabled() and weight.requires_grad)
     )
 
 
