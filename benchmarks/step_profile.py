@@ -65,7 +65,9 @@ OPS = {
     "rope_write_kv": "rope + kv write",
     "rms_norm": "rms norms (+ residual adds)",
     "add_rms_norm": "rms norms (+ residual adds)",
-    "silu_mul": "silu * up",
+    "qk_rms_norm": "rms norms (+ residual adds)",
+    "silu_mul": "silu or gelu * up",
+    "gelu_tanh_mul": "silu or gelu * up",
 }
 FORWARD_GLUE = "Python and dispatch in the forward"
 ORDER = [

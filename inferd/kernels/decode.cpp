@@ -159,42 +159,89 @@ void check_heads(int64_t heads, int64_t kv_heads) {
               " query heads are not a multiple of ", kv_heads, " KV heads");
 }
 
-// y = w * round(x * rsqrt(mean(x^2) + eps)): normalized in float32, rounded to the input type
-// before the weight, as the reference RMSNorm does.
+// Llama's RMSNorm: y = w * round(x * rsqrt(mean(x^2) + eps)), normalized in float32 and rounded
+// to the input type before the weight, as the reference does. Gemma's (``unit_offset``): y =
+// round((x * rsqrt(mean(x^2) + eps)) * (1 + w)), all in float32 and rounded once.
 template <typename T>
-void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float eps) {
-  at::parallel_for(0, rows, row_grain(h, 8), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* xr = x + r * h;
-      T* yr = y + r * h;
-      float ss = 0.f;
+void rms_norm_row(const T* xr, const T* w, T* yr, int64_t h, float eps, bool unit_offset) {
+  float ss = 0.f;
 #pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < h; ++i) {
-        float v = load_f(xr, i);
-        ss += v * v;
-      }
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
-      for (int64_t i = 0; i < h; ++i) {
-        const T n = from_f<T>(load_f(xr, i) * inv);
-        yr[i] = from_f<T>(load_f(w, i) * to_f(n));
-      }
-    }
+  for (int64_t i = 0; i < h; ++i) {
+    float v = load_f(xr, i);
+    ss += v * v;
+  }
+  const float inv = 1.f / std::sqrt(ss / static_cast<float>(h) + eps);
+  if (unit_offset) {
+    for (int64_t i = 0; i < h; ++i) yr[i] = from_f<T>(load_f(xr, i) * inv * (1.f + load_f(w, i)));
+    return;
+  }
+  for (int64_t i = 0; i < h; ++i) {
+    const T n = from_f<T>(load_f(xr, i) * inv);
+    yr[i] = from_f<T>(load_f(w, i) * to_f(n));
+  }
+}
+
+template <typename T>
+void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float eps,
+                   bool unit_offset) {
+  at::parallel_for(0, rows, row_grain(h, 8), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) rms_norm_row(x + r * h, w, y + r * h, h, eps, unit_offset);
   });
 }
 
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps) {
-  TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension");
-  check_tensor(x, "x", x.dim());
+void check_norm_weight(const torch::Tensor& x, const torch::Tensor& w, int64_t h) {
   check_tensor(w, "weight", 1);
-  check_float(x, "x");
   TORCH_CHECK(w.scalar_type() == x.scalar_type(), "weight is ", w.scalar_type(), ", x is ",
               x.scalar_type());
-  const int64_t h = x.size(-1);
   TORCH_CHECK(h > 0 && w.size(0) == h, "weight has ", w.size(0), " entries for rows of ", h);
+}
+
+torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& w, double eps,
+                       bool unit_offset) {
+  TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension");
+  check_tensor(x, "x", x.dim());
+  check_float(x, "x");
+  const int64_t h = x.size(-1);
+  check_norm_weight(x, w, h);
   auto y = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "rms_norm", [&] {
     rms_norm_rows<scalar_t>(x.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(),
-                            x.numel() / h, h, static_cast<float>(eps));
+                            x.numel() / h, h, static_cast<float>(eps), unit_offset);
+  });
+  return y;
+}
+
+// Per-head RMSNorms of q and k inside fused QKV rows [n, (heads + 2 * kv_heads) * dim] (Qwen3's
+// and Gemma 3's q/k norms), v copied: one call where the split, two norms and the concatenation
+// took eight.
+torch::Tensor qk_rms_norm(const torch::Tensor& qkv, const torch::Tensor& q_w,
+                          const torch::Tensor& k_w, int64_t heads, int64_t kv_heads, double eps,
+                          bool unit_offset) {
+  check_tensor(qkv, "qkv", 2);
+  check_float(qkv, "qkv");
+  const int64_t dim = q_w.size(0);
+  check_norm_weight(qkv, q_w, dim);
+  check_norm_weight(qkv, k_w, dim);
+  check_heads(heads, kv_heads);
+  const int64_t width = (heads + 2 * kv_heads) * dim;
+  TORCH_CHECK(qkv.size(1) == width, "qkv rows have ", qkv.size(1), " values, not ", width);
+  auto y = torch::empty_like(qkv);
+  const int64_t n = qkv.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "qk_rms_norm", [&] {
+    const scalar_t* x = qkv.data_ptr<scalar_t>();
+    scalar_t* out = y.data_ptr<scalar_t>();
+    const scalar_t* qw = q_w.data_ptr<scalar_t>();
+    const scalar_t* kw = k_w.data_ptr<scalar_t>();
+    const float e = static_cast<float>(eps);
+    at::parallel_for(0, n, row_grain(width, 8), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const scalar_t* xr = x + r * width;
+        scalar_t* yr = out + r * width;
+        for (int64_t h = 0; h < heads + kv_heads; ++h)
+          rms_norm_row(xr + h * dim, h < heads ? qw : kw, yr + h * dim, dim, e, unit_offset);
+        std::copy(xr + (heads + kv_heads) * dim, xr + width, yr + (heads + kv_heads) * dim);
+      }
+    });
   });
   return y;
 }
@@ -216,19 +263,18 @@ void add_rows(const T* x, const T* delta, T* sum, int64_t rows, int64_t h) {
 
 std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x,
                                                       const torch::Tensor& delta,
-                                                      const torch::Tensor& w, double eps) {
+                                                      const torch::Tensor& w, double eps,
+                                                      bool unit_offset) {
   TORCH_CHECK(x.dim() >= 1, "x must have at least one dimension");
   check_tensor(x, "x", x.dim());
   check_tensor(delta, "delta", x.dim());
-  check_tensor(w, "weight", 1);
   check_float(x, "x");
   TORCH_CHECK(delta.sizes() == x.sizes(), "delta ", delta.sizes(), " and x ", x.sizes(),
               " differ in shape");
-  TORCH_CHECK(delta.scalar_type() == x.scalar_type() && w.scalar_type() == x.scalar_type(),
-              "delta is ", delta.scalar_type(), ", weight is ", w.scalar_type(), ", x is ",
-              x.scalar_type());
+  TORCH_CHECK(delta.scalar_type() == x.scalar_type(), "delta is ", delta.scalar_type(),
+              ", x is ", x.scalar_type());
   const int64_t h = x.size(-1);
-  TORCH_CHECK(h > 0 && w.size(0) == h, "weight has ", w.size(0), " entries for rows of ", h);
+  check_norm_weight(x, w, h);
   auto sum = torch::empty_like(x);
   auto y = torch::empty_like(x);
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "add_rms_norm", [&] {
@@ -236,7 +282,7 @@ std::tuple<torch::Tensor, torch::Tensor> add_rms_norm(const torch::Tensor& x,
     add_rows<scalar_t>(x.data_ptr<scalar_t>(), delta.data_ptr<scalar_t>(),
                        sum.data_ptr<scalar_t>(), rows, h);
     rms_norm_rows<scalar_t>(sum.data_ptr<scalar_t>(), w.data_ptr<scalar_t>(),
-                            y.data_ptr<scalar_t>(), rows, h, static_cast<float>(eps));
+                            y.data_ptr<scalar_t>(), rows, h, static_cast<float>(eps), unit_offset);
   });
   return {sum, y};
 }
@@ -857,6 +903,40 @@ torch::Tensor silu_mul(const torch::Tensor& x) {
   return y;
 }
 
+// GELU(gate, tanh approximation) * up (Gemma's GeGLU), laid out and rounded as silu_mul.
+template <typename T>
+void gelu_tanh_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  at::parallel_for(0, rows, row_grain(3 * inter, 4), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T* gate = x + r * 2 * inter;
+      const T* up = gate + inter;
+      T* yr = y + r * inter;
+#pragma omp simd
+      for (int64_t i = 0; i < inter; ++i) {
+        const float g = load_f(gate, i);
+        const float inner = kBeta * (g + kKappa * g * g * g);
+        const T act = from_f<T>(0.5f * g * (1.f + std::tanh(inner)));
+        yr[i] = from_f<T>(to_f(act) * load_f(up, i));
+      }
+    }
+  });
+}
+
+torch::Tensor gelu_tanh_mul(const torch::Tensor& x) {
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  TORCH_CHECK(x.size(1) % 2 == 0, "rows of ", x.size(1), " values do not split into gate | up");
+  const int64_t inter = x.size(1) / 2;
+  auto y = torch::empty({x.size(0), inter}, x.options());
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gelu_tanh_mul", [&] {
+    gelu_tanh_mul_rows<scalar_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0),
+                                 inter);
+  });
+  return y;
+}
+
 // Weight-only GEMV / small GEMM: bound by streaming the weights, so each weight row is read once
 // for all input rows (up to 4 at a time, from L1 after the first) and dequantized in registers.
 // Activations are float32 inside (bf16 ones are widened first: a few KB); one task per block of
@@ -1129,13 +1209,17 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 // thread can stream tokens meanwhile.
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using release = py::call_guard<py::gil_scoped_release>;
-  m.def("rms_norm", &rms_norm, release());
-  m.def("add_rms_norm", &add_rms_norm, release());
+  m.def("rms_norm", &rms_norm, release(), py::arg("x"), py::arg("weight"), py::arg("eps"),
+        py::arg("unit_offset") = false);
+  m.def("add_rms_norm", &add_rms_norm, release(), py::arg("x"), py::arg("delta"),
+        py::arg("weight"), py::arg("eps"), py::arg("unit_offset") = false);
+  m.def("qk_rms_norm", &qk_rms_norm, release());
   m.def("rope_write_kv", &rope_write_kv, release());
   m.def("decode_attention", &decode_attention, release(), py::arg("q"), py::arg("k_cache"),
         py::arg("v_cache"), py::arg("block_tables"), py::arg("lens"), py::arg("scale"),
         py::arg("softcap"), py::arg("window"), py::arg("grouped") = true);
   m.def("silu_mul", &silu_mul, release());
+  m.def("gelu_tanh_mul", &gelu_tanh_mul, release());
   m.def("int8_linear", &int8_linear, release());
   m.def("int4_rows_linear", &int4_rows_linear, release());
 }

@@ -1,6 +1,6 @@
 """The kernel ops on the compiled kernels of ``decode.cpp`` (built by ``inferd.kernels``).
 
-Ops without a kernel (GeGLU, torch-packed int4 weights) are the plain ones, and so is the bf16 int8
+Ops without a kernel (torch-packed int4 weights) are the plain ones, and so is the bf16 int8
 linear past one row, where torch's kernel wins again.
 """
 
@@ -17,11 +17,29 @@ from inferd.kernels.plain import PlainOps
 class CompiledKernels(Protocol):
     """The functions the extension module exports (``PYBIND11_MODULE`` in decode.cpp)."""
 
-    def rms_norm(self, x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor: ...
+    def rms_norm(
+        self, x: torch.Tensor, w: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor: ...
 
     def add_rms_norm(
-        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def qk_rms_norm(
+        self,
+        qkv: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        heads: int,
+        kv_heads: int,
+        eps: float,
+        unit_offset: bool,
+    ) -> torch.Tensor: ...
 
     def rope_write_kv(
         self,
@@ -50,6 +68,8 @@ class CompiledKernels(Protocol):
 
     def silu_mul(self, x: torch.Tensor) -> torch.Tensor: ...
 
+    def gelu_tanh_mul(self, x: torch.Tensor) -> torch.Tensor: ...
+
     def int8_linear(
         self, x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor
     ) -> torch.Tensor: ...
@@ -69,16 +89,47 @@ class FusedOps(PlainOps):
     def description(self) -> str:
         return "fused CPU kernels"
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # Per-head q/k norms see strided views: one copy, still fewer passes than the plain ops.
-        return self.compiled.rms_norm(x.contiguous(), weight, eps)
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        # Per-head q/k norms of other callers see strided views: one copy, still fewer passes
+        # than the plain ops.
+        if weight.dtype != x.dtype:  # a float32 weight on bf16 rows: torch's promotion
+            return super().rms_norm(x, weight, eps, unit_offset)
+        return self.compiled.rms_norm(x.contiguous(), weight, eps, unit_offset)
 
     def add_rms_norm(
-        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if delta.dtype != x.dtype:  # a sum that promotes: the plain ops (torch's add) do it
-            return super().add_rms_norm(x, delta, weight, eps)
-        return self.compiled.add_rms_norm(x.contiguous(), delta.contiguous(), weight, eps)
+        if delta.dtype != x.dtype or weight.dtype != x.dtype:
+            # A sum or a scale that promotes: the plain ops do it torch's way.
+            return super().add_rms_norm(x, delta, weight, eps, unit_offset)
+        return self.compiled.add_rms_norm(
+            x.contiguous(), delta.contiguous(), weight, eps, unit_offset
+        )
+
+    def qk_rms_norm(
+        self,
+        qkv: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> torch.Tensor:
+        if q_weight.dtype != qkv.dtype or k_weight.dtype != qkv.dtype:
+            return super().qk_rms_norm(
+                qkv, q_weight, k_weight, num_heads, num_kv_heads, eps, unit_offset
+            )
+        return self.compiled.qk_rms_norm(
+            qkv.contiguous(), q_weight, k_weight, num_heads, num_kv_heads, eps, unit_offset
+        )
 
     def rope_write_kv(
         self,
@@ -123,6 +174,9 @@ class FusedOps(PlainOps):
 
     def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         return self.compiled.silu_mul(gate_up.contiguous())
+
+    def gelu_tanh_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        return self.compiled.gelu_tanh_mul(gate_up.contiguous())
 
     def int4_rows_linear(
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor

@@ -54,15 +54,37 @@ class KernelOps(ABC):
         """One line for the startup banner and ``/v1/system/info``: which ops run, and why."""
 
     @abstractmethod
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        """``weight * round(x / rms(x))``: normalized in float32, rounded to x's dtype, scaled."""
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        """``weight * round(x / rms(x))``: normalized in float32, rounded to x's dtype, scaled.
+        ``unit_offset`` (Gemma): ``round((x / rms(x)) * (1 + weight))``, all in float32."""
 
     @abstractmethod
     def add_rms_norm(
-        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual add and the norm after it: ``(x + delta, rms_norm(x + delta))``, the
         sum rounded to x's dtype as ``+`` rounds it; the same bits as the two ops apart."""
+
+    @abstractmethod
+    def qk_rms_norm(
+        self,
+        qkv: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> torch.Tensor:
+        """Fused QKV rows [n, (num_heads + 2 * num_kv_heads) * head_dim] with each q and k head
+        through ``rms_norm`` (its own weight, [head_dim]) and v as it was (Qwen3, Gemma 3)."""
 
     @abstractmethod
     def rope_write_kv(

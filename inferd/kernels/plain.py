@@ -20,7 +20,13 @@ class PlainOps(KernelOps):
     def description(self) -> str:
         return f"plain PyTorch ops ({self.reason})"
 
-    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False
+    ) -> torch.Tensor:
+        if unit_offset:  # Gemma: scaled in float32, rounded once
+            x32 = x.float()
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+            return (x32 * (1.0 + weight.float())).to(x.dtype)
         if x.dtype == torch.float32:  # one aten kernel; same arithmetic as below
             return F.rms_norm(x, weight.shape, weight, eps)
         x32 = x.float()
@@ -28,10 +34,31 @@ class PlainOps(KernelOps):
         return weight * x32.to(x.dtype)
 
     def add_rms_norm(
-        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        unit_offset: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         total = x + delta
-        return total, self.rms_norm(total, weight, eps)
+        return total, self.rms_norm(total, weight, eps, unit_offset)
+
+    def qk_rms_norm(
+        self,
+        qkv: torch.Tensor,
+        q_weight: torch.Tensor,
+        k_weight: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        eps: float,
+        unit_offset: bool = False,
+    ) -> torch.Tensor:
+        n, dim = qkv.shape[0], q_weight.shape[0]
+        q, k, v = qkv.split([num_heads * dim, num_kv_heads * dim, num_kv_heads * dim], dim=-1)
+        q = self.rms_norm(q.reshape(n, num_heads, dim), q_weight, eps, unit_offset)
+        k = self.rms_norm(k.reshape(n, num_kv_heads, dim), k_weight, eps, unit_offset)
+        return torch.cat((q.flatten(1), k.flatten(1), v), dim=-1)
 
     def rope_write_kv(
         self,

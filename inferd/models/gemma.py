@@ -13,12 +13,15 @@ sliding layers with one global one, and rotates its sliding layers with a smalle
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from inferd.kernels.ops import Rotation
 from inferd.layers.attention import AttentionMetadata, sliding_window_metadata
 from inferd.layers.norm import RMSNorm
+from inferd.layers.registered import Registered
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig
 from inferd.models.llama import (
@@ -33,19 +36,18 @@ from inferd.models.llama import (
 class GemmaRMSNorm(RMSNorm):
     """``(x / rms(x)) * (1 + w)``, computed in float32 and cast back once (as Gemma does)."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-
-    def add_forward(
-        self, x: torch.Tensor, delta: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        total = x + delta  # no fused kernel for this norm: the add, then the norm
-        return total, self.forward(total)
+    unit_offset = True
 
 
 class Gemma2DecoderLayer(SplitResidualLayer):
+    # Read straight from the registry on the hot path (layers/registered.py)
+    input_norm = Registered[GemmaRMSNorm]()
+    self_attn = Registered[LlamaAttention]()
+    post_attention_norm = Registered[GemmaRMSNorm]()
+    pre_feedforward_norm = Registered[GemmaRMSNorm]()
+    mlp = Registered[LlamaMLP]()
+    post_feedforward_norm = Registered[GemmaRMSNorm]()
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         size, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -65,11 +67,15 @@ class Gemma2DecoderLayer(SplitResidualLayer):
         cache: KVCache,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """As ``LlamaDecoderLayer.forward_split``: the layer on ``x + delta``, its output as
-        (residual, delta)."""
-        if delta is not None:
-            x = x + delta
-        x = x + self.post_attention_norm(self.self_attn(self.input_norm(x), rotation, meta, cache))
-        return x, self.post_feedforward_norm(self.mlp(self.pre_feedforward_norm(x)))
+        (residual, delta). The sandwich's adds run inside the norms after them (``add_forward``)
+        and submodules' ``forward`` is called directly (LlamaAttention.forward says why)."""
+        if delta is None:
+            h = self.input_norm.forward(x)
+        else:
+            x, h = self.input_norm.add_forward(x, delta)
+        attn = self.post_attention_norm.forward(self.self_attn.forward(h, rotation, meta, cache))
+        x, h = self.pre_feedforward_norm.add_forward(x, attn)
+        return x, self.post_feedforward_norm.forward(self.mlp.forward(h))
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
@@ -133,9 +139,13 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         local_rotation = self.local_rotary.at(positions, x.dtype)
         window = self.config.sliding_window
         window_meta = sliding_window_metadata(meta, window) if window is not None else meta
-        for i, (layer, cache) in enumerate(zip(self.layers, kv_caches, strict=True)):
-            if self.config.window_of(i) is not None:
-                x = layer(x, local_rotation, window_meta, cache)
+        delta: torch.Tensor | None = None  # what a layer left to add (forward_split)
+        layers: Any = zip(self.layers, kv_caches, self.sliding, strict=True)
+        for layer, cache, sliding in layers:
+            if sliding:
+                x, delta = layer.forward_split(x, delta, local_rotation, window_meta, cache)
             else:
-                x = layer(x, global_rotation, meta, cache)
-        return self.norm(x)
+                x, delta = layer.forward_split(x, delta, global_rotation, meta, cache)
+        if delta is None:  # no layers
+            return self.norm.forward(x)
+        return self.norm.add_forward(x, delta)[1]

@@ -65,13 +65,17 @@ class LlamaAttention(nn.Module, KernelUser):
         out = attend_paged(self.ops, q, k_cache, v_cache, meta, self.scale, softcap=self.softcap)
         return self.o_proj.forward(out.reshape(-1, self.q_size))
 
-    def _norm_qk(self, qkv: torch.Tensor, q_norm: nn.Module, k_norm: nn.Module) -> torch.Tensor:
-        """Per-head RMSNorm of q and k (Qwen3), before the rotation."""
-        n = qkv.shape[0]
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q_norm(q.view(n, self.num_heads, self.head_dim))
-        k = k_norm(k.view(n, self.num_kv_heads, self.head_dim))
-        return torch.cat((q.flatten(1), k.flatten(1), v), dim=-1)
+    def _norm_qk(self, qkv: torch.Tensor, q_norm: RMSNorm, k_norm: RMSNorm) -> torch.Tensor:
+        """Per-head RMSNorm of q and k (Qwen3, Gemma 3), before the rotation."""
+        return self.ops.qk_rms_norm(
+            qkv,
+            q_norm.weight,
+            k_norm.weight,
+            self.num_heads,
+            self.num_kv_heads,
+            q_norm.eps,
+            q_norm.unit_offset,
+        )
 
 
 class LlamaMLP(nn.Module, KernelUser):

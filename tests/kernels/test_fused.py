@@ -70,10 +70,24 @@ def test_rms_norm(fused: KernelOps, dtype: torch.dtype, hidden: int) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("hidden", [64, 640, 2048])
+def test_gemma_rms_norm(fused: KernelOps, dtype: torch.dtype, hidden: int) -> None:
+    # Gemma scales by 1 + w in float32 and rounds once, where Llama rounds before its weight.
+    torch.manual_seed(hidden)
+    weight = (torch.randn(hidden) * 0.5).to(dtype)
+    x = (torch.randn(7, hidden) * 3).to(dtype)
+    expected = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6)
+    expected = (expected * (1.0 + weight.float())).to(dtype)
+    for ops in (fused, PLAIN):
+        torch.testing.assert_close(ops.rms_norm(x, weight, 1e-6, True), expected, **_tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 16, 200])
 @pytest.mark.parametrize("hidden", [64, 576, 2048])
+@pytest.mark.parametrize("unit_offset", [False, True])
 def test_add_rms_norm_is_the_add_then_the_norm(
-    fused: KernelOps, dtype: torch.dtype, rows: int, hidden: int
+    fused: KernelOps, dtype: torch.dtype, rows: int, hidden: int, unit_offset: bool
 ) -> None:
     # The decoder runs it in place of ``x + delta`` and ``rms_norm`` (every residual add): the
     # same bits, or the greedy tokens change; on both the fused ops and the plain ones.
@@ -82,9 +96,32 @@ def test_add_rms_norm_is_the_add_then_the_norm(
     x = (torch.randn(rows, hidden) * 4).to(dtype)
     delta = (torch.randn(rows, hidden) * torch.logspace(-4, 2, hidden)).to(dtype)
     for ops in (fused, PLAIN):
-        total, normed = ops.add_rms_norm(x, delta, weight, 1e-5)
+        total, normed = ops.add_rms_norm(x, delta, weight, 1e-5, unit_offset)
         assert torch.equal(total, x + delta)
-        assert torch.equal(normed, ops.rms_norm(x + delta, weight, 1e-5))
+        assert torch.equal(normed, ops.rms_norm(x + delta, weight, 1e-5, unit_offset))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ratio", GQA_RATIOS)
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("unit_offset", [False, True])
+def test_qk_rms_norm(
+    fused: KernelOps, dtype: torch.dtype, ratio: int, head_dim: int, unit_offset: bool
+) -> None:
+    # Each q and k head normed with its own weight inside the fused QKV rows; v untouched.
+    torch.manual_seed(ratio * head_dim)
+    heads = ratio * KV_HEADS
+    qkv = (torch.randn(5, (heads + 2 * KV_HEADS) * head_dim) * 3).to(dtype)
+    q_w, k_w = (torch.randn(head_dim) * 0.5).to(dtype), (torch.randn(head_dim) * 0.5).to(dtype)
+    got = fused.qk_rms_norm(qkv, q_w, k_w, heads, KV_HEADS, 1e-6, unit_offset)
+    q_end, k_end = heads * head_dim, (heads + KV_HEADS) * head_dim
+    q = PLAIN.rms_norm(qkv[:, :q_end].reshape(5, heads, head_dim), q_w, 1e-6, unit_offset)
+    k = PLAIN.rms_norm(qkv[:, q_end:k_end].reshape(5, KV_HEADS, head_dim), k_w, 1e-6, unit_offset)
+    torch.testing.assert_close(got[:, :q_end], q.flatten(1), **_tol(dtype))
+    torch.testing.assert_close(got[:, q_end:k_end], k.flatten(1), **_tol(dtype))
+    assert torch.equal(got[:, k_end:], qkv[:, k_end:])
+    plain = PLAIN.qk_rms_norm(qkv, q_w, k_w, heads, KV_HEADS, 1e-6, unit_offset)
+    torch.testing.assert_close(got, plain, **_tol(dtype))
 
 
 def _rotary(dim: int, max_position: int = 64) -> RotaryEmbedding:
