@@ -46,6 +46,7 @@ from inferd.layers.lora import LoraSlot
 from inferd.layers.registered import Registered
 
 INT4_GROUP = 32
+VNNI_TILE = 16  # outputs per tile of the int4 x int8 kernel's layout (pack_int4_vnni)
 DEFAULT_SMALL_BATCH = 8
 
 _dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
@@ -344,6 +345,29 @@ def pack_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     groups = codes.view(w.shape[0], -1, 2, INT4_GROUP // 2)
     packed = groups[:, :, 0] | (groups[:, :, 1] << 4)
     return packed.reshape(w.shape[0], -1).contiguous(), torch.stack([scale, lo], -1).contiguous()
+
+
+def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (uint8 [tiles, in/32, 4, 64], float32 [tiles, in/32, 2, 16]):
+    the layout of the int4 x int8 kernel (``kernels/decode.cpp``, ``int4_vnni_linear``).
+
+    Outputs go in tiles of 16 (the last one padded with zero codes and scales). For each tile and
+    group of 32 inputs, vector p (of 4) holds at byte ``4 * o + i`` output o's code of input
+    ``8p + i`` in its low nibble and of input ``8p + 4 + i`` in its high one: each nibble half
+    of a 64-byte load is one VNNI operand, 4 inputs for each of 16 outputs. Then the tile's
+    scales and mins of the group, 16 of each.
+    """
+    codes, scale, lo = int4_codes(w)
+    out_f, in_f = codes.shape
+    tiles, groups = -(-out_f // VNNI_TILE), in_f // INT4_GROUP
+    pad = tiles * VNNI_TILE - out_f
+    codes = F.pad(codes, (0, 0, 0, pad))
+    scale, lo = F.pad(scale, (0, 0, 0, pad)), F.pad(lo, (0, 0, 0, pad))
+    # [tile, o, group, p, half, i] -> [tile, group, p, half, o, i]
+    c = codes.view(tiles, VNNI_TILE, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(tiles, groups, 4, 64)
+    sm = torch.stack([scale, lo], -1).view(tiles, VNNI_TILE, groups, 2).permute(0, 2, 3, 1)
+    return packed.contiguous(), sm.contiguous()
 
 
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
