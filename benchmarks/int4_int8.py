@@ -11,7 +11,6 @@ interleaved pass by pass so a loaded machine's drift hits all alike.
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 from collections.abc import Callable
 

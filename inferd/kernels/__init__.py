@@ -131,6 +131,23 @@ def packs_weights(dtype: torch.dtype) -> bool:
     )
 
 
+INT4_INT8_ENV = "INFERD_INT4_INT8"
+
+
+def int8_dot(dtype: torch.dtype) -> bool:
+    """Whether int4 weights of a model in ``dtype`` run the int4 x int8 kernel (decode.cpp's
+    ``int4_vnni_linear``, activations quantized to int8 on the fly): bf16 models on the built
+    avx512 target, whose VNNI instruction does twice the multiplies of the bf16 one, unless
+    ``INFERD_INT4_INT8=0`` (then torch's int4 kernel serves small batches, dense the rest)."""
+    if dtype != torch.bfloat16 or os.environ.get(INT4_INT8_ENV, "1") == "0":
+        return False
+    try:
+        isa = kernel_isa()
+    except ValueError:  # a bad INFERD_KERNEL_ISA: the model runs the plain ops
+        return False
+    return isa is not None and isa.name == "avx512" and _load_once() is not None
+
+
 def forced_isa() -> str | None:
     """The ISA ``INFERD_KERNEL_ISA`` forces, if any (lower case)."""
     return os.environ.get(ISA_ENV, "").strip().lower() or None

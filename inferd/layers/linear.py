@@ -40,7 +40,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd import kernels
 from inferd.host_memory import available_bytes
+from inferd.kernels.plain import unpack_int4_vnni
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
 from inferd.layers.registered import Registered
@@ -73,6 +75,12 @@ class PackedKind(enum.Enum):
     INT4 = "int4"  # torch's CPU int4 pack (bf16 activations)
     INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
     INT8 = "int8"
+    INT4_VNNI = "int4_vnni"  # int4 codes x int8 activations (``pack_int4_vnni``), bf16 models
+
+
+# Decode batches up to here run the int4 x int8 kernel where a layer has it: it beat oneDNN's
+# dense bf16 at every size measured, 1 to 256 rows (benchmarks/int4_int8.py).
+INT4_INT8_ROWS = 256
 
 
 class Linear(nn.Linear, KernelUser):
@@ -103,6 +111,19 @@ class Linear(nn.Linear, KernelUser):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
+        if (
+            kind is PackedKind.INT4
+            and w.shape[1] % INT4_GROUP == 0
+            and kernels.int8_dot(self.weight.dtype)
+        ):
+            # The VNNI kernel beats torch's int4 at small batches and the dense weight up to
+            # INT4_INT8_ROWS: it serves them all.
+            self._packed, self._scales = pack_int4_vnni(w)
+            self.packed_kind, self.small_batch = (
+                PackedKind.INT4_VNNI,
+                max(small_batch, INT4_INT8_ROWS),
+            )
+            return
         if kind is PackedKind.INT4 and self.weight.dtype == torch.float32 and w.shape[1] % 32 == 0:
             # torch's int4 kernel is ~10x slower than dense with float32 activations (AVX2
             # machines, whose models run float32): inferd's kernel takes its own layout.
@@ -155,6 +176,9 @@ class Linear(nn.Linear, KernelUser):
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
         assert self._packed is not None and self._scales is not None
+        if self.packed_kind is PackedKind.INT4_VNNI:  # takes float32 and bf16 rows as they are
+            out = self.ops.int4_vnni_linear(x, self._packed, self._scales, self.out_features)
+            return out if self.bias is None else out + self.bias
         # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
@@ -377,6 +401,10 @@ def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.
 
 def dequantize_packed(layer: Linear) -> torch.Tensor:
     """The weight the packed kernel really multiplies by (for tests and diagnostics)."""
+    if layer.packed_kind is PackedKind.INT4_VNNI:  # its rows are quantized: unpack the codes
+        assert layer._packed is not None and layer._scales is not None
+        codes, scale, lo = unpack_int4_vnni(layer._packed, layer._scales, layer.out_features)
+        return (codes * scale[..., None] + lo[..., None]).view(layer.out_features, -1)
     eye = torch.eye(layer.in_features, dtype=layer.weight.dtype)
     saved = layer.small_batch
     layer.small_batch = layer.in_features
