@@ -1132,8 +1132,13 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 // holding output o's code of input 8p + i in its low nibble and of input 8p + 4 + i in its high
 // one; then the tile's group scales and mins, float32 [tiles, groups, 2, 16]. Each row of x is
 // quantized per group of 32: scale = absmax / 127, code = round-half-even(x / scale) (as a
-// multiplication by the float32 reciprocal), and the group's float sum kept for the min term:
-//   y[r, o] = sum_g (scale_w[o, g] * scale_x[r, g]) * idot_g + min_w[o, g] * sum_x[r, g],
+// multiplication by the float32 reciprocal), and the sum of the quantized values kept for the
+// min term (as llama.cpp's Q8_1 does):
+//   y[r, o] = sum_g (scale_w[o, g] * scale_x[r, g]) * idot_g + min_w[o, g] * sum_x[r, g].
+// sum_x is that of the quantized row, scale_x[r, g] * sum(codes), not of x: then the rounding
+// errors meet the weights w = code * scale + min themselves, centered near 0, instead of
+// code * scale, which is all positive and sums them up (benchmarks/accuracy.py on SmolLM2: mean
+// KL to float32 0.0044 against 0.0148 with the float sum of x).
 // summed over g in order, each step one fma per term, in float32. A row's sums do not depend on
 // the rows beside it or on the threads (each task owns whole output tiles).
 constexpr int64_t VNNI_TILE = 16;              // outputs per tile: one int32 lane each
@@ -1154,7 +1159,7 @@ inline float opaque(float v) {
 struct QuantizedRows {
   std::vector<int8_t> codes;  // [rows, k]
   std::vector<float> scale;   // [rows, groups]
-  std::vector<float> sum;     // [rows, groups]: the float sum of the group's values
+  std::vector<float> sum;     // [rows, groups]: scale * the sum of the group's codes
 };
 
 template <typename T>
@@ -1166,24 +1171,21 @@ void quantize_groups(const T* x, int64_t rows, int64_t k, QuantizedRows& q) {
   for (int64_t rg = 0; rg < rows * groups; ++rg) {
     const T* xg = x + rg * INT4_GROUP;
     float v[INT4_GROUP];
-    float amax = 0.f, sum = 0.f;
+    float amax = 0.f;
     for (int64_t i = 0; i < INT4_GROUP; ++i) {
       v[i] = load_f(xg, i);
       amax = std::max(amax, std::fabs(v[i]));
     }
-    // The sum in a fixed order (pairs, then halves), the reference's (plain.quantize_groups).
-    float part[INT4_GROUP / 2];
-    for (int64_t i = 0; i < INT4_GROUP / 2; ++i) part[i] = v[i] + v[i + INT4_GROUP / 2];
-    for (int64_t w = INT4_GROUP / 4; w >= 1; w /= 2)
-      for (int64_t i = 0; i < w; ++i) part[i] = part[i] + part[i + w];
-    sum = part[0];
     const float scale = opaque(amax * INV_QMAX);
     const float inv = scale > 0.f ? 1.f / scale : 0.f;
     int8_t* dst = q.codes.data() + rg * INT4_GROUP;
-    for (int64_t i = 0; i < INT4_GROUP; ++i)
+    int32_t sum = 0;
+    for (int64_t i = 0; i < INT4_GROUP; ++i) {
       dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv))));
+      sum += dst[i];
+    }
     q.scale[rg] = scale;
-    q.sum[rg] = sum;
+    q.sum[rg] = scale * static_cast<float>(sum);
   }
 }
 

@@ -142,18 +142,15 @@ QMAX_INV = torch.tensor(1 / 127, dtype=torch.float32)
 
 
 def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows [r, k] -> int8 codes (as float32) [r, k/32, 32], scales and float sums [r, k/32]:
-    per group of 32, scale = absmax / 127 and code = round-half-even(x * (1 / scale)), the
-    compiled kernel's arithmetic step for step (the sum too: pairs of halves, halving)."""
+    """Rows [r, k] -> int8 codes (as float32) [r, k/32, 32], scales and sums [r, k/32]: per
+    group of 32, scale = absmax / 127 and code = round-half-even(x * (1 / scale)), the compiled
+    kernel's arithmetic step for step. The sum is the quantized group's, scale * sum(codes),
+    for the weights' min term (decode.cpp says why not x's own)."""
     g = x.float().view(x.shape[0], -1, 32)
     scale = g.abs().amax(-1) * QMAX_INV
     inv = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
     codes = (g * inv[..., None]).round().clamp(-127, 127)
-    part = g
-    while part.shape[-1] > 1:
-        half = part.shape[-1] // 2
-        part = part[..., :half] + part[..., half:]
-    return codes, scale, part[..., 0]
+    return codes, scale, scale * codes.sum(-1)
 
 
 def write_kv(

@@ -364,13 +364,13 @@ def test_int4_vnni_linear(fused: KernelOps, rows: int, out_features: int, in_fea
     w = torch.randn(out_features, in_features)
     packed, sm = pack_int4_vnni(w)
     x = (torch.randn(rows, in_features) * 3).bfloat16().float()  # ties to round half-even
-    x[0, :32] = 0.0  # a group of zeros: scale 0, no division by it
+    x[-1, -32:] = 0.0  # a group of zeros: scale 0, no division by it
     ours = fused.int4_vnni_linear(x, packed, sm, out_features)
     ref = PLAIN.int4_vnni_linear(x, packed, sm, out_features)
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-5)
     codes, scale, lo = unpack_int4_vnni(packed, sm, out_features)
     dense = x @ (codes * scale[..., None] + lo[..., None]).view(out_features, -1).T
-    assert ((ours - dense).abs().max() / dense.abs().max()) < 0.02  # int8 rows: ~0.5% noise
+    assert (ours - dense).abs().max() <= 0.02 * dense.abs().max() + 1e-6  # int8 rows: ~0.5% noise
     # bf16 rows: the same float sums, rounded to nearest even at the end.
     assert torch.equal(
         fused.int4_vnni_linear(x.bfloat16(), packed, sm, out_features), ours.bfloat16()
