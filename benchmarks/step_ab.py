@@ -16,6 +16,7 @@ script says whether the tokens are identical.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -84,6 +85,8 @@ def main() -> None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
         ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
+    if args.switch == "int4int8":  # read when the weights are packed
+        os.environ[kernels.INT4_INT8_ENV] = "1"
     cfg = EngineConfig(
         speculative="off",
         max_num_seqs=max(16, args.rows),
