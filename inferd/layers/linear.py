@@ -12,9 +12,10 @@ that came from such blocks are repacked without further loss.
 
 Batches past ``small_batch`` run the dense bf16 weight, except where int4 weights take the
 int4 x int8 kernel (``INFERD_INT4_INT8=1``, bf16 models on the AVX-512 VNNI build;
-``PackedKind.INT4_VNNI``, ``pack_int4_vnni``): each row is quantized to int8 per group of 32 on the way in (a scale per
-group, llama.cpp's Q8_1) and meets the int4 codes through ``vpdpbusd``, 64 multiplies an
-instruction against the bf16 one's 32, from weights read as 4 bits. It then serves every decode
+``PackedKind.INT4_VNNI``, ``pack_int4_vnni``): each row is quantized to int8 per group of 32
+on the way in (a scale per group, llama.cpp's Q8_1) and meets the int4 codes through
+``vpdpbusd``, 64 multiplies an instruction against the bf16 one's 32, from weights read as 4
+bits. It then serves every decode
 batch up to ``INT4_INT8_ROWS`` (SmolLM2, one thread, 30 layers of each projection: 1.4-2.5x the
 oneDNN bf16 weight at 16-64 rows, 1.3-2.7x torch's int4 kernel at 1-8 rows;
 benchmarks/int4_int8.py), and a 16-row decode step's projections took 19 ms instead of 33
