@@ -7,7 +7,11 @@ the dense float32 model; each bf16 regime the engine can run a row through is th
 every row:
 
 - dense bf16: prompt rows, batches above 8 rows, and every row under ``--deterministic``;
-- int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode).
+- int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode) where the
+  int4 x int8 kernel does not run (the default, ``INFERD_INT4_INT8`` unset);
+- int4 x int8 rows (the same weights, each row quantized to int8 per group of 32): decode batches
+  of up to ``linear.INT4_INT8_ROWS`` rows on the VNNI build with ``INFERD_INT4_INT8=1`` (shown
+  where it runs).
 
 Prints, per regime, the mean KL(f32 || regime) of the next-token distributions, the share of
 positions whose top-1 token matches float32, and the perplexity of the text. The README's table
@@ -17,13 +21,14 @@ positions whose top-1 token matches float32, and the perplexity of the text. The
 from __future__ import annotations
 
 import math
+import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
 
 import torch
 
-from inferd.kernels import load_ops
+from inferd.kernels import INT4_INT8_ENV, int8_dot, load_ops
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import Linear, dense_rows
 from inferd.loading.model import load
@@ -110,9 +115,13 @@ def compare(ref: torch.Tensor, other: torch.Tensor, ids: list[int]) -> tuple[flo
 def main(model_id: str = "smollm2") -> None:
     source = resolve_source(model_id)
     f32 = load(source, dtype="f32", progress=False)
+    os.environ[INT4_INT8_ENV] = "0"  # read when the weights are packed: torch's int4 copies
     bf16 = load(source, dtype="bf16", progress=False)
-    for loaded in (f32, bf16):
-        loaded.model.use_kernels(load_ops(loaded.dtype))
+    os.environ[INT4_INT8_ENV] = "1"  # the int4 x int8 kernel's copies, where it runs
+    vnni = load(source, dtype="bf16", progress=False) if int8_dot(torch.bfloat16) else None
+    for loaded in (f32, bf16, vnni):
+        if loaded is not None:
+            loaded.model.use_kernels(load_ops(loaded.dtype))
     ids = f32.tokenizer.encode(TEXT, add_special=False)
     ref = forward(f32.model, ids, len(ids))
     model = bf16.model
@@ -120,13 +129,18 @@ def main(model_id: str = "smollm2") -> None:
         ("dense bf16 (prompts, > 8 rows, --deterministic)", dense_rows),
         ("int4 weights, bf16 rows (batches <= 8)", lambda: int4_rows(model)),
     ]
+    if vnni is not None:
+        runs = [(name, model, regime) for name, regime in regimes]
+        runs.append(("int4 weights x int8 rows (VNNI)", vnni.model, lambda: int4_rows(vnni.model)))
+    else:
+        runs = [(name, model, regime) for name, regime in regimes]
     print(f"{source.name}: {len(ids)} tokens; reference: dense float32\n")
     print("| regime | KL vs f32 | top-1 agreement | perplexity |")
     print("|---|---|---|---|")
     print(f"| dense float32 (reference) | 0 | 1.000 | {compare(ref, ref, ids)[2]:.3f} |")
-    for name, regime in regimes:
+    for name, run_model, regime in runs:
         with regime():
-            logits = forward(model, ids, 8)
+            logits = forward(run_model, ids, 8)
         kl, top1, ppl = compare(ref, logits, ids)
         print(f"| {name} | {kl:.4f} | {top1:.3f} | {ppl:.3f} |")
 

@@ -5,7 +5,9 @@
 
 The variants ("before" / "after"): ``onednn`` turns the oneDNN-packed dense weights off / on
 (layers/linear.py), ``kernels`` runs the fused kernels built from ``--old-kernels`` / from this
-tree's decode.cpp, ``all`` both. The same requests are stepped with the variants alternating step
+tree's decode.cpp, ``all`` both; ``int4int8`` serves batches past 8 rows from the dense weight /
+from the int4 x int8 kernel (layers with it: bf16 int4 weights on the VNNI build).
+The same requests are stepped with the variants alternating step
 by step, so drift of a loaded machine hits both alike; the medians and their ratio are printed.
 First, each variant generates ``--rows`` greedy replies of 24 tokens from the start, and the
 script says whether the tokens are identical.
@@ -14,6 +16,7 @@ script says whether the tokens are identical.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from pathlib import Path
@@ -66,7 +69,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--switch", choices=["onednn", "kernels", "all"], default="all")
+    parser.add_argument("--switch", choices=["onednn", "kernels", "all", "int4int8"], default="all")
     parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
     parser.add_argument("--threads", type=int)
     parser.add_argument(
@@ -77,11 +80,13 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     ops: dict[bool, KernelOps] = {}
-    if args.switch != "onednn":
+    if args.switch not in ("onednn", "int4int8"):
         if args.old_kernels is None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
         ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
+    if args.switch == "int4int8":  # read when the weights are packed
+        os.environ[kernels.INT4_INT8_ENV] = "1"
     cfg = EngineConfig(
         speculative="off",
         max_num_seqs=max(16, args.rows),
@@ -91,8 +96,19 @@ def main() -> None:
     served = load_model(resolve_source("smollm2"), cfg, progress=False, loop=CallerLoop())
     engine = served.engine.engine
 
+    vnni = [
+        m
+        for m in engine.model.modules()
+        if isinstance(m, linear.Linear) and m.packed_kind is linear.PackedKind.INT4_VNNI
+    ]
+    if args.switch == "int4int8" and not vnni:
+        parser.error("no layer runs the int4 x int8 kernel here (bf16 int4 weights, VNNI)")
+
     def switch(after: bool) -> None:
-        if args.switch != "kernels":
+        if args.switch == "int4int8":
+            for m in vnni:
+                m.small_batch = linear.INT4_INT8_ROWS if after else linear.DEFAULT_SMALL_BATCH
+        elif args.switch != "kernels":
             linear._ONEDNN = after
         if ops:
             engine.model.use_kernels(ops[after])

@@ -144,6 +144,14 @@ class KernelOps(ABC):
         uint8 [out, in/2], float32 scale and min per group of 32 [out, in/32, 2]."""
 
     @abstractmethod
+    def int4_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
+    ) -> torch.Tensor:
+        """x @ w^T with int4 weights in the int4 x int8 kernel's layout
+        (``linear.pack_int4_vnni``) and x quantized to int8 per group of 32 on the way in
+        (``plain.quantize_groups``); ``out`` outputs of the padded tiles of 16."""
+
+    @abstractmethod
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:

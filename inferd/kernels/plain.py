@@ -126,6 +126,16 @@ class PlainOps(KernelOps):
     ) -> torch.Tensor:
         return F.linear(x, unpack_int4_rows(packed, scales_and_mins).to(x.dtype))
 
+    def int4_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
+    ) -> torch.Tensor:
+        codes, scale, lo = unpack_int4_vnni(packed, scales_and_mins, out)
+        xq, xs, xsum = quantize_groups(x)
+        # Integer dot products per group: exact in float32 (at most 32 * 15 * 127 < 2**24).
+        dot = torch.einsum("rgi,ngi->rng", xq, codes)
+        y = (dot * (scale[None] * xs[:, None])).sum(-1) + (lo[None] * xsum[:, None]).sum(-1)
+        return y.to(x.dtype)
+
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
@@ -140,6 +150,34 @@ def unpack_int4_rows(packed: torch.Tensor, scales_and_mins: torch.Tensor) -> tor
     codes = torch.cat((groups & 0x0F, groups >> 4), dim=2).view(out, -1, 32).float()
     w = codes * scales_and_mins[..., :1] + scales_and_mins[..., 1:]
     return w.view(out, -1)
+
+
+def unpack_int4_vnni(
+    packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``linear.pack_int4_vnni``'s layout -> (codes [out, groups, 32], scale and min [out,
+    groups]), float32."""
+    tiles, groups = packed.shape[:2]
+    v = packed.view(tiles, groups, 4, 1, 16, 4)
+    c = torch.cat((v & 0x0F, v >> 4), dim=3)  # [tile, group, p, half, o, i]
+    codes = c.permute(0, 4, 1, 2, 3, 5).reshape(tiles * 16, groups, 32)[:out].float()
+    sm = scales_and_mins.permute(0, 3, 1, 2).reshape(tiles * 16, groups, 2)[:out]
+    return codes, sm[..., 0], sm[..., 1]
+
+
+QMAX_INV = torch.tensor(1 / 127, dtype=torch.float32)
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows [r, k] -> int8 codes (as float32) [r, k/32, 32], scales and sums [r, k/32]: per
+    group of 32, scale = absmax / 127 and code = round-half-even(x * (1 / scale)), the compiled
+    kernel's arithmetic step for step. The sum is the quantized group's, scale * sum(codes),
+    for the weights' min term (decode.cpp says why not x's own)."""
+    g = x.float().view(x.shape[0], -1, 32)
+    scale = g.abs().amax(-1) * QMAX_INV
+    inv = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
+    codes = (g * inv[..., None]).round().clamp(-127, 127)
+    return codes, scale, scale * codes.sum(-1)
 
 
 def write_kv(

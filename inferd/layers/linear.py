@@ -10,7 +10,18 @@ int4 packing is affine per group of 32 input columns: ``w = q * scale + min`` wi
 0..15. That is exactly GGML's Q4_1 layout (and holds Q4_0 with ``min = -8 * scale``), so weights
 that came from such blocks are repacked without further loss.
 
-Batches past ``small_batch`` run the dense bf16 weight. A third regime once served batched
+Batches past ``small_batch`` run the dense bf16 weight, except where int4 weights take the
+int4 x int8 kernel (``INFERD_INT4_INT8=1``, bf16 models on the AVX-512 VNNI build;
+``PackedKind.INT4_VNNI``, ``pack_int4_vnni``): each row is quantized to int8 per group of 32
+on the way in (a scale per group, llama.cpp's Q8_1) and meets the int4 codes through
+``vpdpbusd``, 64 multiplies an instruction against the bf16 one's 32, from weights read as 4
+bits. It then serves every decode
+batch up to ``INT4_INT8_ROWS`` (SmolLM2, one thread, 30 layers of each projection: 1.4-2.5x the
+oneDNN bf16 weight at 16-64 rows, 1.3-2.7x torch's int4 kernel at 1-8 rows;
+benchmarks/int4_int8.py), and a 16-row decode step's projections took 19 ms instead of 33
+(benchmarks/step_profile.md). It is off by default because the int8 rows cost accuracy: mean KL
+to float32 of 0.0041 against 0.0020 for int4 weights with bf16 rows, top-1 agreement 95.5%
+against 97.4% (benchmarks/accuracy.py). A third regime once served batched
 decodes of 9..32 rows with int8 weights times int8 activations (fbgemm's VNNI kernel); against
 the oneDNN-packed dense weight below it was slower at every size (SmolLM2, 2 cores: a 16-row
 step 37.3 vs 33.3 ms, 10 rows 32.1 vs 28.6, 32 rows 50.3 vs 48.5) and less accurate, so it
@@ -40,12 +51,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from inferd import kernels
 from inferd.host_memory import available_bytes
+from inferd.kernels.plain import unpack_int4_vnni
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
 from inferd.layers.registered import Registered
 
 INT4_GROUP = 32
+VNNI_TILE = 16  # outputs per tile of the int4 x int8 kernel's layout (pack_int4_vnni)
 DEFAULT_SMALL_BATCH = 8
 
 _dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
@@ -72,6 +86,12 @@ class PackedKind(enum.Enum):
     INT4 = "int4"  # torch's CPU int4 pack (bf16 activations)
     INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
     INT8 = "int8"
+    INT4_VNNI = "int4_vnni"  # int4 codes x int8 activations (``pack_int4_vnni``), bf16 models
+
+
+# Decode batches up to here run the int4 x int8 kernel where a layer has it: it beat oneDNN's
+# dense bf16 at every size measured, 1 to 256 rows (benchmarks/int4_int8.py).
+INT4_INT8_ROWS = 256
 
 
 class Linear(nn.Linear, KernelUser):
@@ -102,6 +122,19 @@ class Linear(nn.Linear, KernelUser):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
+        if (
+            kind is PackedKind.INT4
+            and w.shape[1] % INT4_GROUP == 0
+            and kernels.int8_dot(self.weight.dtype)
+        ):
+            # The VNNI kernel beats torch's int4 at small batches and the dense weight up to
+            # INT4_INT8_ROWS: it serves them all.
+            self._packed, self._scales = pack_int4_vnni(w)
+            self.packed_kind, self.small_batch = (
+                PackedKind.INT4_VNNI,
+                max(small_batch, INT4_INT8_ROWS),
+            )
+            return
         if kind is PackedKind.INT4 and self.weight.dtype == torch.float32 and w.shape[1] % 32 == 0:
             # torch's int4 kernel is ~10x slower than dense with float32 activations (AVX2
             # machines, whose models run float32): inferd's kernel takes its own layout.
@@ -154,6 +187,9 @@ class Linear(nn.Linear, KernelUser):
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
         assert self._packed is not None and self._scales is not None
+        if self.packed_kind is PackedKind.INT4_VNNI:  # takes float32 and bf16 rows as they are
+            out = self.ops.int4_vnni_linear(x, self._packed, self._scales, self.out_features)
+            return out if self.bias is None else out + self.bias
         # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
         if self.packed_kind is PackedKind.INT4:
@@ -346,6 +382,29 @@ def pack_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.reshape(w.shape[0], -1).contiguous(), torch.stack([scale, lo], -1).contiguous()
 
 
+def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (uint8 [tiles, in/32, 4, 64], float32 [tiles, in/32, 2, 16]):
+    the layout of the int4 x int8 kernel (``kernels/decode.cpp``, ``int4_vnni_linear``).
+
+    Outputs go in tiles of 16 (the last one padded with zero codes and scales). For each tile and
+    group of 32 inputs, vector p (of 4) holds at byte ``4 * o + i`` output o's code of input
+    ``8p + i`` in its low nibble and of input ``8p + 4 + i`` in its high one: each nibble half
+    of a 64-byte load is one VNNI operand, 4 inputs for each of 16 outputs. Then the tile's
+    scales and mins of the group, 16 of each.
+    """
+    codes, scale, lo = int4_codes(w)
+    out_f, in_f = codes.shape
+    tiles, groups = -(-out_f // VNNI_TILE), in_f // INT4_GROUP
+    pad = tiles * VNNI_TILE - out_f
+    codes = F.pad(codes, (0, 0, 0, pad))
+    scale, lo = F.pad(scale, (0, 0, 0, pad)), F.pad(lo, (0, 0, 0, pad))
+    # [tile, o, group, p, half, i] -> [tile, group, p, half, o, i]
+    c = codes.view(tiles, VNNI_TILE, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
+    packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(tiles, groups, 4, 64)
+    sm = torch.stack([scale, lo], -1).view(tiles, VNNI_TILE, groups, 2).permute(0, 2, 3, 1)
+    return packed.contiguous(), sm.contiguous()
+
+
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     q, scale = int8_codes(w)
     return q, scale.to(dtype)
@@ -353,6 +412,10 @@ def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.
 
 def dequantize_packed(layer: Linear) -> torch.Tensor:
     """The weight the packed kernel really multiplies by (for tests and diagnostics)."""
+    if layer.packed_kind is PackedKind.INT4_VNNI:  # its rows are quantized: unpack the codes
+        assert layer._packed is not None and layer._scales is not None
+        codes, scale, lo = unpack_int4_vnni(layer._packed, layer._scales, layer.out_features)
+        return (codes * scale[..., None] + lo[..., None]).view(layer.out_features, -1)
     eye = torch.eye(layer.in_features, dtype=layer.weight.dtype)
     saved = layer.small_batch
     layer.small_batch = layer.in_features

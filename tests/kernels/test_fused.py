@@ -14,8 +14,14 @@ import torch
 from inferd.kernels import FUSED_DTYPES, build_status, kernel_isa, load_ops
 from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps
-from inferd.kernels.plain import PlainOps, gather_blocks, grouped_attention, unpack_int4_rows
-from inferd.layers.linear import Linear, PackedKind, pack_int4_rows, pack_int8
+from inferd.kernels.plain import (
+    PlainOps,
+    gather_blocks,
+    grouped_attention,
+    unpack_int4_rows,
+    unpack_int4_vnni,
+)
+from inferd.layers.linear import Linear, PackedKind, pack_int4_rows, pack_int4_vnni, pack_int8
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from tests.kernels.choice import ops_named
 
@@ -383,6 +389,58 @@ def test_int4_rows_kernel_refuses_what_it_cannot_take(fused: KernelOps) -> None:
         fused.int4_rows_linear(torch.randn(2, 48), packed[:, :24].contiguous(), sm)
     with pytest.raises(RuntimeError, match="float32"):
         fused.int4_rows_linear(torch.randn(2, 64), packed, sm.bfloat16())
+
+
+@pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 64])
+@pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (101, 96), (80, 576)])
+def test_int4_vnni_linear(fused: KernelOps, rows: int, out_features: int, in_features: int) -> None:
+    """int4 x int8 against the plain reference, which quantizes the rows the same way: the same
+    int8 codes (one code off in a group would move an output by ~1e-2), float sums that differ
+    in order only; and against the dense product it approximates."""
+    torch.manual_seed(rows + out_features)
+    w = torch.randn(out_features, in_features)
+    packed, sm = pack_int4_vnni(w)
+    x = (torch.randn(rows, in_features) * 3).bfloat16().float()  # ties to round half-even
+    x[-1, -32:] = 0.0  # a group of zeros: scale 0, no division by it
+    ours = fused.int4_vnni_linear(x, packed, sm, out_features)
+    ref = PLAIN.int4_vnni_linear(x, packed, sm, out_features)
+    torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-5)
+    codes, scale, lo = unpack_int4_vnni(packed, sm, out_features)
+    dense = x @ (codes * scale[..., None] + lo[..., None]).view(out_features, -1).T
+    assert (ours - dense).abs().max() <= 0.02 * dense.abs().max() + 1e-6  # int8 rows: ~0.5% noise
+    # bf16 rows: the same float sums, rounded to nearest even at the end.
+    assert torch.equal(
+        fused.int4_vnni_linear(x.bfloat16(), packed, sm, out_features), ours.bfloat16()
+    )
+
+
+def test_int4_vnni_rows_do_not_depend_on_the_batch_or_the_threads(fused: KernelOps) -> None:
+    """A row's bits are its own: alone, in a batch of 16 or 64 (tiles of 8 rows, a remainder),
+    on one thread or two (determinism: README)."""
+    torch.manual_seed(3)
+    w = torch.randn(200, 576)  # 13 tiles of 16 outputs, the last one partial
+    packed, sm = pack_int4_vnni(w)
+    x = torch.randn(64, 576).bfloat16()
+    alone = torch.cat([fused.int4_vnni_linear(x[i : i + 1], packed, sm, 200) for i in range(64)])
+    for rows in (16, 37, 64):
+        assert torch.equal(fused.int4_vnni_linear(x[:rows], packed, sm, 200), alone[:rows])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert torch.equal(fused.int4_vnni_linear(x, packed, sm, 200), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_int4_vnni_kernel_refuses_what_it_cannot_take(fused: KernelOps) -> None:
+    packed, sm = pack_int4_vnni(torch.randn(40, 64))
+    x = torch.randn(2, 64)
+    with pytest.raises(RuntimeError, match="do not fill"):
+        fused.int4_vnni_linear(x, packed, sm, 49)  # 3 tiles hold 33..48 outputs
+    with pytest.raises(RuntimeError, match="for rows of"):
+        fused.int4_vnni_linear(torch.randn(2, 96), packed, sm, 40)
+    with pytest.raises(RuntimeError, match="float32"):
+        fused.int4_vnni_linear(x, packed, sm.bfloat16(), 40)
 
 
 @pytest.mark.parametrize(
