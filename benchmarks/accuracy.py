@@ -8,10 +8,10 @@ every row:
 
 - dense bf16: prompt rows, batches above 8 rows, and every row under ``--deterministic``;
 - int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode) where the
-  int4 x int8 kernel does not run (the default, ``INFERD_INT4_INT8`` unset);
+  int4 x int8 kernel does not run (``INFERD_INT4_INT8=0``, or a CPU without AVX-512 VNNI);
 - int4 x int8 rows (the same weights, each row quantized to int8 per group of 32): decode batches
-  of up to ``linear.INT4_INT8_ROWS`` rows on the VNNI build with ``INFERD_INT4_INT8=1`` (shown
-  where it runs).
+  of up to ``linear.INT4_INT8_ROWS`` rows on the VNNI build, the default there (shown where it
+  runs).
 
 Prints, per regime, the mean KL(f32 || regime) of the next-token distributions, the share of
 positions whose top-1 token matches float32, and the perplexity of the text. The README's table

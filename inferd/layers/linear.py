@@ -11,17 +11,16 @@ int4 packing is affine per group of 32 input columns: ``w = q * scale + min`` wi
 that came from such blocks are repacked without further loss.
 
 Batches past ``small_batch`` run the dense bf16 weight, except where int4 weights take the
-int4 x int8 kernel (``INFERD_INT4_INT8=1``, bf16 models on the AVX-512 VNNI build;
+int4 x int8 kernel (bf16 models on the AVX-512 VNNI build, unless ``INFERD_INT4_INT8=0``;
 ``PackedKind.INT4_VNNI``, ``pack_int4_vnni``): each row is quantized to int8 per group of 32
 on the way in (a scale per group, llama.cpp's Q8_1) and meets the int4 codes through
 ``vpdpbusd``, 64 multiplies an instruction against the bf16 one's 32, from weights read as 4
-bits. It then serves every decode
-batch up to ``INT4_INT8_ROWS`` (SmolLM2, one thread, 30 layers of each projection: 1.4-2.5x the
-oneDNN bf16 weight at 16-64 rows, 1.3-2.7x torch's int4 kernel at 1-8 rows;
-benchmarks/int4_int8.py), and a 16-row decode step's projections took 19 ms instead of 33
-(benchmarks/step_profile.md). It is off by default because the int8 rows cost accuracy: mean KL
-to float32 of 0.0041 against 0.0020 for int4 weights with bf16 rows, top-1 agreement 95.5%
-against 97.4% (benchmarks/accuracy.py). A third regime once served batched
+bits. It then serves every decode batch up to ``INT4_INT8_ROWS`` (SmolLM2, one thread, 30
+layers of each projection: 1.4-2.5x the oneDNN bf16 weight at 16-64 rows, 1.3-2.7x torch's int4
+kernel at 1-8 rows; benchmarks/int4_int8.py), and a 16-row decode step's projections took 19 ms
+instead of 33 (benchmarks/step_profile.md). The int8 rows cost some accuracy, as they do in
+llama.cpp: mean KL to float32 of 0.0041 against 0.0020 for int4 weights with bf16 rows, top-1
+agreement 95.5% against 97.4% (benchmarks/accuracy.py). A third regime once served batched
 decodes of 9..32 rows with int8 weights times int8 activations (fbgemm's VNNI kernel); against
 the oneDNN-packed dense weight below it was slower at every size (SmolLM2, 2 cores: a 16-row
 step 37.3 vs 33.3 ms, 10 rows 32.1 vs 28.6, 32 rows 50.3 vs 48.5) and less accurate, so it
