@@ -101,6 +101,10 @@ if TYPE_CHECKING:
     from inferd.engine.request import Request
 
 METHODS = ("ngram", "draft", "self", "off")
+# Occurrences of the sequence's end weighed per lookup (the latest), and how far back a match
+# is followed: enough to tell a copy under way from a common phrase, in bounded time.
+MATCH_CANDIDATES = 8
+MATCH_CAP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +117,21 @@ class SpeculativeConfig:
     first_tokens: int = 3
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
-    # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
-    # drafts are cut so that the step's decode rows stay within it. 8: the rows the weight-only
-    # int4/int8 kernels serve (layers/linear.py DEFAULT_SMALL_BATCH), the memory-bound regime.
+    # Several decodes in a step: more decode rows than this and nobody drafts (the step is
+    # compute-bound); fewer: drafts are cut so that the step's decode rows stay within it. 8:
+    # the rows the weight-only int4/int8 kernels serve (layers/linear.py DEFAULT_SMALL_BATCH),
+    # the memory-bound regime.
     max_batch_rows: int = 8
+    # A decode alone in its step may verify this many rows (1 + drafts): one sequence's rows
+    # keep getting cheaper per row past the int4 kernels' 8 (SmolLM2, 2 cores, ~300 tokens of
+    # context: 1 row 9.3 ms, 8 rows 22-28, 16 rows 26-31, 32 rows 53), so a copy's long drafts
+    # pay, while a batch's rows would compete with the other requests' own.
+    max_verify_rows: int = 32
     # What a drafted row costs, in tokens of a plain decode step (benchmarks/speculative.py)
     draft_cost: float = 0.1
     first_pause: int = 16  # decode steps without drafting after the first failing stretch
+    # A lookup whose match runs this far back drafts even in a pause: the text repeats itself.
+    sure_match: int = 8
     max_pause: int = 256
 
     def __post_init__(self) -> None:
@@ -141,9 +153,17 @@ class SpeculativeConfig:
 class DraftState:
     """One request's lookup table and acceptance record."""
 
-    # n-gram -> the position right after its latest occurrence (its continuation's start)
-    index: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # n-gram -> the positions right after its occurrences, oldest first (continuations' starts)
+    index: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     indexed: int = 0  # n-grams ending before this position are in ``index``
+    # Where the copy stands: the token at sequence position ``anchor_end`` is expected to be
+    # the one at ``anchor_source`` (-1: no copy yet). Set by a verified lookup draft, past the
+    # model's own token as if it replaced one source token (an edit of a copied text), so that
+    # among equally long matches the one in step with the copy wins.
+    anchor_source: int = -1
+    anchor_end: int = 0
+    draft_source: int = -1  # the pending lookup draft's start in the sequence (-1: none)
+    draft_end: int = 0  # the sequence's length when it was drafted
     # Moving average of (accepted - draft_cost * drafted) per verify step; it starts hopeful, so
     # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
     gain: float = 0.5
@@ -187,8 +207,9 @@ class Speculator:
 
     def draft_budget(self, num_decodes: int) -> int:
         """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts)."""
-        rows_each = self.config.max_batch_rows // max(num_decodes, 1)
-        return max(0, min(self.config.num_tokens, rows_each - 1))
+        cfg = self.config
+        rows = cfg.max_verify_rows if num_decodes <= 1 else cfg.max_batch_rows // num_decodes
+        return max(0, min(cfg.num_tokens, rows - 1))
 
     def propose(self, request: Request, k: int) -> tuple[int, ...]:
         """Up to ``k`` drafts for the request's next tokens (none when it should not draft)."""
@@ -198,36 +219,70 @@ class Speculator:
         if k <= 0:
             return ()
         state = self.states.setdefault(request.request_id, DraftState())
+        # Paused (drafts kept failing): no drafts, but from a lookup whose match is long, which
+        # is the text repeating itself (a reply that loops, a copy resuming after free text).
+        least_match = 0
         if state.paused > 0:
             state.paused -= 1
-            return ()
-        k = min(k, state.length or self._first_length())
+            if self.drafter is not None:
+                return ()
+            least_match = self.config.sure_match
+        length = state.length or self._first_length()
         if self.drafter is not None:
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
-            draft = self.drafter.propose(request, k)
+            draft = self.drafter.propose(request, min(k, length))
             if draft.probs is not None:
                 self.draft_probs[request.request_id] = draft.probs
             drafted = draft.tokens
         else:
             tokens = [*request.prompt_token_ids, *request.output_token_ids]
-            drafted = self._lookup(state, tokens, k)
+            drafted = self._lookup(state, tokens, k, length, least_match)
         if request.matcher is not None and drafted:
             # Never draft what the constraint refuses: its row could not choose it.
             drafted = drafted[: request.matcher.valid_prefix(drafted)]
         return tuple(drafted)
 
-    def _lookup(self, state: DraftState, tokens: list[int], k: int) -> list[int]:
+    def _lookup(
+        self, state: DraftState, tokens: list[int], k: int, length: int, least_match: int = 0
+    ) -> list[int]:
+        """At most ``k`` tokens that followed the longest earlier match of the sequence's end:
+        ``length`` of them (the request's record), or as many as the match is long if more (a
+        long match is a copy under way: it repeated that much already). None where the match
+        is shorter than ``least_match``."""
         cfg, end = self.config, len(tokens)
         # Index the n-grams that end before the last token (whose continuation is unknown).
         for e in range(state.indexed, end - 1):
             for n in range(cfg.min_ngram, min(cfg.max_ngram, e + 1) + 1):
-                state.index[tuple(tokens[e - n + 1 : e + 1])] = e + 1
+                state.index.setdefault(tuple(tokens[e - n + 1 : e + 1]), []).append(e + 1)
         state.indexed = max(state.indexed, end - 1)
+        state.draft_source = -1
         for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
-            start = state.index.get(tuple(tokens[end - n :]))
-            if start is not None:
-                return tokens[start : min(start + k, end)]
+            starts = state.index.get(tuple(tokens[end - n :]))
+            if starts:
+                start, match = self._best_start(state, tokens, starts, n)
+                if match < least_match:
+                    return []
+                state.draft_source, state.draft_end = start, end
+                return tokens[start : min(start + min(k, max(length, match)), end)]
         return []
+
+    def _best_start(
+        self, state: DraftState, tokens: list[int], starts: list[int], n: int
+    ) -> tuple[int, int]:
+        """Among the latest occurrences of the sequence's last ``n`` tokens, the one whose match
+        runs furthest back, then the one where the copy stands, then the latest; with the
+        length of its match."""
+        end = len(tokens)
+        expected = state.anchor_source + end - state.anchor_end if state.anchor_source >= 0 else -1
+        best, best_key = starts[-1], (-1, 0, 0)
+        for start in reversed(starts[-MATCH_CANDIDATES:]):
+            match, limit = n, min(start, MATCH_CAP)
+            while match < limit and tokens[start - 1 - match] == tokens[end - 1 - match]:
+                match += 1
+            key = (match, start == expected, start)
+            if key > best_key:
+                best, best_key = start, key
+        return best, best_key[0]
 
     def verify(self, logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
         """logits: [len(draft) + 1, vocab], row i predicting the token after draft i - 1."""
@@ -257,10 +312,16 @@ class Speculator:
         state = self.states.setdefault(request_id, DraftState())
         state.drafted += drafted
         state.accepted += accepted
+        if state.draft_source >= 0:
+            # The copy goes on past the accepted drafts and the model's own token.
+            state.anchor_source = state.draft_source + accepted + 1
+            state.anchor_end = state.draft_end + accepted + 1
+            state.draft_source = -1
         if accepted == drafted >= (state.length or self._first_length()):
             state.length = min(2 * drafted, cfg.num_tokens)
         elif accepted < drafted:
-            state.length = self._first_length()
+            # A miss: half as long (a copy with an edit goes on), not below the first length.
+            state.length = max(drafted // 2, self._first_length())
         state.gain = 0.5 * state.gain + 0.5 * (accepted - cfg.draft_cost * drafted)
         if state.gain < 0:
             state.pause = min(max(state.pause * 2, cfg.first_pause), cfg.max_pause)
