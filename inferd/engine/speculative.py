@@ -3,21 +3,14 @@
 A single stream on a CPU is bound by reading the weights: a step that computes 1 + k rows of one
 request costs little more than a step of one row. So, before a decode step, a request whose
 recent tokens (its last ``n`` tokens, n from ``max_ngram`` down to ``min_ngram``) occurred
-earlier in its own prompt or output proposes the ``k`` tokens that followed them then (a copy,
-a quote, an edit of given text repeats long runs). The scheduler gives it a chunk of
-[last token + drafts]; the runner computes logits at every one of those positions, each row as
-a one-query decode at its position (so a row's numerics are those it would have had decoding
-alone); ``verify`` then decides how many drafts stand:
-
-- greedy: the longest prefix of the drafts that matches the argmax at each position, plus the
-  argmax after it (the "bonus" token): exactly the tokens plain greedy decoding would give;
-- sampled: the speculative rejection rule. A prompt-lookup draft is deterministic (its
-  distribution is a point mass on the draft token ``x``), so ``x`` is accepted with probability
-  ``min(1, p(x) / 1) = p(x)`` under the row's sampling distribution ``p``; on rejection a token
-  is drawn from ``p`` with ``x`` removed and renormalized, and verification stops. The emitted
-  token then has probability ``p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y)``:
-  the sampled distribution is preserved token by token. Past the last accepted draft, the next
-  row's distribution gives one more token.
+earlier in its own prompt or output proposes the tokens that followed them then (a copy, a
+quote, an edit of given text repeats long runs). Of the latest occurrences it takes the one
+whose match runs furthest back, then the one in step with the copy (after the model replaced a
+copied token, the copy resumes one source token on: an edit), then the latest. The scheduler
+gives it a chunk of [last token + drafts]; the runner computes logits at every one of those
+positions, each row as a one-query decode at its position through the weight-only kernels
+whatever the row count (``layers.linear.packed_rows``: so a row's numerics are those it would
+have had decoding alone); ``verify`` then decides how many drafts stand:
 
 The KV of the accepted drafts stays (their positions hold the tokens now emitted); the runner's
 writes for rejected ones are left behind the request's computed length, to be overwritten, and
@@ -78,11 +71,15 @@ point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
 less the cost of the drafted rows; when it falls below zero the request stops drafting for a
-pause that doubles each time (free text rarely repeats), and tries again after it. Its drafts
-start at ``first_tokens`` and double after a step that accepted every one, up to ``num_tokens``,
-back to the start at a miss: a copy runs long drafts, a request that misses pays for few rows
-(one verify of 8 rows costs little more than one of 4 since the output head's int8 kernel takes
-8 rows a pass: benchmarks/speculative.py, 7 against 3 on the copy workload 1.66x vs 1.58x off).
+pause that doubles each time (free text rarely repeats), and tries again after it; in a pause
+only a lookup whose match runs ``sure_match`` tokens back drafts (the text repeating itself: a
+reply that loops). Its drafts start at ``first_tokens``, double after a step that accepted
+every one, halve at a miss (not below the start), and run as long as the lookup's match where
+that is longer (a long match is a copy under way), up to ``num_tokens``: a copy runs long
+drafts, a request that misses pays for few rows. A decode alone in its step verifies up to
+``max_verify_rows`` rows (SmolLM2, 2 cores, int4: 1 row 7 ms, 8 rows 21.5, 16 rows 40, 24
+rows 57: per accepted token a 32-row step costs less than an 8-row one, and takes a quarter of
+the steps); several share ``max_batch_rows``.
 """
 
 from __future__ import annotations
@@ -101,6 +98,9 @@ if TYPE_CHECKING:
     from inferd.engine.request import Request
 
 METHODS = ("ngram", "draft", "self", "off")
+# Drafts per step at most by method, unless configured: a lookup's long drafts (a copy) fill a
+# verify step of up to ``max_verify_rows``; a draft model runs once per draft it proposes.
+DEFAULT_TOKENS = {"ngram": 31, "draft": 7, "self": 7}
 # Occurrences of the sequence's end weighed per lookup (the latest), and how far back a match
 # is followed: enough to tell a copy under way from a common phrase, in bounded time.
 MATCH_CANDIDATES = 8
@@ -127,11 +127,12 @@ class SpeculativeConfig:
     # context: 1 row 9.3 ms, 8 rows 22-28, 16 rows 26-31, 32 rows 53), so a copy's long drafts
     # pay, while a batch's rows would compete with the other requests' own.
     max_verify_rows: int = 32
-    # What a drafted row costs, in tokens of a plain decode step (benchmarks/speculative.py)
-    draft_cost: float = 0.1
+    # What a drafted row costs, in tokens of a plain decode step (SmolLM2, one sequence: a
+    # plain step 7-9 ms, each verify row ~2 ms more through the int4 kernels)
+    draft_cost: float = 0.2
     first_pause: int = 16  # decode steps without drafting after the first failing stretch
     # A lookup whose match runs this far back drafts even in a pause: the text repeats itself.
-    sure_match: int = 8
+    sure_match: int = 6
     max_pause: int = 256
 
     def __post_init__(self) -> None:
@@ -346,9 +347,8 @@ def speculator_for(config: EngineConfig, drafter: DraftModel | None = None) -> S
         return None
     if (drafter is None) != (config.speculative == "ngram"):
         raise ValueError(f"speculative={config.speculative!r} drafts with a draft model")
-    return Speculator(
-        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens), drafter
-    )
+    k = config.num_speculative_tokens or DEFAULT_TOKENS[config.speculative]
+    return Speculator(SpeculativeConfig(config.speculative, num_tokens=k), drafter)
 
 
 def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:

@@ -15,7 +15,7 @@ from inferd.engine.request import Request, RequestStatus
 from inferd.engine.sampler import sample, sampling_probs
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
-from inferd.engine.speculative import SpeculativeConfig, Speculator, draft_limit
+from inferd.engine.speculative import DraftState, SpeculativeConfig, Speculator, draft_limit
 from inferd.engine.thinking import ThinkingSpec
 from inferd.structured.constraint import Constraint
 from inferd.structured.matcher import LazyMatcher, TokenMatcher
@@ -178,6 +178,21 @@ def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
     assert spec.verify(logits, draft, request).accepted == 0
     assert [spec.propose(request, 2) for _ in range(7)] == [()] * 6 + [(5, 6)]
     assert spec.states["r"].pause == 6
+
+
+def test_a_paused_request_still_drafts_from_a_long_match() -> None:
+    """In a pause, short matches draft nothing; a match of ``sure_match`` tokens or more (the
+    text repeating itself) drafts, as long as the match."""
+    spec = Speculator(SpeculativeConfig(num_tokens=16, first_pause=50, sure_match=6))
+    loop = [11, 12, 13, 14, 15, 16, 17, 18]
+    request = make_request([1, 2, 3], [*loop, 9, 11, 12], temperature=0, max_tokens=100)
+    spec.states["r"] = state = DraftState(paused=50)
+    assert spec.propose(request, 16) == ()  # "11 12": a match of 2
+    request.output_token_ids.extend([13, 14, 15])
+    assert spec.propose(request, 16) == ()  # 5
+    request.output_token_ids.append(16)
+    assert spec.propose(request, 16) == (17, 18, 9, 11, 12, 13)  # 6: the loop, 6 long
+    assert state.paused == 50 - 3
 
 
 def test_sampled_verification_preserves_the_distribution() -> None:
