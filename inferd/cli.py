@@ -237,7 +237,8 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         default=d.num_speculative_tokens,
         help=(
             "drafted tokens verified per step at most: a request drafts 3, twice as many "
-            f"while every draft is accepted (default: {d.num_speculative_tokens})"
+            "while every draft is accepted, or as many as its lookup matched (default: 31 "
+            "for ngram, 7 for draft and self)"
         ),
     )
 

@@ -50,8 +50,10 @@ class EngineConfig:
     # from its own prompt and output (prompt lookup) where that pays, "off" never drafts.
     speculative: str = "ngram"
     # Drafts verified per step at most; a request starts at 3 and doubles while all are
-    # accepted (engine/speculative.py; benchmarks/speculative.py)
-    num_speculative_tokens: int = 7
+    # accepted (engine/speculative.py; benchmarks/speculative.py). None: the method's own
+    # (speculative.DEFAULT_TOKENS: 31 for a lookup, whose drafts cost nothing to make; 7 for
+    # a draft model, which runs once per draft)
+    num_speculative_tokens: int | None = None
     # "draft": this model (same tokenizer) drafts; "self": the served model's first
     # self_spec_layers layers (default: half) draft (engine/draft_model.py)
     draft_model: str | None = None
@@ -93,7 +95,7 @@ class EngineConfig:
             raise ValueError("self_spec_layers goes with speculative=self")
         if self.self_spec_layers is not None and self.self_spec_layers < 1:
             raise ValueError("self_spec_layers must be at least 1")
-        if self.num_speculative_tokens < 1:
+        if self.num_speculative_tokens is not None and self.num_speculative_tokens < 1:
             raise ValueError("num_speculative_tokens must be at least 1")
         if self.max_loras < 1:
             raise ValueError("max_loras must be at least 1")

@@ -43,7 +43,7 @@ from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
 from inferd.kernels.kv_quant import row_width
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import dense_rows
+from inferd.layers.linear import dense_rows, packed_rows
 from inferd.layers.lora import lora_rows
 from inferd.models.config import ModelConfig
 from inferd.models.llama import KVCache, LlamaForCausalLM
@@ -135,7 +135,7 @@ class ModelRunner:
             hidden = self.model(
                 inputs.input_ids, positions, inputs.meta, self.kv_caches, embeds=embeds
             )
-        with dense_rows(self.deterministic):
+        with self._logit_kernels(output):
             rows = inputs.sample_rows
             logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
             if inputs.prompt_rows is None:
@@ -198,10 +198,22 @@ class ModelRunner:
         return list(rows.split([t * per_tile for t in tiles]))
 
     def _row_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
-        """Dense rows for steps with prompt rows (always, when deterministic); else the
-        batch-size kernels."""
+        """Dense rows for steps with prompt rows (always, when deterministic); packed rows
+        for a step of decodes with drafts, however many (each row's bits those of a plain
+        decode: ``packed_rows``); else the batch-size kernels."""
         if self.deterministic or not _decodes_only(output):
             return dense_rows()
+        if any(c.draft for c in output.chunks):
+            return packed_rows()
+        return nullcontext()
+
+    def _logit_kernels(self, output: SchedulerOutput) -> AbstractContextManager[None]:
+        """The output head's: dense when deterministic, packed for a verify step of decodes
+        (as its layers'), else by batch size."""
+        if self.deterministic:
+            return dense_rows()
+        if _decodes_only(output) and any(c.draft for c in output.chunks):
+            return packed_rows()
         return nullcontext()
 
     def _prefill_chunk(self, req: Request, row: int, start: int, count: int) -> PrefillChunk:

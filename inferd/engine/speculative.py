@@ -3,21 +3,14 @@
 A single stream on a CPU is bound by reading the weights: a step that computes 1 + k rows of one
 request costs little more than a step of one row. So, before a decode step, a request whose
 recent tokens (its last ``n`` tokens, n from ``max_ngram`` down to ``min_ngram``) occurred
-earlier in its own prompt or output proposes the ``k`` tokens that followed them then (a copy,
-a quote, an edit of given text repeats long runs). The scheduler gives it a chunk of
-[last token + drafts]; the runner computes logits at every one of those positions, each row as
-a one-query decode at its position (so a row's numerics are those it would have had decoding
-alone); ``verify`` then decides how many drafts stand:
-
-- greedy: the longest prefix of the drafts that matches the argmax at each position, plus the
-  argmax after it (the "bonus" token): exactly the tokens plain greedy decoding would give;
-- sampled: the speculative rejection rule. A prompt-lookup draft is deterministic (its
-  distribution is a point mass on the draft token ``x``), so ``x`` is accepted with probability
-  ``min(1, p(x) / 1) = p(x)`` under the row's sampling distribution ``p``; on rejection a token
-  is drawn from ``p`` with ``x`` removed and renormalized, and verification stops. The emitted
-  token then has probability ``p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y)``:
-  the sampled distribution is preserved token by token. Past the last accepted draft, the next
-  row's distribution gives one more token.
+earlier in its own prompt or output proposes the tokens that followed them then (a copy, a
+quote, an edit of given text repeats long runs). Of the latest occurrences it takes the one
+whose match runs furthest back, then the one in step with the copy (after the model replaced a
+copied token, the copy resumes one source token on: an edit), then the latest. The scheduler
+gives it a chunk of [last token + drafts]; the runner computes logits at every one of those
+positions, each row as a one-query decode at its position through the weight-only kernels
+whatever the row count (``layers.linear.packed_rows``: so a row's numerics are those it would
+have had decoding alone); ``verify`` then decides how many drafts stand:
 
 The KV of the accepted drafts stays (their positions hold the tokens now emitted); the runner's
 writes for rejected ones are left behind the request's computed length, to be overwritten, and
@@ -78,11 +71,15 @@ point-mass rule would keep ``p`` for a drawn draft too, but accepts it only with
 When it pays: a verify step costs a little more than a plain decode (the extra rows, the
 attention of each). Each request keeps a moving average of the tokens its verify steps gained
 less the cost of the drafted rows; when it falls below zero the request stops drafting for a
-pause that doubles each time (free text rarely repeats), and tries again after it. Its drafts
-start at ``first_tokens`` and double after a step that accepted every one, up to ``num_tokens``,
-back to the start at a miss: a copy runs long drafts, a request that misses pays for few rows
-(one verify of 8 rows costs little more than one of 4 since the output head's int8 kernel takes
-8 rows a pass: benchmarks/speculative.py, 7 against 3 on the copy workload 1.66x vs 1.58x off).
+pause that doubles each time (free text rarely repeats), and tries again after it; in a pause
+only a lookup whose match runs ``sure_match`` tokens back drafts (the text repeating itself: a
+reply that loops). Its drafts start at ``first_tokens``, double after a step that accepted
+every one, halve at a miss (not below the start), and run as long as the lookup's match where
+that is longer (a long match is a copy under way), up to ``num_tokens``: a copy runs long
+drafts, a request that misses pays for few rows. A decode alone in its step verifies up to
+``max_verify_rows`` rows (SmolLM2, 2 cores, int4: 1 row 7 ms, 8 rows 21.5, 16 rows 40, 24
+rows 57: per accepted token a 32-row step costs less than an 8-row one, and takes a quarter of
+the steps); several share ``max_batch_rows``.
 """
 
 from __future__ import annotations
@@ -101,6 +98,13 @@ if TYPE_CHECKING:
     from inferd.engine.request import Request
 
 METHODS = ("ngram", "draft", "self", "off")
+# Drafts per step at most by method, unless configured: a lookup's long drafts (a copy) fill a
+# verify step of up to ``max_verify_rows``; a draft model runs once per draft it proposes.
+DEFAULT_TOKENS = {"ngram": 31, "draft": 7, "self": 7}
+# Occurrences of the sequence's end weighed per lookup (the latest), and how far back a match
+# is followed: enough to tell a copy under way from a common phrase, in bounded time.
+MATCH_CANDIDATES = 8
+MATCH_CAP = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,13 +117,22 @@ class SpeculativeConfig:
     first_tokens: int = 3
     max_ngram: int = 3  # the longest suffix looked up first
     min_ngram: int = 1  # the shortest suffix still looked up
-    # More decode rows than this in a step: nobody drafts (the step is compute-bound); fewer:
-    # drafts are cut so that the step's decode rows stay within it. 8: the rows the weight-only
-    # int4/int8 kernels serve (layers/linear.py DEFAULT_SMALL_BATCH), the memory-bound regime.
+    # Several decodes in a step: more decode rows than this and nobody drafts (the step is
+    # compute-bound); fewer: drafts are cut so that the step's decode rows stay within it. 8:
+    # the rows the weight-only int4/int8 kernels serve (layers/linear.py DEFAULT_SMALL_BATCH),
+    # the memory-bound regime.
     max_batch_rows: int = 8
-    # What a drafted row costs, in tokens of a plain decode step (benchmarks/speculative.py)
-    draft_cost: float = 0.1
+    # A decode alone in its step may verify this many rows (1 + drafts): one sequence's rows
+    # keep getting cheaper per row past the int4 kernels' 8 (SmolLM2, 2 cores, ~300 tokens of
+    # context: 1 row 9.3 ms, 8 rows 22-28, 16 rows 26-31, 32 rows 53), so a copy's long drafts
+    # pay, while a batch's rows would compete with the other requests' own.
+    max_verify_rows: int = 32
+    # What a drafted row costs, in tokens of a plain decode step (SmolLM2, one sequence: a
+    # plain step 7-9 ms, each verify row ~2 ms more through the int4 kernels)
+    draft_cost: float = 0.2
     first_pause: int = 16  # decode steps without drafting after the first failing stretch
+    # A lookup whose match runs this far back drafts even in a pause: the text repeats itself.
+    sure_match: int = 6
     max_pause: int = 256
 
     def __post_init__(self) -> None:
@@ -141,9 +154,17 @@ class SpeculativeConfig:
 class DraftState:
     """One request's lookup table and acceptance record."""
 
-    # n-gram -> the position right after its latest occurrence (its continuation's start)
-    index: dict[tuple[int, ...], int] = field(default_factory=dict)
+    # n-gram -> the positions right after its occurrences, oldest first (continuations' starts)
+    index: dict[tuple[int, ...], list[int]] = field(default_factory=dict)
     indexed: int = 0  # n-grams ending before this position are in ``index``
+    # Where the copy stands: the token at sequence position ``anchor_end`` is expected to be
+    # the one at ``anchor_source`` (-1: no copy yet). Set by a verified lookup draft, past the
+    # model's own token as if it replaced one source token (an edit of a copied text), so that
+    # among equally long matches the one in step with the copy wins.
+    anchor_source: int = -1
+    anchor_end: int = 0
+    draft_source: int = -1  # the pending lookup draft's start in the sequence (-1: none)
+    draft_end: int = 0  # the sequence's length when it was drafted
     # Moving average of (accepted - draft_cost * drafted) per verify step; it starts hopeful, so
     # a first miss does not pause a request (two of 2+ drafts do), and at 0 after a pause.
     gain: float = 0.5
@@ -187,8 +208,9 @@ class Speculator:
 
     def draft_budget(self, num_decodes: int) -> int:
         """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts)."""
-        rows_each = self.config.max_batch_rows // max(num_decodes, 1)
-        return max(0, min(self.config.num_tokens, rows_each - 1))
+        cfg = self.config
+        rows = cfg.max_verify_rows if num_decodes <= 1 else cfg.max_batch_rows // num_decodes
+        return max(0, min(cfg.num_tokens, rows - 1))
 
     def propose(self, request: Request, k: int) -> tuple[int, ...]:
         """Up to ``k`` drafts for the request's next tokens (none when it should not draft)."""
@@ -198,36 +220,70 @@ class Speculator:
         if k <= 0:
             return ()
         state = self.states.setdefault(request.request_id, DraftState())
+        # Paused (drafts kept failing): no drafts, but from a lookup whose match is long, which
+        # is the text repeating itself (a reply that loops, a copy resuming after free text).
+        least_match = 0
         if state.paused > 0:
             state.paused -= 1
-            return ()
-        k = min(k, state.length or self._first_length())
+            if self.drafter is not None:
+                return ()
+            least_match = self.config.sure_match
+        length = state.length or self._first_length()
         if self.drafter is not None:
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
-            draft = self.drafter.propose(request, k)
+            draft = self.drafter.propose(request, min(k, length))
             if draft.probs is not None:
                 self.draft_probs[request.request_id] = draft.probs
             drafted = draft.tokens
         else:
             tokens = [*request.prompt_token_ids, *request.output_token_ids]
-            drafted = self._lookup(state, tokens, k)
+            drafted = self._lookup(state, tokens, k, length, least_match)
         if request.matcher is not None and drafted:
             # Never draft what the constraint refuses: its row could not choose it.
             drafted = drafted[: request.matcher.valid_prefix(drafted)]
         return tuple(drafted)
 
-    def _lookup(self, state: DraftState, tokens: list[int], k: int) -> list[int]:
+    def _lookup(
+        self, state: DraftState, tokens: list[int], k: int, length: int, least_match: int = 0
+    ) -> list[int]:
+        """At most ``k`` tokens that followed the longest earlier match of the sequence's end:
+        ``length`` of them (the request's record), or as many as the match is long if more (a
+        long match is a copy under way: it repeated that much already). None where the match
+        is shorter than ``least_match``."""
         cfg, end = self.config, len(tokens)
         # Index the n-grams that end before the last token (whose continuation is unknown).
         for e in range(state.indexed, end - 1):
             for n in range(cfg.min_ngram, min(cfg.max_ngram, e + 1) + 1):
-                state.index[tuple(tokens[e - n + 1 : e + 1])] = e + 1
+                state.index.setdefault(tuple(tokens[e - n + 1 : e + 1]), []).append(e + 1)
         state.indexed = max(state.indexed, end - 1)
+        state.draft_source = -1
         for n in range(min(cfg.max_ngram, end), cfg.min_ngram - 1, -1):
-            start = state.index.get(tuple(tokens[end - n :]))
-            if start is not None:
-                return tokens[start : min(start + k, end)]
+            starts = state.index.get(tuple(tokens[end - n :]))
+            if starts:
+                start, match = self._best_start(state, tokens, starts, n)
+                if match < least_match:
+                    return []
+                state.draft_source, state.draft_end = start, end
+                return tokens[start : min(start + min(k, max(length, match)), end)]
         return []
+
+    def _best_start(
+        self, state: DraftState, tokens: list[int], starts: list[int], n: int
+    ) -> tuple[int, int]:
+        """Among the latest occurrences of the sequence's last ``n`` tokens, the one whose match
+        runs furthest back, then the one where the copy stands, then the latest; with the
+        length of its match."""
+        end = len(tokens)
+        expected = state.anchor_source + end - state.anchor_end if state.anchor_source >= 0 else -1
+        best, best_key = starts[-1], (-1, 0, 0)
+        for start in reversed(starts[-MATCH_CANDIDATES:]):
+            match, limit = n, min(start, MATCH_CAP)
+            while match < limit and tokens[start - 1 - match] == tokens[end - 1 - match]:
+                match += 1
+            key = (match, start == expected, start)
+            if key > best_key:
+                best, best_key = start, key
+        return best, best_key[0]
 
     def verify(self, logits: torch.Tensor, draft: Sequence[int], request: Request) -> Verdict:
         """logits: [len(draft) + 1, vocab], row i predicting the token after draft i - 1."""
@@ -257,10 +313,16 @@ class Speculator:
         state = self.states.setdefault(request_id, DraftState())
         state.drafted += drafted
         state.accepted += accepted
+        if state.draft_source >= 0:
+            # The copy goes on past the accepted drafts and the model's own token.
+            state.anchor_source = state.draft_source + accepted + 1
+            state.anchor_end = state.draft_end + accepted + 1
+            state.draft_source = -1
         if accepted == drafted >= (state.length or self._first_length()):
             state.length = min(2 * drafted, cfg.num_tokens)
         elif accepted < drafted:
-            state.length = self._first_length()
+            # A miss: half as long (a copy with an edit goes on), not below the first length.
+            state.length = max(drafted // 2, self._first_length())
         state.gain = 0.5 * state.gain + 0.5 * (accepted - cfg.draft_cost * drafted)
         if state.gain < 0:
             state.pause = min(max(state.pause * 2, cfg.first_pause), cfg.max_pause)
@@ -285,9 +347,8 @@ def speculator_for(config: EngineConfig, drafter: DraftModel | None = None) -> S
         return None
     if (drafter is None) != (config.speculative == "ngram"):
         raise ValueError(f"speculative={config.speculative!r} drafts with a draft model")
-    return Speculator(
-        SpeculativeConfig(config.speculative, num_tokens=config.num_speculative_tokens), drafter
-    )
+    k = config.num_speculative_tokens or DEFAULT_TOKENS[config.speculative]
+    return Speculator(SpeculativeConfig(config.speculative, num_tokens=k), drafter)
 
 
 def _verify_greedy(logits: torch.Tensor, draft: Sequence[int]) -> Verdict:

@@ -62,6 +62,7 @@ VNNI_TILE = 16  # outputs per tile of the int4 x int8 kernel's layout (pack_int4
 DEFAULT_SMALL_BATCH = 8
 
 _dense_rows: ContextVar[bool] = ContextVar("dense_rows", default=False)
+_packed_rows: ContextVar[bool] = ContextVar("packed_rows", default=False)
 
 
 @contextmanager
@@ -79,6 +80,26 @@ def dense_rows(active: bool = True) -> Iterator[None]:
         yield
     finally:
         _dense_rows.reset(token)
+
+
+@contextmanager
+def packed_rows() -> Iterator[None]:
+    """Every row through the packed low-bit copy inside this block (where a layer has one),
+    past ``small_batch`` rows too.
+
+    The weight-only kernels give a row the same bits whatever rows run beside it, so the rows
+    of a speculative verify step (engine/speculative.py) get the logits a plain one-row decode
+    would have had (the int8 output head's lone row aside: its one-row kernel rounds
+    differently, as at any batch size) and greedy text stays that of decoding without drafts;
+    the dense bf16 weight would round every row otherwise (its weights are the packed ones
+    rounded to bf16). Past 8 rows this costs more per row than dense (SmolLM2, one sequence:
+    16 rows 40 ms against 26-31), still less per token than 8-row steps.
+    """
+    token = _packed_rows.set(True)
+    try:
+        yield
+    finally:
+        _packed_rows.reset(token)
 
 
 class PackedKind(enum.Enum):
@@ -171,7 +192,7 @@ class Linear(nn.Linear, KernelUser):
         # property that reads the weight.
         if _dense_rows.get() and self.dense:
             return _invariant_dense(x, self._dense_linear)
-        if self._packed is not None and rows <= self.small_batch:
+        if self._packed is not None and (rows <= self.small_batch or _packed_rows.get()):
             return self._weight_only(x)
         return self._dense_linear(x)
 

@@ -15,7 +15,7 @@ from inferd.engine.request import Request, RequestStatus
 from inferd.engine.sampler import sample, sampling_probs
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
-from inferd.engine.speculative import SpeculativeConfig, Speculator, draft_limit
+from inferd.engine.speculative import DraftState, SpeculativeConfig, Speculator, draft_limit
 from inferd.engine.thinking import ThinkingSpec
 from inferd.structured.constraint import Constraint
 from inferd.structured.matcher import LazyMatcher, TokenMatcher
@@ -55,25 +55,55 @@ def test_drafts_stop_at_the_sequence_end_and_max_tokens() -> None:
     assert spec.propose(unseen, 8) == ()
 
 
-def test_draft_length_doubles_while_every_draft_is_accepted() -> None:
-    spec = Speculator(SpeculativeConfig(num_tokens=7, first_tokens=2))
-    request = make_request(list(range(20)) * 2, [0, 1], temperature=0, max_tokens=100)
+def agree(spec: Speculator, request: Request, draft: tuple[int, ...], vocab: int) -> None:
+    """A verify step whose model agrees with every draft and then says ``draft[-1] + 1``."""
+    logits = torch.full((len(draft) + 1, vocab), -1.0)
+    following = [*draft, (draft[-1] + 1) % vocab]
+    logits[torch.arange(len(draft) + 1), torch.tensor(following)] = 1.0
+    assert spec.verify(logits, draft, request).accepted == len(draft)
+    request.output_token_ids.extend(following)
+
+
+def test_draft_length_grows_with_the_record_and_the_match() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=12, first_tokens=2))
+    # A passage, then a copy of it that started with another token (99): a short match first.
+    request = make_request([50, *range(30)], [99, 0, 1], temperature=0, max_tokens=100)
     lengths = []
     for _ in range(4):  # a copy: the model agrees with every draft
-        draft = spec.propose(request, 7)
+        draft = spec.propose(request, 12)
         lengths.append(len(draft))
-        logits = torch.full((len(draft) + 1, 20), -1.0)
-        following = [*draft, (draft[-1] + 1) % 20]
-        logits[torch.arange(len(draft) + 1), torch.tensor(following)] = 1.0
-        assert spec.verify(logits, draft, request).accepted == len(draft)
-        request.output_token_ids.extend(following)
-    assert lengths == [2, 4, 7, 7]  # doubled, then capped by num_tokens
-    draft = spec.propose(request, 7)
-    logits = torch.zeros((len(draft) + 1, 20))
-    logits[:, 19] = 1.0  # a miss at the first draft
+        agree(spec, request, draft, 100)
+    # 2 (the first length; a match of 2), then the match's length where it is longer than the
+    # doubled record (5 tokens of the passage copied, then 11), up to num_tokens.
+    assert lengths == [2, 5, 11, 12]
+    draft = spec.propose(request, 12)
+    logits = torch.zeros((len(draft) + 1, 100))
+    logits[:, 19] = 1.0  # a miss at the first draft; the model says 19 (its match is short)
     assert spec.verify(logits, draft, request).accepted == 0
-    assert len(spec.propose(request, 7)) == 2  # back to the first length
+    request.output_token_ids.append(19)
+    assert len(spec.propose(request, 12)) == 6  # half as long after the miss
     assert len(spec.propose(request, 1)) == 1  # the step's budget still caps it
+
+
+def test_after_an_edit_the_copy_resumes_where_it_stood() -> None:
+    """The model replaced a copied token by another: among equally short matches of the next
+    one, the draft continues where the copy stood, not at the latest occurrence."""
+    spec = Speculator(SpeculativeConfig(num_tokens=6, first_tokens=3))
+    passage = [1, 2, 3, 4, 5, 6, 7, 8, 5, 9]
+    request = make_request([*passage, 0], [1], temperature=0, max_tokens=100)
+    draft = spec.propose(request, 6)
+    assert draft == (2, 3, 4)
+    logits = torch.zeros((4, 100))
+    for row, best in enumerate([2, 3, 99]):  # the edit: 99 for 4
+        logits[row, best] = 1.0
+    assert spec.verify(logits, draft, request).tokens == [2, 3, 99]
+    request.output_token_ids.extend([2, 3, 99])
+    assert spec.propose(request, 6) == ()  # 99 is nowhere earlier
+    request.output_token_ids.append(5)  # a plain step: the token after the replaced one
+    assert spec.propose(request, 6) == (6, 7, 8)  # not the latest 5's continuation, 9
+    fresh = make_request([*passage, 0], [1, 2, 3, 99, 5], temperature=0, max_tokens=100)
+    fresh.request_id = "fresh"
+    assert spec.propose(fresh, 6) == (9, 0, 1)  # no copy under way: the latest match
 
 
 def test_draft_limits() -> None:
@@ -148,6 +178,21 @@ def test_a_failing_request_pauses_drafting_then_tries_again() -> None:
     assert spec.verify(logits, draft, request).accepted == 0
     assert [spec.propose(request, 2) for _ in range(7)] == [()] * 6 + [(5, 6)]
     assert spec.states["r"].pause == 6
+
+
+def test_a_paused_request_still_drafts_from_a_long_match() -> None:
+    """In a pause, short matches draft nothing; a match of ``sure_match`` tokens or more (the
+    text repeating itself) drafts, as long as the match."""
+    spec = Speculator(SpeculativeConfig(num_tokens=16, first_pause=50, sure_match=6))
+    loop = [11, 12, 13, 14, 15, 16, 17, 18]
+    request = make_request([1, 2, 3], [*loop, 9, 11, 12], temperature=0, max_tokens=100)
+    spec.states["r"] = state = DraftState(paused=50)
+    assert spec.propose(request, 16) == ()  # "11 12": a match of 2
+    request.output_token_ids.extend([13, 14, 15])
+    assert spec.propose(request, 16) == ()  # 5
+    request.output_token_ids.append(16)
+    assert spec.propose(request, 16) == (17, 18, 9, 11, 12, 13)  # 6: the loop, 6 long
+    assert state.paused == 50 - 3
 
 
 def test_sampled_verification_preserves_the_distribution() -> None:

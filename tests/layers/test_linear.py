@@ -103,6 +103,21 @@ def test_dense_rows_give_a_row_the_same_bits_whatever_the_batch() -> None:
     assert not torch.equal(layer(x[:1]), full[:1])  # int4 at one row, dense at 128
 
 
+def test_packed_rows_give_many_rows_the_bits_of_one() -> None:
+    """Under ``packed_rows`` (a speculative verify step) every row runs the int4 kernel however
+    many there are, with the bits it has alone (a plain one-row decode's); without it, rows past
+    ``small_batch`` run the dense weight, whose bf16 rounding gives other bits."""
+    gen = torch.Generator().manual_seed(1)
+    weight = torch.randn(576, 1536, generator=gen) * 0.02
+    layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
+    x = torch.randn(32, 1536, generator=gen).bfloat16()
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(32)])
+    with linear_module.packed_rows():
+        for rows in (9, 16, 32):
+            assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+    assert not torch.equal(layer(x), alone)  # dense past small_batch
+
+
 @pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
 def test_onednn_packed_weight_gives_the_bits_of_f_linear() -> None:
     """The bf16 dense path runs on a copy of the weight packed once for oneDNN: every batch
