@@ -12,6 +12,16 @@ positions, each row as a one-query decode at its position through the weight-onl
 whatever the row count (``layers.linear.packed_rows``: so a row's numerics are those it would
 have had decoding alone); ``verify`` then decides how many drafts stand:
 
+- greedy: the longest prefix of the drafts that matches the argmax at each position, plus the
+  argmax after it (the "bonus" token): exactly the tokens plain greedy decoding would give;
+- sampled: the speculative rejection rule. A prompt-lookup draft is deterministic (its
+  distribution is a point mass on the draft token ``x``), so ``x`` is accepted with probability
+  ``min(1, p(x) / 1) = p(x)`` under the row's sampling distribution ``p``; on rejection a token
+  is drawn from ``p`` with ``x`` removed and renormalized, and verification stops. The emitted
+  token then has probability ``p(x) [y = x] + (1 - p(x)) p(y) / (1 - p(x)) [y != x] = p(y)``:
+  the sampled distribution is preserved token by token. Past the last accepted draft, the next
+  row's distribution gives one more token.
+
 The KV of the accepted drafts stays (their positions hold the tokens now emitted); the runner's
 writes for rejected ones are left behind the request's computed length, to be overwritten, and
 blocks wholly past it go back to the pool (``KVCacheManager.truncate``). Prefix-cache hashes
