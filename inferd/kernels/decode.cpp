@@ -1073,11 +1073,14 @@ inline void int8_row_wide(const float* x, const int8_t* w, float scale, float* o
     for (int64_t r = 0; r < R; ++r)
       acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x + r * k + i), wf, acc[r]);
   }
-  for (int64_t r = 0; r < R; ++r) {
-    float total = _mm512_reduce_add_ps(acc[r]);
-    for (int64_t j = i; j < k; ++j) total += x[r * k + j] * static_cast<float>(w[j]);
-    out[r] = total * scale;
+  if (i < k) {  // the tail in the same lanes, zero-padded: no scalar loop the compiler may
+                // vectorize one way for one row count and another way for the next
+    const __mmask16 m = static_cast<__mmask16>((1u << (k - i)) - 1);
+    const __m512 wf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w + i)));
+    for (int64_t r = 0; r < R; ++r)
+      acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, x + r * k + i), wf, acc[r]);
   }
+  for (int64_t r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) * scale;
 }
 
 // bf16 rows: 32 weights at a time become bf16 (exact: codes are integers of at most 127) and
@@ -1099,11 +1102,18 @@ inline void int8_row_bf16(const c10::BFloat16* x, const int8_t* w, float scale, 
       acc[r] = _mm512_dpbf16_ps(acc[r], xr, wb);
     }
   }
-  for (int64_t r = 0; r < R; ++r) {
-    float total = _mm512_reduce_add_ps(acc[r]);
-    for (int64_t j = i; j < k; ++j) total += load_f(x + r * k, j) * static_cast<float>(w[j]);
-    out[r] = total * scale;
+  if (i < k) {  // the tail through the same instruction, zero-padded (as the float32 kernel)
+    const __mmask32 m = static_cast<__mmask32>((1ull << (k - i)) - 1);
+    const __m256i b = _mm256_maskz_loadu_epi8(m, w + i);
+    const __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(b)));
+    const __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256(b, 1)));
+    const __m512bh wb = _mm512_cvtne2ps_pbh(hi, lo);
+    for (int64_t r = 0; r < R; ++r) {
+      const __m512bh xr = (__m512bh)_mm512_maskz_loadu_epi16(m, x + r * k + i);
+      acc[r] = _mm512_dpbf16_ps(acc[r], xr, wb);
+    }
   }
+  for (int64_t r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) * scale;
 }
 
 // Rows 1..WIDE_TILE of a tile to the kernel instantiated for that many.

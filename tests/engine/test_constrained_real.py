@@ -149,8 +149,11 @@ def test_a_constraint_that_does_not_compile_is_refused_when_built(served: Served
 
 def test_preempted_constrained_requests_match_their_solo_output(smollm2_gguf: Path) -> None:
     """Recompute replays the prompt and output through the model but feeds the matcher
-    nothing twice: the outputs equal the unpreempted ones and still validate."""
-    cfg = EngineConfig(max_num_seqs=4, kv_cache_tokens=160, block_size=16)
+    nothing twice: the outputs equal the unpreempted ones and still validate. Deterministic, so
+    that the recomputed KV is bit for bit the KV the request had (by default its decoded tokens
+    come back through the prompt's dense kernels, not the decode's int4 x int8 ones: README,
+    "Determinism"), and a difference can only be the matcher's."""
+    cfg = EngineConfig(max_num_seqs=4, kv_cache_tokens=160, block_size=16, deterministic=True)
     tiny = load_model(resolve_source(str(smollm2_gguf)), cfg, progress=False)
     try:
         prompts = [

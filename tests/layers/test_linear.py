@@ -176,13 +176,15 @@ def test_packed_copies_stay_within_their_ram_budget(monkeypatch: pytest.MonkeyPa
 def test_bf16_int4_layers_take_the_int4_x_int8_kernel_where_it_runs(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """With ``INFERD_INT4_INT8=1`` on the VNNI build a bf16 int4 layer serves decode batches up
-    to ``INT4_INT8_ROWS`` from the int4 x int8 kernel (its rows quantized as the plain reference
-    does), past them the dense weight; by default torch's int4 kernel serves small batches."""
+    """By default on the VNNI build a bf16 int4 layer serves decode batches up to
+    ``INT4_INT8_ROWS`` from the int4 x int8 kernel (its rows quantized as the plain reference
+    does), past them the dense weight; with ``INFERD_INT4_INT8=0`` torch's int4 kernel serves
+    small batches."""
     torch.manual_seed(0)
     weight = torch.randn(96, 128)
+    monkeypatch.setenv(kernels.INT4_INT8_ENV, "0")
     assert _linear(weight, PackedKind.INT4, torch.bfloat16).packed_kind is PackedKind.INT4
-    monkeypatch.setenv(kernels.INT4_INT8_ENV, "1")
+    monkeypatch.delenv(kernels.INT4_INT8_ENV)
     if not kernels.int8_dot(torch.bfloat16):
         pytest.skip("no avx512 (VNNI) build of the kernels on this machine")
     layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
@@ -205,7 +207,7 @@ def _vnni_tensors(layer: Linear) -> tuple[torch.Tensor, torch.Tensor]:
 def test_int4_x_int8_model_stays_close_to_transformers(
     smollm2_gguf: Path, hf_smollm2: Any, hf_smollm2_tokenizer: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """SmolLM2 with every int4 linear on the int4 x int8 kernel (``INFERD_INT4_INT8=1``): int8
+    """SmolLM2 with every int4 linear on the int4 x int8 kernel (the default on VNNI): int8
     rows flip near-ties of the last position ("def add(a, b):", 0.26 apart in float32), so the
     check is the looser one of the packed model's test above, at every position: the reference's
     choice among our three most likely tokens; and the logits' mean KL stays small."""
