@@ -92,8 +92,9 @@ def packed_rows() -> Iterator[None]:
     would have had (the int8 output head's lone row aside: its one-row kernel rounds
     differently, as at any batch size) and greedy text stays that of decoding without drafts;
     the dense bf16 weight would round every row otherwise (its weights are the packed ones
-    rounded to bf16). Past 8 rows this costs more per row than dense (SmolLM2, one sequence:
-    16 rows 40 ms against 26-31), still less per token than 8-row steps.
+    rounded to bf16). The int4 x int8 kernel serves such rows anyway (up to ``INT4_INT8_ROWS``);
+    without it, torch's int4 kernel past 8 rows costs more per row than dense (SmolLM2, one
+    sequence: 16 rows 40 ms against 26-31), still less per token than 8-row steps.
     """
     token = _packed_rows.set(True)
     try:
