@@ -185,7 +185,8 @@ template <typename T>
 void rms_norm_rows(const T* x, const T* w, T* y, int64_t rows, int64_t h, float eps,
                    bool unit_offset) {
   at::parallel_for(0, rows, row_grain(h, 8), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) rms_norm_row(x + r * h, w, y + r * h, h, eps, unit_offset);
+    for (int64_t r = begin; r < end; ++r)
+      rms_norm_row(x + r * h, w, y + r * h, h, eps, unit_offset);
   });
 }
 
@@ -872,70 +873,51 @@ torch::Tensor decode_attention(const torch::Tensor& q, const torch::Tensor& k_ca
   return out;
 }
 
-// SiLU(gate) * up over rows laid out [gate | up], as the fused gate/up projection writes them.
-template <typename T>
-void silu_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
+// act(gate) * up over rows laid out [gate | up], as the fused gate/up projection writes them;
+// the activation rounded to T before the product, as the reference's two ops do.
+template <typename T, typename Act>
+void gated_rows(const T* x, T* y, int64_t rows, int64_t inter, Act act) {
   at::parallel_for(0, rows, row_grain(3 * inter, 4), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* gate = x + r * 2 * inter;
       const T* up = gate + inter;
       T* yr = y + r * inter;
 #pragma omp simd
-      for (int64_t i = 0; i < inter; ++i) {
-        const float g = load_f(gate, i);
-        // Rounded after the SiLU as the reference's two ops do.
-        const T act = from_f<T>(g / (1.f + std::exp(-g)));
-        yr[i] = from_f<T>(to_f(act) * load_f(up, i));
-      }
+      for (int64_t i = 0; i < inter; ++i)
+        yr[i] = from_f<T>(to_f(from_f<T>(act(load_f(gate, i)))) * load_f(up, i));
     }
   });
 }
 
-torch::Tensor silu_mul(const torch::Tensor& x) {
+// The activations as types, so each instantiation inlines its own.
+struct Silu {
+  float operator()(float g) const { return g / (1.f + std::exp(-g)); }
+};
+
+struct GeluTanh {  // GELU, tanh approximation (Gemma's GeGLU)
+  float operator()(float g) const {
+    constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+    constexpr float kKappa = 0.044715f;
+    return 0.5f * g * (1.f + std::tanh(kBeta * (g + kKappa * g * g * g)));
+  }
+};
+
+template <typename Act>
+torch::Tensor gated_mul(const torch::Tensor& x, Act act) {
   check_tensor(x, "x", 2);
   check_float(x, "x");
   TORCH_CHECK(x.size(1) % 2 == 0, "rows of ", x.size(1), " values do not split into gate | up");
   const int64_t inter = x.size(1) / 2;
   auto y = torch::empty({x.size(0), inter}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "silu_mul", [&] {
-    silu_mul_rows<scalar_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0), inter);
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gated_mul", [&] {
+    gated_rows<scalar_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0), inter, act);
   });
   return y;
 }
 
-// GELU(gate, tanh approximation) * up (Gemma's GeGLU), laid out and rounded as silu_mul.
-template <typename T>
-void gelu_tanh_mul_rows(const T* x, T* y, int64_t rows, int64_t inter) {
-  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
-  constexpr float kKappa = 0.044715f;
-  at::parallel_for(0, rows, row_grain(3 * inter, 4), [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const T* gate = x + r * 2 * inter;
-      const T* up = gate + inter;
-      T* yr = y + r * inter;
-#pragma omp simd
-      for (int64_t i = 0; i < inter; ++i) {
-        const float g = load_f(gate, i);
-        const float inner = kBeta * (g + kKappa * g * g * g);
-        const T act = from_f<T>(0.5f * g * (1.f + std::tanh(inner)));
-        yr[i] = from_f<T>(to_f(act) * load_f(up, i));
-      }
-    }
-  });
-}
+torch::Tensor silu_mul(const torch::Tensor& x) { return gated_mul(x, Silu{}); }
 
-torch::Tensor gelu_tanh_mul(const torch::Tensor& x) {
-  check_tensor(x, "x", 2);
-  check_float(x, "x");
-  TORCH_CHECK(x.size(1) % 2 == 0, "rows of ", x.size(1), " values do not split into gate | up");
-  const int64_t inter = x.size(1) / 2;
-  auto y = torch::empty({x.size(0), inter}, x.options());
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "gelu_tanh_mul", [&] {
-    gelu_tanh_mul_rows<scalar_t>(x.data_ptr<scalar_t>(), y.data_ptr<scalar_t>(), x.size(0),
-                                 inter);
-  });
-  return y;
-}
+torch::Tensor gelu_tanh_mul(const torch::Tensor& x) { return gated_mul(x, GeluTanh{}); }
 
 // Weight-only GEMV / small GEMM: bound by streaming the weights, so each weight row is read once
 // for all input rows (up to 4 at a time, from L1 after the first) and dequantized in registers.
