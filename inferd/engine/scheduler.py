@@ -144,7 +144,7 @@ class Scheduler:
         encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
-        drafts = self._drafts(decodes)
+        drafts = self._drafts(decodes, prompts_pending=bool(prefills or self.waiting))
         budget = self._schedule_running(decodes, budget, chunks, preempted, encoder, drafts)
         reserve = min(self._short_waiting_tokens(), budget // 2)
         left = self._schedule_running(prefills, budget - reserve, chunks, preempted, encoder)
@@ -236,12 +236,12 @@ class Scheduler:
     def _is_encoded(self, digest: str) -> bool:
         return self.encoder_cache is not None and digest in self.encoder_cache
 
-    def _drafts(self, decodes: list[Request]) -> dict[str, tuple[int, ...]]:
+    def _drafts(self, decodes: list[Request], prompts_pending: bool) -> dict[str, tuple[int, ...]]:
         """The drafts of this step's decodes: none when speculation is off or the batch is
         large enough to be compute-bound."""
         if self.speculator is None:
             return {}
-        k = self.speculator.draft_budget(len(decodes))
+        k = self.speculator.draft_budget(len(decodes), prompts_pending)
         if k == 0:
             return {}
         proposed = {r.request_id: self.speculator.propose(r, k) for r in decodes}

@@ -216,10 +216,13 @@ class Speculator:
         self.drafted = 0  # totals over all requests, for stats and benchmarks
         self.accepted = 0
 
-    def draft_budget(self, num_decodes: int) -> int:
-        """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts)."""
+    def draft_budget(self, num_decodes: int, prompts_pending: bool = False) -> int:
+        """Drafts per request in a step of ``num_decodes`` decodes (0: nobody drafts). A decode
+        alone verifies up to ``max_verify_rows`` only while no prompt waits for the step: its
+        rows would come out of the prompts' token budget and delay their first tokens."""
         cfg = self.config
-        rows = cfg.max_verify_rows if num_decodes <= 1 else cfg.max_batch_rows // num_decodes
+        alone = num_decodes <= 1 and not prompts_pending
+        rows = cfg.max_verify_rows if alone else cfg.max_batch_rows // max(num_decodes, 1)
         return max(0, min(cfg.num_tokens, rows - 1))
 
     def propose(self, request: Request, k: int) -> tuple[int, ...]:

@@ -289,3 +289,10 @@ def test_large_batches_do_not_draft() -> None:
     assert spec.draft_budget(2) == 3  # 2 x (1 + 3) rows
     assert spec.draft_budget(4) == 1
     assert spec.draft_budget(5) == 0
+
+
+def test_a_lone_decode_verifies_long_drafts_only_while_no_prompt_waits() -> None:
+    spec = Speculator(SpeculativeConfig(num_tokens=31, max_batch_rows=8, max_verify_rows=32))
+    assert spec.draft_budget(1) == 31
+    assert spec.draft_budget(1, prompts_pending=True) == 7  # the prompts' budget comes first
+    assert spec.draft_budget(2, prompts_pending=True) == 3
