@@ -7,11 +7,13 @@ the dense float32 model; each bf16 regime the engine can run a row through is th
 every row:
 
 - dense bf16: prompt rows, batches above 8 rows, and every row under ``--deterministic``;
-- int4 rows (packed weights, groups of 32): batches of at most 8 rows (decode) where the
-  int4 x int8 kernel does not run (``INFERD_INT4_INT8=0``, or a CPU without AVX-512 VNNI);
-- int4 x int8 rows (the same weights, each row quantized to int8 per group of 32): decode batches
-  of up to ``linear.INT4_INT8_ROWS`` rows on the VNNI build, the default there (shown where it
-  runs).
+- packed rows (int4 weights in groups of 32 where the GGUF had 4-bit groups, int8 per output
+  row otherwise, SmolLM2's output head and Gemma 3's Q4_K/Q6_K layers): batches of at most 8 rows
+  (decode) where the VNNI kernels do not run (``INFERD_INT4_INT8=0``, or a CPU without AVX-512
+  VNNI);
+- packed x int8 rows (int4 or int8 weights in groups of 32, each row quantized to int8 per group
+  of 32): decode batches of up to ``linear.INT4_INT8_ROWS`` rows on the VNNI build, the default
+  there (shown where it runs).
 
 Prints, per regime, the mean KL(f32 || regime) of the next-token distributions, the share of
 positions whose top-1 token matches float32, and the perplexity of the text. The README's table
@@ -83,8 +85,8 @@ def forward(model: LlamaForCausalLM, ids: list[int], chunk: int) -> torch.Tensor
 
 
 @contextmanager
-def int4_rows(model: LlamaForCausalLM) -> Iterator[None]:
-    """Every row of every linear through its packed int4 copy (as batches of <= 8 rows)."""
+def packed_rows(model: LlamaForCausalLM) -> Iterator[None]:
+    """Every row of every linear through its packed copy (as batches of <= 8 rows)."""
     with _small_batch(model, sys.maxsize):
         yield
 
@@ -127,11 +129,13 @@ def main(model_id: str = "smollm2") -> None:
     model = bf16.model
     regimes: list[tuple[str, Callable[[], AbstractContextManager[None]]]] = [
         ("dense bf16 (prompts, > 8 rows, --deterministic)", dense_rows),
-        ("int4 weights, bf16 rows (batches <= 8)", lambda: int4_rows(model)),
+        ("packed weights, bf16 rows (batches <= 8)", lambda: packed_rows(model)),
     ]
     if vnni is not None:
         runs = [(name, model, regime) for name, regime in regimes]
-        runs.append(("int4 weights x int8 rows (VNNI)", vnni.model, lambda: int4_rows(vnni.model)))
+        runs.append(
+            ("packed weights x int8 rows (VNNI)", vnni.model, lambda: packed_rows(vnni.model))
+        )
     else:
         runs = [(name, model, regime) for name, regime in regimes]
     print(f"{source.name}: {len(ids)} tokens; reference: dense float32\n")

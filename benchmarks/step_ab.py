@@ -31,6 +31,7 @@ from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.sampling import SamplingParams
 from inferd.kernels.ops import KernelOps
+from inferd.loading.chat_template import NoChatTemplateError
 from inferd.serving.served import ServedModel, load_model
 from inferd.source import resolve_source
 
@@ -51,7 +52,10 @@ def start(served: ServedModel, tag: str, rows: int, tokens: int, context: int = 
     filler = served.tokenizer.encode(FILLER * (context // 8 + 1))[:context]
     for i in range(rows):
         text = f"Write a story about topic {i}."
-        prompt = filler or served.chat_prompt([{"role": "user", "content": text}])
+        try:
+            prompt = filler or served.chat_prompt([{"role": "user", "content": text}])
+        except NoChatTemplateError:  # a base model (Gemma 3 270M): the text as it is
+            prompt = served.tokenizer.encode(text)
         engine.add_request(f"{tag}-{i}", prompt, params)
     while any(not r.output_token_ids for r in engine._core.requests.values()):
         engine.step()
@@ -67,9 +71,12 @@ def finish(engine: LLMEngine) -> dict[str, list[int]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="smollm2")
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--switch", choices=["onednn", "kernels", "all", "int4int8"], default="all")
+    parser.add_argument(
+        "--switch", choices=["onednn", "kernels", "all", "int4int8", "int8int8"], default="all"
+    )
     parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
     parser.add_argument("--threads", type=int)
     parser.add_argument(
@@ -80,12 +87,12 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     ops: dict[bool, KernelOps] = {}
-    if args.switch not in ("onednn", "int4int8"):
+    if args.switch not in ("onednn", "int4int8", "int8int8"):
         if args.old_kernels is None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
         ops = {False: ops_built_from(args.old_kernels), True: ops_built_from(new)}
-    if args.switch == "int4int8":  # read when the weights are packed
+    if args.switch in ("int4int8", "int8int8"):  # read when the weights are packed
         os.environ[kernels.INT4_INT8_ENV] = "1"
     cfg = EngineConfig(
         speculative="off",
@@ -93,7 +100,7 @@ def main() -> None:
         prefix_caching=False,
         kv_cache_dtype=args.kv_cache_dtype,
     )
-    served = load_model(resolve_source("smollm2"), cfg, progress=False, loop=CallerLoop())
+    served = load_model(resolve_source(args.model), cfg, progress=False, loop=CallerLoop())
     engine = served.engine.engine
 
     vnni = [
@@ -103,11 +110,26 @@ def main() -> None:
     ]
     if args.switch == "int4int8" and not vnni:
         parser.error("no layer runs the int4 x int8 kernel here (bf16 int4 weights, VNNI)")
+    # int8int8: each int8 x int8 layer (the output head) against the int8 weight-only copy of
+    # the same weight with the default small batch (dense bf16 above it), as before the kernel.
+    packs: dict[linear.Linear, dict[bool, tuple[linear.PackedKind, Any, Any, int]]] = {}
+    for m in engine.model.modules():
+        if isinstance(m, linear.Linear) and m.packed_kind is linear.PackedKind.INT8_VNNI:
+            q8, scales = linear.pack_int8(m.weight.float(), m.weight.dtype)
+            packs[m] = {
+                False: (linear.PackedKind.INT8, q8, scales, linear.DEFAULT_SMALL_BATCH),
+                True: (m.packed_kind, m._packed, m._scales, m.small_batch),
+            }
+    if args.switch == "int8int8" and not packs:
+        parser.error("no layer runs the int8 x int8 kernel here (bf16 int8 weights, VNNI)")
 
     def switch(after: bool) -> None:
         if args.switch == "int4int8":
             for m in vnni:
                 m.small_batch = linear.INT4_INT8_ROWS if after else linear.DEFAULT_SMALL_BATCH
+        elif args.switch == "int8int8":
+            for m, states in packs.items():
+                m.packed_kind, m._packed, m._scales, m.small_batch = states[after]
         elif args.switch != "kernels":
             linear._ONEDNN = after
         if ops:

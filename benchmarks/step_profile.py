@@ -309,11 +309,17 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=64, help="prompt tokens of each request")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     parser.add_argument("--torch-profile", action="store_true")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="as `inferd serve`'s")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     sizes = [int(r) for r in args.rows.split(",") if r]
-    cfg = EngineConfig(max_num_seqs=max(16, *sizes), speculative="off", prefix_caching=False)
+    cfg = EngineConfig(
+        max_num_seqs=max(16, *sizes),
+        speculative="off",
+        prefix_caching=False,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
     served = load_model(resolve_source(args.model), cfg, progress=False, loop=CallerLoop())
     print(
         f"{args.model}, {kernel_ops(served.engine.engine).description}, "

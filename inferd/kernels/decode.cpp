@@ -1160,19 +1160,29 @@ torch::Tensor int8_linear(const torch::Tensor& x, const torch::Tensor& w,
   return y;
 }
 
+// The operands every packed-weight kernel takes: float rows of whole groups of 32 values, uint8
+// codes and scales of the given ranks (float32 unless said).
+void check_packed(const torch::Tensor& x, const torch::Tensor& packed, int64_t packed_dims,
+                  const torch::Tensor& scales, const char* scales_name, int64_t scales_dims,
+                  at::ScalarType scales_dtype = at::kFloat) {
+  check_tensor(x, "x", 2);
+  check_float(x, "x");
+  check_tensor(packed, "packed", packed_dims);
+  check_tensor(scales, scales_name, scales_dims);
+  TORCH_CHECK(packed.scalar_type() == at::kByte, "packed must be uint8, not ",
+              packed.scalar_type());
+  TORCH_CHECK(scales.scalar_type() == scales_dtype, scales_name, " must be ", scales_dtype,
+              ", not ", scales.scalar_type());
+  TORCH_CHECK(x.size(1) % INT4_GROUP == 0, "rows of ", x.size(1),
+              " values are not whole groups of 32");
+}
+
 // x @ w^T for int4 weights in inferd's row layout (inferd.layers.linear.pack_int4_rows):
 // packed uint8 [n, k / 2], scales_and_mins float32 [n, k / 32, 2].
 torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& packed,
                                const torch::Tensor& scales_and_mins) {
-  check_tensor(x, "x", 2);
-  check_float(x, "x");
-  check_tensor(packed, "packed", 2);
-  check_tensor(scales_and_mins, "scales_and_mins", 3);
-  TORCH_CHECK(packed.scalar_type() == at::kByte, "packed must be uint8, not ",
-              packed.scalar_type());
-  TORCH_CHECK(scales_and_mins.scalar_type() == at::kFloat, "scales_and_mins must be float32");
+  check_packed(x, packed, 2, scales_and_mins, "scales_and_mins", 3);
   const int64_t rows = x.size(0), k = x.size(1), n = packed.size(0);
-  TORCH_CHECK(k % INT4_GROUP == 0, "rows of ", k, " values are not whole groups of 32");
   TORCH_CHECK(packed.size(1) * 2 == k, "packed ", packed.sizes(), " for rows of ", k);
   TORCH_CHECK(scales_and_mins.size(0) == n && scales_and_mins.size(1) == k / INT4_GROUP &&
                   scales_and_mins.size(2) == 2,
@@ -1196,16 +1206,25 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 }
 
 
-// int4 weights times int8 activations (llama.cpp's Q4_1 x Q8_1 scheme), for batched decodes that
-// are compute-bound: AVX-512 VNNI's vpdpbusd multiplies 64 unsigned codes by 64 signed bytes and
-// adds them in fours into 16 int32 lanes, twice the multiplies of vdpbf16ps per instruction,
-// from weights read as 4 bits. Layout (inferd.layers.linear.pack_int4_vnni): outputs in tiles of
-// 16; for each tile and group of 32 inputs, 4 vectors of 64 bytes, byte 4 * o + i of vector p
-// holding output o's code of input 8p + i in its low nibble and of input 8p + 4 + i in its high
-// one; then the tile's group scales and mins, float32 [tiles, groups, 2, 16]. Each row of x is
-// quantized per group of 32: scale = absmax / 127, code = round-half-even(x / scale) (as a
-// multiplication by the float32 reciprocal), and the sum of the quantized values kept for the
-// min term (as llama.cpp's Q8_1 does):
+// Packed low-bit weights times int8 activations (llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0
+// schemes), for batched decodes that are compute-bound: AVX-512 VNNI's vpdpbusd multiplies 64
+// unsigned codes by 64 signed bytes and adds them in fours into 16 int32 lanes, twice the
+// multiplies of vdpbf16ps per instruction, from weights read as 4 or 8 bits. Layouts
+// (inferd.layers.linear.pack_int4_vnni, pack_int8_vnni): outputs in tiles of 16; for each tile
+// and group of 32 inputs,
+// - int4: 4 vectors of 64 bytes, byte 4 * o + i of vector p holding output o's code (0..15) of
+//   input 8p + i in its low nibble and of input 8p + 4 + i in its high one; then the tile's
+//   group scales and mins, float32 [tiles, groups, 2, 16];
+// - int8: 8 vectors of 64 bytes, byte 4 * o + i of vector p holding output o's code of input
+//   4p + i plus 128 (0..254, so unsigned); then the tile's group scales, float16 [tiles, groups,
+//   1, 16] (GGML's Q8_0 block: 34 bytes for 32 weights, its scale exact). The 128 comes off in
+//   the integers, 128 times the sum of the row's group codes, so each group adds one exact
+//   integer dot product times both scales, as llama.cpp's Q8_0 x Q8_0:
+//     y[r, o] = sum_g (scale_w[o, g] * scale_x[r, g]) * idot_g.
+//   (As a min term, -128 * scale_w * sum_x, the two large terms cancel, in float32.)
+// Each row of x is quantized per group of 32: scale = absmax / 127, code = round-half-even(x /
+// scale) (as a multiplication by the float32 reciprocal), and the sum of the quantized values
+// kept for the min term (as llama.cpp's Q8_1 does):
 //   y[r, o] = sum_g (scale_w[o, g] * scale_x[r, g]) * idot_g + min_w[o, g] * sum_x[r, g].
 // sum_x is that of the quantized row, scale_x[r, g] * sum(codes), not of x: then the rounding
 // errors meet the weights w = code * scale + min themselves, centered near 0, instead of
@@ -1213,9 +1232,19 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 // KL to float32 0.0044 against 0.0148 with the float sum of x).
 // summed over g in order, each step one fma per term, in float32. A row's sums do not depend on
 // the rows beside it or on the threads (each task owns whole output tiles).
-constexpr int64_t VNNI_TILE = 16;              // outputs per tile: one int32 lane each
-constexpr int64_t VNNI_GROUP_BYTES = 256;      // a tile's codes of one group (16 x 32 nibbles)
-constexpr int64_t VNNI_ROWS = 8;               // rows held in registers per pass over a tile
+constexpr int64_t VNNI_TILE = 16;  // outputs per tile: one int32 lane each
+constexpr int64_t VNNI_ROWS = 8;   // rows held in registers per pass over a tile
+
+// A tile's bytes of one group, its 64-byte vectors and the floats of its scales (and mins).
+template <int Bits>
+struct VnniLayout {
+  static_assert(Bits == 4 || Bits == 8);
+  static constexpr int64_t vectors = Bits == 4 ? 4 : 8;
+  static constexpr int64_t group_bytes = 64 * vectors;
+  static constexpr int64_t group_floats = (Bits == 4 ? 2 : 1) * VNNI_TILE;
+  using Scale = std::conditional_t<Bits == 4, float, c10::Half>;
+  static constexpr at::ScalarType scale_dtype = Bits == 4 ? at::kFloat : at::kHalf;
+};
 
 // A value the compiler must take as it is: under -ffast-math it would fold 1 / (amax * (1 / 127))
 // into 127 / amax, other bits than the reference's reciprocal of the scale.
@@ -1232,6 +1261,7 @@ struct QuantizedRows {
   std::vector<int8_t> codes;  // [rows, k]
   std::vector<float> scale;   // [rows, groups]
   std::vector<float> sum;     // [rows, groups]: scale * the sum of the group's codes
+  std::vector<int32_t> code_sum;  // [rows, groups]: the sum of the group's codes
 };
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
@@ -1250,7 +1280,8 @@ inline __m512 load16(const c10::BFloat16* p) {  // a bfloat16 is the high half o
 // One group of 32 values: the scalar loop below in 16 lanes, the same roundings (the product
 // by the reciprocal, round-half-even, the clamp), so the same codes.
 template <typename T>
-inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& sum_out) {
+inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& sum_out,
+                           int32_t& code_sum) {
   const __m512 a = load16(xg), b = load16(xg + 16);
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
   const float scale = opaque(amax * INV_QMAX);
@@ -1263,12 +1294,14 @@ inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& su
       hi, _mm512_max_ps(lo, _mm512_roundscale_ps(_mm512_mul_ps(b, inv), kNearest))));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(qa));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + 16), _mm512_cvtepi32_epi8(qb));
+  code_sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
   scale_out = scale;
-  sum_out = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
+  sum_out = scale * static_cast<float>(code_sum);
 }
 #else
 template <typename T>
-inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& sum_out) {
+inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& sum_out,
+                           int32_t& code_sum) {
   float v[INT4_GROUP];
   float amax = 0.f;
   for (int64_t i = 0; i < INT4_GROUP; ++i) {
@@ -1282,6 +1315,7 @@ inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& su
     dst[i] = static_cast<int8_t>(std::min(127.f, std::max(-127.f, std::nearbyint(v[i] * inv))));
     sum += dst[i];
   }
+  code_sum = sum;
   scale_out = scale;
   sum_out = scale * static_cast<float>(sum);
 }
@@ -1293,32 +1327,45 @@ void quantize_groups(const T* x, int64_t rows, int64_t k, QuantizedRows& q) {
   q.codes.resize(rows * k);
   q.scale.resize(rows * groups);
   q.sum.resize(rows * groups);
+  q.code_sum.resize(rows * groups);
   for (int64_t rg = 0; rg < rows * groups; ++rg)
-    quantize_group(x + rg * INT4_GROUP, q.codes.data() + rg * INT4_GROUP, q.scale[rg], q.sum[rg]);
+    quantize_group(x + rg * INT4_GROUP, q.codes.data() + rg * INT4_GROUP, q.scale[rg], q.sum[rg],
+                   q.code_sum[rg]);
+}
+
+// Output o's code of input j (0..31) of a group, from the group's bytes `wg`.
+template <int Bits>
+inline int32_t vnni_code(const uint8_t* wg, int64_t o, int64_t j) {
+  if constexpr (Bits == 4) {
+    const uint8_t b = wg[(j / 8) * 64 + o * 4 + j % 4];
+    return (j % 8) < 4 ? (b & 0x0F) : (b >> 4);
+  } else {
+    return wg[(j / 4) * 64 + o * 4 + j % 4];
+  }
 }
 
 // Output tile t for rows [r0, r0 + R): the reference arithmetic, lane by lane (AVX2 and other
 // builds; the same float steps as the VNNI path, so the same bits).
-inline void vnni_tile_generic(const uint8_t* wc, const float* sm, const QuantizedRows& q,
+template <int Bits>
+inline void vnni_tile_generic(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+                              const QuantizedRows& q,
                               int64_t r0, int64_t rows, int64_t k, float* out /*[rows][16]*/) {
+  using L = VnniLayout<Bits>;
   const int64_t groups = k / INT4_GROUP;
   for (int64_t r = 0; r < rows; ++r) {
     const int8_t* xr = q.codes.data() + (r0 + r) * k;
     for (int64_t o = 0; o < VNNI_TILE; ++o) {
       float acc = 0.f;
       for (int64_t g = 0; g < groups; ++g) {
-        const uint8_t* wg = wc + g * VNNI_GROUP_BYTES;
+        const uint8_t* wg = wc + g * L::group_bytes;
         int32_t dot = 0;
-        for (int64_t p = 0; p < 4; ++p)
-          for (int64_t i = 0; i < 4; ++i) {
-            const uint8_t b = wg[p * 64 + o * 4 + i];
-            dot += static_cast<int32_t>(b & 0x0F) * xr[g * INT4_GROUP + p * 8 + i];
-            dot += static_cast<int32_t>(b >> 4) * xr[g * INT4_GROUP + p * 8 + 4 + i];
-          }
-        const float* s = sm + g * 2 * VNNI_TILE;
+        for (int64_t j = 0; j < INT4_GROUP; ++j)
+          dot += vnni_code<Bits>(wg, o, j) * xr[g * INT4_GROUP + j];
+        const auto* s = sm + g * L::group_floats;
         const int64_t rg = (r0 + r) * groups + g;
-        acc = std::fma(static_cast<float>(dot), s[o] * q.scale[rg], acc);
-        acc = std::fma(s[VNNI_TILE + o], q.sum[rg], acc);
+        if constexpr (Bits == 8) dot -= 128 * q.code_sum[rg];
+        acc = std::fma(static_cast<float>(dot), static_cast<float>(s[o]) * q.scale[rg], acc);
+        if constexpr (Bits == 4) acc = std::fma(s[VNNI_TILE + o], q.sum[rg], acc);
       }
       out[r * VNNI_TILE + o] = acc;
     }
@@ -1326,102 +1373,134 @@ inline void vnni_tile_generic(const uint8_t* wc, const float* sm, const Quantize
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-// R rows of one output tile: the codes of a group are unpacked once (two nibble halves of each
-// 64-byte vector) for all R rows, each row's 4 activations broadcast to the 16 lanes.
-template <int64_t R>
-inline void vnni_tile(const uint8_t* wc, const float* sm, const QuantizedRows& q, int64_t r0,
-                      int64_t k, float* out) {
+// R rows of one output tile: a group's codes are loaded (int4: and unpacked, two nibble halves of
+// each 64-byte vector) once for all R rows, each row's 4 activations broadcast to the 16 lanes.
+template <int Bits, int64_t R>
+inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+                      const QuantizedRows& q, int64_t r0, int64_t k, float* out) {
+  using L = VnniLayout<Bits>;
   const int64_t groups = k / INT4_GROUP;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
   const int8_t* x = q.codes.data() + r0 * k;
   const float* xs = q.scale.data() + r0 * groups;
   const float* xsum = q.sum.data() + r0 * groups;
+  const int32_t* isum = q.code_sum.data() + r0 * groups;
+  const auto broadcast4 = [](const int8_t* p) {
+    int32_t v;
+    std::memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+  };
   __m512 acc[R];
   for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    const uint8_t* wg = wc + g * VNNI_GROUP_BYTES;
+    const uint8_t* wg = wc + g * L::group_bytes;
     __m512i dot[R];
     for (int64_t r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
-    for (int64_t p = 0; p < 4; ++p) {
+    for (int64_t p = 0; p < L::vectors; ++p) {
       const __m512i v = _mm512_loadu_si512(wg + p * 64);
-      const __m512i lo = _mm512_and_si512(v, nibble);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
-      for (int64_t r = 0; r < R; ++r) {
-        const int8_t* xg = x + r * k + g * INT4_GROUP + p * 8;
-        int32_t a, b;
-        std::memcpy(&a, xg, 4);
-        std::memcpy(&b, xg + 4, 4);
-        dot[r] = _mm512_dpbusd_epi32(dot[r], lo, _mm512_set1_epi32(a));
-        dot[r] = _mm512_dpbusd_epi32(dot[r], hi, _mm512_set1_epi32(b));
+      if constexpr (Bits == 4) {
+        const __m512i lo = _mm512_and_si512(v, nibble);
+        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nibble);
+        for (int64_t r = 0; r < R; ++r) {
+          const int8_t* xg = x + r * k + g * INT4_GROUP + p * 8;
+          dot[r] = _mm512_dpbusd_epi32(dot[r], lo, broadcast4(xg));
+          dot[r] = _mm512_dpbusd_epi32(dot[r], hi, broadcast4(xg + 4));
+        }
+      } else {
+        for (int64_t r = 0; r < R; ++r)
+          dot[r] = _mm512_dpbusd_epi32(dot[r], v, broadcast4(x + r * k + g * INT4_GROUP + p * 4));
       }
     }
-    const __m512 sw = _mm512_loadu_ps(sm + g * 2 * VNNI_TILE);
-    const __m512 mw = _mm512_loadu_ps(sm + g * 2 * VNNI_TILE + VNNI_TILE);
-    for (int64_t r = 0; r < R; ++r) {
-      const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(xs[r * groups + g]));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), scale, acc[r]);
-      acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xsum[r * groups + g]), acc[r]);
+    if constexpr (Bits == 4) {
+      const __m512 sw = _mm512_loadu_ps(sm + g * L::group_floats);
+      const __m512 mw = _mm512_loadu_ps(sm + g * L::group_floats + VNNI_TILE);
+      for (int64_t r = 0; r < R; ++r) {
+        const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(xs[r * groups + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), scale, acc[r]);
+        acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xsum[r * groups + g]), acc[r]);
+      }
+    } else {  // 16 halves (exact as float32); the codes' 128 off in the integers
+      const __m512 sw =
+          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sm + g * 16)));
+      for (int64_t r = 0; r < R; ++r) {
+        const __m512i idot =
+            _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * isum[r * groups + g]));
+        const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(xs[r * groups + g]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(idot), scale, acc[r]);
+      }
     }
   }
   for (int64_t r = 0; r < R; ++r) _mm512_storeu_ps(out + r * VNNI_TILE, acc[r]);
 }
 
-template <int64_t R = VNNI_ROWS>
-inline void vnni_rows(const uint8_t* wc, const float* sm, const QuantizedRows& q, int64_t r0,
-                      int64_t rows, int64_t k, float* out) {
+template <int Bits, int64_t R = VNNI_ROWS>
+inline void vnni_rows(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+                      const QuantizedRows& q, int64_t r0, int64_t rows, int64_t k, float* out) {
   if constexpr (R > 1) {
-    if (rows < R) return vnni_rows<R - 1>(wc, sm, q, r0, rows, k, out);
+    if (rows < R) return vnni_rows<Bits, R - 1>(wc, sm, q, r0, rows, k, out);
   }
-  vnni_tile<R>(wc, sm, q, r0, k, out);
+  vnni_tile<Bits, R>(wc, sm, q, r0, k, out);
 }
 #endif
 
-// x @ w^T for int4 weights in the VNNI layout, activations quantized to int8 per group of 32.
-torch::Tensor int4_vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
-                               const torch::Tensor& scales_and_mins, int64_t n) {
-  check_tensor(x, "x", 2);
-  check_float(x, "x");
-  check_tensor(packed, "packed", 4);
-  check_tensor(scales_and_mins, "scales_and_mins", 4);
-  TORCH_CHECK(packed.scalar_type() == at::kByte, "packed must be uint8, not ",
-              packed.scalar_type());
-  TORCH_CHECK(scales_and_mins.scalar_type() == at::kFloat, "scales_and_mins must be float32");
+// A tile's `width` outputs of one row into y (a whole bf16 tile in one conversion: a scalar
+// conversion per output cost a 16-row step of the 49k-output head ~0.5 ms). The vector
+// conversion rounds to nearest even, as from_f does.
+template <typename T>
+inline void store_tile(const float* out, T* y, int64_t width) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512BF16__)
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    if (width == VNNI_TILE) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(y),
+                          (__m256i)(_mm512_cvtneps_pbh(_mm512_loadu_ps(out))));
+      return;
+    }
+  }
+#endif
+  for (int64_t o = 0; o < width; ++o) y[o] = from_f<T>(out[o]);
+}
+
+// x @ w^T for weights in a VNNI layout of `Bits`, activations quantized to int8 per group of 32.
+template <int Bits>
+torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
+                          const torch::Tensor& scales, int64_t n) {
+  using L = VnniLayout<Bits>;
+  check_packed(x, packed, 4, scales, "scales", 4, L::scale_dtype);
   const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0);
-  TORCH_CHECK(k % INT4_GROUP == 0, "rows of ", k, " values are not whole groups of 32");
   const int64_t groups = k / INT4_GROUP;
-  TORCH_CHECK(packed.size(1) == groups && packed.size(2) == 4 && packed.size(3) == 64, "packed ",
-              packed.sizes(), " for rows of ", k);
-  TORCH_CHECK(scales_and_mins.size(0) == tiles && scales_and_mins.size(1) == groups &&
-                  scales_and_mins.size(2) == 2 && scales_and_mins.size(3) == VNNI_TILE,
-              "scales_and_mins ", scales_and_mins.sizes(), " for packed ", packed.sizes());
+  TORCH_CHECK(packed.size(1) == groups && packed.size(2) == L::vectors && packed.size(3) == 64,
+              "packed ", packed.sizes(), " for rows of ", k, " with ", Bits, "-bit codes");
+  TORCH_CHECK(scales.size(0) == tiles && scales.size(1) == groups &&
+                  scales.size(2) * scales.size(3) == L::group_floats &&
+                  scales.size(3) == VNNI_TILE,
+              "scales ", scales.sizes(), " for packed ", packed.sizes());
   TORCH_CHECK(n > (tiles - 1) * VNNI_TILE && n <= tiles * VNNI_TILE, n,
               " outputs do not fill ", tiles, " tiles of 16");
   auto y = torch::empty({rows, n}, x.options());
   if (rows == 0) return y;
   QuantizedRows q;
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_vnni_quantize", [&] {
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "vnni_quantize", [&] {
     quantize_groups(x.data_ptr<scalar_t>(), rows, k, q);
   });
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const float* smp = scales_and_mins.data_ptr<float>();
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "int4_vnni_linear", [&] {
+  const auto* smp = scales.data_ptr<typename L::Scale>();
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "vnni_linear", [&] {
     scalar_t* yp = y.data_ptr<scalar_t>();
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       float out[VNNI_ROWS * VNNI_TILE];
       for (int64_t t = begin; t < end; ++t) {
-        const uint8_t* wc = wp + t * groups * VNNI_GROUP_BYTES;
-        const float* sm = smp + t * groups * 2 * VNNI_TILE;
+        const uint8_t* wc = wp + t * groups * L::group_bytes;
+        const auto* sm = smp + t * groups * L::group_floats;
         const int64_t width = std::min(VNNI_TILE, n - t * VNNI_TILE);
         for (int64_t r0 = 0; r0 < rows; r0 += VNNI_ROWS) {
           const int64_t tile_rows = std::min(VNNI_ROWS, rows - r0);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-          vnni_rows(wc, sm, q, r0, tile_rows, k, out);
+          vnni_rows<Bits>(wc, sm, q, r0, tile_rows, k, out);
 #else
-          vnni_tile_generic(wc, sm, q, r0, tile_rows, k, out);
+          vnni_tile_generic<Bits>(wc, sm, q, r0, tile_rows, k, out);
 #endif
           for (int64_t r = 0; r < tile_rows; ++r)
-            for (int64_t o = 0; o < width; ++o)
-              yp[(r0 + r) * n + t * VNNI_TILE + o] = from_f<scalar_t>(out[r * VNNI_TILE + o]);
+            store_tile(out + r * VNNI_TILE, yp + (r0 + r) * n + t * VNNI_TILE, width);
         }
       }
     });
@@ -1448,5 +1527,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gelu_tanh_mul", &gelu_tanh_mul, release());
   m.def("int8_linear", &int8_linear, release());
   m.def("int4_rows_linear", &int4_rows_linear, release());
-  m.def("int4_vnni_linear", &int4_vnni_linear, release());
+  m.def("int4_vnni_linear", &vnni_linear<4>, release());
+  m.def("int8_vnni_linear", &vnni_linear<8>, release());
 }

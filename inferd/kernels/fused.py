@@ -82,6 +82,10 @@ class CompiledKernels(Protocol):
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, n: int
     ) -> torch.Tensor: ...
 
+    def int8_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, n: int
+    ) -> torch.Tensor: ...
+
 
 class FusedOps(PlainOps):
     def __init__(self, compiled: CompiledKernels, isa: str) -> None:
@@ -191,6 +195,11 @@ class FusedOps(PlainOps):
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
     ) -> torch.Tensor:
         return self.compiled.int4_vnni_linear(x.contiguous(), packed, scales_and_mins, out)
+
+    def int8_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: int
+    ) -> torch.Tensor:
+        return self.compiled.int8_vnni_linear(x.contiguous(), packed, scales, out)
 
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor

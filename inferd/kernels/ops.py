@@ -152,6 +152,14 @@ class KernelOps(ABC):
         (``plain.quantize_groups``); ``out`` outputs of the padded tiles of 16."""
 
     @abstractmethod
+    def int8_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: int
+    ) -> torch.Tensor:
+        """x @ w^T with int8 weights in the int8 x int8 kernel's layout
+        (``linear.pack_int8_vnni``: a scale per group of 32), x quantized as for
+        ``int4_vnni_linear``."""
+
+    @abstractmethod
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:

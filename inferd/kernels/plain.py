@@ -129,12 +129,12 @@ class PlainOps(KernelOps):
     def int4_vnni_linear(
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
     ) -> torch.Tensor:
-        codes, scale, lo = unpack_int4_vnni(packed, scales_and_mins, out)
-        xq, xs, xsum = quantize_groups(x)
-        # Integer dot products per group: exact in float32 (at most 32 * 15 * 127 < 2**24).
-        dot = torch.einsum("rgi,ngi->rng", xq, codes)
-        y = (dot * (scale[None] * xs[:, None])).sum(-1) + (lo[None] * xsum[:, None]).sum(-1)
-        return y.to(x.dtype)
+        return _vnni_linear(x, unpack_vnni(packed, scales_and_mins, out))
+
+    def int8_vnni_linear(
+        self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: int
+    ) -> torch.Tensor:
+        return _vnni_linear(x, unpack_vnni(packed, scales, out))
 
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
@@ -152,17 +152,35 @@ def unpack_int4_rows(packed: torch.Tensor, scales_and_mins: torch.Tensor) -> tor
     return w.view(out, -1)
 
 
-def unpack_int4_vnni(
-    packed: torch.Tensor, scales_and_mins: torch.Tensor, out: int
+def unpack_vnni(
+    packed: torch.Tensor, scales: torch.Tensor, out: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``linear.pack_int4_vnni``'s layout -> (codes [out, groups, 32], scale and min [out,
-    groups]), float32."""
-    tiles, groups = packed.shape[:2]
-    v = packed.view(tiles, groups, 4, 1, 16, 4)
-    c = torch.cat((v & 0x0F, v >> 4), dim=3)  # [tile, group, p, half, o, i]
-    codes = c.permute(0, 4, 1, 2, 3, 5).reshape(tiles * 16, groups, 32)[:out].float()
-    sm = scales_and_mins.permute(0, 3, 1, 2).reshape(tiles * 16, groups, 2)[:out]
-    return codes, sm[..., 0], sm[..., 1]
+    """``linear.pack_int4_vnni``'s or ``pack_int8_vnni``'s layout (4 or 8 vectors a group) ->
+    (codes [out, groups, 32], scale and min [out, groups]), float32: the weight is ``codes *
+    scale + min`` (int8: the signed codes, min 0)."""
+    tiles, groups, vectors = packed.shape[:3]
+    if vectors == 4:
+        v = packed.view(tiles, groups, 4, 1, 16, 4)
+        c = torch.cat((v & 0x0F, v >> 4), dim=3).flatten(2, 3)  # [tile, group, p half, o, i]
+    else:
+        c = packed.view(tiles, groups, 8, 16, 4)  # [tile, group, p, o, i]
+    codes = c.permute(0, 3, 1, 2, 4).reshape(tiles * 16, groups, 32)[:out].float()
+    sm = scales.float().permute(0, 3, 1, 2).reshape(tiles * 16, groups, -1)[:out]
+    if vectors == 4:
+        return codes, sm[..., 0], sm[..., 1]
+    return codes - 128, sm[..., 0], torch.zeros_like(sm[..., 0])  # stored plus 128
+
+
+def _vnni_linear(
+    x: torch.Tensor, weight: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+) -> torch.Tensor:
+    """The VNNI kernels' arithmetic: int8 rows against unpacked codes, scales and mins."""
+    codes, scale, lo = weight
+    xq, xs, xsum = quantize_groups(x)
+    # Integer dot products per group: exact in float32 (at most 32 * 127 * 127 < 2**24).
+    dot = torch.einsum("rgi,ngi->rng", xq, codes)
+    y = (dot * (scale[None] * xs[:, None])).sum(-1) + (lo[None] * xsum[:, None]).sum(-1)
+    return y.to(x.dtype)
 
 
 QMAX_INV = torch.tensor(1 / 127, dtype=torch.float32)

@@ -52,7 +52,7 @@ from torch import nn
 
 from inferd import kernels
 from inferd.host_memory import available_bytes
-from inferd.kernels.plain import unpack_int4_vnni
+from inferd.kernels.plain import unpack_vnni
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
 from inferd.layers.registered import Registered
@@ -108,6 +108,11 @@ class PackedKind(enum.Enum):
     INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
     INT8 = "int8"
     INT4_VNNI = "int4_vnni"  # int4 codes x int8 activations (``pack_int4_vnni``), bf16 models
+    INT8_VNNI = "int8_vnni"  # int8 codes x int8 activations (``pack_int8_vnni``), bf16 models
+
+
+# The kinds whose kernels quantize the rows to int8 on the way in (VNNI layouts).
+VNNI_KINDS = (PackedKind.INT4_VNNI, PackedKind.INT8_VNNI)
 
 
 # Decode batches up to here run the int4 x int8 kernel where a layer has it: it beat oneDNN's
@@ -143,18 +148,13 @@ class Linear(nn.Linear, KernelUser):
     ) -> None:
         """Add the low-bit copy; ``source`` is the float32 weight before any bf16 rounding."""
         w = (source if source is not None else self.weight.detach()).float()
-        if (
-            kind is PackedKind.INT4
-            and w.shape[1] % INT4_GROUP == 0
-            and kernels.int8_dot(self.weight.dtype)
-        ):
-            # The VNNI kernel beats torch's int4 at small batches and the dense weight up to
-            # INT4_INT8_ROWS: it serves them all.
-            self._packed, self._scales = pack_int4_vnni(w)
-            self.packed_kind, self.small_batch = (
-                PackedKind.INT4_VNNI,
-                max(small_batch, INT4_INT8_ROWS),
-            )
+        if w.shape[1] % INT4_GROUP == 0 and kernels.int8_dot(self.weight.dtype):
+            # The VNNI kernels beat the weight-only ones at small batches and the dense weight
+            # up to INT4_INT8_ROWS: they serve them all.
+            vnni = PackedKind.INT4_VNNI if kind is PackedKind.INT4 else PackedKind.INT8_VNNI
+            pack = pack_int4_vnni if kind is PackedKind.INT4 else pack_int8_vnni
+            self._packed, self._scales = pack(w)
+            self.packed_kind, self.small_batch = vnni, max(small_batch, INT4_INT8_ROWS)
             return
         if kind is PackedKind.INT4 and self.weight.dtype == torch.float32 and w.shape[1] % 32 == 0:
             # torch's int4 kernel is ~10x slower than dense with float32 activations (AVX2
@@ -208,8 +208,13 @@ class Linear(nn.Linear, KernelUser):
 
     def _weight_only(self, x: torch.Tensor) -> torch.Tensor:
         assert self._packed is not None and self._scales is not None
-        if self.packed_kind is PackedKind.INT4_VNNI:  # takes float32 and bf16 rows as they are
-            out = self.ops.int4_vnni_linear(x, self._packed, self._scales, self.out_features)
+        if self.packed_kind in VNNI_KINDS:  # takes float32 and bf16 rows as they are
+            vnni = (
+                self.ops.int4_vnni_linear
+                if self.packed_kind is PackedKind.INT4_VNNI
+                else self.ops.int8_vnni_linear
+            )
+            out = vnni(x, self._packed, self._scales, self.out_features)
             return out if self.bias is None else out + self.bias
         # The kernels are fast in bf16 only: float32 activations visit bf16 (ISQ in f32 models).
         xk = x if x.dtype == self._scales.dtype else x.to(self._scales.dtype)
@@ -426,6 +431,29 @@ def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.contiguous(), sm.contiguous()
 
 
+def pack_int8_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[out, in] float weight -> (uint8 [tiles, in/32, 8, 64], float16 [tiles, in/32, 1, 16]):
+    the layout of the int8 x int8 kernel (``kernels/decode.cpp``, ``int8_vnni_linear``).
+
+    Symmetric codes per group of 32 inputs with a float16 scale, as GGML's Q8_0 (scale = absmax
+    / 127, rounded to float16, codes taken against the rounded scale; weights that came from Q8_0
+    blocks get their own codes and scales back), stored plus 128 so that they are VNNI's unsigned
+    operand. Outputs go in tiles of 16 (the last one padded with zero scales); for each tile and
+    group, vector p (of 8) holds at byte ``4 * o + i`` output o's code of input ``4p + i``. Then
+    the tile's 16 scales of the group.
+    """
+    out_f, in_f = w.shape
+    tiles, groups = -(-out_f // VNNI_TILE), in_f // INT4_GROUP
+    g = F.pad(w.float(), (0, 0, 0, tiles * VNNI_TILE - out_f)).view(-1, groups, INT4_GROUP)
+    scale = (g.abs().amax(-1) / 127).half().float()
+    inv = torch.where(scale > 0, scale.reciprocal(), torch.zeros_like(scale))
+    codes = ((g * inv[..., None]).round().clamp(-127, 127) + 128).to(torch.uint8)
+    # [tile, o, group, p, i] -> [tile, group, p, o, i]
+    c = codes.view(tiles, VNNI_TILE, groups, 8, 4).permute(0, 2, 3, 1, 4)
+    scales = scale.half().view(tiles, VNNI_TILE, groups, 1).permute(0, 2, 3, 1)
+    return c.reshape(tiles, groups, 8, 64).contiguous(), scales.contiguous()
+
+
 def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     q, scale = int8_codes(w)
     return q, scale.to(dtype)
@@ -433,9 +461,9 @@ def pack_int8(w: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.
 
 def dequantize_packed(layer: Linear) -> torch.Tensor:
     """The weight the packed kernel really multiplies by (for tests and diagnostics)."""
-    if layer.packed_kind is PackedKind.INT4_VNNI:  # its rows are quantized: unpack the codes
+    if layer.packed_kind in VNNI_KINDS:  # its rows are quantized: unpack the codes
         assert layer._packed is not None and layer._scales is not None
-        codes, scale, lo = unpack_int4_vnni(layer._packed, layer._scales, layer.out_features)
+        codes, scale, lo = unpack_vnni(layer._packed, layer._scales, layer.out_features)
         return (codes * scale[..., None] + lo[..., None]).view(layer.out_features, -1)
     eye = torch.eye(layer.in_features, dtype=layer.weight.dtype)
     saved = layer.small_batch

@@ -38,7 +38,9 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
                     m.packed_kind in (PackedKind.INT4, PackedKind.INT4_ROWS, PackedKind.INT4_VNNI)
                     for m in linears
                 ),
-                "packed_int8": sum(m.packed_kind is PackedKind.INT8 for m in linears),
+                "packed_int8": sum(
+                    m.packed_kind in (PackedKind.INT8, PackedKind.INT8_VNNI) for m in linears
+                ),
                 "dense_dropped": sum(not m.dense for m in linears),
                 "fused": decoder.ops.description,
             },

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from inferd import kernels
 from inferd.kernels import FUSED_DTYPES, build_status, kernel_isa, load_ops
 from inferd.kernels.fused import FusedOps
 from inferd.kernels.ops import KernelOps
@@ -19,9 +20,16 @@ from inferd.kernels.plain import (
     gather_blocks,
     grouped_attention,
     unpack_int4_rows,
-    unpack_int4_vnni,
+    unpack_vnni,
 )
-from inferd.layers.linear import Linear, PackedKind, pack_int4_rows, pack_int4_vnni, pack_int8
+from inferd.layers.linear import (
+    Linear,
+    PackedKind,
+    pack_int4_rows,
+    pack_int4_vnni,
+    pack_int8,
+    pack_int8_vnni,
+)
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from tests.kernels.choice import ops_named
 
@@ -320,7 +328,15 @@ def test_gated_activations(fused: KernelOps, dtype: torch.dtype) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, 8])
 @pytest.mark.parametrize("in_features", [96, 104])  # 104: a tail past the 16-wide steps
-def test_int8_linear(fused: KernelOps, dtype: torch.dtype, rows: int, in_features: int) -> None:
+def test_int8_linear(
+    fused: KernelOps,
+    dtype: torch.dtype,
+    rows: int,
+    in_features: int,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The int8 weight-only kernel (ISQ q8, float32 models, builds without VNNI)."""
+    monkeypatch.setenv(kernels.INT4_INT8_ENV, "0")  # bf16 weights: not the int8 x int8 kernel
     torch.manual_seed(4)
     layer = Linear(in_features, 80).to(dtype)
     layer.pack(PackedKind.INT8, source=torch.randn(80, in_features))
@@ -387,60 +403,93 @@ def test_int4_rows_kernel_refuses_what_it_cannot_take(fused: KernelOps) -> None:
         fused.int4_rows_linear(torch.randn(2, 96), packed, sm)
     with pytest.raises(RuntimeError, match="whole groups of 32"):
         fused.int4_rows_linear(torch.randn(2, 48), packed[:, :24].contiguous(), sm)
-    with pytest.raises(RuntimeError, match="float32"):
+    with pytest.raises(RuntimeError, match="must be"):
         fused.int4_rows_linear(torch.randn(2, 64), packed, sm.bfloat16())
 
 
+# The VNNI kernels by the bits of their weight codes: (pack, the op's name).
+VNNI = {4: (pack_int4_vnni, "int4_vnni_linear"), 8: (pack_int8_vnni, "int8_vnni_linear")}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 3, 8, 9, 17, 64])
 @pytest.mark.parametrize(("out_features", "in_features"), [(16, 32), (101, 96), (80, 576)])
-def test_int4_vnni_linear(fused: KernelOps, rows: int, out_features: int, in_features: int) -> None:
-    """int4 x int8 against the plain reference, which quantizes the rows the same way: the same
-    int8 codes (one code off in a group would move an output by ~1e-2), float sums that differ
-    in order only; and against the dense product it approximates."""
+def test_vnni_linear(
+    fused: KernelOps, bits: int, rows: int, out_features: int, in_features: int
+) -> None:
+    """int4/int8 x int8 against the plain reference, which quantizes the rows the same way: the
+    same int8 codes (one code off in a group would move an output by ~1e-2), float sums that
+    differ in order only; and against the dense product it approximates."""
+    pack, op = VNNI[bits]
     torch.manual_seed(rows + out_features)
     w = torch.randn(out_features, in_features)
-    packed, sm = pack_int4_vnni(w)
+    packed, sm = pack(w)
     x = (torch.randn(rows, in_features) * 3).bfloat16().float()  # ties to round half-even
     x[-1, -32:] = 0.0  # a group of zeros: scale 0, no division by it
-    ours = fused.int4_vnni_linear(x, packed, sm, out_features)
-    ref = PLAIN.int4_vnni_linear(x, packed, sm, out_features)
+    ours = getattr(fused, op)(x, packed, sm, out_features)
+    ref = getattr(PLAIN, op)(x, packed, sm, out_features)
     torch.testing.assert_close(ours, ref, atol=1e-4, rtol=1e-5)
-    codes, scale, lo = unpack_int4_vnni(packed, sm, out_features)
-    dense = x @ (codes * scale[..., None] + lo[..., None]).view(out_features, -1).T
+    codes, scale, lo = unpack_vnni(packed, sm, out_features)
+    weight = (codes * scale[..., None] + lo[..., None]).view(out_features, -1)
+    # The packed weight is the weight, to its codes' step (int4: (max - min) / 15 a group).
+    assert (weight - w).abs().max() <= (0.25 if bits == 4 else 0.02) * w.abs().max()
+    dense = x @ weight.T
     assert (ours - dense).abs().max() <= 0.02 * dense.abs().max() + 1e-6  # int8 rows: ~0.5% noise
     # bf16 rows: the same float sums, rounded to nearest even at the end.
-    assert torch.equal(
-        fused.int4_vnni_linear(x.bfloat16(), packed, sm, out_features), ours.bfloat16()
-    )
+    assert torch.equal(getattr(fused, op)(x.bfloat16(), packed, sm, out_features), ours.bfloat16())
 
 
-def test_int4_vnni_rows_do_not_depend_on_the_batch_or_the_threads(fused: KernelOps) -> None:
+def test_int8_vnni_pack_keeps_q8_0_weights_exact() -> None:
+    """A weight that came from GGML Q8_0 blocks (codes -127..127 times an f16 scale per 32)
+    packs to its own codes and scales: the int8 copy of a Q8_0 head loses nothing."""
+    torch.manual_seed(5)
+    codes = torch.randint(-127, 128, (48, 4, 32)).float()
+    codes[:, :, 0] = 127  # each block reaches its absmax, as Q8_0's quantizer makes it
+    d = (torch.rand(48, 4, 1) * 0.01).half().float()
+    w = (codes * d).view(48, 128)
+    unpacked, scale, lo = unpack_vnni(*pack_int8_vnni(w), 48)
+    assert torch.equal(unpacked, codes) and torch.equal(scale, d[..., 0])
+    assert not lo.any()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_vnni_rows_do_not_depend_on_the_batch_or_the_threads(fused: KernelOps, bits: int) -> None:
     """A row's bits are its own: alone, in a batch of 16 or 64 (tiles of 8 rows, a remainder),
     on one thread or two (determinism: README)."""
+    pack, op = VNNI[bits]
+    linear = getattr(fused, op)
     torch.manual_seed(3)
     w = torch.randn(200, 576)  # 13 tiles of 16 outputs, the last one partial
-    packed, sm = pack_int4_vnni(w)
+    packed, sm = pack(w)
     x = torch.randn(64, 576).bfloat16()
-    alone = torch.cat([fused.int4_vnni_linear(x[i : i + 1], packed, sm, 200) for i in range(64)])
+    alone = torch.cat([linear(x[i : i + 1], packed, sm, 200) for i in range(64)])
     for rows in (16, 37, 64):
-        assert torch.equal(fused.int4_vnni_linear(x[:rows], packed, sm, 200), alone[:rows])
+        assert torch.equal(linear(x[:rows], packed, sm, 200), alone[:rows])
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert torch.equal(fused.int4_vnni_linear(x, packed, sm, 200), alone)
+        assert torch.equal(linear(x, packed, sm, 200), alone)
     finally:
         torch.set_num_threads(threads)
 
 
-def test_int4_vnni_kernel_refuses_what_it_cannot_take(fused: KernelOps) -> None:
-    packed, sm = pack_int4_vnni(torch.randn(40, 64))
+@pytest.mark.parametrize("bits", [4, 8])
+def test_vnni_kernels_refuse_what_they_cannot_take(fused: KernelOps, bits: int) -> None:
+    pack, op = VNNI[bits]
+    linear = getattr(fused, op)
+    packed, sm = pack(torch.randn(40, 64))
     x = torch.randn(2, 64)
     with pytest.raises(RuntimeError, match="do not fill"):
-        fused.int4_vnni_linear(x, packed, sm, 49)  # 3 tiles hold 33..48 outputs
+        linear(x, packed, sm, 49)  # 3 tiles hold 33..48 outputs
     with pytest.raises(RuntimeError, match="for rows of"):
-        fused.int4_vnni_linear(torch.randn(2, 96), packed, sm, 40)
-    with pytest.raises(RuntimeError, match="float32"):
-        fused.int4_vnni_linear(x, packed, sm.bfloat16(), 40)
+        linear(torch.randn(2, 96), packed, sm, 40)
+    with pytest.raises(RuntimeError, match="must be"):
+        linear(x, packed, sm.bfloat16(), 40)
+    other, other_sm = VNNI[12 - bits][0](torch.randn(40, 64))  # the other kernel's layout
+    with pytest.raises(RuntimeError, match="-bit codes"):
+        linear(x, other, sm, 40)
+    with pytest.raises(RuntimeError, match="scales"):
+        linear(x, packed, other_sm, 40)
 
 
 @pytest.mark.parametrize(
