@@ -12,9 +12,13 @@ tokens / that time, so the attention over the whole context is what grows with i
 past the model's positions are dropped with a note (SmolLM2: 8192; 16384 is not allowed).
 
 llama-server gets the same prompts as token ids on ``/completion`` (``-np streams`` slots of
-``context + tokens`` each, ``-t`` the threads inferd uses, no prompt cache between points); its
-decode rate is the sum of the streams' ``predicted_n`` over the longest ``predicted_ms`` (the
-time from each stream's first token to its last, as llama.cpp reports it).
+``context + tokens`` each, ``-t`` the threads inferd uses, a fresh server per point). Each
+stream's prompt is first prefilled into its own slot (``id_slot``, one token generated, not
+timed); then the streams are sent again at once, ``cache_prompt`` reusing the slot's KV (the
+script checks that at most a few prompt tokens were evaluated again), and timed from outside,
+from sending to the last reply: decode tokens/s = the tokens generated / that time. (Its own
+``predicted_ms`` is not used: at several streams it counts the steps in which the server
+prefilled the other slots' prompts.)
 
 The machine may be loaded by others: the two engines run back to back per point, so read the
 ratios more than the absolute figures.
@@ -94,10 +98,14 @@ def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int
         url = f"http://127.0.0.1:{port}"
         with run_server(cmd, url + "/health", Path(tmp) / "llama.log", 600, "llama-server"):
             ids = _token_ids_for(url, point)
+            asyncio.run(_completions(url, ids, 1))  # each prompt into its slot, untimed
+            started = time.perf_counter()
             results = asyncio.run(_completions(url, ids, point.tokens))
-    produced = sum(r["timings"]["predicted_n"] for r in results)
-    longest = max(r["timings"]["predicted_ms"] for r in results) / 1000
-    return produced / longest
+            elapsed = time.perf_counter() - started
+    evaluated = max(r["timings"]["prompt_n"] for r in results)
+    if evaluated > 8:
+        raise SystemExit(f"llama-server evaluated {evaluated} prompt tokens again: no slot reuse")
+    return sum(r["timings"]["predicted_n"] for r in results) / elapsed
 
 
 def _token_ids_for(url: str, point: Point) -> list[list[int]]:
@@ -112,8 +120,12 @@ def _token_ids_for(url: str, point: Point) -> list[list[int]]:
 
 
 async def _completions(url: str, prompts: list[list[int]], tokens: int) -> list[dict]:
-    body = {"n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": False}
-    calls = [asyncio.to_thread(_post, url + "/completion", body | {"prompt": p}) for p in prompts]
+    """Prompt i on slot i, all at once, keeping each slot's KV for the next call."""
+    body = {"n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
+    calls = [
+        asyncio.to_thread(_post, url + "/completion", body | {"prompt": p, "id_slot": i})
+        for i, p in enumerate(prompts)
+    ]
     return list(await asyncio.gather(*calls))
 
 

@@ -135,12 +135,13 @@ INT4_INT8_ENV = "INFERD_INT4_INT8"
 
 
 def int8_dot(dtype: torch.dtype) -> bool:
-    """Whether int4 weights of a model in ``dtype`` run the int4 x int8 kernel (decode.cpp's
-    ``int4_vnni_linear``, activations quantized to int8 on the fly): bf16 models on the built
-    avx512 target (VNNI: twice the multiplies of the bf16 instruction), unless
-    ``INFERD_INT4_INT8=0`` turns it off. On by default, as llama.cpp runs Q4 weights: ~1.3x
-    faster batched decode steps (layers/linear.py) for some accuracy (SmolLM2: mean KL to float32
-    0.0041 against 0.0020 for int4 weights with bf16 rows; README, benchmarks/accuracy.py)."""
+    """Whether packed (int4/int8) weights of a model in ``dtype`` run the VNNI kernels
+    (decode.cpp's ``vnni_linear``, activations quantized to int8 on the fly): bf16 models on the
+    built avx512 target (VNNI: twice the multiplies of the bf16 instruction), unless
+    ``INFERD_INT4_INT8=0`` turns it off. On by default, as llama.cpp runs Q4 and Q8_0 weights:
+    ~1.3x faster batched decode steps (layers/linear.py) for some accuracy (SmolLM2: mean KL to
+    float32 0.0036 against 0.0021 for packed weights with bf16 rows; README,
+    benchmarks/accuracy.py)."""
     if dtype != torch.bfloat16 or os.environ.get(INT4_INT8_ENV, "1") == "0":
         return False
     try:

@@ -10,21 +10,21 @@ int4 packing is affine per group of 32 input columns: ``w = q * scale + min`` wi
 0..15. That is exactly GGML's Q4_1 layout (and holds Q4_0 with ``min = -8 * scale``), so weights
 that came from such blocks are repacked without further loss.
 
-Batches past ``small_batch`` run the dense bf16 weight, except where int4 weights take the
-int4 x int8 kernel (bf16 models on the AVX-512 VNNI build, unless ``INFERD_INT4_INT8=0``;
-``PackedKind.INT4_VNNI``, ``pack_int4_vnni``): each row is quantized to int8 per group of 32
-on the way in (a scale per group, llama.cpp's Q8_1) and meets the int4 codes through
-``vpdpbusd``, 64 multiplies an instruction against the bf16 one's 32, from weights read as 4
-bits. It then serves every decode batch up to ``INT4_INT8_ROWS`` (SmolLM2, one thread, 30
+Batches past ``small_batch`` run the dense bf16 weight, except where packed weights take the
+VNNI kernels (bf16 models on the AVX-512 VNNI build, unless ``INFERD_INT4_INT8=0``;
+``PackedKind.INT4_VNNI``/``INT8_VNNI``, ``pack_int4_vnni``/``pack_int8_vnni``): each row is
+quantized to int8 per group of 32 on the way in (a scale per group, llama.cpp's Q8_1) and meets
+the int4 codes (or int8 ones, symmetric per group of 32 as Q8_0) through ``vpdpbusd``, 64
+multiplies an instruction against the bf16 one's 32, from weights read as 4 or 8 bits. They
+then serve every decode batch up to ``INT4_INT8_ROWS`` (int4 on SmolLM2, one thread, 30
 layers of each projection: 1.4-2.5x the oneDNN bf16 weight at 16-64 rows, 1.3-2.7x torch's int4
 kernel at 1-8 rows; benchmarks/int4_int8.py), and a 16-row decode step's projections took 19 ms
 instead of 33 (benchmarks/step_profile.md). The int8 rows cost some accuracy, as they do in
-llama.cpp: mean KL to float32 of 0.0041 against 0.0020 for int4 weights with bf16 rows, top-1
-agreement 95.5% against 97.4% (benchmarks/accuracy.py). A third regime once served batched
-decodes of 9..32 rows with int8 weights times int8 activations (fbgemm's VNNI kernel); against
-the oneDNN-packed dense weight below it was slower at every size (SmolLM2, 2 cores: a 16-row
-step 37.3 vs 33.3 ms, 10 rows 32.1 vs 28.6, 32 rows 50.3 vs 48.5) and less accurate, so it
-was removed.
+llama.cpp; the int8 weights' group scales win some back over one scale per output row (SmolLM2:
+mean KL to float32 0.0036 against 0.0021 with bf16 rows; Gemma 3, whose Q4_K/Q6_K layers are
+int8 here, 0.0114 against 0.0184; benchmarks/accuracy.py). An earlier int8 x int8 path
+(fbgemm's kernel, one scale per row, 9..32 rows) was slower than the oneDNN-packed dense weight
+below at every size (SmolLM2, 2 cores: a 16-row step 37.3 vs 33.3 ms) and was removed.
 
 The dense bf16 weight is kept a second time in oneDNN's blocked layout (``OneDnnWeight``), made
 on first use: ``F.linear`` reorders the weight into that layout on every call, which cost SmolLM2

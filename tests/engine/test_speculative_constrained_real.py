@@ -123,10 +123,14 @@ def test_seeded_sampled_text_is_the_same_again_and_in_a_batch(pair: tuple[LLM, L
     again; constrained seeded outputs validate."""
     on, _ = pair
     text_prompt, json_prompt = on.model.chat_prompt(TEXT_COPY), on.model.chat_prompt(JSON_COPY)
+    # At temperature 0.5 a seed may wander off the passage (then nothing drafts): over a few
+    # seeds most copy it.
     before = _accepted(on)
-    first = _run(on, [text_prompt], [_seeded(5, 32)])[0]
+    seeds = (1, 2, 3, 5)
+    first = _run(on, [text_prompt] * len(seeds), [_seeded(s, 32) for s in seeds])
     assert _accepted(on) - before > 5
-    assert _run(on, [text_prompt], [_seeded(5, 32)])[0] == first
+    for seed, text in zip(seeds, first, strict=True):
+        assert _run(on, [text_prompt], [_seeded(seed, 32)])[0] == text
     constrained = [_seeded(s, 80, Constraint.json_schema(SCHEMA)) for s in range(2)]
     before = _accepted(on)
     for _, text, reason in _run(on, [json_prompt] * 2, constrained):
