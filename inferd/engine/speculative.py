@@ -89,7 +89,8 @@ that is longer (a long match is a copy under way), up to ``num_tokens``: a copy 
 drafts, a request that misses pays for few rows. A decode alone in its step verifies up to
 ``max_verify_rows`` rows (SmolLM2, 2 cores, int4: 1 row 7 ms, 8 rows 21.5, 16 rows 40, 24
 rows 57: per accepted token a 32-row step costs less than an 8-row one, and takes a quarter of
-the steps); several share ``max_batch_rows``.
+the steps); several share ``max_batch_rows``. A draft model pays a forward pass per draft, so
+a request drafts one token a step with it until one of its drafts stands.
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ class Speculator:
                 return ()
             least_match = self.config.sure_match
         length = state.length or self._first_length()
+        if self.drafter is not None and state.accepted == 0:
+            # A draft model pays a forward pass per draft: until one of its drafts stands for
+            # this request, it proposes one (a model whose drafts never stand, as self-drafting
+            # with SmolLM2's first layers, then costs a pass per attempt, not three).
+            length = 1
         if self.drafter is not None:
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
             draft = self.drafter.propose(request, min(k, length))

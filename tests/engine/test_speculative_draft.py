@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from inferd.engine.draft_model import Draft
 from inferd.engine.sampler import draw, sampling_probs
 from inferd.engine.speculative import SpeculativeConfig, Speculator
 from tests.engine.test_speculative import make_request
@@ -66,3 +67,29 @@ def test_a_point_mass_q_decides_as_prompt_lookup_does() -> None:
         spec.draft_probs["r"] = [torch.nn.functional.one_hot(torch.tensor(t), vocab) for t in draft]
         model = spec.verify(logits, draft, request)
         assert model == lookup
+
+
+class _Drafter:
+    """A draft model that proposes token 5 as often as it is asked."""
+
+    def propose(self, request: object, k: int) -> Draft:
+        return Draft([5] * k, None)
+
+    def forget(self, request_id: str) -> None:
+        pass
+
+
+def test_a_draft_model_proposes_one_token_until_one_stands() -> None:
+    """Each draft costs a draft-model pass: a request drafts one token a step until a draft is
+    accepted (self-drafting with SmolLM2's first layers never is), then its usual lengths."""
+    spec = Speculator(SpeculativeConfig(method="draft", num_tokens=7), drafter=_Drafter())  # type: ignore[arg-type]
+    request = make_request([1, 2], [3], max_tokens=50)
+    assert spec.propose(request, 7) == (5,)
+    miss = torch.zeros(2, 8)
+    miss[:, 4] = 1.0  # the model's argmax is 4 at every row: the draft 5 fails
+    spec.verify(miss, [5], request)
+    assert spec.propose(request, 7) == (5,)
+    hit = torch.zeros(2, 8)
+    hit[:, 5] = 1.0
+    assert spec.verify(hit, [5], request).accepted == 1
+    assert len(spec.propose(request, 7)) > 1
