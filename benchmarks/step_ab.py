@@ -6,7 +6,10 @@
 The variants ("before" / "after"): ``onednn`` turns the oneDNN-packed dense weights off / on
 (layers/linear.py), ``kernels`` runs the fused kernels built from ``--old-kernels`` / from this
 tree's decode.cpp, ``all`` both; ``int4int8`` serves batches past 8 rows from the dense weight /
-from the int4 x int8 kernel (layers with it: bf16 int4 weights on the VNNI build).
+from the int4 x int8 kernel (layers with it: bf16 int4 weights on the VNNI build); ``int8int8``
+serves int8 layers (the output head; Gemma 3's Q4_K/Q6_K layers) from a copy with one scale a
+row, weight-only up to 8 rows and dense above, as before the int8 x int8 kernel / from that
+kernel. ``--model`` picks another model (default smollm2).
 The same requests are stepped with the variants alternating step
 by step, so drift of a loaded machine hits both alike; the medians and their ratio are printed.
 First, each variant generates ``--rows`` greedy replies of 24 tokens from the start, and the
@@ -113,7 +116,7 @@ def main() -> None:
     # int8int8: each int8 x int8 layer (the output head) against the int8 weight-only copy of
     # the same weight with the default small batch (dense bf16 above it), as before the kernel.
     packs: dict[linear.Linear, dict[bool, tuple[linear.PackedKind, Any, Any, int]]] = {}
-    for m in engine.model.modules():
+    for m in engine.model.modules() if args.switch == "int8int8" else ():
         if isinstance(m, linear.Linear) and m.packed_kind is linear.PackedKind.INT8_VNNI:
             q8, scales = linear.pack_int8(m.weight.float(), m.weight.dtype)
             packs[m] = {
