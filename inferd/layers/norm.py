@@ -23,7 +23,11 @@ class RMSNorm(nn.Module, KernelUser):
         return self.ops.rms_norm(x, self.weight, self.eps, self.unit_offset)
 
     def add_forward(
-        self, x: torch.Tensor, delta: torch.Tensor
+        self, x: torch.Tensor, delta: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(x + delta, self(x + delta))``: a residual add and this norm in one kernel call."""
+        """``(x + delta, self(x + delta))``: a residual add and this norm in one kernel call;
+        ``(x, self(x))`` where there is nothing to add yet (a split-residual model's first
+        layer, or its final norm when no layer ran)."""
+        if delta is None:
+            return x, self.forward(x)
         return self.ops.add_rms_norm(x, delta, self.weight, self.eps, self.unit_offset)

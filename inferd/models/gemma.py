@@ -69,7 +69,7 @@ class Gemma2DecoderLayer(SplitResidualLayer):
         """As ``LlamaDecoderLayer.forward_split``: the layer on ``x + delta``, its output as
         (residual, delta). The sandwich's adds run inside the norms after them (``add_forward``)
         and submodules' ``forward`` is called directly (LlamaAttention.forward says why)."""
-        x, h = self.norm_input(x, delta)
+        x, h = self.input_norm.add_forward(x, delta)
         attn = self.post_attention_norm.forward(self.self_attn.forward(h, rotation, meta, cache))
         x, h = self.pre_feedforward_norm.add_forward(x, attn)
         return x, self.post_feedforward_norm.forward(self.mlp.forward(h))
@@ -143,4 +143,4 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
                 x, delta = layer.forward_split(x, delta, local_rotation, window_meta, cache)
             else:
                 x, delta = layer.forward_split(x, delta, global_rotation, meta, cache)
-        return self.final_norm(x, delta)
+        return self.norm.add_forward(x, delta)[1]

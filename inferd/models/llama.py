@@ -99,8 +99,6 @@ class SplitResidualLayer(nn.Module):
     the next norm does the add (``forward_split``); ``forward`` adds them for other callers (a
     self-speculation draft running the first layers)."""
 
-    input_norm = Registered[RMSNorm]()  # read straight from the registry (layers/registered.py)
-
     def forward(
         self, x: torch.Tensor, rotation: Rotation, meta: AttentionMetadata, cache: KVCache
     ) -> torch.Tensor:
@@ -117,17 +115,10 @@ class SplitResidualLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
-    def norm_input(
-        self, x: torch.Tensor, delta: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(x + delta, input_norm(x + delta)); ``x`` alone when there is no delta yet."""
-        if delta is None:
-            return x, self.input_norm.forward(x)
-        return self.input_norm.add_forward(x, delta)
-
 
 class LlamaDecoderLayer(SplitResidualLayer):
     # Read straight from the registry on the hot path (layers/registered.py)
+    input_norm = Registered[RMSNorm]()
     self_attn = Registered[LlamaAttention]()
     post_attention_norm = Registered[RMSNorm]()
     mlp = Registered[LlamaMLP]()
@@ -151,7 +142,7 @@ class LlamaDecoderLayer(SplitResidualLayer):
         pair (residual, delta) to add: each residual add runs inside the norm after it
         (``add_rms_norm``), the next layer's for the last one. Submodules' ``forward`` is called
         directly on this hot path (LlamaAttention.forward says why)."""
-        x, h = self.norm_input(x, delta)
+        x, h = self.input_norm.add_forward(x, delta)
         x, h = self.post_attention_norm.add_forward(
             x, self.self_attn.forward(h, rotation, meta, cache)
         )
@@ -209,12 +200,6 @@ class LlamaForCausalLM(nn.Module, KernelUser):
             x, delta = layer.forward_split(
                 x, delta, rotation, window_meta if sliding else meta, cache
             )
-        return self.final_norm(x, delta)
-
-    def final_norm(self, x: torch.Tensor, delta: torch.Tensor | None) -> torch.Tensor:
-        """The final norm of the last layer's (residual, delta); of ``x`` when no layer ran."""
-        if delta is None:
-            return self.norm.forward(x)
         return self.norm.add_forward(x, delta)[1]
 
     def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
