@@ -25,14 +25,14 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 
 from inferd.kernels import INT4_INT8_ENV, int8_dot, load_ops
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
-from inferd.layers.linear import Linear, dense_rows
+from inferd.layers.linear import dense_rows, packed_rows
 from inferd.loading.model import load
 from inferd.models.llama import LlamaForCausalLM
 from inferd.source import resolve_source
@@ -84,26 +84,6 @@ def forward(model: LlamaForCausalLM, ids: list[int], chunk: int) -> torch.Tensor
     return torch.cat(out)
 
 
-@contextmanager
-def packed_rows(model: LlamaForCausalLM) -> Iterator[None]:
-    """Every row of every linear through its packed copy (as batches of <= 8 rows)."""
-    with _small_batch(model, sys.maxsize):
-        yield
-
-
-@contextmanager
-def _small_batch(model: LlamaForCausalLM, rows: int) -> Iterator[None]:
-    layers = [m for m in model.modules() if isinstance(m, Linear)]
-    saved = [m.small_batch for m in layers]
-    for m in layers:
-        m.small_batch = rows
-    try:
-        yield
-    finally:
-        for m, s in zip(layers, saved, strict=True):
-            m.small_batch = s
-
-
 def compare(ref: torch.Tensor, other: torch.Tensor, ids: list[int]) -> tuple[float, float, float]:
     """(mean KL(ref || other), top-1 agreement, perplexity of ``other`` on the text)."""
     p, q = ref.log_softmax(-1), other.log_softmax(-1)
@@ -129,13 +109,11 @@ def main(model_id: str = "smollm2") -> None:
     model = bf16.model
     regimes: list[tuple[str, Callable[[], AbstractContextManager[None]]]] = [
         ("dense bf16 (prompts, > 8 rows, --deterministic)", dense_rows),
-        ("packed weights, bf16 rows (batches <= 8)", lambda: packed_rows(model)),
+        ("packed weights, bf16 rows (batches <= 8)", packed_rows),
     ]
     if vnni is not None:
         runs = [(name, model, regime) for name, regime in regimes]
-        runs.append(
-            ("packed weights x int8 rows (VNNI)", vnni.model, lambda: packed_rows(vnni.model))
-        )
+        runs.append(("packed weights x int8 rows (VNNI)", vnni.model, packed_rows))
     else:
         runs = [(name, model, regime) for name, regime in regimes]
     print(f"{source.name}: {len(ids)} tokens; reference: dense float32\n")
