@@ -159,16 +159,16 @@ def unpack_vnni(
     (codes [out, groups, 32], scale and min [out, groups]), float32: the weight is ``codes *
     scale + min`` (int8: the signed codes, min 0)."""
     tiles, groups, vectors = packed.shape[:3]
+    sm = scales.float().permute(0, 3, 1, 2).reshape(tiles * 16, groups, -1)[:out]
     if vectors == 4:
         v = packed.view(tiles, groups, 4, 1, 16, 4)
         c = torch.cat((v & 0x0F, v >> 4), dim=3).flatten(2, 3)  # [tile, group, p half, o, i]
+        lo, offset = sm[..., 1], 0
     else:
         c = packed.view(tiles, groups, 8, 16, 4)  # [tile, group, p, o, i]
-    codes = c.permute(0, 3, 1, 2, 4).reshape(tiles * 16, groups, 32)[:out].float()
-    sm = scales.float().permute(0, 3, 1, 2).reshape(tiles * 16, groups, -1)[:out]
-    if vectors == 4:
-        return codes, sm[..., 0], sm[..., 1]
-    return codes - 128, sm[..., 0], torch.zeros_like(sm[..., 0])  # stored plus 128
+        lo, offset = torch.zeros_like(sm[..., 0]), 128  # stored plus 128
+    codes = c.permute(0, 3, 1, 2, 4).reshape(tiles * 16, groups, 32)[:out].float() - offset
+    return codes, sm[..., 0], lo
 
 
 def _vnni_linear(
