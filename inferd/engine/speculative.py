@@ -243,12 +243,12 @@ class Speculator:
                 return ()
             least_match = self.config.sure_match
         length = state.length or self._first_length()
-        if self.drafter is not None and state.accepted == 0:
+        if self.drafter is not None:
             # A draft model pays a forward pass per draft: until one of its drafts stands for
             # this request, it proposes one (a model whose drafts never stand, as self-drafting
             # with SmolLM2's first layers, then costs a pass per attempt, not three).
-            length = 1
-        if self.drafter is not None:
+            if state.accepted == 0:
+                length = 1
             self.draft_probs.pop(request.request_id, None)  # a dropped earlier draft's
             draft = self.drafter.propose(request, min(k, length))
             if draft.probs is not None:
