@@ -89,12 +89,13 @@ def packed_rows() -> Iterator[None]:
 
     The weight-only kernels give a row the same bits whatever rows run beside it, so the rows
     of a speculative verify step (engine/speculative.py) get the logits a plain one-row decode
-    would have had (the int8 output head's lone row aside: its one-row kernel rounds
-    differently, as at any batch size) and greedy text stays that of decoding without drafts;
-    the dense bf16 weight would round every row otherwise (its weights are the packed ones
-    rounded to bf16). The int4 x int8 kernel serves such rows anyway (up to ``INT4_INT8_ROWS``);
-    without it, torch's int4 kernel past 8 rows costs more per row than dense (SmolLM2, one
-    sequence: 16 rows 40 ms against 26-31), still less per token than 8-row steps.
+    would have had (without the VNNI kernels, the int8 output head's lone row aside: its one-row
+    kernel rounds differently, as at any batch size) and greedy text stays that of decoding
+    without drafts; the dense bf16 weight would round every row otherwise (its weights are the
+    packed ones rounded to bf16). The VNNI kernels serve such rows anyway (up to
+    ``INT4_INT8_ROWS``); without them, torch's int4 kernel past 8 rows costs more per row than
+    dense (SmolLM2, one sequence: 16 rows 40 ms against 26-31), still less per token than 8-row
+    steps.
     """
     token = _packed_rows.set(True)
     try:
@@ -151,8 +152,11 @@ class Linear(nn.Linear, KernelUser):
         if w.shape[1] % INT4_GROUP == 0 and kernels.int8_dot(self.weight.dtype):
             # The VNNI kernels beat the weight-only ones at small batches and the dense weight
             # up to INT4_INT8_ROWS: they serve them all.
-            vnni = PackedKind.INT4_VNNI if kind is PackedKind.INT4 else PackedKind.INT8_VNNI
-            pack = pack_int4_vnni if kind is PackedKind.INT4 else pack_int8_vnni
+            vnni, pack = (
+                (PackedKind.INT4_VNNI, pack_int4_vnni)
+                if kind is PackedKind.INT4
+                else (PackedKind.INT8_VNNI, pack_int8_vnni)
+            )
             self._packed, self._scales = pack(w)
             self.packed_kind, self.small_batch = vnni, max(small_batch, INT4_INT8_ROWS)
             return
