@@ -5,11 +5,18 @@ request's next ``k`` tokens; ``--speculative self``: the served model's own firs
 then its final norm and head (no extra weights), draft them. ``Speculator`` (speculative.py)
 then verifies the drafts on the served model exactly as it verifies prompt-lookup ones.
 
-Each request has its own small KV cache in the draft model (``DraftCache``: the engine's paged
-layout, one block table covering the whole cache, grown by doubling). Before drafting, the
+A draft model keeps each request's KV in a small cache of its own (``DraftCache``: the engine's
+paged layout, one block table covering the whole cache, grown by doubling). Before drafting, the
 cache is cut back to the longest prefix its tokens share with the request's tokens (rejected
 drafts and a step's unverified last draft are dropped that way) and catches up on the rest in
 one chunk; then ``k`` one-token steps draft. Its KV is left for the next step.
+
+Self-drafting keeps none (``share``): its layers are the served model's first ones over the same
+tokens, so their keys and values at every computed position are in the served model's paged
+cache already. A draft runs from the request's last token on, writing its positions in the
+request's own blocks (allocated for the step's verify rows anyway); the verify step then
+writes those positions again through every layer. So a request that drafts again after a pause
+has nothing to catch up on, and its first draft no prefill of the prompt.
 
 Drafts: the argmax of the draft model's logits for a greedy request (so a point mass, and the
 served model's greedy text is unchanged whatever is drafted); for a sampled request a draw
@@ -29,6 +36,7 @@ leave out the others (masked ``q``: drawn and judged alike).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -36,9 +44,10 @@ import torch
 
 from inferd.engine.sampler import draw, sampling_probs
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, sliding_window_metadata
-from inferd.models.llama import LlamaForCausalLM
+from inferd.models.llama import KVCache, LlamaForCausalLM
 
 if TYPE_CHECKING:
+    from inferd.engine.kv_cache import KVCacheManager
     from inferd.engine.request import Request
 
 BLOCK_SIZE = 16
@@ -53,12 +62,20 @@ class DraftModelError(ValueError):
 class DraftCache:
     """One request's KV in the draft model and the tokens it holds, position by position."""
 
-    caches: list[tuple[torch.Tensor, torch.Tensor]]  # per layer [blocks, BLOCK_SIZE, kv, d]
+    caches: list[KVCache]  # per layer [blocks, BLOCK_SIZE, kv, d]
     tokens: list[int] = field(default_factory=list)
 
     @property
     def capacity(self) -> int:
         return self.caches[0][0].shape[0] * BLOCK_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class SharedCache:
+    """The served model's paged KV, where self-drafting reads and writes (module doc)."""
+
+    kv: KVCacheManager  # the scheduler's: whose blocks a request owns
+    caches: list[KVCache]  # the runner's first num_layers layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,16 +105,20 @@ class DraftModel:
             )
         self.model, self.dtype, self.num_layers = model, dtype, layers
         self.vocab_size = model.config.vocab_size
-        self.caches: dict[str, DraftCache] = {}
+        self.caches: dict[str, DraftCache] = {}  # per request, without a shared cache
+        self.shared: SharedCache | None = None
+
+    def share(self, kv: KVCacheManager, caches: list[KVCache]) -> None:
+        """Draft in the served model's own paged cache (self-drafting: the same layers over the
+        same tokens give the same keys and values)."""
+        self.shared = SharedCache(kv, caches[: self.num_layers])
 
     def propose(self, request: Request, k: int) -> Draft:
-        tokens = [*request.prompt_token_ids, *request.output_token_ids]
-        cache = self.caches.get(request.request_id)
-        if cache is None:
-            cache = self.caches[request.request_id] = self._new_cache()
-        keep = _common_prefix(cache.tokens, tokens, len(tokens) - 1)
-        del cache.tokens[keep:]  # rejected drafts: their KV is overwritten
-        logits = self._run(cache, tokens[keep:])
+        start = self._start(request, k)
+        if start is None:
+            return Draft([], None if request.params.greedy else [])
+        run, pending = start
+        logits = run(pending)
         drafted: list[int] = []
         probs: list[torch.Tensor] = []
         guide = None if request.matcher is None else request.matcher.draft_guide()
@@ -120,8 +141,34 @@ class DraftModel:
             if guide is not None:
                 guide.take(drafted[-1])
             if i + 1 < k:
-                logits = self._run(cache, drafted[-1:])
+                logits = run(drafted[-1:])
         return Draft(drafted, None if request.params.greedy else probs)
+
+    def _start(
+        self, request: Request, k: int
+    ) -> tuple[Callable[[list[int]], torch.Tensor], list[int]] | None:
+        """How to append tokens to the request's draft KV (and get the logits after them), and
+        the request's tokens it lacks; None: no room in the shared pool for the drafts."""
+        tokens = [*request.prompt_token_ids, *request.output_token_ids]
+        if self.shared is None:
+            cache = self.caches.get(request.request_id)
+            if cache is None:
+                cache = self.caches[request.request_id] = self._new_cache()
+            keep = _common_prefix(cache.tokens, tokens, len(tokens) - 1)
+            del cache.tokens[keep:]  # rejected drafts: their KV is overwritten
+            return (lambda new: self._run(cache, new)), tokens[keep:]
+        # Positions from the last token on, one per draft (the last draft is not run).
+        if not self.shared.kv.allocate_slots(request, k):
+            return None
+        at = request.num_computed_tokens
+
+        def run(new: list[int]) -> torch.Tensor:
+            nonlocal at
+            logits = self._run_shared(request, at, new)
+            at += len(new)
+            return logits
+
+        return run, tokens[at:]
 
     def forget(self, request_id: str) -> None:
         self.caches.pop(request_id, None)
@@ -154,9 +201,34 @@ class DraftModel:
         self._grow(cache, start + n)
         positions = torch.arange(start, start + n)
         table = torch.arange(-(-(start + n) // BLOCK_SIZE))
+        # the table is 0, 1, ...: slot == position
+        logits = self._logits(new, positions, positions, table, cache.caches)
+        cache.tokens.extend(new)
+        return logits
+
+    @torch.inference_mode()
+    def _run_shared(self, request: Request, start: int, new: list[int]) -> torch.Tensor:
+        """``new`` at positions ``start``... of the request in the served model's cache."""
+        assert self.shared is not None
+        size = self.shared.kv.block_size
+        positions = torch.arange(start, start + len(new))
+        table = torch.tensor(request.block_ids, dtype=torch.long)
+        slots = table[positions // size] * size + positions % size
+        return self._logits(new, positions, slots, table, self.shared.caches)
+
+    def _logits(
+        self,
+        new: list[int],
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        table: torch.Tensor,
+        caches: list[KVCache],
+    ) -> torch.Tensor:
+        """The logits [vocab] after the last of ``new``, its K and V written at ``slots``."""
+        start, n = int(positions[0]), len(new)
         if n == 1:
             meta = AttentionMetadata(
-                slot_mapping=positions,  # the table is 0, 1, ...: slot == position
+                slot_mapping=slots,
                 decode_rows=torch.zeros(1, dtype=torch.long),
                 decode_block_tables=table[None],
                 decode_lens=torch.tensor([start + 1]),
@@ -164,9 +236,8 @@ class DraftModel:
             )
         else:
             chunk = PrefillChunk(0, n, start, table, None)
-            meta = AttentionMetadata(positions, None, None, None, (chunk,))
-        hidden = self._forward(torch.tensor(new), positions, meta, cache.caches)
-        cache.tokens.extend(new)
+            meta = AttentionMetadata(slots, None, None, None, (chunk,))
+        hidden = self._forward(torch.tensor(new), positions, meta, caches)
         return self.model.compute_logits(hidden[-1:])[0]
 
     def _forward(
@@ -174,7 +245,7 @@ class DraftModel:
         ids: torch.Tensor,
         positions: torch.Tensor,
         meta: AttentionMetadata,
-        caches: list[tuple[torch.Tensor, torch.Tensor]],
+        caches: list[KVCache],
     ) -> torch.Tensor:
         model = self.model
         if self.num_layers == model.config.num_layers:

@@ -341,6 +341,9 @@ def assemble(
         speculator_for(cfg, drafter),
         LoraSlots(cfg.max_loras),
     )
+    if drafter is not None and drafter.model is model:
+        # Self-drafting: its layers' keys and values are the served model's own.
+        drafter.share(scheduler.kv, runner.kv_caches)
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))

@@ -83,7 +83,7 @@ def test_a_draft_model_proposes_one_token_until_one_stands() -> None:
     """Each draft costs a draft-model pass: a request drafts one token a step until a draft is
     accepted (self-drafting with SmolLM2's first layers never is), then its usual lengths."""
     spec = Speculator(SpeculativeConfig(method="draft", num_tokens=7), drafter=_Drafter())  # type: ignore[arg-type]
-    request = make_request([1, 2], [3], max_tokens=50)
+    request = make_request([1, 2], [3], temperature=0, max_tokens=50)
     assert spec.propose(request, 7) == (5,)
     miss = torch.zeros(2, 8)
     miss[:, 4] = 1.0  # the model's argmax is 4 at every row: the draft 5 fails

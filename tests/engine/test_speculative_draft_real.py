@@ -1,8 +1,9 @@
 """Draft-model and self-speculation on the real default model: the same greedy text as without
 speculation (SmolLM2 drafting for itself accepts nearly everything; its first half of layers
-much less), stop strings and max_tokens cut at the same token, the same bits under
-``deterministic=True``, every KV block and draft cache freed after, and a draft model with
-another tokenizer refused at startup. Constrained requests draft under their constraint."""
+much less, drafting from the served model's own KV), stop strings and max_tokens cut at the
+same token, the same bits under ``deterministic=True``, every KV block and draft cache freed
+after, and a draft model with another tokenizer refused at startup. Constrained requests draft
+under their constraint."""
 
 from __future__ import annotations
 
@@ -141,6 +142,27 @@ def test_constrained_drafts_follow_the_constraint(engines: dict[str, LLM]) -> No
     drafted = after.speculative_drafted - before.speculative_drafted
     assert after.speculative_accepted - before.speculative_accepted >= 0.8 * drafted > 0
     assert after.kv_blocks_used == 0 and _drafter(draft).caches == {}
+
+
+def test_self_drafts_from_the_served_models_kv(smollm2_gguf: Path) -> None:
+    """Self-drafting keeps no KV of its own: its layers read the served model's paged cache.
+    Mid-request, its drafts are those of a draft model with the same layers and its own cache,
+    which catches up over the whole sequence first (float32: the two KV agree to rounding)."""
+    with LLM(str(smollm2_gguf), speculative="self", dtype="f32") as llm:
+        engine, drafter = llm.engine, _drafter(llm)
+        assert drafter.shared is not None
+        engine.add_request("r", llm.model.chat_prompt(FREE), _greedy(48))
+        scheduler = engine._core.scheduler
+        while not scheduler.running or len(scheduler.running[0].output_token_ids) < 20:
+            engine.step()
+        request = scheduler.running[0]
+        own = DraftModel(drafter.model, drafter.dtype, drafter.num_layers)
+        for k in (1, 5):
+            assert drafter.propose(request, k).tokens == own.propose(request, k).tokens
+        assert drafter.caches == {}
+        while engine.has_unfinished():
+            engine.step()
+        assert engine.stats().kv_blocks_used == 0
 
 
 def test_deterministic_bits_are_unchanged(smollm2_gguf: Path) -> None:
