@@ -1377,7 +1377,8 @@ inline void vnni_tile_generic(const uint8_t* wc, const typename VnniLayout<Bits>
 // each 64-byte vector) once for all R rows, each row's 4 activations broadcast to the 16 lanes.
 template <int Bits, int64_t R>
 inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
-                      const QuantizedRows& q, int64_t r0, int64_t k, float* out) {
+                      const QuantizedRows& q, int64_t r0, int64_t k, float* out,
+                      const uint8_t* next_wc, const typename VnniLayout<Bits>::Scale* next_sm) {
   using L = VnniLayout<Bits>;
   const int64_t groups = k / INT4_GROUP;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -1394,6 +1395,12 @@ inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale*
   for (int64_t r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* wg = wc + g * L::group_bytes;
+    if (next_wc != nullptr) {  // the next tile's group, a tile's time ahead of its use
+      for (int64_t p = 0; p < L::vectors; ++p)
+        _mm_prefetch(reinterpret_cast<const char*>(next_wc + g * L::group_bytes + p * 64),
+                     _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next_sm + g * L::group_floats), _MM_HINT_T0);
+    }
     __m512i dot[R];
     for (int64_t r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
     for (int64_t p = 0; p < L::vectors; ++p) {
@@ -1435,11 +1442,12 @@ inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale*
 
 template <int Bits, int64_t R = VNNI_ROWS>
 inline void vnni_rows(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
-                      const QuantizedRows& q, int64_t r0, int64_t rows, int64_t k, float* out) {
+                      const QuantizedRows& q, int64_t r0, int64_t rows, int64_t k, float* out,
+                      const uint8_t* next_wc, const typename VnniLayout<Bits>::Scale* next_sm) {
   if constexpr (R > 1) {
-    if (rows < R) return vnni_rows<Bits, R - 1>(wc, sm, q, r0, rows, k, out);
+    if (rows < R) return vnni_rows<Bits, R - 1>(wc, sm, q, r0, rows, k, out, next_wc, next_sm);
   }
-  vnni_tile<Bits, R>(wc, sm, q, r0, k, out);
+  vnni_tile<Bits, R>(wc, sm, q, r0, k, out, next_wc, next_sm);
 }
 #endif
 
@@ -1495,7 +1503,13 @@ torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
         for (int64_t r0 = 0; r0 < rows; r0 += VNNI_ROWS) {
           const int64_t tile_rows = std::min(VNNI_ROWS, rows - r0);
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-          vnni_rows<Bits>(wc, sm, q, r0, tile_rows, k, out);
+          // Past one pass of rows, the first pass over a tile prefetches the next tile (the
+          // other passes read this one cached): a tile's passes take long enough for the
+          // hardware prefetcher to fall behind. One pass (a decode of few rows) is left to it.
+          const bool ahead = rows > VNNI_ROWS && r0 == 0 && t + 1 < end;
+          vnni_rows<Bits>(wc, sm, q, r0, tile_rows, k, out,
+                          ahead ? wc + groups * L::group_bytes : nullptr,
+                          ahead ? sm + groups * L::group_floats : nullptr);
 #else
           vnni_tile_generic<Bits>(wc, sm, q, r0, tile_rows, k, out);
 #endif
