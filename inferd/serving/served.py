@@ -349,10 +349,9 @@ def assemble(
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
     # The grammar vocabulary is built on the first constrained request, not at load time.
     grammars = GrammarCompiler(Vocabulary.of(tokenizer.tokenizer.to_str, mcfg.vocab_size, eos))
-    engine = AsyncEngine(
-        LLMEngine(EngineCore(runner, scheduler, max_len), codec, grammars),
-        loop or ThreadLoop(),
-    )
+    stepper = LLMEngine(EngineCore(runner, scheduler, max_len), codec, grammars)
+    stepper.warm_up(tokenizer.encode("Hello.", add_special=True))
+    engine = AsyncEngine(stepper, loop or ThreadLoop())
     return ServedModel(
         source=source,
         config=mcfg,
