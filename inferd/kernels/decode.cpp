@@ -598,6 +598,27 @@ void values(const C* const* vrows, const float* vscale, const float* w, int64_t 
   }
 }
 
+// The cache lines of the slots of keys lo..hi-1 of one sequence (every KV head's K and V rows,
+// side by side in a slot), appended to `lines`.
+template <typename C>
+inline void slot_lines(const C* kc, const C* vc, const int64_t* table, int64_t block_size,
+                       int64_t kv_heads, int64_t row, int64_t lo, int64_t hi,
+                       std::vector<const char*>& lines) {
+  const int64_t span = kv_heads * row * static_cast<int64_t>(sizeof(C));
+  for_each_slot(table, block_size, lo, hi, [&](int64_t, int64_t slot) {
+    const char* k = reinterpret_cast<const char*>(kc + slot * kv_heads * row);
+    const char* v = reinterpret_cast<const char*>(vc + slot * kv_heads * row);
+    for (int64_t at = 0; at < span; at += 64) {
+      lines.push_back(k + at);
+      lines.push_back(v + at);
+    }
+  });
+}
+
+inline void prefetch_lines(const char* const* lines, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) _mm_prefetch(lines[i], _MM_HINT_T1);
+}
+
 // One chunk (keys lo..hi-1, at most CHUNK_KEYS) of one (sequence, KV head): for each of the
 // group's query heads (q: their bf16 rows, side by side) the chunk's maximum score, sum of
 // exponentials and weighted values into `part` (stride apart), as the generic loop writes them.
@@ -606,7 +627,8 @@ template <int64_t D, typename C>
 void grouped_chunk_avx512(const c10::BFloat16* q, int64_t group, float scale, const C* kc,
                           const C* vc, const int64_t* table, int64_t block_size,
                           int64_t kv_heads, int64_t kh, int64_t lo, int64_t hi, float softcap,
-                          float* scores, c10::BFloat16* kb, float* part, int64_t stride) {
+                          float* scores, c10::BFloat16* kb, float* part, int64_t stride,
+                          const char* const* ahead, int64_t ahead_n) {
   constexpr bool quantized = std::is_same_v<C, int8_t>;
   constexpr int64_t row = quantized ? D + SCALE_BYTES : D;
   const int64_t n = hi - lo, tiles = (n + kTile - 1) / kTile;
@@ -618,19 +640,6 @@ void grouped_chunk_avx512(const c10::BFloat16* q, int64_t group, float scale, co
     krows[t - lo] = kc + at;
     vrows[t - lo] = vc + at;
   });
-  // The chunk's whole slots (every KV head's K and V rows, side by side in a slot) into L2 from
-  // the first KV head's task: the tasks of the next heads run next on this thread and read the
-  // rest. The rows come from DRAM in the model (the weight matmuls between two layers' attention
-  // evict them); ~1.3-1.7x over prefetching this head's rows only, in a 30-layer rotation.
-  if (kh == 0 && kv_heads > 1) {
-    const int64_t span = kv_heads * row * static_cast<int64_t>(sizeof(C));
-    for (int64_t t = 0; t < n; ++t) {
-      for (int64_t at = 0; at < span; at += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(krows[t]) + at, _MM_HINT_T1);
-        _mm_prefetch(reinterpret_cast<const char*>(vrows[t]) + at, _MM_HINT_T1);
-      }
-    }
-  }
   for (int64_t t = n; t < tiles * kTile; ++t) krows[t] = krows[0];  // read, never kept
   if constexpr (quantized) {
     for (int64_t t = 0; t < n; ++t) {
@@ -640,7 +649,12 @@ void grouped_chunk_avx512(const c10::BFloat16* q, int64_t group, float scale, co
   }
   float* peak = part;  // part[g * stride]: the running maximum of head g
   for (int64_t g = 0; g < group; ++g) peak[g * stride] = -std::numeric_limits<float>::max();
+  // Lines of the chunk the thread takes next, spread over the tiles (issued at once they
+  // would hold up this chunk's own loads).
+  const int64_t per_tile = (ahead_n + tiles - 1) / tiles;
   for (int64_t tile = 0; tile < tiles; ++tile) {
+    const int64_t from = std::min(ahead_n, tile * per_tile);
+    prefetch_lines(ahead + from, std::min(ahead_n, from + per_tile) - from);
     const C* const* rows = krows + tile * kTile;
     if (tile + 1 < tiles)
       for (int k = 0; k < kTile; ++k) prefetch_row<D>(rows[kTile + k]);
@@ -726,16 +740,23 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
   // Per (sequence, KV head, chunk, query head of the group): max, sum, then dim weighted values.
   const int64_t stride = dim + 2;
   std::vector<float> partial(batch * kv_heads * chunks * group * stride);
+  // The keys [lo, hi) of a task's chunk.
+  const auto keys_of = [&](int64_t task) {
+    const int64_t c = (task / kv_heads) % chunks, len = lens[task / (chunks * kv_heads)];
+    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+    const int64_t lo = first + c * CHUNK_KEYS;
+    return std::pair<int64_t, int64_t>(lo, std::min(len, lo + CHUNK_KEYS));
+  };
   at::parallel_for(0, batch * kv_heads * chunks, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * dim), scores, acc(dim);
     std::vector<c10::BFloat16> kb;  // the fast path's int8 tile, widened
+    std::vector<const char*> ahead;  // the fast path's lines to prefetch
     for (int64_t task = begin; task < end; ++task) {
       // KV heads innermost: a thread's consecutive tasks read the K/V heads of the same slots,
       // which lie side by side in the cache (the hardware prefetcher sees one stream).
       const int64_t kh = task % kv_heads, c = (task / kv_heads) % chunks;
-      const int64_t b = task / (chunks * kv_heads), len = lens[b];
-      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
-      const int64_t lo = first + c * CHUNK_KEYS, hi = std::min(len, lo + CHUNK_KEYS);
+      const int64_t b = task / (chunks * kv_heads);
+      const auto [lo, hi] = keys_of(task);
       float* part = partial.data() + ((b * kv_heads + kh) * chunks + c) * group * stride;
       const int64_t* table = tables + b * max_blocks;
       for (int64_t g = 0; g < group; ++g) {
@@ -756,8 +777,29 @@ void decode_rows_grouped(const T* q, const C* kc, const C* vc, const int64_t* ta
           if (scores.size() < static_cast<size_t>(group * CHUNK_KEYS))
             scores.resize(group * CHUNK_KEYS);
           if (kb.size() < static_cast<size_t>(kTile * dim)) kb.resize(kTile * dim);
+          // The rows come from DRAM in the model (the weight matmuls between two layers'
+          // attention evict them). The thread's first chunk is fetched into L2 whole by its
+          // first KV head's task (the next heads' tasks read the rest: ~1.3-1.7x over this
+          // head's rows only, in a 30-layer rotation); from then on each task fetches its
+          // share of the chunk the thread takes next, a few lines a tile, so that it arrives
+          // while this one computes.
+          if (kh == 0 && kv_heads > 1 && task - begin < kv_heads) {
+            ahead.clear();
+            slot_lines(kc, vc, table, block_size, kv_heads, row, lo, hi, ahead);
+            prefetch_lines(ahead.data(), static_cast<int64_t>(ahead.size()));
+          }
+          ahead.clear();
+          const int64_t next = task - kh + kv_heads;  // the next chunk's first task
+          if (next < end) {
+            const auto [nlo, nhi] = keys_of(next);
+            const int64_t* ntable = tables + (next / (chunks * kv_heads)) * max_blocks;
+            const int64_t share = std::max<int64_t>(nhi - nlo, 0);
+            slot_lines(kc, vc, ntable, block_size, kv_heads, row, nlo + share * kh / kv_heads,
+                       nlo + share * (kh + 1) / kv_heads, ahead);
+          }
           fast(q + (b * heads + kh * group) * dim, group, scale, kc, vc, table, block_size,
-               kv_heads, kh, lo, hi, softcap, scores.data(), kb.data(), part, stride);
+               kv_heads, kh, lo, hi, softcap, scores.data(), kb.data(), part, stride,
+               ahead.data(), static_cast<int64_t>(ahead.size()));
           continue;
         }
       }
