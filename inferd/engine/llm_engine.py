@@ -279,13 +279,17 @@ class LLMEngine:
         forward pass pays one-time costs (the kernels' and oneDNN's first calls, the first
         writes into the KV pool; ~0.1 s on SmolLM2 on 2 cores) that would otherwise land on
         the first user's latency. Its prompt is cut short of a block, so nothing of it enters
-        the prefix cache, and the counters are put back."""
+        the prefix cache, and the counters are put back. An engine too small for it (a
+        context or pool of a few tokens) skips it."""
         core, kv = self._core, self._core.scheduler.kv
         counters = (core.steps, core.prompt_tokens, core.generated_tokens, core.last_step_seconds)
         lookups = replace(kv.stats)
-        ids = list(prompt_token_ids)[: kv.block_size - 2] or [0]
+        ids = list(prompt_token_ids)[: min(kv.block_size, self.max_model_len) - 2] or [0]
         params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
-        self.add_request("inferd-warm-up", ids, params)
+        try:
+            self.add_request("inferd-warm-up", ids, params)
+        except AdmissionError:
+            return
         while self.has_unfinished():
             self.step()
         core.steps, core.prompt_tokens, core.generated_tokens, core.last_step_seconds = counters
