@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -308,8 +309,7 @@ def _serve(args: argparse.Namespace) -> int:
     # -m loads now; --config in the background
     registry, model_lines = registry_from_args(args, cfg, engines)
     url = f"http://{args.host}:{args.port}/v1"
-    lines = [*model_lines, *describe(options), f"listening  {url}"]
-    print("\n".join(f"inferd  {line}" for line in lines), flush=True)
+    print("\n".join(f"inferd  {line}" for line in [*model_lines, *describe(options)]), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not options.api_keys:
@@ -331,6 +331,12 @@ def _serve(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: http.stop())
     signal.signal(signal.SIGINT, lambda *_: http.stop())
     http.start()
+    # "listening" once the socket is bound, not before: a port another process holds ends the
+    # server with uvicorn's error instead, and whoever waits for the line knows it is ours.
+    while http.is_alive() and not http.started:
+        time.sleep(0.01)
+    if http.started:
+        print(f"inferd  listening  {url}", flush=True)
     try:
         engines.run(lambda: not http.is_alive())
     finally:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,19 +36,42 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+PORT_ATTEMPTS = 3  # a free port can be taken by another process before the server binds it
+
+
 @contextmanager
 def serve_subprocess(
     args: Sequence[str], log: Path, timeout: float = 300
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """`inferd serve ARGS` on a free loopback port, healthy before it is yielded, always stopped.
 
-    Yields the base URL (without /v1) and the process; its output goes to ``log``.
+    Ready means its own "listening" line (printed once it holds the socket) and a healthy
+    /health: another server that took the port in between answers /health too. A server that
+    found its port taken is started again on another. Yields the base URL (without /v1) and
+    the process; its output goes to ``log``.
     """
-    port = free_port()
-    cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), *args]
-    url = f"http://127.0.0.1:{port}"
-    with run_server(cmd, url + "/health", log, timeout, "inferd serve") as proc:
-        yield url, proc
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        cmd = [sys.executable, "-m", "inferd", "serve", "--port", str(port), *args]
+        with ExitStack() as stack:
+            try:
+                proc = stack.enter_context(
+                    run_server(
+                        cmd,
+                        url + "/health",
+                        log,
+                        timeout,
+                        "inferd serve",
+                        ready_line=f"listening  {url}/v1",
+                    )
+                )
+            except RuntimeError as exc:
+                if attempt < PORT_ATTEMPTS and "address already in use" in str(exc):
+                    continue
+                raise
+            yield url, proc
+            return
 
 
 @contextmanager
@@ -59,13 +82,19 @@ def start_server(model: Path, extra: Sequence[str], log: Path) -> Iterator[Serve
 
 @contextmanager
 def run_server(
-    command: Sequence[str], ready_url: str, log: Path, timeout: float, what: str
+    command: Sequence[str],
+    ready_url: str,
+    log: Path,
+    timeout: float,
+    what: str,
+    ready_line: str | None = None,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """Run ``command`` (output to ``log``) until the block ends; ready when ``ready_url`` is 200."""
+    """Run ``command`` (output to ``log``) until the block ends; ready when ``ready_url`` is 200
+    (and ``ready_line`` is in its output, where given)."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(ready_url, proc, log, timeout, what)
+        _wait_ready(ready_url, proc, log, timeout, what, ready_line)
         yield proc
     finally:
         proc.terminate()
@@ -77,12 +106,20 @@ def run_server(
 
 
 def _wait_ready(
-    url: str, proc: subprocess.Popen[bytes], log: Path, timeout: float, what: str
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log: Path,
+    timeout: float,
+    what: str,
+    ready_line: str | None,
 ) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited early:\n{log.read_text()[-3000:]}")
+        if ready_line is not None and ready_line not in log.read_text(errors="replace"):
+            time.sleep(0.3)
+            continue
         try:
             if httpx.get(url, timeout=2).status_code == 200:
                 return
