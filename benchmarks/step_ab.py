@@ -9,7 +9,9 @@ tree's decode.cpp, ``all`` both; ``int4int8`` serves batches past 8 rows from th
 from the int4 x int8 kernel (layers with it: bf16 int4 weights on the VNNI build); ``int8int8``
 serves int8 layers (the output head; Gemma 3's Q4_K/Q6_K layers) from a copy with one scale a
 row, weight-only up to 8 rows and dense above, as before the int8 x int8 kernel / from that
-kernel. ``--model`` picks another model (default smollm2).
+kernel; ``int4scales`` gives the int4 x int8 kernel its group scales and mins as float32 (the
+kernels from ``--old-kernels``, built before they became float16) / as float16: the same
+values, so the same tokens, from fewer bytes. ``--model`` picks another model (default smollm2).
 The same requests are stepped with the variants alternating step
 by step, so drift of a loaded machine hits both alike; the medians and their ratio are printed.
 First, each variant generates ``--rows`` greedy replies of 24 tokens from the start, and the
@@ -78,7 +80,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument(
-        "--switch", choices=["onednn", "kernels", "all", "int4int8", "int8int8"], default="all"
+        "--switch",
+        choices=["onednn", "kernels", "all", "int4int8", "int8int8", "int4scales"],
+        default="all",
     )
     parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
     parser.add_argument("--threads", type=int)
@@ -111,8 +115,13 @@ def main() -> None:
         for m in engine.model.modules()
         if isinstance(m, linear.Linear) and m.packed_kind is linear.PackedKind.INT4_VNNI
     ]
-    if args.switch == "int4int8" and not vnni:
+    if args.switch in ("int4int8", "int4scales") and not vnni:
         parser.error("no layer runs the int4 x int8 kernel here (bf16 int4 weights, VNNI)")
+    # int4scales: the same scales and mins as float32 for the old kernels (which read them so)
+    scales: dict[linear.Linear, dict[bool, Any]] = {}
+    for m in vnni if args.switch == "int4scales" else ():
+        assert m._scales is not None
+        scales[m] = {False: m._scales.float(), True: m._scales}
     # int8int8: each int8 x int8 layer (the output head) against the int8 weight-only copy of
     # the same weight with the default small batch (dense bf16 above it), as before the kernel.
     packs: dict[linear.Linear, dict[bool, tuple[linear.PackedKind, Any, Any, int]]] = {}
@@ -133,6 +142,9 @@ def main() -> None:
         elif args.switch == "int8int8":
             for m, states in packs.items():
                 m.packed_kind, m._packed, m._scales, m.small_batch = states[after]
+        elif args.switch == "int4scales":
+            for m, states in scales.items():
+                m._scales = states[after]
         elif args.switch != "kernels":
             linear._ONEDNN = after
         if ops:

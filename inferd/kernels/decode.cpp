@@ -1256,7 +1256,8 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 // and group of 32 inputs,
 // - int4: 4 vectors of 64 bytes, byte 4 * o + i of vector p holding output o's code (0..15) of
 //   input 8p + i in its low nibble and of input 8p + 4 + i in its high one; then the tile's
-//   group scales and mins, float32 [tiles, groups, 2, 16];
+//   group scales and mins, float16 [tiles, groups, 2, 16] (as GGML's Q4_1 block keeps them: 40
+//   bytes for 32 weights; float32 ones made the weights' bytes 1.5x their codes');
 // - int8: 8 vectors of 64 bytes, byte 4 * o + i of vector p holding output o's code of input
 //   4p + i plus 128 (0..254, so unsigned); then the tile's group scales, float16 [tiles, groups,
 //   1, 16] (GGML's Q8_0 block: 34 bytes for 32 weights, its scale exact). The 128 comes off in
@@ -1277,16 +1278,15 @@ torch::Tensor int4_rows_linear(const torch::Tensor& x, const torch::Tensor& pack
 constexpr int64_t VNNI_TILE = 16;  // outputs per tile: one int32 lane each
 constexpr int64_t VNNI_ROWS = 8;   // rows held in registers per pass over a tile
 
-// A tile's bytes of one group, its 64-byte vectors and the floats of its scales (and mins).
+// A tile's bytes of one group, its 64-byte vectors and the halves of its scales (and mins).
 template <int Bits>
 struct VnniLayout {
   static_assert(Bits == 4 || Bits == 8);
   static constexpr int64_t vectors = Bits == 4 ? 4 : 8;
   static constexpr int64_t group_bytes = 64 * vectors;
-  static constexpr int64_t group_floats = (Bits == 4 ? 2 : 1) * VNNI_TILE;
-  using Scale = std::conditional_t<Bits == 4, float, c10::Half>;
-  static constexpr at::ScalarType scale_dtype = Bits == 4 ? at::kFloat : at::kHalf;
+  static constexpr int64_t group_scales = (Bits == 4 ? 2 : 1) * VNNI_TILE;
 };
+using VnniScale = c10::Half;
 
 // A value the compiler must take as it is: under -ffast-math it would fold 1 / (amax * (1 / 127))
 // into 127 / amax, other bits than the reference's reciprocal of the scale.
@@ -1389,7 +1389,7 @@ inline int32_t vnni_code(const uint8_t* wg, int64_t o, int64_t j) {
 // Output tile t for rows [r0, r0 + R): the reference arithmetic, lane by lane (AVX2 and other
 // builds; the same float steps as the VNNI path, so the same bits).
 template <int Bits>
-inline void vnni_tile_generic(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+inline void vnni_tile_generic(const uint8_t* wc, const VnniScale* sm,
                               const QuantizedRows& q,
                               int64_t r0, int64_t rows, int64_t k, float* out /*[rows][16]*/) {
   using L = VnniLayout<Bits>;
@@ -1403,11 +1403,12 @@ inline void vnni_tile_generic(const uint8_t* wc, const typename VnniLayout<Bits>
         int32_t dot = 0;
         for (int64_t j = 0; j < INT4_GROUP; ++j)
           dot += vnni_code<Bits>(wg, o, j) * xr[g * INT4_GROUP + j];
-        const auto* s = sm + g * L::group_floats;
+        const auto* s = sm + g * L::group_scales;
         const int64_t rg = (r0 + r) * groups + g;
         if constexpr (Bits == 8) dot -= 128 * q.code_sum[rg];
         acc = std::fma(static_cast<float>(dot), static_cast<float>(s[o]) * q.scale[rg], acc);
-        if constexpr (Bits == 4) acc = std::fma(s[VNNI_TILE + o], q.sum[rg], acc);
+        if constexpr (Bits == 4)
+          acc = std::fma(static_cast<float>(s[VNNI_TILE + o]), q.sum[rg], acc);
       }
       out[r * VNNI_TILE + o] = acc;
     }
@@ -1415,12 +1416,16 @@ inline void vnni_tile_generic(const uint8_t* wc, const typename VnniLayout<Bits>
 }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+inline __m512 load_halves(const VnniScale* p) {  // 16 float16 (exact as float32)
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
 // R rows of one output tile: a group's codes are loaded (int4: and unpacked, two nibble halves of
 // each 64-byte vector) once for all R rows, each row's 4 activations broadcast to the 16 lanes.
 template <int Bits, int64_t R>
-inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+inline void vnni_tile(const uint8_t* wc, const VnniScale* sm,
                       const QuantizedRows& q, int64_t r0, int64_t k, float* out,
-                      const uint8_t* next_wc, const typename VnniLayout<Bits>::Scale* next_sm) {
+                      const uint8_t* next_wc, const VnniScale* next_sm) {
   using L = VnniLayout<Bits>;
   const int64_t groups = k / INT4_GROUP;
   const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -1441,7 +1446,7 @@ inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale*
       for (int64_t p = 0; p < L::vectors; ++p)
         _mm_prefetch(reinterpret_cast<const char*>(next_wc + g * L::group_bytes + p * 64),
                      _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(next_sm + g * L::group_floats), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(next_sm + g * L::group_scales), _MM_HINT_T0);
     }
     __m512i dot[R];
     for (int64_t r = 0; r < R; ++r) dot[r] = _mm512_setzero_si512();
@@ -1461,16 +1466,15 @@ inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale*
       }
     }
     if constexpr (Bits == 4) {
-      const __m512 sw = _mm512_loadu_ps(sm + g * L::group_floats);
-      const __m512 mw = _mm512_loadu_ps(sm + g * L::group_floats + VNNI_TILE);
+      const __m512 sw = load_halves(sm + g * L::group_scales);
+      const __m512 mw = load_halves(sm + g * L::group_scales + VNNI_TILE);
       for (int64_t r = 0; r < R; ++r) {
         const __m512 scale = _mm512_mul_ps(sw, _mm512_set1_ps(xs[r * groups + g]));
         acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r]), scale, acc[r]);
         acc[r] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xsum[r * groups + g]), acc[r]);
       }
     } else {  // 16 halves (exact as float32); the codes' 128 off in the integers
-      const __m512 sw =
-          _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(sm + g * 16)));
+      const __m512 sw = load_halves(sm + g * L::group_scales);
       for (int64_t r = 0; r < R; ++r) {
         const __m512i idot =
             _mm512_sub_epi32(dot[r], _mm512_set1_epi32(128 * isum[r * groups + g]));
@@ -1483,9 +1487,9 @@ inline void vnni_tile(const uint8_t* wc, const typename VnniLayout<Bits>::Scale*
 }
 
 template <int Bits, int64_t R = VNNI_ROWS>
-inline void vnni_rows(const uint8_t* wc, const typename VnniLayout<Bits>::Scale* sm,
+inline void vnni_rows(const uint8_t* wc, const VnniScale* sm,
                       const QuantizedRows& q, int64_t r0, int64_t rows, int64_t k, float* out,
-                      const uint8_t* next_wc, const typename VnniLayout<Bits>::Scale* next_sm) {
+                      const uint8_t* next_wc, const VnniScale* next_sm) {
   if constexpr (R > 1) {
     if (rows < R) return vnni_rows<Bits, R - 1>(wc, sm, q, r0, rows, k, out, next_wc, next_sm);
   }
@@ -1515,13 +1519,13 @@ template <int Bits>
 torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
                           const torch::Tensor& scales, int64_t n) {
   using L = VnniLayout<Bits>;
-  check_packed(x, packed, 4, scales, "scales", 4, L::scale_dtype);
+  check_packed(x, packed, 4, scales, "scales", 4, at::kHalf);
   const int64_t rows = x.size(0), k = x.size(1), tiles = packed.size(0);
   const int64_t groups = k / INT4_GROUP;
   TORCH_CHECK(packed.size(1) == groups && packed.size(2) == L::vectors && packed.size(3) == 64,
               "packed ", packed.sizes(), " for rows of ", k, " with ", Bits, "-bit codes");
   TORCH_CHECK(scales.size(0) == tiles && scales.size(1) == groups &&
-                  scales.size(2) * scales.size(3) == L::group_floats &&
+                  scales.size(2) * scales.size(3) == L::group_scales &&
                   scales.size(3) == VNNI_TILE,
               "scales ", scales.sizes(), " for packed ", packed.sizes());
   TORCH_CHECK(n > (tiles - 1) * VNNI_TILE && n <= tiles * VNNI_TILE, n,
@@ -1533,14 +1537,14 @@ torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
     quantize_groups(x.data_ptr<scalar_t>(), rows, k, q);
   });
   const uint8_t* wp = packed.data_ptr<uint8_t>();
-  const auto* smp = scales.data_ptr<typename L::Scale>();
+  const auto* smp = scales.data_ptr<VnniScale>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "vnni_linear", [&] {
     scalar_t* yp = y.data_ptr<scalar_t>();
     at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
       float out[VNNI_ROWS * VNNI_TILE];
       for (int64_t t = begin; t < end; ++t) {
         const uint8_t* wc = wp + t * groups * L::group_bytes;
-        const auto* sm = smp + t * groups * L::group_floats;
+        const auto* sm = smp + t * groups * L::group_scales;
         const int64_t width = std::min(VNNI_TILE, n - t * VNNI_TILE);
         for (int64_t r0 = 0; r0 < rows; r0 += VNNI_ROWS) {
           const int64_t tile_rows = std::min(VNNI_ROWS, rows - r0);
@@ -1551,7 +1555,7 @@ torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
           const bool ahead = rows > VNNI_ROWS && r0 == 0 && t + 1 < end;
           vnni_rows<Bits>(wc, sm, q, r0, tile_rows, k, out,
                           ahead ? wc + groups * L::group_bytes : nullptr,
-                          ahead ? sm + groups * L::group_floats : nullptr);
+                          ahead ? sm + groups * L::group_scales : nullptr);
 #else
           vnni_tile_generic<Bits>(wc, sm, q, r0, tile_rows, k, out);
 #endif

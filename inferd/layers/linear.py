@@ -367,15 +367,20 @@ def int4_packable(out_features: int, in_features: int) -> bool:
     return in_features % INT4_GROUP == 0 and out_features % 16 == 0
 
 
-def int4_codes(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def int4_codes(
+    w: torch.Tensor, stored: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[out, in] float weight -> (codes 0..15 [out, in] uint8, scale and min [out, in/32]).
 
-    Each group of 32 inputs spans its own [min, max]: ``w = code * scale + min``.
+    Each group of 32 inputs spans its own [min, max]: ``w = code * scale + min``. The scale and
+    min are values of ``stored`` (as float32), the codes taken against them: a weight that came
+    from Q4_1 blocks (float16 scales and mins) gets its own back with ``stored`` float16.
     """
     out_f, in_f = w.shape
     groups = w.float().reshape(out_f, in_f // INT4_GROUP, INT4_GROUP)
     lo, hi = groups.amin(-1), groups.amax(-1)
-    scale = ((hi - lo) / 15).clamp(min=torch.finfo(torch.float32).tiny)
+    lo = lo.to(stored).float()
+    scale = ((hi - lo) / 15).to(stored).float().clamp(min=torch.finfo(stored).tiny)
     q = ((groups - lo[..., None]) / scale[..., None]).round().clamp(0, 15)
     return q.reshape(out_f, in_f).to(torch.uint8), scale, lo
 
@@ -413,16 +418,17 @@ def pack_int4_rows(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[out, in] float weight -> (uint8 [tiles, in/32, 4, 64], float32 [tiles, in/32, 2, 16]):
+    """[out, in] float weight -> (uint8 [tiles, in/32, 4, 64], float16 [tiles, in/32, 2, 16]):
     the layout of the int4 x int8 kernel (``kernels/decode.cpp``, ``int4_vnni_linear``).
 
     Outputs go in tiles of 16 (the last one padded with zero codes and scales). For each tile and
     group of 32 inputs, vector p (of 4) holds at byte ``4 * o + i`` output o's code of input
     ``8p + i`` in its low nibble and of input ``8p + 4 + i`` in its high one: each nibble half
     of a 64-byte load is one VNNI operand, 4 inputs for each of 16 outputs. Then the tile's
-    scales and mins of the group, 16 of each.
+    scales and mins of the group, 16 of each, float16 as Q4_1's (``int4_codes``): a batched
+    decode reads every weight each step, and float32 ones were a third of the bytes.
     """
-    codes, scale, lo = int4_codes(w)
+    codes, scale, lo = int4_codes(w, torch.float16)
     out_f, in_f = codes.shape
     tiles, groups = -(-out_f // VNNI_TILE), in_f // INT4_GROUP
     pad = tiles * VNNI_TILE - out_f
@@ -432,7 +438,7 @@ def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     c = codes.view(tiles, VNNI_TILE, groups, 4, 2, 4).permute(0, 2, 3, 4, 1, 5)
     packed = (c[:, :, :, 0] | (c[:, :, :, 1] << 4)).reshape(tiles, groups, 4, 64)
     sm = torch.stack([scale, lo], -1).view(tiles, VNNI_TILE, groups, 2).permute(0, 2, 3, 1)
-    return packed.contiguous(), sm.contiguous()
+    return packed.contiguous(), sm.half().contiguous()
 
 
 def pack_int8_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
