@@ -11,7 +11,8 @@ serves int8 layers (the output head; Gemma 3's Q4_K/Q6_K layers) from a copy wit
 row, weight-only up to 8 rows and dense above, as before the int8 x int8 kernel / from that
 kernel; ``int4scales`` gives the int4 x int8 kernel its group scales and mins as float32 (the
 kernels from ``--old-kernels``, built before they became float16) / as float16: the same
-values, so the same tokens, from fewer bytes. ``--model`` picks another model (default smollm2).
+values, so the same tokens, from fewer bytes; ``stack`` runs decode steps layer by layer / in
+one call (models/decode_stack.py). ``--model`` picks another model (default smollm2).
 The same requests are stepped with the variants alternating step
 by step, so drift of a loaded machine hits both alike; the medians and their ratio are printed.
 First, each variant generates ``--rows`` greedy replies of 24 tokens from the start, and the
@@ -81,7 +82,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument(
         "--switch",
-        choices=["onednn", "kernels", "all", "int4int8", "int8int8", "int4scales"],
+        choices=["onednn", "kernels", "all", "int4int8", "int8int8", "int4scales", "stack"],
         default="all",
     )
     parser.add_argument("--old-kernels", type=Path, help="decode.cpp of the 'before' build")
@@ -94,7 +95,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     ops: dict[bool, KernelOps] = {}
-    if args.switch not in ("onednn", "int4int8", "int8int8"):
+    if args.switch not in ("onednn", "int4int8", "int8int8", "stack"):
         if args.old_kernels is None:
             parser.error("--switch kernels/all needs --old-kernels")
         new = kernels.SOURCE
@@ -145,6 +146,8 @@ def main() -> None:
         elif args.switch == "int4scales":
             for m, states in scales.items():
                 m._scales = states[after]
+        elif args.switch == "stack":
+            engine.model.stack_enabled = after
         elif args.switch != "kernels":
             linear._ONEDNN = after
         if ops:

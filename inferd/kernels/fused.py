@@ -10,7 +10,7 @@ from typing import Protocol
 
 import torch
 
-from inferd.kernels.ops import Rotation
+from inferd.kernels.ops import Rotation, StackKernel
 from inferd.kernels.plain import PlainOps
 
 
@@ -96,6 +96,11 @@ class FusedOps(PlainOps):
     @property
     def description(self) -> str:
         return "fused CPU kernels"
+
+    @property
+    def stack(self) -> StackKernel | None:
+        # A build from an older decode.cpp (benchmarks/step_ab.py --old-kernels) has none.
+        return self.compiled if hasattr(self.compiled, "decode_stack") else None  # type: ignore[return-value]
 
     def rms_norm(
         self, x: torch.Tensor, weight: torch.Tensor, eps: float, unit_offset: bool = False

@@ -10,7 +10,9 @@ implementation runs.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import torch
 
@@ -40,6 +42,28 @@ class Rotation:
         return torch.addcmul(x * self.cos, swapped, self.signed_sin)
 
 
+class StackKernel(Protocol):
+    """``decode_stack`` and the classes describing its layers (``kernels/decode.cpp``)."""
+
+    StackLayer: Callable[[], Any]
+    StackProjection: Callable[[], Any]
+
+    def decode_stack(
+        self,
+        layers: Sequence[Any],
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        cos: Sequence[torch.Tensor],
+        signed_sin: Sequence[torch.Tensor],
+        k_caches: Sequence[torch.Tensor],
+        v_caches: Sequence[torch.Tensor],
+        block_tables: torch.Tensor,
+        lens: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class KernelOps(ABC):
     """RMSNorm, RoPE with the paged K/V write, one-query paged attention, the gated
     activations and the weight-only linear variants.
@@ -52,6 +76,12 @@ class KernelOps(ABC):
     @abstractmethod
     def description(self) -> str:
         """One line for the startup banner and ``/v1/system/info``: which ops run, and why."""
+
+    @property
+    def stack(self) -> StackKernel | None:
+        """The kernel that runs a decode step's decoder layers in one call
+        (``models/decode_stack.py``), where these ops have one."""
+        return None
 
     @abstractmethod
     def rms_norm(

@@ -104,6 +104,13 @@ def packed_rows() -> Iterator[None]:
         _packed_rows.reset(token)
 
 
+def packed_decode(rows: int, max_rows: int) -> bool:
+    """Whether a step of ``rows`` rows runs every layer's packed copy, as a layer whose copy
+    serves up to ``max_rows`` rows would pick it: neither ``dense_rows`` nor past the copy's
+    rows outside ``packed_rows`` (``Linear._base``)."""
+    return not _dense_rows.get() and (rows <= max_rows or _packed_rows.get())
+
+
 class PackedKind(enum.Enum):
     INT4 = "int4"  # torch's CPU int4 pack (bf16 activations)
     INT4_ROWS = "int4_rows"  # inferd's row layout for float32 models (``pack_int4_rows``)
@@ -185,6 +192,13 @@ class Linear(nn.Linear, KernelUser):
     def dense(self) -> bool:
         """Whether the dense weight is still held (False after ``use_packed_only``)."""
         return self.weight.numel() > 0
+
+    def vnni_parts(self) -> tuple[torch.Tensor, torch.Tensor, int] | None:
+        """The VNNI copy (codes, scales, bits of a code) for a caller running its kernel itself
+        (``models/decode_stack.py``), or None where the layer has none."""
+        if self.packed_kind not in VNNI_KINDS or self._packed is None or self._scales is None:
+            return None
+        return self._packed, self._scales, 4 if self.packed_kind is PackedKind.INT4_VNNI else 8
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self._base(x)

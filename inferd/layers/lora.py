@@ -55,6 +55,11 @@ def lora_rows(adapters: Sequence[str | None]) -> Iterator[None]:
         _rows.reset(token)
 
 
+def adapters_active() -> bool:
+    """Whether some row of the running step has an adapter (``lora_rows``)."""
+    return _rows.get() is not None
+
+
 @dataclass(frozen=True, slots=True)
 class _Merged:
     """An adapter's updates on one projection as one pair of matmuls: the A matrices stacked,

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from inferd.kernels.ops import Rotation
+from inferd.kernels.ops import Rotation, StackKernel
 from inferd.layers.attention import AttentionMetadata, sliding_window_metadata
 from inferd.layers.norm import RMSNorm
 from inferd.layers.registered import Registered
@@ -30,6 +30,7 @@ from inferd.models.llama import (
     LlamaForCausalLM,
     LlamaMLP,
     SplitResidualLayer,
+    stack_layer,
 )
 
 
@@ -73,6 +74,15 @@ class Gemma2DecoderLayer(SplitResidualLayer):
         attn = self.post_attention_norm.forward(self.self_attn.forward(h, rotation, meta, cache))
         x, h = self.pre_feedforward_norm.add_forward(x, attn)
         return x, self.post_feedforward_norm.forward(self.mlp.forward(h))
+
+    def stack_layer(self, kernel: StackKernel, dtype: torch.dtype) -> Any | None:
+        norms = {
+            "input_norm": self.input_norm,
+            "attn_out_norm": self.post_attention_norm,
+            "mlp_norm": self.pre_feedforward_norm,
+            "mlp_out_norm": self.post_feedforward_norm,
+        }
+        return stack_layer(kernel, self.self_attn, self.mlp, norms, dtype)
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
@@ -123,6 +133,9 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return Gemma3DecoderLayer(cfg)
 
+    def layer_rotaries(self) -> tuple[RotaryEmbedding, ...]:
+        return tuple(self.local_rotary if s else self.rotary for s in self.sliding)
+
     def forward(
         self,
         input_ids: torch.Tensor,
@@ -132,6 +145,9 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
         x = self.embed(input_ids) if embeds is None else embeds
+        stacked = self.run_stack(x, positions, meta, kv_caches)
+        if stacked is not None:
+            return stacked
         global_rotation = self.rotary.at(positions, x.dtype)
         local_rotation = self.local_rotary.at(positions, x.dtype)
         window = self.config.sliding_window

@@ -11,13 +11,13 @@ checkpoint tensors are a loader matter). Gemma 2 and 3 subclass it (models/gemma
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
-from inferd.kernels.ops import KernelOps, Rotation
+from inferd.kernels.ops import KernelOps, Rotation, StackKernel
 from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_window_metadata
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
@@ -25,6 +25,7 @@ from inferd.layers.norm import RMSNorm
 from inferd.layers.registered import Registered
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.decode_stack import DecodeStack, shared_norm, stack_projection
 
 KVCache = tuple[torch.Tensor, torch.Tensor]
 
@@ -115,6 +116,49 @@ class SplitResidualLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
+    def stack_layer(self, kernel: StackKernel, dtype: torch.dtype) -> Any | None:
+        """The layer as ``decode_stack`` runs it (models/decode_stack.py), or None where it
+        cannot: then the model runs layer by layer."""
+        return None
+
+
+def stack_layer(
+    kernel: StackKernel,
+    attn: LlamaAttention,
+    mlp: LlamaMLP,
+    norms: Mapping[str, RMSNorm],
+    dtype: torch.dtype,
+) -> Any | None:
+    """A decoder layer's ``StackLayer``: its projections' VNNI copies, its attention's shape and
+    its norms by the part they play (``input_norm`` and ``mlp_norm`` hold the residual adds;
+    Gemma's ``attn_out_norm`` and ``mlp_out_norm`` norm a block's output); None where a part
+    is one the stack does not take. The model sets ``window`` and ``rotation``."""
+    layer = kernel.StackLayer()
+    projections = {
+        "qkv": attn.qkv_proj,
+        "o": attn.o_proj,
+        "gate_up": mlp.gate_up_proj,
+        "down": mlp.down_proj,
+    }
+    for name, linear in projections.items():
+        projection = stack_projection(kernel, linear)
+        if projection is None:
+            return None
+        setattr(layer, name, projection)
+    qk = [n for n in (attn.q_norm, attn.k_norm) if n is not None]
+    shared = shared_norm([*norms.values(), *qk], dtype)
+    if shared is None:
+        return None
+    layer.eps, layer.unit_offset = shared
+    for role, norm in norms.items():
+        setattr(layer, role, norm.weight)
+    if attn.q_norm is not None and attn.k_norm is not None:
+        layer.q_norm, layer.k_norm = attn.q_norm.weight, attn.k_norm.weight
+    layer.gelu = mlp.gelu
+    layer.heads, layer.kv_heads = attn.num_heads, attn.num_kv_heads
+    layer.scale, layer.softcap = attn.scale, attn.softcap or 0.0
+    return layer
+
 
 class LlamaDecoderLayer(SplitResidualLayer):
     # Read straight from the registry on the hot path (layers/registered.py)
@@ -148,11 +192,19 @@ class LlamaDecoderLayer(SplitResidualLayer):
         )
         return x, self.mlp.forward(h)
 
+    def stack_layer(self, kernel: StackKernel, dtype: torch.dtype) -> Any | None:
+        norms = {"input_norm": self.input_norm, "mlp_norm": self.post_attention_norm}
+        return stack_layer(kernel, self.self_attn, self.mlp, norms, dtype)
+
 
 class LlamaForCausalLM(nn.Module, KernelUser):
+    stack_enabled = True  # False: every step layer by layer (tests compare the two)
+
     def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
         super().__init__()
         self.config = cfg
+        self._stack: DecodeStack | None = None  # built at the first decode step
+        self._stack_built = False
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_layers))
         # Whether each layer attends through a sliding window (read every step).
@@ -168,6 +220,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         for module in self.modules():
             if isinstance(module, KernelUser):
                 module.ops = ops
+        self._stack, self._stack_built = None, False  # rebuilt on these ops
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return LlamaDecoderLayer(cfg)
@@ -190,6 +243,9 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         ``embeds``: the input embeddings when the caller made them (``embed`` of the ids with
         an image encoder's rows written over its placeholder tokens)."""
         x = self.embed(input_ids) if embeds is None else embeds
+        stacked = self.run_stack(x, positions, meta, kv_caches)
+        if stacked is not None:
+            return stacked
         rotation = self.rotation_at(positions, x.dtype)  # shared by every layer
         window_meta = meta
         if self.config.sliding_window is not None and self.config.sliding_layers:
@@ -201,6 +257,50 @@ class LlamaForCausalLM(nn.Module, KernelUser):
                 x, delta, rotation, window_meta if sliding else meta, cache
             )
         return self.norm.add_forward(x, delta)[1]
+
+    def run_stack(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        kv_caches: list[KVCache],
+    ) -> torch.Tensor | None:
+        """A decode step's hidden states from the decode stack (models/decode_stack.py), or
+        None where the step runs layer by layer."""
+        if meta.prefills or meta.decode_rows is None or not self.stack_enabled:
+            return None
+        if not self._stack_built:
+            self._stack, self._stack_built = self.build_stack(), True
+        stack = self._stack
+        if stack is None or x.dtype != stack.dtype or not stack.takes(x.shape[0], kv_caches):
+            return None
+        x, delta = stack.run(x, positions, meta, kv_caches)
+        return self.norm.add_forward(x, delta)[1]
+
+    def build_stack(self) -> DecodeStack | None:
+        """The decode stack of this model on its ops, or None where a part keeps it out."""
+        kernel, rotaries = self.ops.stack, self.layer_rotaries()
+        if kernel is None or rotaries is None:
+            return None
+        dtype = self.embed_tokens.weight.dtype
+        tables = list(dict.fromkeys(rotaries))  # each table once, in order
+        layers = []
+        blocks: list[SplitResidualLayer] = list(self.layers)  # type: ignore[arg-type]
+        for i, layer in enumerate(blocks):
+            spec = layer.stack_layer(kernel, dtype)
+            if spec is None:
+                return None
+            spec.window = self.config.window_of(i) or 0
+            spec.rotation = tables.index(rotaries[i])
+            layers.append(spec)
+        linears = [m for m in self.layers.modules() if isinstance(m, Linear)]
+        max_rows = min(m.small_batch for m in linears)
+        return DecodeStack(kernel, layers, tuple(tables), dtype, max_rows)
+
+    def layer_rotaries(self) -> tuple[RotaryEmbedding, ...] | None:
+        """Each layer's rotary table for the decode stack; None where a token's position is
+        not one number (M-RoPE)."""
+        return (self.rotary,) * len(self.layers)
 
     def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """The rotary embedding of a step's positions (M-RoPE models take [3, n] positions)."""

@@ -275,6 +275,9 @@ class Qwen2_5_VLForCausalLM(LlamaForCausalLM):
         self.visual = QwenVisionEncoder(cfg.qwen_vision)
         self.encoder_calls = 0
 
+    def layer_rotaries(self) -> None:
+        return None  # M-RoPE: three positions a token, which the stack's rotation does not take
+
     def rotation_at(self, positions: torch.Tensor, dtype: torch.dtype) -> Rotation:
         """M-RoPE for ``positions`` [3, n] (or plain [n]: text alone). The rotation is given
         as one table row per token (``positions`` 0..n-1 into it), so the fused kernel, which
