@@ -23,6 +23,7 @@ from inferd.engine.request import Request, RequestStatus
 from inferd.engine.runner import ModelRunner, PromptLogits, StepResult
 from inferd.engine.sampler import prompt_token_logprobs, sample
 from inferd.engine.scheduler import ScheduledChunk, Scheduler
+from inferd.kernels.ops import KernelOps
 from inferd.structured.masks import MaskJob
 
 
@@ -42,6 +43,12 @@ class EngineCore:
     @property
     def has_work(self) -> bool:
         return self.scheduler.has_work
+
+    @property
+    def _ops(self) -> KernelOps:
+        """The model's kernel ops (the sampler's argmax), read each step: a caller may switch
+        them between steps (``use_kernels``)."""
+        return self.runner.model.ops
 
     def add(self, request: Request) -> None:
         if request.request_id in self.requests:
@@ -87,7 +94,7 @@ class EngineCore:
         if any(c.draft for c in result.chunks):
             outputs = self._sample_with_drafts(result)
         else:
-            sampled = sample(result.logits, [c.request for c in result.chunks])
+            sampled = sample(result.logits, [c.request for c in result.chunks], self._ops)
             outputs = [
                 self._append(c.request, t, lp)
                 for c, t, lp in zip(result.chunks, sampled.token_ids, sampled.logprobs, strict=True)
@@ -113,7 +120,8 @@ class EngineCore:
             row += 1 + len(chunk.draft)
         plain = [(c, r) for c, r in zip(result.chunks, firsts, strict=True) if not c.draft]
         index = torch.tensor([r for _, r in plain], dtype=torch.long)
-        sampled = sample(result.logits.index_select(0, index), [c.request for c, _ in plain])
+        requests = [c.request for c, _ in plain]
+        sampled = sample(result.logits.index_select(0, index), requests, self._ops)
         drawn = iter(zip(sampled.token_ids, sampled.logprobs, strict=True))
         outputs = []
         for chunk, first in zip(result.chunks, firsts, strict=True):

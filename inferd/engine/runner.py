@@ -41,6 +41,7 @@ from inferd.engine.encoder_cache import EncoderCache
 from inferd.engine.kv_cache import NULL_BLOCK
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.scheduler import ScheduledChunk, SchedulerOutput
+from inferd.host_memory import huge_page_zeros
 from inferd.kernels.kv_quant import row_width
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, chunk_mask
 from inferd.layers.linear import dense_rows, packed_rows
@@ -120,8 +121,8 @@ class ModelRunner:
         row = row_width(config.head_dim, kv_dtype)
         shape = (num_blocks, block_size, config.num_kv_heads, row)
         self.kv_dtype = kv_dtype
-        self.kv_caches: list[KVCache] = [
-            (torch.zeros(shape, dtype=kv_dtype), torch.zeros(shape, dtype=kv_dtype))
+        self.kv_caches: list[KVCache] = [  # read block by block each step: huge pages
+            (huge_page_zeros(shape, kv_dtype), huge_page_zeros(shape, kv_dtype))
             for _ in range(config.num_layers)
         ]
 

@@ -23,6 +23,8 @@ import torch
 from inferd.engine.outputs import TokenLogprob
 from inferd.engine.request import Request
 from inferd.engine.sampling import SamplingParams
+from inferd.kernels.ops import KernelOps
+from inferd.kernels.plain import PLAIN_OPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +33,12 @@ class SamplerOutput:
     logprobs: list[TokenLogprob | None]  # None where the request did not ask for logprobs
 
 
-def sample(logits: torch.Tensor, requests: Sequence[Request]) -> SamplerOutput:
-    """logits: [num_requests, vocab]."""
-    tokens: list[int] = logits.argmax(dim=-1).tolist()
+def sample(
+    logits: torch.Tensor, requests: Sequence[Request], ops: KernelOps = PLAIN_OPS
+) -> SamplerOutput:
+    """logits: [num_requests, vocab]; ``ops``: the model's, whose ``argmax_rows`` picks the
+    greedy rows' tokens."""
+    tokens: list[int] = ops.argmax_rows(logits).tolist()
     logprobs: list[TokenLogprob | None] = [None] * len(tokens)
     for row, request in enumerate(requests):
         p = request.params

@@ -1569,6 +1569,67 @@ torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
   return y;
 }
 
+// The index of each row's largest value, as torch.argmax(dim=-1) picks it: the first of equal
+// maxima, or the first NaN of a row that holds one (NaN ranks above every number there). torch's
+// CPU reduction took ~37 us a row of SmolLM2's 49k logits, 0.6 ms of a 16-row step's greedy
+// sampling; this reads a row twice (its maximum, then where that value first is), rows over the
+// threads. NaN is found by its bits: -ffast-math lets the compiler drop std::isnan.
+inline bool is_nan_bits(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  return (bits & 0x7FFFFFFFu) > 0x7F800000u;
+}
+
+inline int64_t argmax_row(const float* x, int64_t n) {
+  float best = -std::numeric_limits<float>::infinity();
+  bool nan = false;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 top = _mm512_set1_ps(best);
+  __mmask16 unordered = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_loadu_ps(x + i);
+    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+    top = _mm512_max_ps(top, v);
+  }
+  best = _mm512_reduce_max_ps(top);
+  nan = unordered != 0;
+#endif
+  for (; i < n; ++i) {
+    nan = nan || is_nan_bits(x[i]);
+    best = std::max(best, x[i]);
+  }
+  i = 0;
+  if (nan) {
+    while (!is_nan_bits(x[i])) ++i;
+    return i;
+  }
+#if defined(__AVX512F__)
+  const __m512 target = _mm512_set1_ps(best);
+  for (; i + 16 <= n; i += 16) {
+    const __mmask16 hit = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), target, _CMP_EQ_OQ);
+    if (hit != 0) return i + __builtin_ctz(hit);
+  }
+#endif
+  while (i < n && x[i] != best) ++i;
+  return i;
+}
+
+torch::Tensor argmax_rows(const torch::Tensor& logits) {
+  check_tensor(logits, "logits", 2);
+  TORCH_CHECK(logits.scalar_type() == at::kFloat, "logits must be float32, not ",
+              logits.scalar_type());
+  const int64_t rows = logits.size(0), n = logits.size(1);
+  TORCH_CHECK(n > 0, "rows of no values have no largest");
+  auto out = torch::empty({rows}, logits.options().dtype(at::kLong));
+  const float* x = logits.data_ptr<float>();
+  int64_t* o = out.data_ptr<int64_t>();
+  at::parallel_for(0, rows, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) o[r] = argmax_row(x + r * n, n);
+  });
+  return out;
+}
+
 // ---- A decode step's decoder layers in one call ----
 // Run from Python, a decoder layer of a decode step was ~9 kernel calls and ~40 us of Python
 // around them (attribute reads, dtype checks, context lookups, argument conversion): ~1.2 ms of
@@ -1671,6 +1732,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("int4_rows_linear", &int4_rows_linear, release());
   m.def("int4_vnni_linear", &vnni_linear<4>, release());
   m.def("int8_vnni_linear", &vnni_linear<8>, release());
+  m.def("argmax_rows", &argmax_rows, release());
   py::class_<StackProjection>(m, "StackProjection")
       .def(py::init<>())
       .def_readwrite("packed", &StackProjection::packed)

@@ -78,6 +78,8 @@ class CompiledKernels(Protocol):
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor
     ) -> torch.Tensor: ...
 
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor: ...
+
     def int4_vnni_linear(
         self, x: torch.Tensor, packed: torch.Tensor, scales_and_mins: torch.Tensor, n: int
     ) -> torch.Tensor: ...
@@ -205,6 +207,11 @@ class FusedOps(PlainOps):
         self, x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, out: int
     ) -> torch.Tensor:
         return self.compiled.int8_vnni_linear(x.contiguous(), packed, scales, out)
+
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        if logits.dtype != torch.float32 or logits.dim() != 2 or logits.shape[1] == 0:
+            return super().argmax_rows(logits)
+        return self.compiled.argmax_rows(logits.contiguous())
 
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor

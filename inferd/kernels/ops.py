@@ -190,6 +190,11 @@ class KernelOps(ABC):
         ``int4_vnni_linear``."""
 
     @abstractmethod
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        """Each row's index of its largest value, as ``argmax(dim=-1)``: the first of equal
+        maxima, the first NaN of a row holding one. logits: [rows, vocab] -> [rows] long."""
+
+    @abstractmethod
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:

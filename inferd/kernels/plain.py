@@ -136,6 +136,9 @@ class PlainOps(KernelOps):
     ) -> torch.Tensor:
         return _vnni_linear(x, unpack_vnni(packed, scales, out))
 
+    def argmax_rows(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits.argmax(dim=-1)
+
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:

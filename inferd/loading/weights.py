@@ -16,7 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inferd import kernels
-from inferd.layers.linear import Linear, PackedKind
+from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
 from inferd.models.config import (
@@ -126,6 +126,7 @@ def fill(
     if missing:
         raise ModelConfigError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
     model.eval().requires_grad_(False)
+    packed_on_huge_pages(model)
 
 
 def _set(module: nn.Module, name: str, value: torch.Tensor, dtype: torch.dtype) -> None:

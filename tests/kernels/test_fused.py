@@ -552,3 +552,26 @@ def test_doctor_says_what_a_start_would_run_without_building(
     assert not any(tmp_path.iterdir())  # and nothing was built or staged
     monkeypatch.setenv("INFERD_FUSED_KERNELS", "0")
     assert build_status() == "plain PyTorch ops (INFERD_FUSED_KERNELS=0)"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16, 64])
+@pytest.mark.parametrize("vocab", [1, 15, 49152, 49155])
+def test_argmax_rows_is_torchs_argmax(fused: KernelOps, rows: int, vocab: int) -> None:
+    g = torch.Generator().manual_seed(rows * vocab)
+    logits = torch.randn(rows, vocab, generator=g)
+    # Ties (the first wins), a row of one repeated value, -inf and NaN rows, a max in the tail.
+    logits[0, vocab // 2 :] = logits[0].max() + 1
+    if rows > 1:
+        logits[1] = 0.25
+    if rows > 2:
+        logits[2] = float("-inf")
+    if rows > 3:
+        logits[3, -1] = 1e9
+        logits[4, vocab // 3] = float("nan")
+        logits[5, :] = float("nan")
+        logits[6, vocab - 1] = float("nan")
+        logits[6, 0] = float("inf")
+    got = fused.argmax_rows(logits)
+    assert got.dtype == torch.long
+    assert torch.equal(got, logits.argmax(dim=-1))
+    assert torch.equal(fused.argmax_rows(logits[:, ::1].T.contiguous().T), got)  # strided rows

@@ -1,0 +1,80 @@
+"""Huge-page memory for what a decode step reads all of (host_memory.py): the KV pool and the
+packed weights sit on 2 MiB pages where the kernel allows them, with the values they would have
+had in plain memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from inferd import LLM
+from inferd.host_memory import HUGE_PAGE, huge_page_zeros, on_huge_pages
+from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+# Whether this kernel hands out transparent huge pages to memory that asks (its default).
+HUGE_PAGES_ON = THP.exists() and "[never]" not in THP.read_text()
+
+
+def huge_kib(t: torch.Tensor) -> int:
+    """AnonHugePages of the mapping holding ``t``'s first byte (/proc/self/smaps)."""
+    address = t.data_ptr()
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and all(c in "0123456789abcdef-" for c in head):
+            lo, hi = (int(x, 16) for x in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    raise AssertionError("no mapping holds the tensor")
+
+
+def test_huge_page_zeros_are_zeros_on_aligned_memory() -> None:
+    t = huge_page_zeros((3, 5, 7), torch.bfloat16)
+    assert t.shape == (3, 5, 7) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert not t.any()
+    assert t.data_ptr() % HUGE_PAGE == 0
+
+
+@pytest.mark.skipif(not HUGE_PAGES_ON, reason="this kernel has transparent huge pages off")
+def test_a_big_buffer_gets_huge_pages() -> None:
+    t = huge_page_zeros((4, HUGE_PAGE), torch.uint8)  # 8 MiB, touched by the zeroing
+    assert huge_kib(t) >= 4 * HUGE_PAGE // 1024
+
+
+def test_on_huge_pages_copies_side_by_side() -> None:
+    tensors = [torch.randn(3, 5), torch.arange(7, dtype=torch.int8), torch.randn(2).half()]
+    copies = on_huge_pages(tensors)
+    for t, c in zip(tensors, copies, strict=True):
+        assert torch.equal(t, c) and c.dtype == t.dtype and c.data_ptr() % 64 == 0
+    # one buffer: each copy starts after the one before it, 64-byte aligned
+    assert copies[1].data_ptr() - copies[0].data_ptr() == 64
+    assert copies[0].data_ptr() % HUGE_PAGE == 0
+
+
+def test_packed_weights_move_and_keep_their_outputs() -> None:
+    model = torch.nn.Sequential(Linear(64, 48), Linear(48, 64))
+    for m in model:
+        m.pack(PackedKind.INT4)
+    x = torch.randn(3, 64)
+    before = model(x)
+    old = [m._packed for m in model]
+    packed_on_huge_pages(model)
+    assert all(m._packed is not o for m, o in zip(model, old, strict=True))
+    assert torch.equal(model(x), before)
+
+
+@pytest.mark.skipif(not HUGE_PAGES_ON, reason="this kernel has transparent huge pages off")
+def test_the_served_kv_pool_and_packed_weights_sit_on_huge_pages(smollm2_gguf: Path) -> None:
+    with LLM(str(smollm2_gguf), kv_cache_tokens=4096) as llm:
+        engine = llm.model.engine.engine
+        k_cache, v_cache = engine._core.runner.kv_caches[-1]
+        block: Any = engine.model.layers[3]
+        gate_up: Linear = block.mlp.gate_up_proj
+        assert gate_up._packed is not None
+        for t in (k_cache, v_cache, gate_up._packed):
+            assert huge_kib(t) > 0
