@@ -39,13 +39,15 @@ def huge_page_bytes(nbytes: int) -> torch.Tensor:
     (benchmarks/step_profile.md). Most systems leave huge pages to ``madvise`` (the kernel's
     default); where they are off, or on another OS, this is plain memory.
     """
-    rounded = -(-nbytes // HUGE_PAGE) * HUGE_PAGE
-    buf = torch.empty(rounded + HUGE_PAGE, dtype=torch.uint8)
+    buf = torch.empty(nbytes + HUGE_PAGE, dtype=torch.uint8)  # untouched slack costs no RAM
     start = (-buf.data_ptr()) % HUGE_PAGE
-    if sys.platform == "linux" and rounded:
+    # Whole huge pages only: a touched huge page is 2 MiB of RAM however little of it is used,
+    # and the tail of each buffer would round up (the KV pool's 60 tensors: ~85 MiB more RSS).
+    whole = nbytes // HUGE_PAGE * HUGE_PAGE
+    if sys.platform == "linux" and whole:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-        libc.madvise(buf.data_ptr() + start, rounded, _MADV_HUGEPAGE)  # advice: failure is fine
+        libc.madvise(buf.data_ptr() + start, whole, _MADV_HUGEPAGE)  # advice: failure is fine
     return buf[start : start + nbytes]
 
 
@@ -55,17 +57,25 @@ def huge_page_zeros(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     return huge_page_bytes(nbytes).view(dtype).view(*shape).zero_()
 
 
-def on_huge_pages(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of ``tensors`` side by side in one huge-page buffer (each 64-byte aligned): many
-    small weights share the pages rather than each rounding up to 2 MiB."""
-    offsets, total = [], 0
-    for t in tensors:
-        offsets.append(total)
-        total += -(-t.numel() * t.element_size() // 64) * 64
-    buf = huge_page_bytes(total)
-    out = []
-    for t, at in zip(tensors, offsets, strict=True):
+class HugePageArena:
+    """One huge-page buffer that tensors are copied into side by side, each 64-byte aligned:
+    many small weights share the pages rather than each rounding up to 2 MiB. A caller that
+    drops each original as it places its copy holds little more than one copy at any time (the
+    arena's pages are taken as they are written)."""
+
+    def __init__(self, sizes: Sequence[int]) -> None:
+        self._buf = huge_page_bytes(sum(_aligned(n) for n in sizes))
+        self._at = 0
+
+    def place(self, t: torch.Tensor) -> torch.Tensor:
+        """A copy of ``t`` in the arena's next free bytes."""
         size = t.numel() * t.element_size()
-        copy = buf[at : at + size].view(t.dtype).view(t.shape)
-        out.append(copy.copy_(t))
-    return out
+        if self._at + size > self._buf.numel():
+            raise ValueError(f"no room for {size} bytes: the arena was sized for others")
+        copy = self._buf[self._at : self._at + size].view(t.dtype).view(t.shape)
+        self._at += _aligned(size)
+        return copy.copy_(t)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // 64) * 64

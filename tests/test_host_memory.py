@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from inferd import LLM
-from inferd.host_memory import HUGE_PAGE, huge_page_zeros, on_huge_pages
+from inferd.host_memory import HUGE_PAGE, HugePageArena, huge_page_zeros
 from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
 
 THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -46,14 +46,17 @@ def test_a_big_buffer_gets_huge_pages() -> None:
     assert huge_kib(t) >= 4 * HUGE_PAGE // 1024
 
 
-def test_on_huge_pages_copies_side_by_side() -> None:
+def test_the_arena_places_copies_side_by_side() -> None:
     tensors = [torch.randn(3, 5), torch.arange(7, dtype=torch.int8), torch.randn(2).half()]
-    copies = on_huge_pages(tensors)
+    arena = HugePageArena([t.numel() * t.element_size() for t in tensors])
+    copies = [arena.place(t) for t in tensors]
     for t, c in zip(tensors, copies, strict=True):
         assert torch.equal(t, c) and c.dtype == t.dtype and c.data_ptr() % 64 == 0
     # one buffer: each copy starts after the one before it, 64-byte aligned
     assert copies[1].data_ptr() - copies[0].data_ptr() == 64
     assert copies[0].data_ptr() % HUGE_PAGE == 0
+    with pytest.raises(ValueError, match="no room"):
+        arena.place(torch.zeros(100))
 
 
 def test_packed_weights_move_and_keep_their_outputs() -> None:
@@ -70,7 +73,7 @@ def test_packed_weights_move_and_keep_their_outputs() -> None:
 
 @pytest.mark.skipif(not HUGE_PAGES_ON, reason="this kernel has transparent huge pages off")
 def test_the_served_kv_pool_and_packed_weights_sit_on_huge_pages(smollm2_gguf: Path) -> None:
-    with LLM(str(smollm2_gguf), kv_cache_tokens=4096) as llm:
+    with LLM(str(smollm2_gguf), kv_cache_tokens=16384) as llm:  # 6 MiB a K or V tensor
         engine = llm.model.engine.engine
         k_cache, v_cache = engine._core.runner.kv_caches[-1]
         block: Any = engine.model.layers[3]

@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferd import kernels
-from inferd.host_memory import available_bytes, on_huge_pages
+from inferd.host_memory import HugePageArena, available_bytes
 from inferd.kernels.plain import unpack_vnni
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
@@ -255,20 +255,27 @@ class Linear(nn.Linear, KernelUser):
 
 def packed_on_huge_pages(model: nn.Module) -> None:
     """Every layer's packed copy (codes and scales) moved side by side into one huge-page
-    buffer (``host_memory.on_huge_pages``: a decode step reads them all). Skipped where the
-    moment of two copies would take more than a quarter of the free RAM."""
+    buffer (``host_memory.HugePageArena``: a decode step reads them all), each original
+    dropped as its copy is placed. Skipped where the arena would take more than a quarter of
+    the free RAM."""
     layers = [
         m
         for m in model.modules()
         if isinstance(m, Linear) and m._packed is not None and m._scales is not None
     ]
-    tensors = [t for m in layers for t in (m._packed, m._scales) if t is not None]
-    total = sum(t.numel() * t.element_size() for t in tensors)
-    if not tensors or total > available_bytes() // 4:
+    sizes = [
+        t.numel() * t.element_size()
+        for m in layers
+        for t in (m._packed, m._scales)
+        if t is not None
+    ]
+    if not sizes or sum(sizes) > available_bytes() // 4:
         return
-    moved = iter(on_huge_pages(tensors))
+    arena = HugePageArena(sizes)
     for m in layers:
-        m._packed, m._scales = next(moved), next(moved)
+        assert m._packed is not None and m._scales is not None
+        m._packed = arena.place(m._packed)
+        m._scales = arena.place(m._scales)
 
 
 def _invariant_dense(
