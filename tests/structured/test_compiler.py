@@ -217,10 +217,12 @@ def test_compile_threads_run_niced_below_the_engine(smollm2_vocabulary: Vocabula
 
     from inferd.structured.compiler import COMPILE_NICE, COMPILE_THREADS
 
-    before = {t.ident for t in threading.enumerate()}
+    # Thread objects, not idents: a thread that ends meanwhile (an earlier test's compiler
+    # shutting down) may hand its ident to one of ours.
+    before = set(threading.enumerate())
     compiler = GrammarCompiler(smollm2_vocabulary)
     try:
-        mine = [t for t in threading.enumerate() if t.ident not in before]
+        mine = [t for t in threading.enumerate() if t not in before]
         assert len(mine) == COMPILE_THREADS  # all started up front, with the deep stack
         base = os.getpriority(os.PRIO_PROCESS, 0)
         for thread in mine:
