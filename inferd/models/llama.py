@@ -25,9 +25,7 @@ from inferd.layers.norm import RMSNorm
 from inferd.layers.registered import Registered
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.models.config import ModelConfig, ModelConfigError
-from inferd.models.decode_stack import DecodeStack, shared_norm, stack_projection
-
-KVCache = tuple[torch.Tensor, torch.Tensor]
+from inferd.models.decode_stack import DecodeStack, KVCache, shared_norm, stack_projection
 
 
 class LlamaAttention(nn.Module, KernelUser):
