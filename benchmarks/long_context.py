@@ -6,27 +6,29 @@ and number of streams, inferd in process beside llama-server when one is given.
     LLAMA_SERVER=/path/to/llama-server ... (adds llama.cpp's server on the same GGUF)
 
 Each point: ``streams`` greedy requests, each with its own prompt of ``context - tokens - 1``
-tokens (its own cache salt, so nothing is shared), are prefilled first (not timed); then the
-last ``tokens`` tokens up to ``context`` are generated and timed: decode tokens/s = streams *
-tokens / that time, so the attention over the whole context is what grows with it. Contexts
-past the model's positions are dropped with a note (SmolLM2: 8192; 16384 is not allowed).
+tokens (its own cache salt, so nothing is shared), are prefilled first, one token each, not
+timed; then the streams are sent again at once, finding their prompts cached, and generate the
+last ``tokens`` tokens up to ``context``. Two figures per engine: decode tokens/s, from every
+stream's first token to the last token (so the attention over the whole context is what grows
+with it), and the resume time, from sending the streams to their first tokens (the prompts'
+uncached tails: inferd caches whole blocks of 16 tokens, so up to 16 tokens a stream are
+computed again; llama-server one or a few). Contexts past the model's positions are dropped
+with a note (SmolLM2: 8192; 16384 is not allowed).
 
 ``--shared``: the streams read one document instead: the same ``context - tokens - 9`` tokens,
 then 8 of their own (16 questions about one long text). Each engine prefills the document once:
 inferd through its prefix cache (the first stream goes first, the others find its blocks),
 llama-server by saving the first slot's KV and restoring it into the others (``/slots``,
-``--slot-save-path``); each slot then holds its own copy, as its slots do not share KV. 16
-streams of 16k tokens each with their own text would be 16 prefills of 16k per engine: most of
-an hour on 2 cores.
+``--slot-save-path``); each slot then holds its own copy, as its slots do not share KV.
 
 llama-server gets the same prompts as token ids on ``/completion`` (``-np streams`` slots of
-``context + tokens`` each, ``-t`` the threads inferd uses, a fresh server per point). Each
-stream's prompt is first prefilled into its own slot (``id_slot``, one token generated, not
-timed); then the streams are sent again at once, ``cache_prompt`` reusing the slot's KV (the
-script checks that at most a few prompt tokens were evaluated again), and timed from outside,
-from sending to the last reply: decode tokens/s = the tokens generated / that time. (Its own
-``predicted_ms`` is not used: at several streams it counts the steps in which the server
-prefilled the other slots' prompts.)
+``context + tokens`` each, ``-t`` the threads inferd uses, a fresh server per point), each
+stream on its own thread. Each stream's prompt is first prefilled into its own slot
+(``id_slot``, one token generated, not timed); then the streams are sent again at once,
+``cache_prompt`` reusing the slot's KV (the script checks that at most a few prompt tokens were
+evaluated again). Its slots decode in one batch, so the decode rate is the tokens after the
+first over the longest ``predicted_ms`` (a slot's time from its first token to its last), and
+the resume time is the rest of the wall time from sending to the last reply.
 
 The machine may be loaded by others: the two engines run back to back per point, so read the
 ratios more than the absolute figures.
@@ -35,13 +37,13 @@ ratios more than the absolute figures.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import tempfile
 import time
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,28 +84,55 @@ def _arrange(base: list[int], own: list[list[int]], point: Point) -> list[list[i
     return [body + mine if point.shared else mine + body for mine in own]
 
 
-def inferd_decode_rate(served: ServedModel, point: Point) -> float:
-    """Decode tokens/s of ``point`` on an engine stepped by this thread."""
+@dataclass(frozen=True, slots=True)
+class Rate:
+    decode: float  # tokens/s from every stream's first token to the last token
+    resume: float  # seconds from sending the streams to every stream's first token
+
+
+def inferd_decode_rate(served: ServedModel, point: Point) -> Rate:
+    """``point`` on an engine stepped by this thread, measured as on llama-server: each prompt
+    is prefilled first (one token, untimed) and left in the prefix cache, as a slot keeps its
+    KV; then the streams are sent again at once. (Timing from the first tokens of streams
+    prefilled together would not do: the streams whose prefill ends first decode, and finish,
+    while the others still prefill; at 16 streams x 16k the timed steps held one or two rows.)"""
     engine = served.engine.engine
-    params = SamplingParams(max_tokens=point.tokens + 1, temperature=0, ignore_eos=True)
     ids_all = prompts(served, point)
-    # Shared: the first stream prefills the document, the others find it cached.
-    waves = [ids_all[:1], ids_all[1:]] if point.shared else [ids_all]
+    # Shared: one salt, the first stream prefills the document, the others find it cached.
+    salts = [None if point.shared else f"long-{uuid.uuid4().hex}" for _ in ids_all]
+    waves = [range(1), range(1, len(ids_all))] if point.shared else [range(len(ids_all))]
+    prefill = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
     for wave in waves:
-        for ids in wave:
-            rid = f"long-{uuid.uuid4().hex}"
-            engine.add_request(rid, ids, params, cache_salt=None if point.shared else rid)
-        while any(not r.output_token_ids for r in engine._core.requests.values()):
-            engine.step()  # prefill, untimed: every stream has its first token
-    started = time.perf_counter()
+        for i in wave:
+            rid = f"prefill-{i}-{uuid.uuid4().hex}"
+            engine.add_request(rid, ids_all[i], prefill, cache_salt=salts[i])
+        while engine.has_unfinished():
+            engine.step()
+    before = engine.stats()
+    params = SamplingParams(max_tokens=point.tokens, temperature=0, ignore_eos=True)
+    sent = time.perf_counter()
+    for ids, salt in zip(ids_all, salts, strict=True):
+        engine.add_request(f"long-{uuid.uuid4().hex}", ids, params, cache_salt=salt)
+    started: set[str] = set()
+    while len(started) < point.streams:  # each prompt's uncached tail, then its first token
+        started.update(out.request_id for out in engine.step() if out.token_ids)
+    first = time.perf_counter()
     generated = 0
     while engine.has_unfinished():
         generated += sum(len(out.token_ids) for out in engine.step())
-    return generated / (time.perf_counter() - started)
+    decode = generated / (time.perf_counter() - first)
+    after = engine.stats()
+    computed = (after.prefix_cache_queries - before.prefix_cache_queries) - (
+        after.prefix_cache_hits - before.prefix_cache_hits
+    )
+    block = engine._core.scheduler.kv.block_size
+    if computed > point.streams * block:  # more than each prompt's last, partial block
+        raise SystemExit(f"inferd computed {computed} prompt tokens again: prefix cache missed")
+    return Rate(decode, first - sent)
 
 
-def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int) -> float:
-    """Decode tokens/s of ``point`` on llama-server (module doc), started for this point."""
+def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int) -> Rate:
+    """``point`` on llama-server (module doc), started for this point."""
     port = free_port()
     slot = point.context + 16
     cmd = [
@@ -117,18 +146,22 @@ def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int
         with run_server(cmd, url + "/health", Path(tmp) / "llama.log", 600, "llama-server"):
             ids = _token_ids_for(url, point)
             if point.shared:  # the document once, into slot 0, then copied into the others
-                asyncio.run(_completions(url, ids[:1], 1))
+                _completions(url, ids[:1], 1)
                 _post(f"{url}/slots/0?action=save", {"filename": "document.bin"})
                 for i in range(1, point.streams):
                     _post(f"{url}/slots/{i}?action=restore", {"filename": "document.bin"})
-            asyncio.run(_completions(url, ids, 1))  # each prompt into its slot, untimed
-            started = time.perf_counter()
-            results = asyncio.run(_completions(url, ids, point.tokens))
-            elapsed = time.perf_counter() - started
-    evaluated = max(r["timings"]["prompt_n"] for r in results)
+            _completions(url, ids, 1)  # each prompt into its slot, untimed
+            sent = time.perf_counter()
+            results = _completions(url, ids, point.tokens)
+            elapsed = time.perf_counter() - sent
+    timings = [r["timings"] for r in results]
+    evaluated = max(t["prompt_n"] for t in timings)
     if evaluated > 8:
         raise SystemExit(f"llama-server evaluated {evaluated} prompt tokens again: no slot reuse")
-    return sum(r["timings"]["predicted_n"] for r in results) / elapsed
+    # predicted_ms runs from a slot's first token to its last; the slots decode in one batch.
+    decoding = max(t["predicted_ms"] for t in timings) / 1000
+    after_first = sum(t["predicted_n"] - 1 for t in timings)
+    return Rate(after_first / decoding, elapsed - decoding)
 
 
 def _token_ids_for(url: str, point: Point) -> list[list[int]]:
@@ -142,14 +175,17 @@ def _token_ids_for(url: str, point: Point) -> list[list[int]]:
     return _arrange(base, own, point)
 
 
-async def _completions(url: str, prompts: list[list[int]], tokens: int) -> list[dict]:
-    """Prompt i on slot i, all at once, keeping each slot's KV for the next call."""
+def _completions(url: str, prompts: list[list[int]], tokens: int) -> list[dict]:
+    """Prompt i on slot i, all at once (a thread each: asyncio's default pool has only
+    cpu_count + 4 threads, 6 here, so 16 requests went in waves), keeping each slot's KV for
+    the next call."""
     body = {"n_predict": tokens, "temperature": 0, "ignore_eos": True, "cache_prompt": True}
-    calls = [
-        asyncio.to_thread(_post, url + "/completion", body | {"prompt": p, "id_slot": i})
-        for i, p in enumerate(prompts)
-    ]
-    return list(await asyncio.gather(*calls))
+    with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+        calls = [
+            pool.submit(_post, url + "/completion", body | {"prompt": p, "id_slot": i})
+            for i, p in enumerate(prompts)
+        ]
+        return [call.result() for call in calls]
 
 
 def _post(url: str, body: dict) -> dict:
@@ -172,9 +208,9 @@ def load_for(
         cfg = EngineConfig(
             max_num_seqs=streams,
             max_model_len=longest,
-            kv_cache_tokens=streams * (longest + 16),
+            # Each stream's cached prompt and its decode's blocks, with room to spare.
+            kv_cache_tokens=streams * (longest + 64),
             speculative="off",
-            prefix_caching=shared,
         )
         try:
             return load_model(source, cfg, progress=False, loop=CallerLoop()), contexts
@@ -200,16 +236,23 @@ def main() -> None:
     threads = torch.get_num_threads()
     shared = ", one shared document" if args.shared else ""
     print(f"{args.model}, {threads} threads, {args.tokens} decode tokens per stream timed{shared}")
-    print("| context | streams | inferd decode tok/s | llama-server decode tok/s | ratio |")
-    print("|---|---|---|---|---|")
+    print(
+        "| context | streams | inferd decode tok/s | llama-server decode tok/s | ratio "
+        "| inferd resume s | llama-server resume s |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for context in contexts:
         for n in streams:
             point = Point(context, n, args.tokens, args.shared)
             ours = inferd_decode_rate(served, point)
             peer = llama_server_decode_rate(binary, source.path, point, threads) if binary else None
-            theirs = f"{peer:.1f}" if peer else "—"
-            ratio = f"{ours / peer:.2f}x" if peer else "—"
-            print(f"| {context} | {n} | {ours:.1f} | {theirs} | {ratio} |", flush=True)
+            theirs = f"{peer.decode:.1f} | {ours.decode / peer.decode:.2f}x" if peer else "— | —"
+            resumed = f"{peer.resume:.2f}" if peer else "—"
+            print(
+                f"| {context} | {n} | {ours.decode:.1f} | {theirs} | {ours.resume:.2f} "
+                f"| {resumed} |",
+                flush=True,
+            )
     served.shutdown()
 
 
