@@ -22,6 +22,11 @@ depend on how many query rows came with it (a matmul's blocking follows its shap
 gave different logits first time and on its retry), so every call for a tile has the same
 shapes: the queries are padded to the whole tile.
 
+Sliding-window layers: a tile's keys begin where its first row's window does, rounded down to
+whole tiles (again a function of the tile alone), so a long prompt's tiles on Gemma 3's 512-key
+layers read at most 640 keys each rather than every key before them, and a chunk reads only the
+blocks its first tile reaches.
+
 Bidirectional spans (Gemma 3's images): a chunk may name position ranges whose tokens also see
 the later tokens of their own range, as transformers' ``token_type_ids`` mask does, on full and
 sliding-window layers alike (a window only hides keys behind a query). A tile whose rows reach
@@ -55,6 +60,7 @@ class PrefillChunk:
     # [start, end) position ranges whose tokens see each other both ways (module doc): all of
     # the request's, so a tile's shapes do not depend on where chunks cut it
     bidirectional: tuple[tuple[int, int], ...] = ()
+    window: int = 0  # a sliding-window layer's: keys this many positions back are hidden (0: none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,8 +157,13 @@ def _prefill(
     spans = chunk.bidirectional
     padded = -(-total // PROMPT_TILE) * PROMPT_TILE
     padded = _tile_key_end(start - start % PROMPT_TILE, padded, spans)  # the farthest reach
-    keys = _padded_keys(k_cache, chunk.block_table, padded, q.dtype)
-    values = _padded_keys(v_cache, chunk.block_table, padded, q.dtype)
+    # A sliding-window layer reads only the blocks its first tile's window reaches.
+    block_size = k_cache.shape[1]
+    first_block = _tile_key_start(start - start % PROMPT_TILE, chunk.window) // block_size
+    base = first_block * block_size  # the position of keys[:, :, 0]
+    table = chunk.block_table[first_block:]
+    keys = _padded_keys(k_cache, table, padded - base, q.dtype)
+    values = _padded_keys(v_cache, table, padded - base, q.dtype)
     mask = _chunk_or_causal_mask(chunk, padded)
     _see_ahead_in_spans(mask, start, spans)
     q = q.transpose(0, 1)  # [heads, n, d]
@@ -165,14 +176,17 @@ def _prefill(
             slice(first - start, last - start),
             slice(first - tile_start, last - tile_start),
         )
-        key_end = _tile_key_end(tile_start, tile_end, spans)
+        key_start, key_end = (
+            _tile_key_start(tile_start, chunk.window),
+            _tile_key_end(tile_start, tile_end, spans),
+        )
         q_tile = q.new_zeros(1, q.shape[0], PROMPT_TILE, q.shape[2])
         q_tile[0, :, tile_rows] = q[:, rows]
-        mask_tile = torch.zeros(PROMPT_TILE, key_end, dtype=torch.bool)
+        mask_tile = torch.zeros(PROMPT_TILE, key_end - key_start, dtype=torch.bool)
         mask_tile[:, 0] = True
-        mask_tile[tile_rows] = mask[rows, :key_end]
-        k_tile = keys[:, :, :key_end].contiguous()
-        v_tile = values[:, :, :key_end].contiguous()
+        mask_tile[tile_rows] = mask[rows, key_start:key_end]
+        k_tile = keys[:, :, key_start - base : key_end - base].contiguous()
+        v_tile = values[:, :, key_start - base : key_end - base].contiguous()
         attended = _attend(q_tile, k_tile, v_tile, mask_tile, scale, softcap)
         out[:, rows] = attended[0, :, tile_rows]
         tile_start = tile_end
@@ -197,6 +211,15 @@ def _tile_key_end(tile_start: int, tile_end: int, spans: tuple[tuple[int, int], 
     the chunk are zeros, masked out)."""
     reach = max((b for a, b in spans if a < tile_end and b > tile_start), default=tile_end)
     return max(tile_end, -(-reach // PROMPT_TILE) * PROMPT_TILE)
+
+
+def _tile_key_start(tile_start: int, window: int) -> int:
+    """The first key a query tile attends over: 0, or on a sliding-window layer the first its
+    first row's window shows, rounded down to whole tiles (module doc). Like the tile's end it
+    depends on the tile alone; the keys before it are hidden from every row of the tile."""
+    if window <= 0:
+        return 0
+    return max(0, tile_start - (window - 1)) // PROMPT_TILE * PROMPT_TILE
 
 
 def _padded_keys(
@@ -233,7 +256,9 @@ def sliding_window_metadata(meta: AttentionMetadata, window: int) -> AttentionMe
     Built once per step and shared by every sliding-window layer; the KV cache keeps all keys.
     """
     prefills = tuple(
-        replace(c, mask=m) if (m := _window_chunk_mask(c, window)) is not None else c
+        replace(c, mask=m, window=window)
+        if (m := _window_chunk_mask(c, window)) is not None
+        else replace(c, window=window)
         for c in meta.prefills
     )
     return replace(meta, prefills=prefills, decode_window=window)

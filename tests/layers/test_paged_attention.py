@@ -8,16 +8,26 @@ import torch.nn.functional as F
 
 from inferd.kernels.kv_quant import SCALE_BYTES, dequantize_rows, quantize_rows
 from inferd.kernels.plain import decode_mask, grouped_attention, write_kv
-from inferd.layers.attention import AttentionMetadata, PrefillChunk, attend_paged, chunk_mask
+from inferd.layers.attention import (
+    AttentionMetadata,
+    PrefillChunk,
+    attend_paged,
+    chunk_mask,
+    sliding_window_metadata,
+)
 from tests.kernels.choice import OPS_NAMES, ops_named
 
 HEADS, KV_HEADS, DIM, BS = 6, 2, 16, 4
 
 
-def _reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int) -> torch.Tensor:
-    """Causal attention of query rows ``first..`` of one sequence over its whole K/V."""
+def _reference(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, first: int, window: int = 0
+) -> torch.Tensor:
+    """Causal attention of query rows ``first..`` of one sequence over its whole K/V (over the
+    last ``window`` keys of each row when given)."""
     n, total = q.shape[0], k.shape[0]
-    mask = torch.arange(total)[None, :] <= torch.arange(first, first + n)[:, None]
+    keys, rows = torch.arange(total)[None, :], torch.arange(first, first + n)[:, None]
+    mask = (keys <= rows) & ((keys > rows - window) if window else True)
     kk = k.repeat_interleave(HEADS // KV_HEADS, dim=1).transpose(0, 1)
     vv = v.repeat_interleave(HEADS // KV_HEADS, dim=1).transpose(0, 1)
     out = F.scaled_dot_product_attention(q.transpose(0, 1), kk, vv, attn_mask=mask, scale=0.25)
@@ -81,37 +91,68 @@ def test_grouped_attention_equals_sdpa_with_repeated_heads() -> None:
     torch.testing.assert_close(grouped_attention(q, keys, values, mask, 0.3), expected)
 
 
-@pytest.mark.parametrize("chunks", [(200,), (24,) * 8 + (8,), (129, 70, 1), (63, 2, 135)])
-def test_prompt_rows_get_the_same_bits_whatever_the_chunking(chunks: tuple[int, ...]) -> None:
-    """A 200-token prompt (several 64-position tiles) attended in one chunk and in chunks whose
-    boundaries fall inside tiles, one of a single row (a prefix-cache retry): equal bits."""
-    torch.manual_seed(0)
-    n, bs, dtype = sum(chunks), 16, torch.bfloat16
-    blocks = -(-n // bs)
-    table = torch.randperm(blocks + 4)[:blocks] + 1  # scattered, never the null block 0
-    k_cache = torch.randn(blocks + 5, bs, KV_HEADS, DIM).to(dtype)  # stale values everywhere
-    v_cache = torch.randn_like(k_cache)
-    q = torch.randn(n, HEADS, DIM).to(dtype)
-    k, v = torch.randn(n, KV_HEADS, DIM).to(dtype), torch.randn(n, KV_HEADS, DIM).to(dtype)
-    pos = torch.arange(n)
-    write_kv(k_cache, v_cache, k, v, table[pos // bs] * bs + pos % bs)
+class _Prompt:
+    """One sequence's q, k, v of ``n`` tokens, its K/V written through a scattered table."""
 
-    def attend(start: int, count: int) -> torch.Tensor:
+    def __init__(self, n: int, bs: int = 16, dtype: torch.dtype = torch.bfloat16) -> None:
+        torch.manual_seed(0)
+        blocks = -(-n // bs)
+        self.table = torch.randperm(blocks + 4)[:blocks] + 1  # scattered, never the null block
+        self.k_cache = torch.randn(blocks + 5, bs, KV_HEADS, DIM).to(dtype)  # stale values
+        self.v_cache = torch.randn_like(self.k_cache)
+        self.q = torch.randn(n, HEADS, DIM).to(dtype)
+        self.k = torch.randn(n, KV_HEADS, DIM).to(dtype)
+        self.v = torch.randn(n, KV_HEADS, DIM).to(dtype)
+        pos = torch.arange(n)
+        slots = self.table[pos // bs] * bs + pos % bs
+        write_kv(self.k_cache, self.v_cache, self.k, self.v, slots)
+
+    def attend(self, start: int, count: int, window: int = 0) -> torch.Tensor:
+        """Rows start.. of the prompt as one prefill chunk (of a sliding-window layer, as the
+        models build its metadata, when ``window`` is given)."""
+        chunk = PrefillChunk(0, count, start, self.table, chunk_mask(start, count))
         meta = AttentionMetadata(
             slot_mapping=torch.empty(0, dtype=torch.long),
             decode_rows=None,
             decode_block_tables=None,
             decode_lens=None,
-            prefills=(PrefillChunk(0, count, start, table, chunk_mask(start, count)),),
+            prefills=(chunk,),
         )
-        rows = q[start : start + count]
-        return attend_paged(ops_named("plain"), rows, k_cache, v_cache, meta, scale=0.25)
+        if window:
+            meta = sliding_window_metadata(meta, window)
+        rows = self.q[start : start + count]
+        return attend_paged(ops_named("plain"), rows, self.k_cache, self.v_cache, meta, 0.25)
 
-    whole = attend(0, n)
+
+@pytest.mark.parametrize("window", [0, 20, 70])
+@pytest.mark.parametrize("chunks", [(200,), (24,) * 8 + (8,), (129, 70, 1), (63, 2, 135)])
+def test_prompt_rows_get_the_same_bits_whatever_the_chunking(
+    chunks: tuple[int, ...], window: int
+) -> None:
+    """A 200-token prompt (several 64-position tiles) attended in one chunk and in chunks whose
+    boundaries fall inside tiles, one of a single row (a prefix-cache retry): equal bits, on
+    full layers and on sliding-window ones (whose tiles start past the keys their window
+    hides)."""
+    prompt = _Prompt(sum(chunks))
+    whole = prompt.attend(0, prompt.q.shape[0], window)
     starts = [sum(chunks[:i]) for i in range(len(chunks))]
-    pieces = torch.cat([attend(s, c) for s, c in zip(starts, chunks, strict=True)])
+    pieces = torch.cat([prompt.attend(s, c, window) for s, c in zip(starts, chunks, strict=True)])
     assert torch.equal(pieces, whole)
-    torch.testing.assert_close(whole.float(), _reference(q, k, v, 0).float(), atol=2e-2, rtol=0)
+    expected = _reference(prompt.q, prompt.k, prompt.v, 0, window)
+    torch.testing.assert_close(whole.float(), expected.float(), atol=2e-2, rtol=0)
+
+
+def test_sliding_window_chunks_do_not_read_the_keys_behind_their_tiles() -> None:
+    """A chunk at positions 128..199 of a 20-key window layer: its tiles' windows begin at 64
+    or later, so the blocks of positions 0..63 are not read (NaN there would reach every row:
+    masked scores are added to, not replaced), and a uniform-window model may have handed them
+    on to another request already."""
+    prompt = _Prompt(200)
+    prompt.k_cache[prompt.table[:4]] = float("nan")
+    prompt.v_cache[prompt.table[:4]] = float("nan")
+    tail = prompt.attend(128, 72, window=20)
+    expected = _reference(prompt.q[128:], prompt.k, prompt.v, 128, window=20)
+    torch.testing.assert_close(tail.float(), expected.float(), atol=2e-2, rtol=0)
 
 
 @pytest.mark.parametrize("ops_name", OPS_NAMES)
