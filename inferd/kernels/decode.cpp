@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
+#include <omp.h>
 
 #if defined(__AVX2__)
 #include <immintrin.h>
@@ -1303,6 +1304,9 @@ inline float opaque(float v) {
   return v;
 }
 
+// Fewer groups than this are quantized on the calling thread before a projection's threads start.
+constexpr int64_t kParallelGroups = 128;
+
 struct QuantizedRows {
   std::vector<int8_t> codes;  // [rows, k]
   std::vector<float> scale;   // [rows, groups]
@@ -1367,16 +1371,53 @@ inline void quantize_group(const T* xg, int8_t* dst, float& scale_out, float& su
 }
 #endif
 
+// Room for rows x k codes; the vectors only grow, so a step's projections reuse one allocation.
+inline void reserve(QuantizedRows& q, int64_t rows, int64_t k) {
+  const auto groups = static_cast<size_t>(rows * (k / INT4_GROUP));
+  if (q.codes.size() < static_cast<size_t>(rows * k)) q.codes.resize(rows * k);
+  if (q.scale.size() < groups) {
+    q.scale.resize(groups);
+    q.sum.resize(groups);
+    q.code_sum.resize(groups);
+  }
+}
+
+// Groups [begin, end) of x's rows (each row's groups in turn) into q.
 template <typename T>
-void quantize_groups(const T* x, int64_t rows, int64_t k, QuantizedRows& q) {
-  const int64_t groups = k / INT4_GROUP;
-  q.codes.resize(rows * k);
-  q.scale.resize(rows * groups);
-  q.sum.resize(rows * groups);
-  q.code_sum.resize(rows * groups);
-  for (int64_t rg = 0; rg < rows * groups; ++rg)
+void quantize_groups(const T* x, int64_t begin, int64_t end, QuantizedRows& q) {
+  for (int64_t rg = begin; rg < end; ++rg)
     quantize_group(x + rg * INT4_GROUP, q.codes.data() + rg * INT4_GROUP, q.scale[rg], q.sum[rg],
                    q.code_sum[rg]);
+}
+
+// [begin, end) in `parts` contiguous chunks, as at::parallel_for splits a range: part `i`'s.
+inline std::pair<int64_t, int64_t> chunk_of(int64_t begin, int64_t end, int64_t parts, int64_t i) {
+  const int64_t size = (end - begin + parts - 1) / parts;
+  const int64_t lo = std::min(end, begin + i * size);
+  return {lo, std::min(end, lo + size)};
+}
+
+// first over [0, n1), then, once every thread is through it, second over [0, n2): one parallel
+// region with a barrier, where two at::parallel_for calls would start the threads twice. Each
+// phase hands the threads contiguous chunks, as at::parallel_for (grain 1) does. Serial where
+// at::parallel_for would be: one thread, or inside a parallel region already.
+template <typename First, typename Second>
+void parallel_phases(int64_t n1, const First& first, int64_t n2, const Second& second) {
+  const int64_t threads = at::in_parallel_region() ? 1 : at::get_num_threads();
+  if (threads <= 1 || n2 <= 1) {
+    first(0, n1);
+    second(0, n2);
+    return;
+  }
+#pragma omp parallel  // no num_threads clause: the pool ATen uses (see its ParallelOpenMP.h)
+  {
+    const int64_t count = omp_get_num_threads(), tid = omp_get_thread_num();
+    const auto [b1, e1] = chunk_of(0, n1, count, tid);
+    if (b1 < e1) first(b1, e1);
+#pragma omp barrier
+    const auto [b2, e2] = chunk_of(0, n2, count, tid);
+    if (b2 < e2) second(b2, e2);
+  }
 }
 
 // Output o's code of input j (0..31) of a group, from the group's bytes `wg`.
@@ -1536,15 +1577,24 @@ torch::Tensor vnni_linear(const torch::Tensor& x, const torch::Tensor& packed,
               " outputs do not fill ", tiles, " tiles of 16");
   auto y = torch::empty({rows, n}, x.options());
   if (rows == 0) return y;
-  QuantizedRows q;
-  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "vnni_quantize", [&] {
-    quantize_groups(x.data_ptr<scalar_t>(), rows, k, q);
-  });
+  // The rows' int8 codes, in buffers the calling thread keeps: no allocation a projection.
+  // (Bound to a reference: a lambda names a thread_local as the thread running it sees it.)
+  thread_local QuantizedRows codes;
+  QuantizedRows& q = codes;
+  reserve(q, rows, k);
   const uint8_t* wp = packed.data_ptr<uint8_t>();
   const auto* smp = scales.data_ptr<VnniScale>();
   AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, x.scalar_type(), "vnni_linear", [&] {
+    const scalar_t* xp = x.data_ptr<scalar_t>();
     scalar_t* yp = y.data_ptr<scalar_t>();
-    at::parallel_for(0, tiles, 1, [&](int64_t begin, int64_t end) {
+    // A few rows' groups quantize in less time than the threads take to meet at a barrier: those
+    // are quantized first, on this thread; more (16 rows: ~0.6 ms a step) over the threads.
+    const int64_t quantized = rows * groups < kParallelGroups ? rows * groups : 0;
+    quantize_groups(xp, 0, quantized, q);
+    const auto quantize = [&](int64_t begin, int64_t end) {
+      quantize_groups(xp, quantized + begin, quantized + end, q);
+    };
+    parallel_phases(rows * groups - quantized, quantize, tiles, [&](int64_t begin, int64_t end) {
       float out[VNNI_ROWS * VNNI_TILE];
       for (int64_t t = begin; t < end; ++t) {
         const uint8_t* wc = wp + t * groups * L::group_bytes;
