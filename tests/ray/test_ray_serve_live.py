@@ -82,35 +82,35 @@ def _metric_samples(url: str, name: str) -> dict[str, float]:
 def test_chat_and_stream_through_the_proxy(cluster: str) -> None:
     from openai import OpenAI
 
-    client = OpenAI(base_url=f"{cluster}/v1", api_key="none", timeout=TIMEOUT)
-    raw = client.chat.completions.with_raw_response.create(
-        model="default", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
-    )
-    reply = raw.parse()
-    assert reply.choices[0].message.content
-    assert raw.headers.get(REPLICA)  # the replica that answered says so
-    stream = client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": "Name three colours."}],
-        max_tokens=12,
-        stream=True,
-    )
-    chunks = list(stream)
-    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert text
-    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+    with OpenAI(base_url=f"{cluster}/v1", api_key="none", timeout=TIMEOUT) as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model="default", messages=[{"role": "user", "content": "Say hello."}], max_tokens=8
+        )
+        reply = raw.parse()
+        assert reply.choices[0].message.content
+        assert raw.headers.get(REPLICA)  # the replica that answered says so
+        stream = client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Name three colours."}],
+            max_tokens=12,
+            stream=True,
+        )
+        chunks = list(stream)
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text
+        assert any(c.choices and c.choices[0].finish_reason for c in chunks)
     # Anthropic's route and stream, through the same proxy
     from anthropic import Anthropic
 
-    claude = Anthropic(base_url=cluster, api_key="none", timeout=TIMEOUT)
-    message = claude.messages.create(
-        model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
-    )
-    assert message.content[0].type == "text" and message.content[0].text
-    with claude.messages.stream(
-        model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
-    ) as events:
-        assert events.get_final_text()
+    with Anthropic(base_url=cluster, api_key="none", timeout=TIMEOUT) as claude:
+        message = claude.messages.create(
+            model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
+        )
+        assert message.content[0].type == "text" and message.content[0].text
+        with claude.messages.stream(
+            model="default", max_tokens=8, messages=[{"role": "user", "content": "Say hi."}]
+        ) as events:
+            assert events.get_final_text()
     # a body past the limit is refused at the ingress, in the caller's envelope
     big = httpx.post(
         f"{cluster}/v1/chat/completions",

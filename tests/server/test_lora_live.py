@@ -74,6 +74,7 @@ def server(folder: Path, references: dict[str | None, str]) -> Iterator[LiveServ
 
 
 def _client(live: LiveServer) -> openai.OpenAI:
+    """A strict client; callers close it (`with`), as a socket left to the collector warns."""
     return openai.OpenAI(
         base_url=live.api, api_key="unused", max_retries=0, _strict_response_validation=True
     )
@@ -87,7 +88,8 @@ def _reply(client: openai.OpenAI, model: str) -> str:
 
 
 def test_models_lists_adapters_with_parent(server: LiveServer) -> None:
-    cards = {m.id: m.model_dump() for m in _client(server).models.list().data}
+    with _client(server) as client:
+        cards = {m.id: m.model_dump() for m in client.models.list().data}
     base = next(i for i, c in cards.items() if i not in ADAPTERS and i != "default")
     assert "parent" not in cards[base]
     for name in ADAPTERS:
@@ -97,21 +99,20 @@ def test_models_lists_adapters_with_parent(server: LiveServer) -> None:
 def test_adapter_answers_as_peft_and_base_as_base(
     server: LiveServer, references: dict[str | None, str]
 ) -> None:
-    client = _client(server)
     assert len(set(references.values())) == len(references)  # the adapters change the reply
-    for name in ADAPTERS:
-        assert _reply(client, name) == references[name], name
-    assert _reply(client, "default") == references[None]
+    with _client(server) as client:
+        for name in ADAPTERS:
+            assert _reply(client, name) == references[name], name
+        assert _reply(client, "default") == references[None]
 
 
 def test_one_slot_concurrent_adapters_each_answer_as_peft(
     server: LiveServer, references: dict[str | None, str]
 ) -> None:
     """Requests to two adapters at once with one slot: one waits for the other's to finish."""
-    client = _client(server)
     evictions = server.metric("inferd_lora_evictions_total")
     names = [*ADAPTERS, *ADAPTERS, "default"]
-    with ThreadPoolExecutor(len(names)) as pool:
+    with _client(server) as client, ThreadPoolExecutor(len(names)) as pool:
         replies = list(pool.map(lambda name: _reply(client, name), names))
     for name, reply in zip(names, replies, strict=True):
         assert reply == references[None if name == "default" else name], name
@@ -121,8 +122,8 @@ def test_one_slot_concurrent_adapters_each_answer_as_peft(
 
 
 def test_unknown_adapter_is_404(server: LiveServer) -> None:
-    with pytest.raises(openai.NotFoundError):
-        _reply(_client(server), "fox9")
+    with _client(server) as client, pytest.raises(openai.NotFoundError):
+        _reply(client, "fox9")
 
 
 @pytest.fixture(scope="module")
@@ -141,23 +142,23 @@ def _admin(live: LiveServer, route: str, body: dict[str, Any], key: bool = True)
 def test_runtime_load_and_unload(
     server: LiveServer, folder: Path, references: dict[str | None, str]
 ) -> None:
-    client = _client(server)
-    body = {"lora_name": RUNTIME, "lora_path": str(folder / RUNTIME)}
-    assert _admin(server, "load_lora_adapter", body, key=False).status_code == 401
-    r = _admin(server, "load_lora_adapter", body)
-    assert r.status_code == 200, r.text
-    assert _admin(server, "load_lora_adapter", body).status_code == 409  # the name is taken
-    cards = {m.id: m.model_dump() for m in client.models.list().data}
-    assert cards[RUNTIME]["parent"] == r.json()["parent"]
-    assert _reply(client, RUNTIME) == references[RUNTIME]
-    gone = {"lora_name": RUNTIME}
-    assert _admin(server, "unload_lora_adapter", gone, key=False).status_code == 401
-    assert _admin(server, "unload_lora_adapter", gone).status_code == 200
-    assert RUNTIME not in {m.id for m in client.models.list().data}
-    with pytest.raises(openai.NotFoundError):
-        _reply(client, RUNTIME)
-    assert _admin(server, "unload_lora_adapter", gone).status_code == 404
-    assert _reply(client, "fox8") == references["fox8"]  # the others stay
+    with _client(server) as client:
+        body = {"lora_name": RUNTIME, "lora_path": str(folder / RUNTIME)}
+        assert _admin(server, "load_lora_adapter", body, key=False).status_code == 401
+        r = _admin(server, "load_lora_adapter", body)
+        assert r.status_code == 200, r.text
+        assert _admin(server, "load_lora_adapter", body).status_code == 409  # the name is taken
+        cards = {m.id: m.model_dump() for m in client.models.list().data}
+        assert cards[RUNTIME]["parent"] == r.json()["parent"]
+        assert _reply(client, RUNTIME) == references[RUNTIME]
+        gone = {"lora_name": RUNTIME}
+        assert _admin(server, "unload_lora_adapter", gone, key=False).status_code == 401
+        assert _admin(server, "unload_lora_adapter", gone).status_code == 200
+        assert RUNTIME not in {m.id for m in client.models.list().data}
+        with pytest.raises(openai.NotFoundError):
+            _reply(client, RUNTIME)
+        assert _admin(server, "unload_lora_adapter", gone).status_code == 404
+        assert _reply(client, "fox8") == references["fox8"]  # the others stay
 
 
 def test_runtime_load_refuses_bad_adapters(server: LiveServer, folder: Path, alien: Path) -> None:
@@ -166,7 +167,8 @@ def test_runtime_load_refuses_bad_adapters(server: LiveServer, folder: Path, ali
         assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert "'bad'" in message and reason in message
-    assert "bad" not in {m.id for m in _client(server).models.list().data}
+    with _client(server) as client:
+        assert "bad" not in {m.id for m in client.models.list().data}
 
 
 def test_adapter_for_another_base_stops_startup(folder: Path, alien: Path) -> None:
@@ -200,9 +202,9 @@ def test_config_file_serves_each_models_adapters(
         assert cards["fox64"]["status"] == "loaded" and cards["fox64"]["parent"] == "base"
         assert cards["alien"]["status"] == "error"
         assert "another model" in _status_error(live, "alien")
-        client = _client(live)
-        assert _reply(client, "fox64") == references["fox64"]
-        assert _reply(client, "base") == references[None]
+        with _client(live) as client:
+            assert _reply(client, "fox64") == references["fox64"]
+            assert _reply(client, "base") == references[None]
 
 
 def _status_error(live: LiveServer, model: str) -> str:
