@@ -6,14 +6,15 @@ and number of streams, inferd in process beside llama-server when one is given.
     LLAMA_SERVER=/path/to/llama-server ... (adds llama.cpp's server on the same GGUF)
 
 Each point: ``streams`` greedy requests, each with its own prompt of ``context - tokens - 1``
-tokens (its own cache salt, so nothing is shared), are prefilled first, one token each, not
-timed; then the streams are sent again at once, finding their prompts cached, and generate the
-last ``tokens`` tokens up to ``context``. Two figures per engine: decode tokens/s, from every
+tokens (its own cache salt, so nothing is shared), are prefilled first, one token each; then
+the streams are sent again at once, finding their prompts cached, and generate the last
+``tokens`` tokens up to ``context``. Three figures per engine: decode tokens/s, from every
 stream's first token to the last token (so the attention over the whole context is what grows
-with it), and the resume time, from sending the streams to their first tokens (the prompts'
+with it); the resume time, from sending the streams to their first tokens (the prompts'
 uncached tails: inferd caches whole blocks of 16 tokens, so up to 16 tokens a stream are
-computed again; llama-server one or a few). Contexts past the model's positions are dropped
-with a note (SmolLM2: 8192; 16384 is not allowed).
+computed again; llama-server one or a few); and the prefill time of the first pass, all streams
+sent at once (shared: the document's prefill and llama-server's slot copies). Contexts past the
+model's positions are dropped with a note (SmolLM2: 8192; 16384 is not allowed).
 
 ``--shared``: the streams read one document instead: the same ``context - tokens - 9`` tokens,
 then 8 of their own (16 questions about one long text). Each engine prefills the document once:
@@ -86,13 +87,14 @@ def _arrange(base: list[int], own: list[list[int]], point: Point) -> list[list[i
 
 @dataclass(frozen=True, slots=True)
 class Rate:
+    prefill: float  # seconds to bring every stream's prompt into the cache (the first pass)
     decode: float  # tokens/s from every stream's first token to the last token
     resume: float  # seconds from sending the streams to every stream's first token
 
 
 def inferd_decode_rate(served: ServedModel, point: Point) -> Rate:
     """``point`` on an engine stepped by this thread, measured as on llama-server: each prompt
-    is prefilled first (one token, untimed) and left in the prefix cache, as a slot keeps its
+    is prefilled first (one token, timed apart) and left in the prefix cache, as a slot keeps its
     KV; then the streams are sent again at once. (Timing from the first tokens of streams
     prefilled together would not do: the streams whose prefill ends first decode, and finish,
     while the others still prefill; at 16 streams x 16k the timed steps held one or two rows.)"""
@@ -102,12 +104,14 @@ def inferd_decode_rate(served: ServedModel, point: Point) -> Rate:
     salts = [None if point.shared else f"long-{uuid.uuid4().hex}" for _ in ids_all]
     waves = [range(1), range(1, len(ids_all))] if point.shared else [range(len(ids_all))]
     prefill = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    began = time.perf_counter()
     for wave in waves:
         for i in wave:
             rid = f"prefill-{i}-{uuid.uuid4().hex}"
             engine.add_request(rid, ids_all[i], prefill, cache_salt=salts[i])
         while engine.has_unfinished():
             engine.step()
+    prefilled = time.perf_counter() - began
     before = engine.stats()
     params = SamplingParams(max_tokens=point.tokens, temperature=0, ignore_eos=True)
     sent = time.perf_counter()
@@ -128,7 +132,7 @@ def inferd_decode_rate(served: ServedModel, point: Point) -> Rate:
     block = engine._core.scheduler.kv.block_size
     if computed > point.streams * block:  # more than each prompt's last, partial block
         raise SystemExit(f"inferd computed {computed} prompt tokens again: prefix cache missed")
-    return Rate(decode, first - sent)
+    return Rate(prefilled, decode, first - sent)
 
 
 def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int) -> Rate:
@@ -145,12 +149,14 @@ def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int
         cmd += ["--slot-save-path", tmp]
         with run_server(cmd, url + "/health", Path(tmp) / "llama.log", 600, "llama-server"):
             ids = _token_ids_for(url, point)
+            began = time.perf_counter()
             if point.shared:  # the document once, into slot 0, then copied into the others
                 _completions(url, ids[:1], 1)
                 _post(f"{url}/slots/0?action=save", {"filename": "document.bin"})
                 for i in range(1, point.streams):
                     _post(f"{url}/slots/{i}?action=restore", {"filename": "document.bin"})
-            _completions(url, ids, 1)  # each prompt into its slot, untimed
+            _completions(url, ids, 1)  # each prompt into its slot
+            prefilled = time.perf_counter() - began
             sent = time.perf_counter()
             results = _completions(url, ids, point.tokens)
             elapsed = time.perf_counter() - sent
@@ -161,7 +167,7 @@ def llama_server_decode_rate(binary: str, gguf: Path, point: Point, threads: int
     # predicted_ms runs from a slot's first token to its last; the slots decode in one batch.
     decoding = max(t["predicted_ms"] for t in timings) / 1000
     after_first = sum(t["predicted_n"] - 1 for t in timings)
-    return Rate(after_first / decoding, elapsed - decoding)
+    return Rate(prefilled, after_first / decoding, elapsed - decoding)
 
 
 def _token_ids_for(url: str, point: Point) -> list[list[int]]:
@@ -238,9 +244,9 @@ def main() -> None:
     print(f"{args.model}, {threads} threads, {args.tokens} decode tokens per stream timed{shared}")
     print(
         "| context | streams | inferd decode tok/s | llama-server decode tok/s | ratio "
-        "| inferd resume s | llama-server resume s |"
+        "| inferd resume s | llama-server resume s | inferd prefill s | llama-server prefill s |"
     )
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for context in contexts:
         for n in streams:
             point = Point(context, n, args.tokens, args.shared)
@@ -248,9 +254,10 @@ def main() -> None:
             peer = llama_server_decode_rate(binary, source.path, point, threads) if binary else None
             theirs = f"{peer.decode:.1f} | {ours.decode / peer.decode:.2f}x" if peer else "— | —"
             resumed = f"{peer.resume:.2f}" if peer else "—"
+            prefilled = f"{peer.prefill:.1f}" if peer else "—"
             print(
                 f"| {context} | {n} | {ours.decode:.1f} | {theirs} | {ours.resume:.2f} "
-                f"| {resumed} |",
+                f"| {resumed} | {ours.prefill:.1f} | {prefilled} |",
                 flush=True,
             )
     served.shutdown()
