@@ -74,7 +74,8 @@ def server(folder: Path, references: dict[str | None, str]) -> Iterator[LiveServ
 
 
 def _client(live: LiveServer) -> openai.OpenAI:
-    """A strict client; callers close it (`with`), as a socket left to the collector warns."""
+    """A strict client for a server of this module's own (the module's `server` has the
+    shared `client` fixture); close it (`with`): a socket left to the collector warns."""
     return openai.OpenAI(
         base_url=live.api, api_key="unused", max_retries=0, _strict_response_validation=True
     )
@@ -87,9 +88,8 @@ def _reply(client: openai.OpenAI, model: str) -> str:
     return r.choices[0].message.content or ""
 
 
-def test_models_lists_adapters_with_parent(server: LiveServer) -> None:
-    with _client(server) as client:
-        cards = {m.id: m.model_dump() for m in client.models.list().data}
+def test_models_lists_adapters_with_parent(client: openai.OpenAI) -> None:
+    cards = {m.id: m.model_dump() for m in client.models.list().data}
     base = next(i for i, c in cards.items() if i not in ADAPTERS and i != "default")
     assert "parent" not in cards[base]
     for name in ADAPTERS:
@@ -97,22 +97,21 @@ def test_models_lists_adapters_with_parent(server: LiveServer) -> None:
 
 
 def test_adapter_answers_as_peft_and_base_as_base(
-    server: LiveServer, references: dict[str | None, str]
+    client: openai.OpenAI, references: dict[str | None, str]
 ) -> None:
     assert len(set(references.values())) == len(references)  # the adapters change the reply
-    with _client(server) as client:
-        for name in ADAPTERS:
-            assert _reply(client, name) == references[name], name
-        assert _reply(client, "default") == references[None]
+    for name in ADAPTERS:
+        assert _reply(client, name) == references[name], name
+    assert _reply(client, "default") == references[None]
 
 
 def test_one_slot_concurrent_adapters_each_answer_as_peft(
-    server: LiveServer, references: dict[str | None, str]
+    server: LiveServer, client: openai.OpenAI, references: dict[str | None, str]
 ) -> None:
     """Requests to two adapters at once with one slot: one waits for the other's to finish."""
     evictions = server.metric("inferd_lora_evictions_total")
     names = [*ADAPTERS, *ADAPTERS, "default"]
-    with _client(server) as client, ThreadPoolExecutor(len(names)) as pool:
+    with ThreadPoolExecutor(len(names)) as pool:
         replies = list(pool.map(lambda name: _reply(client, name), names))
     for name, reply in zip(names, replies, strict=True):
         assert reply == references[None if name == "default" else name], name
@@ -121,8 +120,8 @@ def test_one_slot_concurrent_adapters_each_answer_as_peft(
     assert "LoRA fox" in server.log.read_text()  # the load/eviction log line
 
 
-def test_unknown_adapter_is_404(server: LiveServer) -> None:
-    with _client(server) as client, pytest.raises(openai.NotFoundError):
+def test_unknown_adapter_is_404(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.NotFoundError):
         _reply(client, "fox9")
 
 
@@ -140,35 +139,35 @@ def _admin(live: LiveServer, route: str, body: dict[str, Any], key: bool = True)
 
 
 def test_runtime_load_and_unload(
-    server: LiveServer, folder: Path, references: dict[str | None, str]
+    server: LiveServer, client: openai.OpenAI, folder: Path, references: dict[str | None, str]
 ) -> None:
-    with _client(server) as client:
-        body = {"lora_name": RUNTIME, "lora_path": str(folder / RUNTIME)}
-        assert _admin(server, "load_lora_adapter", body, key=False).status_code == 401
-        r = _admin(server, "load_lora_adapter", body)
-        assert r.status_code == 200, r.text
-        assert _admin(server, "load_lora_adapter", body).status_code == 409  # the name is taken
-        cards = {m.id: m.model_dump() for m in client.models.list().data}
-        assert cards[RUNTIME]["parent"] == r.json()["parent"]
-        assert _reply(client, RUNTIME) == references[RUNTIME]
-        gone = {"lora_name": RUNTIME}
-        assert _admin(server, "unload_lora_adapter", gone, key=False).status_code == 401
-        assert _admin(server, "unload_lora_adapter", gone).status_code == 200
-        assert RUNTIME not in {m.id for m in client.models.list().data}
-        with pytest.raises(openai.NotFoundError):
-            _reply(client, RUNTIME)
-        assert _admin(server, "unload_lora_adapter", gone).status_code == 404
-        assert _reply(client, "fox8") == references["fox8"]  # the others stay
+    body = {"lora_name": RUNTIME, "lora_path": str(folder / RUNTIME)}
+    assert _admin(server, "load_lora_adapter", body, key=False).status_code == 401
+    r = _admin(server, "load_lora_adapter", body)
+    assert r.status_code == 200, r.text
+    assert _admin(server, "load_lora_adapter", body).status_code == 409  # the name is taken
+    cards = {m.id: m.model_dump() for m in client.models.list().data}
+    assert cards[RUNTIME]["parent"] == r.json()["parent"]
+    assert _reply(client, RUNTIME) == references[RUNTIME]
+    gone = {"lora_name": RUNTIME}
+    assert _admin(server, "unload_lora_adapter", gone, key=False).status_code == 401
+    assert _admin(server, "unload_lora_adapter", gone).status_code == 200
+    assert RUNTIME not in {m.id for m in client.models.list().data}
+    with pytest.raises(openai.NotFoundError):
+        _reply(client, RUNTIME)
+    assert _admin(server, "unload_lora_adapter", gone).status_code == 404
+    assert _reply(client, "fox8") == references["fox8"]  # the others stay
 
 
-def test_runtime_load_refuses_bad_adapters(server: LiveServer, folder: Path, alien: Path) -> None:
+def test_runtime_load_refuses_bad_adapters(
+    server: LiveServer, client: openai.OpenAI, folder: Path, alien: Path
+) -> None:
     for path, reason in ((alien, "another model"), (folder / "nowhere", "no such directory")):
         r = _admin(server, "load_lora_adapter", {"lora_name": "bad", "lora_path": str(path)})
         assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert "'bad'" in message and reason in message
-    with _client(server) as client:
-        assert "bad" not in {m.id for m in client.models.list().data}
+    assert "bad" not in {m.id for m in client.models.list().data}
 
 
 def test_adapter_for_another_base_stops_startup(folder: Path, alien: Path) -> None:
