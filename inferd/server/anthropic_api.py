@@ -53,7 +53,7 @@ from inferd.server.generation import (
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
-from inferd.server.protocol import parse_body
+from inferd.server.protocol import parse_body, whole_number
 from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter, followed
 from inferd.server.state import ServerState
 from inferd.server.thinking_signature import sign, verify
@@ -94,7 +94,8 @@ async def count_tokens(request: Request) -> Response:
         media = await decode_request_media(body.messages, media_policy(request), model)
         tools = parse_anthropic_tools(body.tools, body.tool_choice)
         output_format(body.output_config, body.output_format)  # checked, though not counted
-        prompt, _ = await _prompt(model, body, state, media, check_length=False, tools=tools)
+        # bounded as /v1/messages is: a prompt that cannot fit is refused before tokenizing
+        prompt, _ = await _prompt(model, body, state, media, tools=tools)
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
         return _error(request, err)
@@ -192,7 +193,7 @@ def _budget(body: _Prompted) -> int | None:
     """``thinking.budget_tokens`` (enabled only), checked; None: no budget."""
     if body.thinking is None or body.thinking.get("type") != "enabled":
         return None
-    budget = body.thinking.get("budget_tokens")
+    budget = whole_number(body.thinking.get("budget_tokens"))  # 1024.0 is 1024
     if budget is None:
         return None
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
@@ -248,7 +249,6 @@ async def _prompt(
     state: ServerState,
     media: Sequence[DecodedMedia],
     *,
-    check_length: bool = True,
     tools: ToolRequest | None = None,
 ) -> tuple[list[int], list[MediaInput]]:
     """Token ids of the conversation, ending in the assistant's turn (or its prefill), and the
@@ -278,7 +278,6 @@ async def _prompt(
         slots.in_rendered_order(messages, media),
         prefill=prefill,
         special_in_content=state.special_tokens_in_content,
-        check_length=check_length,
         tools=template_tools,
         variables=_thinking_variables(body),
     )

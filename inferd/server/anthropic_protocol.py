@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from inferd.server.protocol import _Lenient
+from inferd.server.protocol import WholeInt, _Lenient
 
 
 class AnthropicMessage(_Lenient):
@@ -33,11 +33,11 @@ class _Prompted(_Lenient):
 
 
 class MessagesRequest(_Prompted):
-    max_tokens: int
+    max_tokens: WholeInt
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: WholeInt | None = None
     metadata: dict[str, Any] | None = None
     stream: bool = False
     service_tier: str | None = None

@@ -263,6 +263,9 @@ def _parts_of(content: list[Any], where: str) -> Iterator[tuple[str, str, dict[s
         if not isinstance(part, dict):
             continue
         kind = part.get("type")
+        if kind is not None and not isinstance(kind, str):
+            # an object or array here is unhashable: the lookups below would raise
+            raise bad_request(f"{where}.{j}.type must be a string", f"{where}.{j}.type")
         modality = _modality_of(kind)
         if modality is not None:
             yield f"{where}.{j}", modality, part

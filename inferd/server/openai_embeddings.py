@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from inferd.engine.embedding import EmbeddingInputError, EmbeddingModel
 from inferd.server.errors import APIError, bad_request
 from inferd.server.metrics import request_timer
-from inferd.server.protocol import parse_body
+from inferd.server.protocol import WholeInt, parse_body
 from inferd.server.state import ServerState
 
 MAX_INPUTS = 2048  # items in one request, as OpenAI allows
@@ -33,7 +33,7 @@ class EmbeddingRequest(BaseModel):
     model: str | None = None
     input: Any = None  # checked here, for messages that name the element at fault
     encoding_format: Literal["float", "base64"] | None = None
-    dimensions: int | None = None
+    dimensions: WholeInt | None = None
     user: str | None = None
 
 

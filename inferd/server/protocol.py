@@ -6,16 +6,24 @@ its own that fail cleanly: nesting past the recursion limit raises RecursionErro
 more than 4,300 digits raises ValueError, a lone surrogate escape (``"\\ud800"``) decodes into a
 string that cannot be encoded again, and ``NaN`` / ``Infinity`` are accepted though JSON has
 neither. Types are strict, as OpenAI's and Anthropic's APIs are: ``"10"`` is not an integer and
-``"yes"`` is not a boolean. Fields the OpenAI spec marks nullable take ``null`` as "the default".
+``"yes"`` is not a boolean (``8.0`` is an integer, as in JSON Schema: ``WholeInt``). Fields the
+OpenAI spec marks nullable take ``null`` as "the default".
 """
 
 from __future__ import annotations
 
 import json
 import re
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+)
 
 from inferd.server.errors import APIError, bad_request
 
@@ -28,6 +36,19 @@ MAX_NUMBER_CHARS = 100  # characters of one JSON number; a 64-bit seed has 20
 # A \\u escape of a UTF-16 surrogate; the decoder pairs them, but a lone one stays in the string.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 _SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def whole_number(value: Any) -> Any:
+    """A number with a zero fraction (``8412.0``) as the integer it is: JSON Schema's
+    ``integer``, which both APIs' specs use, takes it. ``1.5`` stays a float, which the strict
+    integer check refuses."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+# An integer field of a request: an int, or a float with nothing after the point.
+WholeInt = Annotated[int, BeforeValidator(whole_number)]
 
 
 class _Lenient(BaseModel):
@@ -59,14 +80,14 @@ class SamplingFields(_Lenient):
     """Fields chat and text completions share."""
 
     model: str | None = None
-    max_tokens: int | None = None
+    max_tokens: WholeInt | None = None
     temperature: float | None = None
     top_p: float | None = None
-    top_k: int | None = None
+    top_k: WholeInt | None = None
     min_p: float | None = None
-    seed: int | None = None
+    seed: WholeInt | None = None
     stop: str | list[str] | None = None
-    n: int | None = None
+    n: WholeInt | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = None
@@ -87,9 +108,9 @@ class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
     # more chat template variables (vLLM's name): {"enable_thinking": false} for Qwen3
     chat_template_kwargs: dict[str, Any] | None = None
-    max_completion_tokens: int | None = None
+    max_completion_tokens: WholeInt | None = None
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: WholeInt | None = None
     metadata: dict[str, Any] | None = None
     tools: list[Any] | None = None  # checked by server/openai_tools.py
     tool_choice: Any = None
@@ -107,9 +128,9 @@ class CompletionRequest(SamplingFields):
     # str | list[str] | list[int] | list[list[int]], checked by the route for clear messages
     prompt: Any = None
     echo: bool | None = None
-    logprobs: int | None = None
+    logprobs: WholeInt | None = None
     suffix: str | None = None
-    best_of: int | None = None
+    best_of: WholeInt | None = None
 
 
 M = TypeVar("M", bound=BaseModel)

@@ -18,7 +18,7 @@ from pydantic import Field
 
 from inferd.server.errors import APIError, bad_request
 from inferd.server.openai_tools import ToolRequest, history_turn, parse_tools
-from inferd.server.protocol import SamplingFields, _Lenient
+from inferd.server.protocol import SamplingFields, WholeInt, _Lenient
 from inferd.structured.tool_syntax import ToolFormat
 
 MAX_METADATA_PAIRS = 16
@@ -35,7 +35,7 @@ class ResponsesRequest(_Lenient):
     instructions: str | None = None
     temperature: float | None = None
     top_p: float | None = None
-    max_output_tokens: int | None = Field(default=None, ge=1)
+    max_output_tokens: WholeInt | None = Field(default=None, ge=1)
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
@@ -198,6 +198,9 @@ def _item(index: int, item: Any, known_calls: set[str]) -> dict[str, Any]:
     where = f"input.{index}"
     if not isinstance(item, dict):
         raise bad_request(f"{where}: an input item is an object", where)
+    if item.get("id") is not None and not isinstance(item["id"], str):
+        # the id is the stored item's key (and what input_items lists): a string or absent
+        raise bad_request(f"{where}.id must be a string", f"{where}.id")
     kind = item.get("type", "message")
     if kind == "message":
         return _message(where, item)

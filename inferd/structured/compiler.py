@@ -117,7 +117,8 @@ class GrammarCompiler:
 
     def _compile(self, constraint: Constraint) -> _Compiled:
         try:
-            compiled = _build(self.vocabulary.get(), constraint)
+            vocab = self.vocabulary
+            compiled = _build(vocab.get(), constraint, frozenset(vocab.eos_token_ids))
             if compiled.matcher is not None:
                 for trigger in constraint.triggers:  # their tables built here, off the caller
                     self._trigger_table(trigger)
@@ -186,7 +187,9 @@ def _lower_priority_then_wait(everyone: threading.Barrier) -> None:
     everyone.wait()
 
 
-def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compiled:
+def _build(
+    tokenizer: llguidance.LLTokenizer, constraint: Constraint, ends: frozenset[int]
+) -> _Compiled:
     matcher = llguidance.LLMatcher(
         tokenizer, _grammar_text(constraint), log_level=0, limits=_LIMITS
     )
@@ -195,7 +198,62 @@ def _build(tokenizer: llguidance.LLTokenizer, constraint: Constraint) -> _Compil
         matcher.compute_bitmask()
     if matcher.is_error():
         return _Compiled(None, _first_lines(matcher.get_error()))
+    failure = _first_step_failure(matcher, ends)
+    if failure is not None:
+        return _Compiled(None, failure)
     return _Compiled(matcher, None)
+
+
+def _first_step_failure(matcher: llguidance.LLMatcher, ends: frozenset[int]) -> str | None:
+    """Why generation under ``matcher`` would fail at its first token, or None (``ends``: the
+    tokens that end a turn).
+
+    Taking a token, llguidance works out the tokens the grammar forces next and gives up past
+    its per-step item limit: a constraint that forces an endless or enormous output (an object
+    whose required property is the whole schema again, a Lark ``"x"{1000000}``) compiles and
+    has a first mask, then refuses the first token sampled under it. A copy walks the start of
+    one output: the tokens forced from the start, one token the mask then allows (the lowest
+    that does not end the text), and what that forces; an error there is one the engine would
+    meet at once. (A forced run reached only after later choices is met when generating.)
+    """
+    probe = matcher.deep_copy()
+    _take_forced(probe)
+    if not probe.is_error() and not probe.is_stopped():
+        token = _first_allowed(probe.compute_bitmask(), ends)
+        if token is not None:
+            probe.consume_token(token)
+            _take_forced(probe)
+        elif not probe.is_accepting() and not probe.is_error():
+            return "the constraint allows no output; make a non-empty output possible"
+    if not probe.is_error():
+        return None
+    reason = _first_lines(probe.get_error(), limit=1).removeprefix("parser error: ")
+    reason = reason.partition("; try ")[0]  # llguidance's advice there is about its own lexer
+    return (
+        "the constraint fails at its first token: it forces an output that is endless or too "
+        f"long to work out ({reason[:120]}); make a short output possible"
+    )
+
+
+def _take_forced(matcher: llguidance.LLMatcher) -> None:
+    """Advance ``matcher`` over the tokens its grammar forces from here (none when in error)."""
+    if matcher.is_error() or matcher.is_stopped():
+        return
+    forced = matcher.compute_ff_tokens()
+    if forced and not matcher.is_error():
+        matcher.consume_tokens(forced)
+
+
+def _first_allowed(mask: bytes, skip: frozenset[int]) -> int | None:
+    """The lowest token id set in a bitmask (32-bit little-endian words), other than ``skip``."""
+    for i, byte in enumerate(mask):
+        while byte:
+            bit = byte & -byte
+            token = i * 8 + bit.bit_length() - 1
+            if token not in skip:
+                return token
+            byte ^= bit
+    return None
 
 
 def _grammar_text(constraint: Constraint) -> str:

@@ -110,6 +110,105 @@ def test_wrong_types_are_refused_naming_the_field(
     assert_healthy(server)
 
 
+# (route, body, the field the 400 names, what it says): each was a 500 before (an object or
+# array as a part's type failed a dict lookup; a Responses item's id reached the SQLite store).
+MALFORMED = [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": [{"type": {}}]}]}, "type"),
+    ("/v1/messages", {"messages": [{"role": "user", "content": [{"type": []}]}]}, "type"),
+    (
+        "/v1/messages/count_tokens",
+        {"messages": [{"role": "user", "content": [{"type": {"a": 1}, "text": "x"}]}]},
+        "type",
+    ),
+    (
+        "/v1/messages",
+        {
+            "messages": [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "tool_result", "tool_use_id": "t", "content": [{"type": {}}]}
+                    ],
+                }
+            ]
+        },
+        "content.0.type",
+    ),
+    ("/v1/responses", {"input": [{"type": "reasoning", "id": {}, "summary": []}, "Hi"]}, "id"),
+    ("/v1/responses", {"input": [{"role": "user", "content": "Hi", "id": [1]}]}, "id"),
+    (
+        "/v1/responses",
+        {
+            "input": [
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}", "id": 5}
+            ]
+        },
+        "id",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"), MALFORMED, ids=[f"{p}-{i}" for i, (p, _, _) in enumerate(MALFORMED)]
+)
+def test_a_non_string_type_or_id_is_a_400_before_any_engine_work(
+    server: LiveServer, path: str, body: dict[str, Any], field: str
+) -> None:
+    anthropic = path.startswith("/v1/messages")
+    body = {"model": "default", "max_tokens": 2, "max_output_tokens": 2} | body
+    before = server.metric("inferd_prompt_tokens_total")
+    r = httpx.post(server.url + path, json=body, headers=ANTHROPIC if anthropic else {}, timeout=60)
+    refused(r, 400, anthropic=anthropic, says=f"{field} must be a string")
+    assert server.metric("inferd_prompt_tokens_total") == before
+    assert_healthy(server)
+
+
+# (route, body, an integer field sent as a whole-number float): JSON Schema's integer takes
+# 2.0, so the official specs do; each was a 400 "should be a valid integer" before.
+WHOLE = [
+    ("/v1/chat/completions", {"messages": HI, "max_tokens": 2.0, "n": 2.0, "seed": 7.0}),
+    (
+        "/v1/chat/completions",
+        {"messages": HI, "max_completion_tokens": 2.0, "top_k": 5.0},
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": HI, "max_tokens": 2, "logprobs": True, "top_logprobs": 2.0},
+    ),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 2.0, "logprobs": 1.0, "best_of": 1.0}),
+    ("/v1/messages", {"model": "x", "messages": HI, "max_tokens": 2.0, "top_k": 5.0}),
+    ("/v1/responses", {"input": "Hi", "max_output_tokens": 16.0}),
+]
+
+
+@pytest.mark.parametrize(
+    ("path", "body"), WHOLE, ids=[f"{p}-{i}" for i, (p, _) in enumerate(WHOLE)]
+)
+def test_whole_number_floats_are_integers(
+    server: LiveServer, path: str, body: dict[str, Any]
+) -> None:
+    anthropic = path == "/v1/messages"
+    body = body | {"model": "default"}
+    r = httpx.post(
+        server.url + path, json=body, headers=ANTHROPIC if anthropic else {}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    out = r.json()
+    if path == "/v1/responses":
+        assert out["max_output_tokens"] == 16 and out["usage"]["output_tokens"] <= 16
+    elif anthropic:
+        assert out["usage"]["output_tokens"] <= 2
+    else:
+        assert out["usage"]["completion_tokens"] <= 2 * len(out["choices"])
+        assert len(out["choices"]) == body.get("n", 1)
+    # the fraction is still refused
+    fraction = {k: v + 0.5 if isinstance(v, float) else v for k, v in body.items()}
+    r = httpx.post(
+        server.url + path, json=fraction, headers=ANTHROPIC if anthropic else {}, timeout=60
+    )
+    refused(r, 400, anthropic=anthropic, says="valid integer")
+
+
 # Every field OpenAI's spec marks nullable that these routes read, sent as null.
 CHAT_NULLS = [
     "max_tokens",

@@ -83,3 +83,29 @@ def test_bad_tokenizer_requests(
     assert r.status_code == (404 if name == "model" else 400), r.text
     err = r.json()["error"]
     assert err["param"] == param and needle in err["message"]
+
+
+def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(server: LiveServer) -> None:
+    """Bounded as the generating routes are (a 15 MB prompt here once stalled every request,
+    /health too, for seconds): characters the context cannot hold are a 400 naming the field."""
+    text = "hello world " * 50_000  # 600k characters: at least 7.4k tokens, past 2048
+    anthropic = {"anthropic-version": "2023-06-01"}
+    for path, body, param in (
+        ("/v1/tokenize", {"prompt": text}, "prompt"),
+        ("/v1/tokenize", {"messages": [{"role": "user", "content": text}]}, "messages"),
+        (
+            "/v1/messages/count_tokens",
+            {"model": "default", "messages": [{"role": "user", "content": text}]},
+            "messages",
+        ),
+    ):
+        r = httpx.post(server.url + path, json=body, headers=anthropic, timeout=60)
+        assert r.status_code == 400, r.text[:300]
+        error = r.json()["error"]
+        assert error["message"].startswith(f"{param}: the prompt is "), error
+        assert "this model's context is 2048 tokens" in error["message"], error
+        if path == "/v1/tokenize":
+            assert error["param"] == param and error["code"] == "context_length_exceeded"
+    # one that may fit is still counted, even past the context
+    r = httpx.post(server.url + "/tokenize", json={"prompt": "hello world " * 2000}, timeout=60)
+    assert r.status_code == 200 and r.json()["count"] > 2048

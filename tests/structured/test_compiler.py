@@ -77,6 +77,45 @@ def test_compile_errors_name_the_problem(
         asyncio.run(compiler.prepare(constraint))
 
 
+# Each compiles and has a first mask, but the first token sampled under it was refused (the
+# forced output is endless or huge): a 500, or a 200 then an error event, before the probe.
+FAILS_AT_FIRST_TOKEN = {
+    "schema requiring itself": Constraint.json_schema(
+        {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+    ),
+    "lark huge repeat": Constraint.grammar('start: "x"{1000000}'),
+    "gbnf endless": Constraint.grammar('root ::= a\na ::= "x" a'),
+    "forced after a choice": Constraint.grammar('start: ("a" | "b") "x"{1000000}'),
+}
+
+
+@pytest.mark.parametrize("constraint", FAILS_AT_FIRST_TOKEN.values(), ids=FAILS_AT_FIRST_TOKEN)
+def test_a_constraint_that_fails_at_its_first_token_is_refused_when_compiled(
+    compiler: GrammarCompiler, constraint: Constraint
+) -> None:
+    with pytest.raises(ConstraintError) as info:
+        asyncio.run(compiler.prepare(constraint))
+    message = str(info.value)
+    assert message.startswith("the constraint fails at its first token"), message
+    assert "<state>" not in message and "<grammar>" not in message and len(message) < 200
+
+
+@pytest.mark.parametrize(
+    ("constraint", "text"),
+    [
+        # without "type": "object" a number or string is an instance: nothing is forced
+        (Constraint.json_schema({"properties": {"x": {"$ref": "#"}}, "required": ["x"]}), "7"),
+        (Constraint.grammar('start: "x"{2000}'), "x" * 2000),  # long, but forced within bounds
+        (Constraint.grammar('start: "a" | "b" "x"{3}'), "bxxx"),
+    ],
+)
+def test_the_first_token_probe_leaves_servable_constraints_alone(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle, constraint: Constraint, text: str
+) -> None:
+    asyncio.run(compiler.prepare(constraint))
+    assert _walk(compiler, constraint, smollm2_tokenizer.encode(text))
+
+
 def test_a_schema_too_slow_to_compile_is_refused_at_the_time_bound(
     smollm2_vocabulary: Vocabulary,
 ) -> None:
