@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import signal
 import threading
@@ -47,7 +48,11 @@ def build_deployment(
     engine = engine or EngineConfig()
     options = options or ServerOptions()
     scale = scale or Scale()
-    settings = ReplicaSettings(spec=spec, engine=engine, options=options)
+    # The ingress checks the client's Host; a replica is reached only through Serve handle calls
+    # from the ingress (never over HTTP), whose fan-out (/ready, /v1/models, /metrics) carries
+    # no Host, so its app must not refuse them.
+    replica_options = dataclasses.replace(options, allowed_hosts=None)
+    settings = ReplicaSettings(spec=spec, engine=engine, options=replica_options)
     router_settings: dict[str, Any] = {
         "request_router_class": ROUTER_CLASS,
         "request_router_kwargs": {"imbalance": imbalance, "affinity": prefix_routing},
@@ -66,7 +71,11 @@ def build_deployment(
         ray_actor_options={"num_cpus": 0},
         max_ongoing_requests=4096,
     )(InferdIngress)
-    return ingress.bind(replica.bind(settings), max_body_bytes=options.max_body_bytes)
+    return ingress.bind(
+        replica.bind(settings),
+        max_body_bytes=options.max_body_bytes,
+        allowed_hosts=options.allowed_hosts,
+    )
 
 
 def serve_on_ray(

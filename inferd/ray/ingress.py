@@ -10,6 +10,9 @@ replicas through a deployment handle whose ``PrefixAwareRouter`` picks the repli
   (cards list their replicas; metric samples gain a ``replica`` label; ready while any replica
   is). ``/health`` is the ingress's own.
 - Other routes (lifecycle, responses store) act on the one replica they are routed to.
+- The client's ``Host`` is checked here, before anything else (421 ``host_not_allowed``), against
+  the allow-list `inferd serve` builds; the replicas' apps have none, as the requests they see
+  come from this ingress (its own fan-out carries no Host at all).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.ray.forward import ForwardedRequest, ResponseHead
 from inferd.ray.routing import RouteHint, live_replicas, route_hint, router_state
+from inferd.server.crosssite import HostAllowList, host_refusal
 from inferd.server.envelope import error_response, stream_error_event
 
 log = logging.getLogger("inferd.ray")
@@ -42,12 +46,22 @@ Answer = tuple[ResponseHead, bytes]
 
 
 class InferdIngress:
-    def __init__(self, replicas: Any, max_body_bytes: int | None = None) -> None:
+    def __init__(
+        self,
+        replicas: Any,
+        max_body_bytes: int | None = None,
+        allowed_hosts: HostAllowList | None = None,
+    ) -> None:
         self.handle = replicas.options(stream=True)  # replica.forward yields the response
         self.deployment = str(replicas.deployment_name)
         self.max_body_bytes = max_body_bytes
+        self.allowed_hosts = allowed_hosts  # None: no Host check (as build_app's)
 
     async def __call__(self, request: Request) -> Response:
+        if self.allowed_hosts is not None:
+            refusal = host_refusal(request.scope, self.allowed_hosts)
+            if refusal is not None:
+                return refusal
         path = request.url.path
         if request.method == "GET" and path == "/health":
             return JSONResponse({"status": "ok"})

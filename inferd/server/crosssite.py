@@ -16,7 +16,8 @@ read the answers, since the browser then sees the server as same-origin. Two che
 
 ``build_app`` leaves the Host check off unless given ``allowed_hosts``: an app mounted in another
 one (or driven by an in-process test client, Host ``testserver``) is reached under names only
-its embedder knows. ``inferd serve`` always passes the list.
+its embedder knows. ``inferd serve`` always passes the list. Under ``--ray`` the ingress checks
+it and the replicas' apps, reached only through Serve handle calls from the ingress, do not.
 """
 
 from __future__ import annotations
@@ -149,19 +150,25 @@ class HostMiddleware:
         self.allowed = allowed
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        refusal = host_refusal(scope, self.allowed) if scope["type"] == "http" else None
+        if refusal is None:
             await self.app(scope, receive, send)
-            return
-        host = header(scope, b"host")
-        if self.allowed.allows(host):
-            await self.app(scope, receive, send)
-            return
-        shown = "none" if host is None else repr(host[:_SHOWN])
-        message = (
-            f"this server does not answer to the Host {shown}; it answers to its own address and "
-            "loopback names (start it with --allowed-hosts to add names)"
-        )
-        await error_response(scope, 421, message, code="host_not_allowed")(scope, receive, send)
+        else:
+            await refusal(scope, receive, send)
+
+
+def host_refusal(scope: Scope, allowed: HostAllowList) -> Response | None:
+    """The 421 for a request whose ``Host`` ``allowed`` does not hold, or None to go on (also
+    used by the Ray ingress, which checks the client's Host before forwarding)."""
+    host = header(scope, b"host")
+    if allowed.allows(host):
+        return None
+    shown = "none" if host is None else repr(host[:_SHOWN])
+    message = (
+        f"this server does not answer to the Host {shown}; it answers to its own address and "
+        "loopback names (start it with --allowed-hosts to add names)"
+    )
+    return error_response(scope, 421, message, code="host_not_allowed")
 
 
 def _normal(host: str) -> str:

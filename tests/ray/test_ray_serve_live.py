@@ -22,6 +22,8 @@ from inferd.config import EngineConfig
 from inferd.ray import build_deployment
 from inferd.ray.args import Scale
 from inferd.ray.deployment import APP_NAME, REPLICA_DEPLOYMENT
+from inferd.server.crosssite import HostAllowList
+from inferd.server.options import ServerOptions
 from inferd.serving.spec import ModelSpec
 
 REPLICA = "x-inferd-replica"
@@ -48,8 +50,14 @@ def cluster(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Ite
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engine = EngineConfig(max_model_len=2048, kv_cache_tokens=8192, max_num_seqs=8)
+        # the Host allow-list `inferd serve` always sets (the ingress checks it, not the replicas)
+        options = ServerOptions(allowed_hosts=HostAllowList.for_server("127.0.0.1", port))
         app = build_deployment(
-            ModelSpec(model_id=str(smollm2_gguf)), engine, scale=Scale(replicas=2), num_cpus=0.5
+            ModelSpec(model_id=str(smollm2_gguf)),
+            engine,
+            options,
+            scale=Scale(replicas=2),
+            num_cpus=0.5,
         )
         serve.run(app, name=APP_NAME, route_prefix="/")
         yield f"http://127.0.0.1:{port}"
