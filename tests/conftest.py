@@ -12,6 +12,7 @@ import pytest
 
 from inferd.config import EngineConfig
 from inferd.store import DEFAULT_MODEL, ModelStore
+from tests import skip_policy
 
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
@@ -19,13 +20,15 @@ if TYPE_CHECKING:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Under pytest-xdist, share the cores out among the workers.
+    """A skip whose reason is not on tests/skip_policy.py's list fails the run; and under
+    pytest-xdist, the cores are shared out among the workers.
 
     Each worker (and every server it starts, which inherits the environment) would otherwise
     run one compute thread per core, so two workers on two cores run four spinning threads:
     decode slows by an order of magnitude and the tests that need a token before a deadline
     see none. An explicit OMP_NUM_THREADS is left as set.
     """
+    skip_policy.register(config)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
         threads = max(1, (os.cpu_count() or 1) // workers)

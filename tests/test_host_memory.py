@@ -8,7 +8,6 @@ inferd's part, through the ``hg`` flag of the mapping (/proc/self/smaps), not th
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,7 @@ import torch
 from inferd import LLM
 from inferd.host_memory import HUGE_PAGE, HugePageArena, huge_page_zeros
 from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
-
-LINUX = sys.platform == "linux"
+from tests.machine import NOT_LINUX
 
 
 def advised_huge(t: torch.Tensor) -> bool:
@@ -44,7 +42,7 @@ def test_huge_page_zeros_are_zeros_on_aligned_memory() -> None:
     assert t.data_ptr() % HUGE_PAGE == 0
 
 
-@pytest.mark.skipif(not LINUX, reason="madvise is Linux's")
+@pytest.mark.skipif(NOT_LINUX is not None, reason=str(NOT_LINUX))
 def test_a_buffer_of_whole_huge_pages_is_advised() -> None:
     t = huge_page_zeros((2 * HUGE_PAGE + 4096,), torch.uint8)
     assert advised_huge(t) and advised_huge(t[2 * HUGE_PAGE - 1 :])
@@ -77,7 +75,7 @@ def test_packed_weights_move_and_keep_their_outputs() -> None:
     assert torch.equal(model(x), before)
 
 
-@pytest.mark.skipif(not LINUX, reason="madvise is Linux's")
+@pytest.mark.skipif(NOT_LINUX is not None, reason=str(NOT_LINUX))
 def test_the_served_kv_pool_and_packed_weights_are_advised_huge(smollm2_gguf: Path) -> None:
     with LLM(str(smollm2_gguf), kv_cache_tokens=16384) as llm:  # 6 MiB a K or V tensor
         engine = llm.model.engine.engine

@@ -64,14 +64,23 @@ def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
 def test_stop_strings_and_max_tokens_cut_at_the_same_token(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
     prompt = on.model.chat_prompt(COPY)
-    stop = SamplingParams(max_tokens=200, temperature=0, stop=("the names",), ignore_eos=True)
-    cases = {"stop": stop, "length": _greedy(37)}  # 37: not a whole number of verify steps
-    for reason, params in cases.items():
+
+    def both(params: SamplingParams) -> tuple[Any, Any]:
         fast = on.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
         plain = off.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
-        assert fast.finish_reason == plain.finish_reason == reason
         assert (fast.text, fast.token_ids) == (plain.text, plain.token_ids)
-    assert "the names" not in fast.text or reason == "length"
+        return fast, plain
+
+    # The greedy copy without a stop string reaches "the names" (in the passage), so a
+    # stop on it must end the text just before it, drafted or not.
+    free = off.generate([prompt], [_greedy(200)], use_tqdm=False)[0].outputs[0].text
+    assert "the names" in free
+    stop = SamplingParams(max_tokens=200, temperature=0, stop=("the names",), ignore_eos=True)
+    fast, plain = both(stop)
+    assert fast.finish_reason == plain.finish_reason == "stop"
+    assert fast.text == free[: free.index("the names")]
+    fast, plain = both(_greedy(37))  # 37: not a whole number of verify steps
+    assert fast.finish_reason == plain.finish_reason == "length"
     assert len(fast.token_ids) == 37
 
 

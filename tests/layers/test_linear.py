@@ -15,6 +15,7 @@ from inferd.layers import linear as linear_module
 from inferd.layers.linear import Linear, PackedKind, dequantize_packed
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
+from tests.machine import vnni_missing
 from tests.models.test_llama_parity import full_forward
 
 
@@ -120,7 +121,6 @@ def test_packed_rows_give_many_rows_the_bits_of_one(monkeypatch: pytest.MonkeyPa
     assert not torch.equal(layer(x), alone)  # dense past small_batch
 
 
-@pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
 def test_onednn_packed_weight_gives_the_bits_of_f_linear() -> None:
     """The bf16 dense path runs on a copy of the weight packed once for oneDNN: every batch
     size, decode-sized and prompt-sized, gets exactly ``F.linear``'s bits (so greedy output and
@@ -153,7 +153,6 @@ def test_float32_weights_are_not_packed_for_onednn() -> None:
     assert layer._onednn._packed is None
 
 
-@pytest.mark.skipif(not linear_module._ONEDNN, reason="this torch has no oneDNN")
 def test_packed_copies_stay_within_their_ram_budget(monkeypatch: pytest.MonkeyPatch) -> None:
     """A copy that does not fit the budget is not made (F.linear's bits all the same); a layer
     that goes away gives its copy's bytes back."""
@@ -187,8 +186,8 @@ def test_bf16_int4_layers_take_the_int4_x_int8_kernel_where_it_runs(
     monkeypatch.setenv(kernels.INT4_INT8_ENV, "0")
     assert _linear(weight, PackedKind.INT4, torch.bfloat16).packed_kind is PackedKind.INT4
     monkeypatch.delenv(kernels.INT4_INT8_ENV)
-    if not kernels.int8_dot(torch.bfloat16):
-        pytest.skip("no avx512 (VNNI) build of the kernels on this machine")
+    if (no_vnni := vnni_missing()) is not None:
+        pytest.skip(no_vnni)
     layer = _linear(weight, PackedKind.INT4, torch.bfloat16)
     assert layer.packed_kind is PackedKind.INT4_VNNI
     assert layer.small_batch == linear_module.INT4_INT8_ROWS
@@ -214,8 +213,8 @@ def test_int4_x_int8_model_stays_close_to_transformers(
     check is the looser one of the packed model's test above, at every position: the reference's
     choice among our three most likely tokens; and the logits' mean KL stays small."""
     monkeypatch.setenv(kernels.INT4_INT8_ENV, "1")
-    if not kernels.int8_dot(torch.bfloat16):
-        pytest.skip("no avx512 (VNNI) build of the kernels on this machine")
+    if (no_vnni := vnni_missing()) is not None:
+        pytest.skip(no_vnni)
     model = load_gguf_model(GGUFFile(smollm2_gguf), torch.bfloat16, progress=False)[0]
     model.use_kernels(kernels.load_ops(torch.bfloat16))
     assert model.layers[0].mlp.gate_up_proj.packed_kind is PackedKind.INT4_VNNI

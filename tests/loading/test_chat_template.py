@@ -12,6 +12,7 @@ from typing import Any
 
 import gguf
 import pytest
+import transformers
 
 from inferd.loading.chat_template import (
     CHATML_TEMPLATE,
@@ -73,7 +74,6 @@ def smollm2_template(smollm2_gguf: Path) -> ChatTemplate:
 
 @pytest.fixture(scope="module")
 def hf(smollm2_gguf: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
     )

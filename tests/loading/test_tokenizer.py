@@ -9,7 +9,12 @@ from typing import Any
 
 import gguf
 import pytest
+import transformers
 from tokenizers import Regex, Tokenizer, pre_tokenizers
+
+# A private module of transformers (its table of GGUF pre-tokenizer regexes): a pinned test
+# dependency, so a move of it fails here, loudly, rather than skipping the test that reads it.
+from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
 
 from inferd.loading.tokenizer import TokenizerBundle, TokenizerError, tokenizer_from_gguf
 
@@ -79,7 +84,6 @@ def bundle(metadata: dict[str, Any]) -> TokenizerBundle:
 
 @pytest.fixture(scope="module")
 def hf(smollm2_gguf: Path) -> Any:
-    transformers = pytest.importorskip("transformers")
     return transformers.AutoTokenizer.from_pretrained(
         str(smollm2_gguf.parent), gguf_file=smollm2_gguf.name
     )
@@ -189,8 +193,7 @@ def _split_with(regex: str) -> pre_tokenizers.PreTokenizer:
 
 @pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "default"])
 def test_other_pre_tokenizers_split_like_transformers(metadata: dict[str, Any], pre: str) -> None:
-    mapping = pytest.importorskip("transformers.integrations.gguf.gguf_tokenizer_mapping")
-    regex = mapping.GGUF_PRE_TOKENIZER_SPLITS.get(pre)
+    regex = GGUF_PRE_TOKENIZER_SPLITS.get(pre)
     reference = _split_with(regex) if regex else pre_tokenizers.ByteLevel(add_prefix_space=False)
     ours = tokenizer_from_gguf(_with(metadata, pre=pre)).tokenizer.pre_tokenizer
     assert ours is not None
@@ -271,7 +274,6 @@ SPM_TEXTS = ["hello world", "the test rest", "hello\nworld é", "wörld 你 ok",
 
 
 def test_spm_ids_equal_transformers(tiny_spm: tuple[Path, TokenizerBundle]) -> None:
-    transformers = pytest.importorskip("transformers")
     path, tok = tiny_spm
     hf_spm = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     for text in SPM_TEXTS:

@@ -4,7 +4,7 @@ wrote, on the real SmolLM2 and Gemma 3 (bf16, their GGUF's int4/int8 weights) an
 random models of each architecture (QKV bias, q/k norms, soft-capping, sliding windows, partial
 rotary); the engine's greedy replies are the same with it and without; and the steps it must not
 take (a prompt chunk, ``dense_rows``, a LoRA row, a projection without a VNNI copy) run layer by
-layer."""
+layer. A machine without AVX-512 VNNI skips it all (tests/machine.py): there is no stack to run."""
 
 from __future__ import annotations
 
@@ -25,10 +25,15 @@ from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.llama import LlamaForCausalLM
+from tests.machine import vnni_missing
 from tests.models.tiny import ARCHITECTURES, save_tiny
 
+# The stack runs only the VNNI build's packed copies: without them both paths below would be
+# the layer-by-layer one, compared with itself.
+NO_VNNI = vnni_missing()
+pytestmark = pytest.mark.skipif(NO_VNNI is not None, reason=str(NO_VNNI))
+
 BLOCK = 16
-VNNI = kernels.int8_dot(torch.bfloat16)  # the build whose packed copies the stack runs
 Caches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -108,9 +113,6 @@ def assert_stack_matches_layers(
     layers, layer_caches = decode_run(model, prompts, steps, stack=False, cache_dtype=cache_dtype)
     model._stack_built = False  # built afresh at the next decode step
     stacked, stacked_caches = decode_run(model, prompts, steps, stack=True, cache_dtype=cache_dtype)
-    if not VNNI:  # no VNNI copies on this build: nothing for the stack to run
-        assert model._stack is None
-        return
     assert model._stack is not None, "the model should run its decode steps in the stack"
     for i, (a, b) in enumerate(zip(layers, stacked, strict=True)):
         assert torch.equal(a, b), f"step {i}: logits differ by {(a - b).abs().max():.3g}"
@@ -185,7 +187,6 @@ def _runs_stack(model: LlamaForCausalLM, rows: int = 2) -> bool:
         return model.run_stack(x, torch.tensor(lens) - 1, meta, caches) is not None
 
 
-@pytest.mark.skipif(not VNNI, reason="no VNNI copies on this build: the stack never runs")
 def test_steps_the_stack_must_not_take(tiny_llama: LlamaForCausalLM) -> None:
     assert _runs_stack(tiny_llama)
     with dense_rows():  # --deterministic, or a step with prompt rows
@@ -216,5 +217,5 @@ def test_engine_greedy_replies_with_and_without_the_stack(smollm2_gguf: Path) ->
                 model.stack_enabled = stack
                 outs = llm.chat(chats, params, use_tqdm=False)
                 replies[stack] = [o.outputs[0].token_ids for o in outs]
-            assert model._stack is not None or not VNNI
+            assert model._stack is not None
             assert replies[False] == replies[True], kv
