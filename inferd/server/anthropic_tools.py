@@ -45,6 +45,8 @@ def parse_anthropic_tools(tools: list[Any] | None, choice: Any) -> ToolRequest |
             "description": tool.get("description") or "",
             "parameters": tool["input_schema"],
         }
+        if "strict" in tool:
+            fn["strict"] = tool["strict"]
         as_openai.append({"type": "function", "function": fn})
     mode, parallel = _choice(choice)
     try:
@@ -54,14 +56,15 @@ def parse_anthropic_tools(tools: list[Any] | None, choice: Any) -> ToolRequest |
 
 
 def _anthropic(text: str) -> str:
-    return text.replace(".function.parameters", ".input_schema").replace(".function.name", ".name")
+    text = text.replace(".function.parameters", ".input_schema")
+    return text.replace(".function.name", ".name").replace(".function.strict", ".strict")
 
 
 def _choice(choice: Any) -> tuple[Any, bool | None]:
     if choice is None:
         return None, None
     kind = choice.get("type") if isinstance(choice, dict) else None
-    if kind not in _CHOICES:
+    if not isinstance(kind, str) or kind not in _CHOICES:
         raise bad_request("tool_choice.type must be auto, any, tool or none", "tool_choice.type")
     disable = choice.get("disable_parallel_tool_use")
     parallel = None if disable is None else not bool(disable)

@@ -48,6 +48,13 @@ class ToolRequest:
     def callable(self) -> list[ToolSpec]:
         return [t for t in self.tools if self.named is None or t.name == self.named]
 
+    @property
+    def one_call(self) -> bool:
+        """Whether the reply makes exactly one call, then ends: a named tool is called once
+        (what instructor and langchain's forced tools expect), and parallel calls off allow
+        one of any tool."""
+        return self.choice == "named" or not self.parallel
+
     def constraint(self, fmt: ToolFormat, answer: Any = None) -> Constraint | None:
         """What tool use holds the output to, in the model's syntax; ``answer``:
         response_format's schema for a text reply (only auto leaves room for one: required
@@ -57,14 +64,14 @@ class ToolRequest:
         auto = self.choice == "auto"
         try:
             return calls_constraint(
-                fmt.syntax, self.callable, parallel=self.parallel, lazy=auto, answer=answer
+                fmt.syntax, self.callable, parallel=not self.one_call, lazy=auto, answer=answer
             )
         except ConstraintError as exc:
             raise bad_request(f"tools: {exc}", "tools") from None
 
     def reader(self, fmt: ToolFormat) -> CallReader:
         """A reader of the reply for calls to these tools."""
-        return fmt.reader(self.callable)
+        return fmt.reader(self.callable, 1 if self.one_call else None)
 
 
 def parse_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolRequest | None:
@@ -110,7 +117,12 @@ def _tool(index: int, tool: Any) -> ToolSpec:
         Constraint.json_schema(parameters, param=where)  # checked like response_format schemas
     except ConstraintError as exc:
         raise bad_request(f"{where}: {exc}", where) from None
-    return ToolSpec(name, description, parameters)
+    strict = fn.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise bad_request(f"{param}.function.strict must be a boolean", f"{param}.function.strict")
+    # Arguments always follow the schema; strict (the default) also closes its objects to keys
+    # it does not list, and only an explicit false keeps them open (tool_syntax/arguments.py).
+    return ToolSpec(name, description, parameters, strict=strict is not False)
 
 
 def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
@@ -121,7 +133,7 @@ def _choice(choice: Any, names: set[str]) -> tuple[str, str | None]:
     if isinstance(choice, dict) and choice.get("type") == "function":
         fn = choice.get("function")
         name = fn.get("name") if isinstance(fn, dict) else None
-        if name not in names:
+        if not isinstance(name, str) or name not in names:
             raise bad_request(
                 f"tool_choice names the function {name!r}, which is not among the tools",
                 "tool_choice",
@@ -257,7 +269,8 @@ class StreamedCalls:
     type and name once, then the arguments in pieces)."""
 
     reader: CallReader
-    ids: list[str] = field(default_factory=list)
+    ids: list[str] = field(default_factory=list)  # the calls' ids, by their index in the stream
+    at: dict[int, int] = field(default_factory=dict)  # a reader's call -> its stream index
 
     def deltas(self, text: str) -> Iterator[dict[str, Any]]:
         content, pieces = self.reader.feed(text)
@@ -276,11 +289,14 @@ class StreamedCalls:
         return bool(self.ids)
 
     def _call_delta(self, piece: CallPiece) -> dict[str, Any]:
-        entry: dict[str, Any] = {"index": piece.index}
-        if piece.name is not None:
+        if piece.name is not None:  # a new call always takes the next index, never an old one
+            self.at[piece.index] = len(self.ids)
             self.ids.append(new_call_id())
+        index = self.at[piece.index]
+        entry: dict[str, Any] = {"index": index}
+        if piece.name is not None:
             entry |= {
-                "id": self.ids[piece.index],
+                "id": self.ids[index],
                 "type": "function",
                 "function": {"name": piece.name, "arguments": piece.arguments},
             }

@@ -137,7 +137,7 @@ def tool_request(body: ResponsesRequest) -> ToolRequest | None:
             raise bad_request(
                 f"tools.{i}: only function tools are supported, not {kind!r}", f"tools.{i}.type"
             )
-        fn = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+        fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         if fn.get("parameters") is None:
             fn.pop("parameters", None)
         as_chat.append({"type": "function", "function": fn})

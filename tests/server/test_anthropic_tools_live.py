@@ -131,3 +131,74 @@ def test_bad_tool_choice_is_refused(client: anthropic.Anthropic, model: str) -> 
             tools=TOOLS,
             tool_choice={"type": "tool", "name": "nope"},
         )
+
+
+# pydantic's shape for a nested model: $defs and $ref, no additionalProperties anywhere.
+PLACE = {
+    "$defs": {
+        "Loc": {
+            "type": "object",
+            "properties": {
+                "lat": {"type": "integer", "minimum": -90, "maximum": 90},
+                "lon": {"type": "integer", "minimum": -180, "maximum": 180},
+            },
+            "required": ["lat", "lon"],
+        }
+    },
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "loc": {"$ref": "#/$defs/Loc"},
+    },
+    "required": ["name", "loc"],
+}
+PLACE_TOOLS: list[Any] = [
+    {"name": "record_place", "description": "Record a place.", "input_schema": PLACE},
+    TOOLS[0],
+]
+
+
+@pytest.mark.parametrize(
+    "choice",
+    [
+        {"type": "tool", "name": "record_place"},
+        {"type": "any", "disable_parallel_tool_use": True},
+    ],
+    ids=["tool", "any-one"],
+)
+def test_one_tool_use_then_the_turn_ends_at_default_sampling(
+    client: anthropic.Anthropic, model: str, choice: dict[str, Any]
+) -> None:
+    """No temperature: a named tool, or parallel use disabled, is one tool_use block whose
+    input holds only the schema's keys ($defs resolved), streamed or not."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "max_tokens": 300,  # room for a second call: the bound is the grammar
+        "messages": [{"role": "user", "content": "Paris is at 49 N 2 E."}],
+        "tools": PLACE_TOOLS,
+        "tool_choice": choice,
+    }
+    plain = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        streamed = stream.get_final_message()
+    for out in (plain, streamed):
+        assert out.stop_reason == "tool_use"
+        (use,) = _calls(out)
+        if use.name == "record_place":
+            jsonschema.validate(use.input, PLACE)
+            assert set(use.input) <= {"name", "loc"} and set(use.input["loc"]) <= {"lat", "lon"}
+        else:
+            assert choice["type"] == "any"
+            jsonschema.validate(use.input, WEATHER)
+
+
+@pytest.mark.parametrize("choice", [{"type": {}}, {"type": "tool", "name": ["x"]}])
+def test_a_tool_choice_of_the_wrong_shape_is_a_400_in_the_envelope(
+    server: LiveServer, model: str, choice: Any
+) -> None:
+    body = {"model": model, "max_tokens": 5, "messages": ASK, "tools": TOOLS, "tool_choice": choice}
+    r = httpx.post(server.url + "/v1/messages", json=body, timeout=60)
+    assert r.status_code == 400, r.text
+    reply = r.json()
+    assert reply["type"] == "error" and reply["error"]["type"] == "invalid_request_error"
+    assert "tool_choice" in reply["error"]["message"]

@@ -519,3 +519,165 @@ def test_anthropic_bad_output_format_is_a_400_naming_it(
         )
     assert caught.value.status_code == 400
     assert field in caught.value.message and "output_config.format" in caught.value.message
+
+
+# --- each client at its default sampling, with the schemas it writes itself ---------------------
+# No temperature: the server's default sampling, as a user who sets nothing gets. The models
+# are open (no extra="forbid": no additionalProperties) and nested (pydantic's $defs / $ref),
+# the shape these clients send most; numbers are bounded integers so a call ends in the budget.
+
+DEFAULT_MAX_TOKENS = 200
+EXTRACT = "Paris, at 49 N 2 E, has 2 million people."
+
+
+class Loc(BaseModel):
+    lat: int = Field(ge=-90, le=90)
+    lon: int = Field(ge=-180, le=180)
+
+
+class Place(BaseModel):
+    """A place and where it is."""
+
+    name: str = Field(max_length=40)
+    population_millions: int = Field(ge=0, le=100)
+    loc: Loc
+
+
+def _only_place_keys(args: Any) -> None:
+    """The arguments are a Place with no key the schema did not list, at any depth."""
+    assert set(args) <= set(Place.model_fields), args
+    assert set(args["loc"]) <= set(Loc.model_fields), args
+    Place.model_validate(args)
+
+
+def test_instructor_tools_mode_at_default_sampling(server: LiveServer, model: str) -> None:
+    """A named function tool: one call, then the turn ends, streamed or not."""
+    import instructor
+    from openai import OpenAI
+
+    request: dict[str, Any] = {
+        "model": model,
+        "response_model": Place,
+        "messages": [{"role": "user", "content": EXTRACT}],
+        "max_tokens": DEFAULT_MAX_TOKENS,
+        "max_retries": 0,
+    }
+    with OpenAI(base_url=server.api, api_key="dummy", max_retries=0) as openai_client:
+        client = instructor.from_openai(openai_client, mode=instructor.Mode.TOOLS)
+        out, raw = client.chat.completions.create_with_completion(**request)
+        partials = list(client.chat.completions.create_partial(**request))
+    assert isinstance(out, Place)
+    (choice,) = raw.choices
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls or []
+    _only_place_keys(json.loads(call.function.arguments))
+    _only_place_keys(partials[-1].model_dump())  # the stream's calls assembled into one Place
+
+
+def test_langchain_forced_tool_at_default_sampling(server: LiveServer, model: str) -> None:
+    from langchain_openai import ChatOpenAI
+
+    chat = ChatOpenAI(
+        model=model,
+        base_url=server.api,
+        api_key="dummy",  # type: ignore[arg-type]
+        max_tokens=DEFAULT_MAX_TOKENS,  # type: ignore[call-arg]
+        max_retries=0,
+    )
+    bound = chat.bind_tools([Place], tool_choice="Place")
+    out = bound.invoke(EXTRACT)
+    whole: Any = None
+    for chunk in bound.stream(EXTRACT):
+        whole = chunk if whole is None else whole + chunk
+    for message in (out, whole):
+        assert message.response_metadata["finish_reason"] == "tool_calls"
+        assert not message.invalid_tool_calls  # a stream's calls each under its own index
+        (call,) = message.tool_calls
+        assert call["name"] == "Place"
+        _only_place_keys(call["args"])
+
+
+def test_openai_agents_named_tool_at_default_sampling(server: LiveServer, model: str) -> None:
+    from agents import (
+        Agent,
+        ModelSettings,
+        OpenAIChatCompletionsModel,
+        Runner,
+        function_tool,
+        set_tracing_disabled,
+    )
+    from openai import AsyncOpenAI
+
+    set_tracing_disabled(True)
+    recorded: list[Place] = []
+
+    @function_tool
+    def record_place(place: Place) -> str:
+        """Record a place."""
+        recorded.append(place)
+        return "recorded"
+
+    async def run() -> list[Any]:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        agent = Agent(
+            name="places",
+            instructions="Record the place.",
+            model=OpenAIChatCompletionsModel(model=model, openai_client=client),
+            tools=[record_place],
+            tool_use_behavior="stop_on_first_tool",  # the tool's result ends the run
+            model_settings=ModelSettings(max_tokens=DEFAULT_MAX_TOKENS, tool_choice="record_place"),
+        )
+        try:
+            plain = await Runner.run(agent, EXTRACT, max_turns=2)
+            streamed = Runner.run_streamed(agent, EXTRACT, max_turns=2)
+            async for _ in streamed.stream_events():
+                pass
+            return [plain, streamed]
+        finally:
+            await client.close()
+
+    for result in asyncio.run(run()):
+        calls = [i for i in result.new_items if i.type == "tool_call_item"]
+        assert len(calls) == 1 and result.final_output == "recorded"
+        _only_place_keys(json.loads(calls[0].raw_item.arguments)["place"])
+    assert len(recorded) == 2
+
+
+@pytest.mark.parametrize("parallel", [None, False], ids=["defaults", "parallel-off"])
+def test_pydantic_ai_tool_output_at_default_sampling(
+    server: LiveServer, model: str, parallel: bool | None
+) -> None:
+    """The output arrives as pydantic-ai's output tool under tool_choice required: with its
+    defaults parallel calls are allowed (and the small model may make several, each valid);
+    with them off, one call ends the turn."""
+    from openai import AsyncOpenAI
+    from pydantic_ai import Agent
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    settings = ModelSettings(max_tokens=DEFAULT_MAX_TOKENS)
+    if parallel is not None:
+        settings["parallel_tool_calls"] = parallel
+
+    async def run() -> tuple[Any, Place]:
+        client = AsyncOpenAI(base_url=server.api, api_key="dummy", max_retries=0)
+        chat = OpenAIChatModel(model, provider=OpenAIProvider(openai_client=client))
+        agent = Agent(chat, output_type=Place, model_settings=settings)
+        try:
+            plain = await agent.run(EXTRACT)
+            async with agent.run_stream(EXTRACT) as streamed:
+                return plain, await streamed.get_output()
+        finally:
+            await client.close()
+
+    plain, streamed = asyncio.run(run())
+    (response,) = [m for m in plain.all_messages() if isinstance(m, ModelResponse)]
+    calls = [p for p in response.parts if isinstance(p, ToolCallPart)]
+    for call in calls:
+        _only_place_keys(call.args_as_dict())
+    if parallel is False:
+        assert len(calls) == 1 and response.finish_reason == "tool_call"
+    _only_place_keys(plain.output.model_dump())
+    _only_place_keys(streamed.model_dump())

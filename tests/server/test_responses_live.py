@@ -611,3 +611,50 @@ def test_openai_agents_streamed_run_over_responses(rserver: LiveServer) -> None:
     assert [e.sequence_number for e in raw] == list(range(len(raw)))
     assert raw[-1].type == "response.completed"
     assert result.final_output == f"21 degrees in {calls[0]}"
+
+
+PLACE_TOOL = {
+    "type": "function",
+    "name": "record_place",
+    "description": "Record a place.",
+    # pydantic's shape for a nested model: $defs and $ref, no additionalProperties anywhere
+    "parameters": {
+        "$defs": {
+            "Loc": {
+                "type": "object",
+                "properties": {
+                    "lat": {"type": "integer", "minimum": -90, "maximum": 90},
+                    "lon": {"type": "integer", "minimum": -180, "maximum": 180},
+                },
+                "required": ["lat", "lon"],
+            }
+        },
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 40},
+            "loc": {"$ref": "#/$defs/Loc"},
+        },
+        "required": ["name", "loc"],
+    },
+}
+
+
+def test_a_named_function_is_one_call_at_default_sampling(client: openai.OpenAI) -> None:
+    """No temperature: the named function is called once, then the response completes; its
+    arguments hold only the schema's keys, $defs resolved, streamed or not."""
+    ask: dict[str, Any] = {
+        "model": "default",
+        "input": "Paris is at 49 N 2 E.",
+        "tools": [PLACE_TOOL, WEATHER_TOOL],
+        "tool_choice": {"type": "function", "name": "record_place"},
+        "max_output_tokens": 150,  # room for a second call: the bound is the grammar
+    }
+    plain = client.responses.create(**ask)
+    with client.responses.stream(**ask) as stream:
+        streamed = stream.get_final_response()
+    for response in (plain, streamed):
+        assert response.status == "completed"
+        (call,) = [o for o in response.output if o.type == "function_call"]
+        assert call.name == "record_place"
+        value = json.loads(call.arguments)
+        assert set(value) == {"name", "loc"} and set(value["loc"]) == {"lat", "lon"}

@@ -8,10 +8,18 @@ from typing import Any
 
 import pytest
 
-from inferd.server.anthropic_tools import turns
+from inferd.server.anthropic_tools import parse_anthropic_tools, turns
 from inferd.server.errors import APIError
-from inferd.server.openai_tools import history_turn, offer, parse_tools
-from inferd.structured.tool_syntax import ToolFormat, syntax_named
+from inferd.server.openai_tools import (
+    StreamedCalls,
+    ToolRequest,
+    history_turn,
+    message,
+    offer,
+    parse_tools,
+)
+from inferd.server.responses_input import ResponsesRequest, tool_request
+from inferd.structured.tool_syntax import ToolFormat, calls_constraint, syntax_named
 
 PARAMS = {"type": "object", "properties": {"city": {"type": "string"}}}
 TOOLS: list[Any] = [{"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}}]
@@ -171,3 +179,109 @@ def test_image_slots_follow_the_rendered_order() -> None:
     messages = turns("user", [IMAGE, result], "m", known, IN_TEMPLATE, _text, slots.part)
     assert slots.in_rendered_order(messages, ["top", "in result"]) == ["in result", "top"]
     assert all(set(p) == {"type"} for m in messages for p in m["content"])  # numbers removed
+
+
+# -- how many calls a request allows -----------------------------------------------------------
+
+HERMES = ToolFormat(syntax_named("hermes"), in_template=False)
+TWO_TOOLS: list[Any] = [
+    *TOOLS,
+    {"type": "function", "function": {"name": "get_time", "parameters": PARAMS}},
+]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+TWO_CALLS = HERMES.syntax.calls_text([("get_weather", '{"city": "Rome"}')] * 2)
+
+
+def _one_call_grammar(request: ToolRequest) -> bool:
+    """Whether the request's grammar is the one-call grammar of the tools it may call."""
+    constraint = request.constraint(HERMES)
+    one = calls_constraint(
+        HERMES.syntax, request.callable, parallel=False, lazy=request.choice == "auto"
+    )
+    assert constraint is not None
+    return constraint.source == one.source
+
+
+def test_a_named_tool_or_parallel_calls_off_mean_one_call_on_every_api() -> None:
+    """A named tool_choice is one call of it, parallel calls or not (what instructor's TOOLS
+    mode and langchain's forced tool expect); parallel calls off, one call of any tool."""
+    one = [
+        parse_tools(TWO_TOOLS, NAMED, None),
+        parse_tools(TWO_TOOLS, NAMED, True),
+        parse_tools(TWO_TOOLS, "required", False),
+        parse_tools(TWO_TOOLS, "auto", False),
+        parse_anthropic_tools(
+            [{"name": "get_weather", "input_schema": PARAMS}],
+            {"type": "tool", "name": "get_weather"},
+        ),
+        parse_anthropic_tools(
+            [{"name": "get_weather", "input_schema": PARAMS}],
+            {"type": "any", "disable_parallel_tool_use": True},
+        ),
+        tool_request(
+            ResponsesRequest(
+                model="m",
+                tools=[{"type": "function", "name": "get_weather", "parameters": PARAMS}],
+                tool_choice={"type": "function", "name": "get_weather"},
+            )
+        ),
+    ]
+    for request in one:
+        assert request is not None
+        assert _one_call_grammar(request), request
+    several = parse_tools(TWO_TOOLS, "required", None)
+    assert several is not None and not _one_call_grammar(several)
+
+
+def test_a_one_call_reply_holds_one_call_streamed_or_not() -> None:
+    """Whatever the grammar let through, a named request's reply is one call, and its stream
+    never puts a second call's arguments under the first call's index."""
+    request = parse_tools(TWO_TOOLS, NAMED, None)
+    assert request is not None
+    content, calls = message(TWO_CALLS, request.reader(HERMES))
+    assert content is None and [c["function"]["arguments"] for c in calls] == ['{"city": "Rome"}']
+    stream = StreamedCalls(request.reader(HERMES))
+    deltas = [d for ch in TWO_CALLS for d in stream.deltas(ch)] + list(stream.finish())
+    entries = [e for d in deltas for e in d["tool_calls"]]
+    assert {e["index"] for e in entries} == {0} and len(stream.ids) == 1
+    assert "".join(e["function"]["arguments"] for e in entries) == '{"city": "Rome"}'
+
+
+def test_parallel_calls_stream_each_under_its_own_index() -> None:
+    request = parse_tools(TWO_TOOLS, "required", None)
+    assert request is not None
+    stream = StreamedCalls(request.reader(HERMES))
+    entries = [e for ch in TWO_CALLS for d in stream.deltas(ch) for e in d["tool_calls"]]
+    assert [e["index"] for e in entries if "id" in e] == [0, 1]
+    for index in (0, 1):
+        args = "".join(e["function"]["arguments"] for e in entries if e["index"] == index)
+        assert args == '{"city": "Rome"}'
+
+
+@pytest.mark.parametrize(
+    ("choice", "needle"),
+    [
+        ({"type": {}}, "tool_choice.type must be"),
+        ({"type": ["tool"]}, "tool_choice.type must be"),
+        ({"type": "tool", "name": {}}, "not among the tools"),
+    ],
+)
+def test_an_anthropic_tool_choice_of_the_wrong_shape_is_a_400(choice: Any, needle: str) -> None:
+    tools = [{"name": "get_weather", "input_schema": PARAMS}]
+    with pytest.raises(APIError, match=needle) as caught:
+        parse_anthropic_tools(tools, choice)
+    assert caught.value.status == 400
+
+
+def test_strict_false_keeps_a_tools_objects_open_and_strict_must_be_a_boolean() -> None:
+    fn = TOOLS[0]["function"]
+    default, off = (
+        parse_tools(TOOLS, "auto", None),
+        parse_tools([{"type": "function", "function": fn | {"strict": False}}], "auto", None),
+    )
+    assert default is not None and off is not None
+    assert default.tools[0].arguments_schema["additionalProperties"] is False
+    assert off.tools[0].arguments_schema == PARAMS
+    with pytest.raises(APIError, match="strict must be a boolean") as caught:
+        parse_tools([{"type": "function", "function": fn | {"strict": "yes"}}], "auto", None)
+    assert caught.value.param == "tools.0.function.strict"

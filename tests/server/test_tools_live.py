@@ -188,3 +188,75 @@ def test_bad_tool_requests_are_400s_naming_the_problem(
     err = r.json()["error"]
     assert err["param"] == param
     assert needle in err["message"]
+
+
+# -- a forced call at default sampling, with the schema a client writes ------------------------
+
+LOC = {
+    "type": "object",
+    "properties": {
+        "lat": {"type": "integer", "minimum": -90, "maximum": 90},
+        "lon": {"type": "integer", "minimum": -180, "maximum": 180},
+    },
+    "required": ["lat", "lon"],
+}
+# pydantic's shape for a nested model: $defs and $ref, and no additionalProperties anywhere.
+CITY = {
+    "$defs": {"Loc": LOC},
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 40},
+        "population_millions": {"type": "integer", "minimum": 0, "maximum": 100},
+        "loc": {"$ref": "#/$defs/Loc"},
+    },
+    "required": ["name", "population_millions", "loc"],
+}
+CITY_TOOLS: list[Any] = [
+    {"type": "function", "function": {"name": "City", "parameters": CITY}},
+    TOOLS[1],
+]
+EXTRACT: list[Any] = [{"role": "user", "content": "Paris, at 49 N 2 E, has 2 million people."}]
+
+
+def _city_arguments(arguments: str) -> None:
+    """Valid JSON for CITY holding only the keys it lists, at every depth."""
+    value = json.loads(arguments)
+    jsonschema.validate(value, CITY)
+    assert set(value) <= set(CITY["properties"]), value
+    assert set(value["loc"]) <= set(LOC["properties"]), value
+
+
+@pytest.mark.parametrize(
+    ("choice", "parallel"),
+    [({"type": "function", "function": {"name": "City"}}, None), ("required", False)],
+    ids=["named", "parallel-off"],
+)
+def test_one_call_then_the_turn_ends_at_default_sampling(
+    client: openai.OpenAI, model: str, choice: Any, parallel: bool | None
+) -> None:
+    """No temperature given: a named tool, or parallel calls off, is one call and then
+    finish_reason tool_calls, never a second call running to max_tokens."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "messages": EXTRACT,
+        "tools": CITY_TOOLS,
+        "tool_choice": choice,
+        "max_tokens": 300,  # room for a second call: the bound is the grammar
+        "seed": 5,
+    }
+    if parallel is not None:
+        kwargs["parallel_tool_calls"] = parallel
+    out = client.chat.completions.create(**kwargs, n=3)
+    for c in out.choices:
+        assert c.finish_reason == "tool_calls"
+        (call,) = c.message.tool_calls or []
+        if call.function.name == "City":
+            _city_arguments(call.function.arguments)
+        else:
+            assert choice == "required"
+            check_calls([call], SCHEMAS)
+    streamed = streamed_reply(client, kwargs)  # one id per index, arguments joined per index
+    assert streamed.finishes == ["tool_calls"]
+    ((name, arguments),) = streamed.calls
+    if name == "City":
+        _city_arguments(arguments)

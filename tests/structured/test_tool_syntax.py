@@ -27,7 +27,9 @@ from inferd.structured.tool_syntax import (
     choose,
     syntax_named,
 )
+from inferd.structured.tool_syntax.arguments import closed
 from inferd.structured.tool_syntax.mistral import Mistral
+from inferd.structured.tool_syntax.pythonic import Pythonic
 from inferd.structured.vocabulary import Vocabulary
 
 TEMPLATES = Path(__file__).parent.parent / "fixtures" / "tool_templates"
@@ -332,3 +334,132 @@ def test_special_token_text_in_tools_and_calls_stays_literal() -> None:
     assert literal == ["<|im_start|>", "<|im_start|>"]  # the description's, the argument's
     made = [m.start() for m in special.finditer(rendered.text)]
     assert len(made) == len(literal) + 4  # the template's: system, user, assistant, next turn
+
+
+# -- one call, closed objects, $defs ---------------------------------------------------------
+
+LOC = {
+    "type": "object",
+    "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+    "required": ["lat", "lon"],
+}
+# What pydantic writes for a model with a nested one: $defs and $ref, no additionalProperties.
+PLACE = ToolSpec(
+    "place",
+    "",
+    {
+        "$defs": {"Loc": {**LOC, "title": "Loc"}},
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "loc": {"$ref": "#/$defs/Loc"},
+        },
+        "required": ["name", "loc"],
+        "title": "Place",
+    },
+)
+PLACE_ARGS = '{"name": "Paris", "loc": {"lat": 48.8, "lon": 2.3}}'
+
+
+def _holds(
+    compiler: GrammarCompiler,
+    tok: TokenizerBundle,
+    syntax: ToolSyntax,
+    tools: list[ToolSpec],
+    text: str,
+    *,
+    parallel: bool = False,
+) -> bool:
+    """Whether the grammar for ``tools`` (calls only) takes ``text`` whole and may end there."""
+    matcher = compiler.matcher(calls_constraint(syntax, tools, parallel=parallel, lazy=False))
+    return all(matcher.consume(t) for t in tok.encode(text)) and matcher.accepting
+
+
+@pytest.mark.parametrize("syntax", _syntaxes(), ids=_id)
+def test_parameters_that_refer_to_their_defs_hold_calls(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle, syntax: ToolSyntax
+) -> None:
+    """A call's grammar nests the parameters inside a larger schema: their ``#/$defs/...``
+    still points at their own definitions, beside another tool's."""
+    tools = [PLACE, WEATHER]
+    good = syntax.calls_text([("place", PLACE_ARGS)])
+    assert _holds(compiler, smollm2_tokenizer, syntax, tools, good)
+    no_lon = syntax.calls_text([("place", '{"name": "Paris", "loc": {"lat": 48.8}}')])
+    assert not _holds(compiler, smollm2_tokenizer, syntax, tools, no_lon)
+
+
+@pytest.mark.parametrize("syntax", _syntaxes(), ids=_id)
+def test_objects_the_schema_leaves_open_take_no_other_keys_unless_not_strict(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle, syntax: ToolSyntax
+) -> None:
+    """No additionalProperties in the schema (pydantic's default): a key it does not list, at
+    the top or in a nested object, is refused, as OpenAI's strict mode does; ``strict: false``
+    keeps JSON Schema's open objects."""
+    outer = '{"name": "Paris", "loc": {"lat": 48.8, "lon": 2.3}, "required": ["name"]}'
+    inner = '{"name": "Paris", "loc": {"lat": 48.8, "lon": 2.3, "population": 2}}'
+    open_place = ToolSpec(PLACE.name, PLACE.description, PLACE.parameters, strict=False)
+    for arguments in (outer, inner):
+        text = syntax.calls_text([("place", arguments)])
+        assert not _holds(compiler, smollm2_tokenizer, syntax, [PLACE], text), arguments
+        # Pythonic writes arguments as keywords, and only listed ones: never an outer extra.
+        listed_only = isinstance(syntax, Pythonic) and arguments is outer
+        opened = _holds(compiler, smollm2_tokenizer, syntax, [open_place], text)
+        assert opened is not listed_only, arguments
+
+
+@pytest.mark.parametrize("syntax", _syntaxes(), ids=_id)
+def test_a_one_call_grammar_ends_the_output_after_the_call(
+    compiler: GrammarCompiler, smollm2_tokenizer: TokenizerBundle, syntax: ToolSyntax
+) -> None:
+    one = syntax.calls_text(CALLS[:1])
+    two = syntax.calls_text(CALLS)
+    assert _holds(compiler, smollm2_tokenizer, syntax, TOOLS, one)
+    assert not _holds(compiler, smollm2_tokenizer, syntax, TOOLS, two)
+    assert _holds(compiler, smollm2_tokenizer, syntax, TOOLS, two, parallel=True)
+
+
+@pytest.mark.parametrize("syntax", _syntaxes(), ids=_id)
+def test_a_reader_bounded_to_one_call_reads_no_second(syntax: ToolSyntax) -> None:
+    """Whatever the grammar let through, a request allowing one call gets one: the second is
+    neither read nor streamed under the first call's index."""
+    text = syntax.calls_text(CALLS)
+    for chunks in ([text], list(text)):
+        reader = CallReader(syntax, syntax.triggers(TOOLS), most=1)
+        pieces = [p for chunk in chunks for p in reader.feed(chunk)[1]]
+        reader.finish()
+        assert (reader.names, reader.closed) == (["get_weather"], 1)
+        assert {p.index for p in pieces} == {0}
+        assert "".join(p.arguments for p in pieces) == reader.arguments[0]
+        assert json.loads(reader.arguments[0]) == json.loads(CALLS[0][1])
+
+
+def test_closed_objects_leave_free_maps_combinations_and_explicit_choices_alone() -> None:
+    free = {"type": "object", "additionalProperties": {"type": "integer"}}
+    bare = {"type": "object"}  # a free-form mapping: closing it would allow only {}
+    explicit = {"type": "object", "properties": {"a": {}}, "additionalProperties": True}
+    part = {"type": "object", "properties": {"b": {}}}
+    schema = {
+        "type": "object",
+        "properties": {
+            "free": free,
+            "bare": bare,
+            "explicit": explicit,
+            "listed": {"type": "array", "items": part},
+            "either": {"anyOf": [part, {"type": "null"}]},
+            "both": {"allOf": [part, {"properties": {"c": {}}}]},
+            "extended": {"$ref": "#/$defs/P", "properties": {"c": {}}},
+        },
+        "$defs": {"P": part},
+        "default": {"properties": {}},  # data, not schema
+    }
+    out = closed(schema)
+    assert out["additionalProperties"] is False
+    props = out["properties"]
+    assert (props["free"], props["bare"], props["explicit"]) == (free, bare, explicit)
+    assert props["listed"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert props["both"] == schema["properties"]["both"]  # each part may add keys to the other
+    assert "additionalProperties" not in props["extended"]
+    assert out["$defs"]["P"]["additionalProperties"] is False
+    assert out["default"] == {"properties": {}}
+    assert "additionalProperties" not in part  # the caller's schema is left as it was

@@ -79,8 +79,9 @@ class ToolFormat:
     syntax: ToolSyntax = field(default_factory=Hermes)
     in_template: bool = False  # the chat template renders tools and tool turns itself
 
-    def reader(self, tools: Sequence[ToolSpec]) -> CallReader:
-        return CallReader(self.syntax, self.syntax.triggers(tools))
+    def reader(self, tools: Sequence[ToolSpec], most: int | None = None) -> CallReader:
+        """A reader of calls to ``tools``, ``most`` of them at most (None: any number)."""
+        return CallReader(self.syntax, self.syntax.triggers(tools), most=most)
 
 
 def choose(template: str, forced: str | None = None) -> ToolFormat:

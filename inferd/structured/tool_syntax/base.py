@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from inferd.structured.constraint import Constraint
+from inferd.structured.tool_syntax.arguments import closed, has_refs, rebased
 
 # Fixed JSON spacing in grammars: one space after ``:`` and ``,``, never a newline, so a raw
 # newline or a family's marker can only come after a call, never inside one.
@@ -32,6 +33,12 @@ class ToolSpec:
     name: str
     description: str
     parameters: Mapping[str, Any]  # a JSON schema, already checked
+    strict: bool = True  # objects that list properties take no other keys (arguments.py)
+
+    @property
+    def arguments_schema(self) -> Any:
+        """What a call's arguments are held to: ``parameters``, closed unless not strict."""
+        return closed(self.parameters) if self.strict else self.parameters
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +126,25 @@ def json_rule(schema: Any) -> str:
 
 
 def call_variants(tools: Sequence[ToolSpec], args_key: str) -> dict[str, Any]:
-    """A schema matching ``{"name": NAME, args_key: ARGS}`` for any of ``tools``."""
-    return {
-        "anyOf": [
+    """A schema matching ``{"name": NAME, args_key: ARGS}`` for any of ``tools``. A tool's
+    arguments schema that refers into itself (``#/$defs/...``) moves to ``#/$defs/tool_I``,
+    its references rewritten to point there."""
+    defs: dict[str, Any] = {}
+    variants = []
+    for i, tool in enumerate(tools):
+        args = tool.arguments_schema
+        if has_refs(args):
+            defs[f"tool_{i}"] = rebased(args, f"/$defs/tool_{i}")
+            args = {"$ref": f"#/$defs/tool_{i}"}
+        variants.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": t.name}, args_key: t.parameters},
+                "properties": {"name": {"const": tool.name}, args_key: args},
                 "required": ["name", args_key],
                 "additionalProperties": False,
             }
-            for t in tools
-        ]
-    }
+        )
+    return {"anyOf": variants, **({"$defs": defs} if defs else {})}
 
 
 def tools_listing(tools: Sequence[ToolSpec]) -> str:
@@ -314,11 +328,15 @@ class CallReader:
     """Splits a model's output, as it streams, into content text and tool-call pieces.
 
     Content is released as it comes, except a tail that could be the start of a call marker;
-    from a marker on, the family's parse says which calls the text holds so far.
+    from a marker on, the family's parse says which calls the text holds so far. ``most``: the
+    calls the request allows (a named tool_choice, parallel calls off: one); the grammar already
+    ends the output after them, and the reader ignores any beyond them whatever the grammar was.
+    Each call is a new index, its pieces only ever extend it.
     """
 
     syntax: ToolSyntax
     starts: tuple[str, ...] = ()  # the markers to look for; the syntax's own when empty
+    most: int | None = None  # the calls read at most; None: no bound
     buffer: str = ""  # content not yet released (a tail that could start a marker)
     section: str | None = None  # the output from the calls' marker on
     names: list[str] = field(default_factory=list)
@@ -372,7 +390,7 @@ class CallReader:
         return rest
 
     def _pieces(self) -> list[CallPiece]:
-        parsed = self._parse() or []
+        parsed = (self._parse() or [])[: self.most]
         pieces: list[CallPiece] = []
         for index, call in enumerate(parsed):
             name = None

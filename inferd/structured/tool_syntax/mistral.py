@@ -68,7 +68,7 @@ class Mistral:
             repeat = "+" if parallel else ""
             alternatives = " | ".join(f"call_{i}" for i in range(len(tools)))
             rules = "".join(
-                f'call_{i}: "{CALLS}{t.name}{ARGS}" {json_rule(t.parameters)}\n'
+                f'call_{i}: "{CALLS}{t.name}{ARGS}" {json_rule(t.arguments_schema)}\n'
                 for i, t in enumerate(tools)
             )
             return f"calls: call{repeat}\ncall: {alternatives}\n{rules}"

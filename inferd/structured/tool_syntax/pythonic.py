@@ -90,7 +90,7 @@ def _tool_rules(index: int, tool: ToolSpec) -> str:
     """``call_i``: the tool's name and its keyword arguments in the schema's order, required
     ones always, optional ones maybe: ``head_j`` starts at argument j with no comma before it,
     ``tail_j`` puts a comma before each argument from j on."""
-    params = tool.parameters
+    params = tool.arguments_schema
     extra = set(params) - _PLAIN_KEYS
     if params.get("type", "object") != "object" or extra:
         raise ConstraintError(
