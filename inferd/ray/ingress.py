@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.ray.forward import ForwardedRequest, ResponseHead
 from inferd.ray.routing import RouteHint, live_replicas, route_hint, router_state
+from inferd.server import sse
 from inferd.server.crosssite import HostAllowList, host_refusal
 from inferd.server.envelope import error_response, stream_error_event
 
@@ -171,13 +172,16 @@ class InferdIngress:
 
 
 async def _relay(gen: Any, request: Request) -> AsyncIterator[bytes]:
+    sent = 0  # events relayed: a Responses stream numbers its error event after them
     try:
         async for chunk in gen:
+            if isinstance(chunk, bytes):
+                sent += sse.count_events(chunk)
             yield chunk
     except Exception as exc:  # the replica died mid-stream: say so, then end the stream
         log.warning("replica failed mid-stream: %s", exc)
         msg = f"the replica serving this stream failed: {_short(exc)}"
-        yield stream_error_event(request.scope, msg, "replica_failed", 503)
+        yield stream_error_event(request.scope, msg, "replica_failed", 503, events_sent=sent)
     finally:
         gen.cancel()  # the client left: the replica's app sees a disconnect and aborts
 

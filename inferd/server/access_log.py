@@ -8,7 +8,8 @@ record bodies, as JSON lines in a separate file created with mode 0600.
 
 Outcome of a request: ``client_disconnected`` when the client left before the response was
 complete (or a handler answered 499); ``error`` when the status is 4xx/5xx, the handler raised,
-or generation failed or timed out after a 200 went out; ``complete`` otherwise.
+or generation failed, timed out or was cut by a shutdown after a 200 went out (the line's
+``error`` says which: ``error``, ``abort``, ``timeout``, ``shutdown``); ``complete`` otherwise.
 """
 
 from __future__ import annotations

@@ -180,6 +180,17 @@ def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:
     return usage | {"input_tokens": input_tokens, "output_tokens": output_tokens}
 
 
+def _message_delta(
+    reason: str, sequence: str | None, input_tokens: int, output_tokens: int
+) -> bytes:
+    """The stream's ``message_delta``: how the message stopped (no container, no stop details
+    here, as in the message), and the usage so far, cumulative as Anthropic's is."""
+    delta = {"stop_reason": reason, "stop_sequence": sequence, "stop_details": None}
+    usage = dict.fromkeys(_DELTA_USAGE_NULLS)
+    usage |= {"input_tokens": input_tokens, "output_tokens": output_tokens}
+    return _event("message_delta", {"delta": delta | {"container": None}, "usage": usage})
+
+
 def _text_block(text: str) -> dict[str, Any]:
     return {"type": "text", "text": text, "citations": None}
 
@@ -213,10 +224,7 @@ def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool
     events = [
         _event("message_start", {"message": message | {"usage": usage}}),
         _event("ping", {}),
-        _event(
-            "message_delta",
-            {"delta": {"stop_reason": "max_tokens", "stop_sequence": None}, "usage": usage},
-        ),
+        _message_delta("max_tokens", None, num_prompt_tokens, 0),
         _event("message_stop", {}),
     ]
     return Response(b"".join(events), media_type="text/event-stream", headers=SSE_HEADERS)
@@ -351,6 +359,13 @@ _USAGE_NULLS = (
     "server_tool_use",
     "service_tier",
 )
+# The same, in the usage of a stream's message_delta (which has fewer fields).
+_DELTA_USAGE_NULLS = (
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "output_tokens_details",
+    "server_tool_use",
+)
 _PARAM_NAMES = {"stop": "stop_sequences"}
 
 
@@ -429,7 +444,7 @@ async def _stream(
             return
         if text_index is None:
             text_index = first
-            text_block = {"type": "text", "text": ""}
+            text_block = _text_block("")
             yield _event("content_block_start", {"index": text_index, "content_block": text_block})
         if text:
             delta = {"type": "text_delta", "text": text}
@@ -482,13 +497,7 @@ async def _stream(
         for event in blocks.finish():
             yield event
         reason = "tool_use" if blocks.calls and reason == "end_turn" else reason
-    yield _event(
-        "message_delta",
-        {
-            "delta": {"stop_reason": reason, "stop_sequence": sequence},
-            "usage": {"output_tokens": last.num_output_tokens},
-        },
-    )
+    yield _message_delta(reason, sequence, num_prompt_tokens, last.num_output_tokens)
     yield _event("message_stop", {})
 
 

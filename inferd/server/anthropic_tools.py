@@ -210,6 +210,7 @@ def reply_blocks(text: str, reader: CallReader) -> tuple[list[dict[str, Any]], b
                 "id": new_tool_use_id(),
                 "name": name,
                 "input": json.loads(arguments),
+                "caller": {"type": "direct"},  # the model called it (no server tool did)
             }
         )
     return blocks, bool(calls)
@@ -240,7 +241,10 @@ class StreamedBlocks:
                 block = {"type": "tool_use", "id": new_tool_use_id(), "name": piece.name}
                 yield self.event(
                     "content_block_start",
-                    {"index": self.index, "content_block": block | {"input": {}}},
+                    {
+                        "index": self.index,
+                        "content_block": block | {"input": {}, "caller": {"type": "direct"}},
+                    },
                 )
             if piece.arguments:
                 delta = {"type": "input_json_delta", "partial_json": piece.arguments}
@@ -259,7 +263,10 @@ class StreamedBlocks:
             self.open_kind = "text"
             yield self.event(
                 "content_block_start",
-                {"index": self.index, "content_block": {"type": "text", "text": ""}},
+                {
+                    "index": self.index,
+                    "content_block": {"type": "text", "text": "", "citations": None},
+                },
             )
         if text:
             delta = {"type": "text_delta", "text": text}

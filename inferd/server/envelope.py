@@ -19,6 +19,7 @@ from starlette.types import Scope
 from inferd.server.errors import APIError, clip_message
 
 ANTHROPIC_PATHS = ("/v1/messages", "/messages")
+RESPONSES_PATHS = ("/v1/responses", "/responses")
 
 _ANTHROPIC_TYPES = {
     400: "invalid_request_error",
@@ -59,6 +60,11 @@ def wants_anthropic(scope: Scope) -> bool:
     return any(path == p or path.startswith(p + "/") for p in ANTHROPIC_PATHS)
 
 
+def wants_responses(scope: Scope) -> bool:
+    """A POST to create a Responses response, whose stream has typed events."""
+    return scope.get("method") == "POST" and app_path(scope) in RESPONSES_PATHS
+
+
 def error_body(
     scope: Scope, status: int, message: str, *, param: str | None = None, code: str | None = None
 ) -> dict[str, Any]:
@@ -92,12 +98,25 @@ def error_response(
     return JSONResponse(body, status_code=status, headers=headers)
 
 
-def stream_error_event(scope: Scope, message: str, code: str, status: int = 504) -> bytes:
+def stream_error_event(
+    scope: Scope, message: str, code: str, status: int = 504, events_sent: int = 0
+) -> bytes:
     """The last SSE event of a stream that fails after its headers went out.
 
     OpenAI-style streams get ``data: {"error": ...}`` then ``data: [DONE]``; Anthropic streams
-    get ``event: error`` (they have no [DONE]).
+    get ``event: error``; Responses streams (POST /v1/responses) their typed ``error`` event,
+    numbered after the ``events_sent`` events before it (they have no [DONE] either).
     """
+    if wants_responses(scope):
+        payload = {
+            "type": "error",
+            "code": code,
+            "message": clip_message(message),
+            "param": None,
+            "sequence_number": events_sent,
+        }
+        data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+        return f"event: error\ndata: {data}\n\n".encode()
     body = error_body(scope, status, message, code=code)
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if wants_anthropic(scope):

@@ -27,6 +27,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.engine.outputs import RequestOutput
+from inferd.server import sse
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
 from inferd.server.envelope import error_response, header, stream_error_event
 from inferd.server.streams import close_stream
@@ -102,6 +103,7 @@ class _Progress:
     body_done: bool = False
     started: bool = False
     event_stream: bool = False
+    events: int = 0  # SSE events sent so far
     finished: bool = False
 
 
@@ -168,8 +170,9 @@ class LimitsMiddleware:
                 for key, value in message.get("headers", []):
                     if key.lower() == b"content-type":
                         progress.event_stream = value.startswith(b"text/event-stream")
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                progress.finished = True
+            elif message["type"] == "http.response.body":
+                progress.events += sse.count_events(message.get("body", b""))
+                progress.finished = not message.get("more_body", False)
             await send(message)
 
         backstop = None
@@ -207,7 +210,9 @@ async def _answer_timeout(
             response = error_response(scope, status, str(exc), code="request_timeout")
             await response(scope, receive, send)
         elif progress.event_stream:
-            event = stream_error_event(scope, str(exc), code="request_timeout")
+            event = stream_error_event(
+                scope, str(exc), code="request_timeout", events_sent=progress.events
+            )
             await send({"type": "http.response.body", "body": event, "more_body": False})
     except OSError:
         pass  # the client is gone too

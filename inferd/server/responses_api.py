@@ -300,8 +300,17 @@ def _skeleton(body: ResponsesRequest, model: ServedModel, parallel: bool) -> dic
         "tools": echo_tools(body.tools),
         "top_p": 1.0 if body.top_p is None else body.top_p,
         "truncation": body.truncation or "disabled",
-        "usage": None,
+        # no "usage" until it is known: the spec's ResponseUsage is an object, never null
         "metadata": body.metadata or {},
+        # Fields OpenAI's Response object carries: no penalties or logprobs are applied on
+        # this API, every request is served alike, and the two identifiers are echoed.
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "top_logprobs": 0,
+        "service_tier": "default",
+        "safety_identifier": body.safety_identifier,
+        "prompt_cache_key": body.prompt_cache_key,
+        "completed_at": None,  # a unix time once completed
     } | ({"user": body.user} if body.user is not None else {})
 
 

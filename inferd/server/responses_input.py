@@ -45,6 +45,8 @@ class ResponsesRequest(_Lenient):
     store: bool | None = None
     truncation: str | None = None
     user: str | None = None
+    safety_identifier: str | None = Field(default=None, max_length=64)  # echoed, not used
+    prompt_cache_key: str | None = None  # echoed: prefix caching here needs no key
     stream: bool | None = None
     background: bool | None = None
     include: list[str] | None = None

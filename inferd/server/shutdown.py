@@ -5,9 +5,10 @@
 ``Connection: close`` (``/ready`` too, so a load balancer stops sending; ``/health`` and
 ``/metrics`` still answer), running requests may finish until the deadline, and those still
 running then are cut: an event stream ends with an error event (then ``data: [DONE]`` on
-OpenAI-style streams; Anthropic's ``event: error``), a request whose answer has not started
-gets a 503 envelope. Cutting cancels the handler, which aborts its engine requests and so frees
-their KV blocks.
+OpenAI-style streams; Anthropic's ``event: error``; the Responses API's typed ``error`` event),
+a request whose answer has not started gets a 503 envelope, and the access log records each
+cut request with ``error=shutdown``. Cutting cancels the handler, which aborts its engine
+requests and so frees their KV blocks.
 
 ``HttpServer`` runs uvicorn on a background thread (the main thread steps the engines) and
 turns ``stop()`` (from a signal handler) into that drain before uvicorn itself shuts down; a
@@ -26,7 +27,9 @@ from typing import Any
 import uvicorn
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from inferd.server import sse
 from inferd.server.envelope import app_path, error_response, stream_error_event
+from inferd.server.metrics import TIMER_KEY, RequestTimer
 
 log = logging.getLogger("inferd")
 
@@ -44,6 +47,7 @@ class _Running:
     cancel: asyncio.Timeout | None = None
     started: bool = False
     event_stream: bool = False
+    events: int = 0  # SSE events sent so far
     finished: bool = False
     cut: bool = False
 
@@ -155,8 +159,9 @@ class DrainMiddleware:
                 for key, value in message.get("headers", []):
                     if key.lower() == b"content-type":
                         running.event_stream = value.startswith(b"text/event-stream")
-            elif message["type"] == "http.response.body" and not message.get("more_body", False):
-                running.finished = True
+            elif message["type"] == "http.response.body":
+                running.events += sse.count_events(message.get("body", b""))
+                running.finished = not message.get("more_body", False)
             await send(message)
 
         self.drain.add(running)
@@ -175,6 +180,9 @@ async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Rece
     if running.finished:
         return
     scope = running.scope
+    timer = (scope.get("state") or {}).get(TIMER_KEY)
+    if isinstance(timer, RequestTimer):
+        timer.error = "shutdown"  # the access log's line says the request was cut, not complete
     if drain.early:
         message = "the server is shutting down: this request was cut by a second stop signal"
     else:
@@ -193,7 +201,9 @@ async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Rece
             )
             await response(scope, receive, send)
         elif running.event_stream:
-            event = stream_error_event(scope, message, code="server_shutting_down", status=503)
+            event = stream_error_event(
+                scope, message, "server_shutting_down", status=503, events_sent=running.events
+            )
             await send({"type": "http.response.body", "body": event, "more_body": False})
         else:
             await send({"type": "http.response.body", "body": b"", "more_body": False})

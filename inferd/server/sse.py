@@ -25,6 +25,12 @@ def named_event(name: str, payload: dict[str, Any]) -> bytes:
     return f"event: {name}\n".encode() + event(payload)
 
 
+def count_events(chunk: bytes) -> int:
+    """How many events (not keep-alive comments) a body chunk of whole events holds: each has
+    one ``data:`` line, as ours do (JSON payloads hold no newline)."""
+    return chunk.count(b"\ndata:") + chunk.startswith(b"data:")
+
+
 async def with_heartbeat(source: AsyncIterator[T], interval: float) -> AsyncIterator[T | None]:
     """Yield items from ``source``, and None whenever ``interval`` seconds pass without one.
 

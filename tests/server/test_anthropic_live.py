@@ -161,11 +161,17 @@ def test_stream_sends_the_events_in_order(
     assert events[1][1] == {
         "type": "content_block_start",
         "index": 0,
-        "content_block": {"type": "text", "text": ""},
+        "content_block": {"type": "text", "text": "", "citations": None},
     }
     delta = events[-2][1]
-    assert delta["delta"] == {"stop_reason": "max_tokens", "stop_sequence": None}
-    assert delta["usage"] == {"output_tokens": 10}
+    assert delta["delta"] == {
+        "stop_reason": "max_tokens",
+        "stop_sequence": None,
+        "stop_details": None,
+        "container": None,
+    }
+    assert delta["usage"]["output_tokens"] == 10
+    assert delta["usage"]["input_tokens"] == start["usage"]["input_tokens"]
     text = "".join(d["delta"]["text"] for n, d in events if n == "content_block_delta")
     full = client.messages.create(model=model, max_tokens=10, extra_body=GREEDY, messages=MOON)
     assert text == full.content[0].text  # type: ignore[union-attr]

