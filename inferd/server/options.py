@@ -56,7 +56,7 @@ class ServerOptions:
     access_log_format: str | None = "text"  # text | json | None (off)
     log_payloads: Path | None = None  # request bodies as JSON lines (debugging only)
     metrics: bool = True  # GET /metrics
-    docs: bool = True  # /docs and /openapi.json
+    docs: bool = True  # /openapi.json (no /docs page: see operations.docs_urls)
     # -- the chat page at / (chat_page.py); `inferd serve` turns it on when bound to loopback
     ui: bool = False
     # -- streams

@@ -164,7 +164,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="append request bodies (prompts!) to FILE as JSON lines; for debugging only",
     )
     g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
-    g.add_argument("--no-docs", action="store_true", help="do not serve /docs or /openapi.json")
+    g.add_argument("--no-docs", action="store_true", help="do not serve /openapi.json")
     g.add_argument(
         "--ui",
         choices=("auto", "on", "off"),
