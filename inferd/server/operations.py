@@ -67,6 +67,7 @@ def docs_urls(docs: bool) -> dict[str, Any]:
 def install_operations(app: FastAPI, options: ServerOptions) -> None:
     """Add routes, state and middleware. Call before RequestIdMiddleware is added."""
     app.state.media_policy = options.media_policy
+    app.state.lora_roots = options.lora_roots  # where /v1/load_lora_adapter may read
     server_metrics: ServerMetrics | None = None
     if options.metrics:
         server_metrics = ServerMetrics(app.state.inferd)

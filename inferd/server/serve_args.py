@@ -254,6 +254,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="time limit of one remote media fetch, redirects included (default: 10)",
     )
+    g = p.add_argument_group("LoRA adapters loaded at runtime")
+    g.add_argument(
+        "--lora-root",
+        dest="lora_roots",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow POST /v1/load_lora_adapter to read adapters under DIR (repeatable); "
+        "runtime loading is refused otherwise",
+    )
     g = p.add_argument_group("tool calls")
     g.add_argument(
         "--tool-call-parser",
