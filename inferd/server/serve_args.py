@@ -18,6 +18,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_AUDIO_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_DECODED_PIXELS,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_LOGPROBS_TOKENS,
@@ -216,6 +217,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"before decoding (default: {DEFAULT_MAX_IMAGE_PIXELS})",
     )
     g.add_argument(
+        "--max-decoded-pixels",
+        type=int,
+        default=DEFAULT_MAX_DECODED_PIXELS,
+        help="image pixels decoded and held at once across all requests; a request waits for "
+        "its images' share (503 after a minute), more than all of it is a 400 "
+        f"(default: {DEFAULT_MAX_DECODED_PIXELS})",
+    )
+    g.add_argument(
         "--max-video-seconds",
         type=float,
         default=DEFAULT_MAX_VIDEO_SECONDS,
@@ -323,6 +332,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 max_num_audios=args.max_num_audios,
                 max_num_videos=args.max_num_videos,
                 fetch_timeout=args.media_fetch_timeout,
+                max_decoded_pixels=args.max_decoded_pixels,
                 limits=MediaLimits(
                     max_image_pixels=args.max_image_pixels,
                     max_video_seconds=args.max_video_seconds,

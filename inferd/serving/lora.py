@@ -29,11 +29,11 @@ from pathlib import Path
 
 from inferd.engine.lora_slots import AdapterChangedError
 from inferd.loading.lora import (
-    check_name,
     DEFAULT_MAX_LORA_RANK,
     LoraAdapter,
     LoraError,
     attach,
+    check_name,
     detach,
     read_adapter,
 )

@@ -28,6 +28,7 @@ from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     ImageConfigError,
+    num_embeddings_for,
     prepare_image,
 )
 from inferd.models.qwen2_audio_input import AUDIO_TOKEN, prepare_audio
@@ -36,6 +37,7 @@ from inferd.models.qwen2_vl_image import (
     VIDEO_PAD,
     PreparedVisual,
     QwenVisualConfig,
+    image_tokens,
     visual_patches,
 )
 from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen_image
@@ -228,6 +230,16 @@ class ImagePrompter:
             literal_spans=literal_spans,
         )
 
+    def tokens_for(self, width: int, height: int) -> int:
+        """The placeholder tokens an upright image of this size stands for (from its header,
+        before decoding); MediaPromptError as ``prepare`` would raise."""
+        if isinstance(self.config, Gemma3ImageConfig):
+            return self.config.image_seq_len  # one tile whatever the size
+        try:
+            return num_embeddings_for(width, height, self.config)
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
+
     @property
     def _marker(self) -> str:
         """What the rendered prompt holds where an image goes (Gemma 3's config names its own)."""
@@ -361,6 +373,14 @@ class GridPrompter:
         return expand_markers(
             self.tokenizer, text, groups, add_special=add_special, literal_spans=literal_spans
         )
+
+    def tokens_for(self, width: int, height: int) -> int:
+        """The placeholder tokens an upright image of this size stands for (from its header,
+        before decoding); MediaPromptError as ``prepare`` would raise."""
+        try:
+            return image_tokens(width, height, self.image_config)
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
 
     def _expansion(self, item: ImageItem | DecodedVideo) -> Expansion:
         prepared, digest = self._prepare(item)

@@ -222,6 +222,42 @@ def test_hostile_images_are_refused_by_name(
     test_n_choices_share_the_image(oai, model_id)  # and it still answers images
 
 
+def _big_png(side: int) -> bytes:
+    return png_bytes(Image.new("RGB", (side, side), (90, 140, 200)))
+
+
+def _vm_hwm(pid: int) -> int:
+    """The process's peak resident memory so far, in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_images_over_the_context_are_refused_before_decoding(
+    vision_server: LiveServer, oai: openai.OpenAI, model_id: str
+) -> None:
+    """Eight 6000x6000 PNGs cost more prompt tokens than the context holds: that is known
+    from their headers, so the context-length 400 comes before any is decoded. Shown two
+    ways: images holding only their header (their decoding would fail, a different 400) get
+    the context 400, and whole ones leave the server's peak memory below one decoded image
+    (108 MB as RGB; decoding all eight took about 1 GB)."""
+    big = _big_png(6000)
+    for images in ([big[:64]] * 8, [big] * 8):
+        parts: Any = [{"type": "text", "text": "Look:"}]
+        parts += [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
+        peak = _vm_hwm(vision_server.process.pid)
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+            )
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "context_length_exceeded", error
+        assert "the 8 images alone take at least" in error["message"]
+        assert _vm_hwm(vision_server.process.pid) - peak < 100 * 2**20
+    assert httpx.get(vision_server.url + "/health", timeout=10).status_code == 200
+
+
 def test_audio_is_refused_by_the_image_model(oai: openai.OpenAI, model_id: str) -> None:
     parts: Any = [{"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "wav"}}]
     with pytest.raises(openai.BadRequestError) as caught:
