@@ -66,9 +66,7 @@ async def load_lora_adapter(request: Request) -> Response:
     if base.lora is not None:
         raise APIError(400, "the default model is itself an adapter", "lora_name")
     try:
-        views = await asyncio.to_thread(
-            serve_adapters, base, [(name, path)], base.max_lora_rank
-        )
+        views = await asyncio.to_thread(serve_adapters, base, [(name, path)], base.max_lora_rank)
     except ValueError as exc:  # LoraError included: it names the adapter and the reason
         raise APIError(400, str(exc), "lora_path", "invalid_lora_adapter") from None
     winner = state.registry.slots.get(name)
