@@ -1,17 +1,20 @@
 """What requests with huge images cost the server: CPU time and memory, measured from /proc.
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/image_request_memory.py
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/image_request_memory.py [SERVE FLAGS...]
 
 Serves the tests' tiny Idefics3 (SmolVLM) model and sends eight 6000x6000 PNGs in one chat
-request (about 1.1 MB of body), then three such requests at once; each is more prompt tokens
-than the model's context. Prints, for each step, the server's CPU time, its peak RSS (VmHWM)
-and its RSS once the replies are in, and each reply's status and error code.
+request (about 1.3 MB of body), then three such requests at once. Each is more prompt tokens
+than the model's context with ``--max-seq-len 256`` (by default its 288 M pixels are over
+``--max-decoded-pixels`` first); the old code decoded all of them before refusing. Prints,
+for each step, the server's CPU time, its peak RSS (VmHWM), its RSS once the replies are in,
+and each reply's status and error code.
 """
 
 from __future__ import annotations
 
 import base64
 import io
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,9 +52,12 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         save_tiny_idefics3(Path(tmp) / "vlm")
         args = ["-m", str(Path(tmp) / "vlm"), "--dtype", "f32", "--access-log-format", "off"]
+        args += sys.argv[1:]
         with serve_subprocess(args, Path(tmp) / "serve.log") as (url, proc):
             model = httpx.get(url + "/v1/models").json()["data"][0]["id"]
             body = _body(model)
+            _, peak, rss = _proc(proc.pid)
+            print(f"idle: peak RSS {peak / 2**30:.2f} GiB, RSS {rss / 2**30:.2f} GiB")
             print(f"body: {len(httpx.Request('POST', url, json=body).content) / 1e6:.2f} MB")
             for n in (1, 3):
                 cpu0, _, _ = _proc(proc.pid)

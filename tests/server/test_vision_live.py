@@ -44,6 +44,7 @@ def vision_server(
 ) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("vision-serve") / "serve.log"
     args = ["-m", str(tiny_idefics3[0]), "--dtype", "f32", "--encoder-cache-mb", "16"]
+    args += ["--max-seq-len", "256"]  # eight images of 3x3 tiles (320 tokens) overflow it
     args += ["--allowed-media-root", str(media_dirs[0])]
     with live_server(args, log) as live:
         yield live
@@ -256,6 +257,24 @@ def test_images_over_the_context_are_refused_before_decoding(
         assert "the 8 images alone take at least" in error["message"]
         assert _vm_hwm(vision_server.process.pid) - peak < 100 * 2**20
     assert httpx.get(vision_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_images_over_the_pixel_budget_are_refused_before_decoding(
+    oai: openai.OpenAI, model_id: str
+) -> None:
+    """Five 6000x6000 images fit the context (200 tokens) but hold 180 M pixels, more than
+    --max-decoded-pixels (144 M) holds at once: a 400 known from the headers, so images
+    holding only their header (their decoding would fail, a different 400) get it too."""
+    header = _big_png(6000)[:64]
+    parts: Any = [{"type": "text", "text": "Look:"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(header)}} for _ in range(5)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "media_too_large", error
+    assert "--max-decoded-pixels" in error["message"]
 
 
 def test_audio_is_refused_by_the_image_model(oai: openai.OpenAI, model_id: str) -> None:
