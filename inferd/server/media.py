@@ -30,6 +30,7 @@ import base64
 import binascii
 import functools
 import ipaddress
+import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
@@ -562,7 +563,8 @@ async def decode_request_media(
         for i, (ref, data) in enumerate(loaded)
         if ref.modality == "image"
     }
-    check_image_tokens(model, [(loaded[i][0], size) for i, size in sizes.items()])
+    images = [(loaded[i][0], size) for i, size in sizes.items()]
+    check_image_tokens(model, images, text_chars(messages))
     budget = policy.pixel_budget
     pending = {i: w * h for i, (w, h) in sizes.items()}  # taken, not yet handed to an image
     await budget.acquire(sum(pending.values()))
@@ -582,10 +584,13 @@ async def decode_request_media(
     return decoded
 
 
-def check_image_tokens(model: object, images: Sequence[tuple[MediaRef, tuple[int, int]]]) -> None:
-    """Refuse, before decoding, images whose prompt tokens alone overflow the model's context
-    (a lower bound from the header sizes: ``ServedModel.image_tokens``); a size the model's
-    processor refuses is a 400 naming the part."""
+def check_image_tokens(
+    model: object, images: Sequence[tuple[MediaRef, tuple[int, int]]], text_chars: int = 0
+) -> None:
+    """Refuse, before decoding, images whose prompt tokens with the request's text leave the
+    model's context no room to generate (a lower bound from the header sizes:
+    ``ServedModel.image_tokens``; the text's from its characters, as ``check_fits`` bounds
+    it); a size the model's processor refuses is a 400 naming the part."""
     cost = getattr(model, "image_tokens", None)
     engine = getattr(model, "engine", None)
     limit = getattr(engine, "max_model_len", None)
@@ -599,14 +604,36 @@ def check_image_tokens(model: object, images: Sequence[tuple[MediaRef, tuple[int
             param = _part_key(ref.param)
             raise bad_request(f"{param}: {exc}", param) from None
         total += tokens or 0
-    if total > limit:
+    per_token = getattr(getattr(model, "tokenizer", None), "max_chars_per_token", None)
+    text = math.ceil(text_chars / per_token) if isinstance(per_token, int) and per_token else 0
+    if total + text >= limit:  # a prompt of the whole context leaves no room to generate
+        with_text = f" and the text at least {text} more" if text else ""
         raise bad_request(
-            f"messages: the {len(images)} images alone take at least {total} prompt tokens; "
-            f"this model's maximum context length is {limit} tokens; send fewer or smaller "
-            "images",
+            f"messages: the {len(images)} images take at least {total} prompt tokens"
+            f"{with_text}, which leaves no room to generate: this model's maximum context "
+            f"length is {limit} tokens; send fewer or smaller images",
             "messages",
             code="context_length_exceeded",
         )
+
+
+def text_chars(messages: Sequence[Any]) -> int:
+    """Characters of the messages' text (string contents and text parts): the rendered prompt
+    holds at least these."""
+    count = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else message.content
+        parts = [content] if isinstance(content, str) else content or []
+        for part in parts:
+            text = (
+                part
+                if isinstance(part, str)
+                else part.get("text")
+                if isinstance(part, dict)
+                else None
+            )
+            count += len(text) if isinstance(text, str) else 0
+    return count
 
 
 def _image_size(ref: MediaRef, data: bytes, limits: MediaLimits) -> tuple[int, int]:

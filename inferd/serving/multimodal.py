@@ -28,8 +28,9 @@ from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     ImageConfigError,
-    num_embeddings_for,
+    expansion,
     prepare_image,
+    tile_grid,
 )
 from inferd.models.qwen2_audio_input import AUDIO_TOKEN, prepare_audio
 from inferd.models.qwen2_vl_image import (
@@ -231,14 +232,17 @@ class ImagePrompter:
         )
 
     def tokens_for(self, width: int, height: int) -> int:
-        """The placeholder tokens an upright image of this size stands for (from its header,
-        before decoding); MediaPromptError as ``prepare`` would raise."""
+        """The prompt tokens an upright image of this size stands for (from its header,
+        before decoding): its expansion as ``prepare`` writes it, placeholders and all;
+        MediaPromptError as ``prepare`` would raise."""
         if isinstance(self.config, Gemma3ImageConfig):
-            return self.config.image_seq_len  # one tile whatever the size
+            # one tile whatever the size, between <start_of_image> and <end_of_image>
+            return self.config.image_seq_len + 2
         try:
-            return num_embeddings_for(width, height, self.config)
+            rows, cols = tile_grid(width, height, self.config)
         except ImageConfigError as exc:
             raise MediaPromptError(str(exc)) from None
+        return len(self.tokenizer.encode(expansion(rows, cols, self.config.image_seq_len)))
 
     @property
     def _marker(self) -> str:

@@ -254,9 +254,29 @@ def test_images_over_the_context_are_refused_before_decoding(
             )
         error = caught.value.body
         assert isinstance(error, dict) and error["code"] == "context_length_exceeded", error
-        assert "the 8 images alone take at least" in error["message"]
+        assert "the 8 images take at least" in error["message"]
         assert _vm_hwm(vision_server.process.pid) - peak < 100 * 2**20
     assert httpx.get(vision_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_image_tokens_counted_before_decoding_include_their_expansion(
+    oai: openai.OpenAI, model_id: str
+) -> None:
+    """Four 6000x6000 images split into 3x3 tiles: 40 placeholders each, 160 in all, under the
+    256-token context, but each expansion is 65 tokens (the tiles' markers, the newlines, the
+    global view's): 260 leave no room to generate, which the headers already say. Images
+    holding only their header (their decoding would fail, a different 400) show it comes
+    before decoding."""
+    header = _big_png(6000)[:64]
+    parts: Any = [{"type": "text", "text": "Look:"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(header)}} for _ in range(4)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "context_length_exceeded", error
+    assert "the 4 images take at least 260 prompt tokens" in error["message"]
 
 
 def test_images_over_the_pixel_budget_are_refused_before_decoding(
