@@ -23,6 +23,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass, field
 
+from inferd.host_memory import release_free_heap_soon
 from inferd.server.defaults import DEFAULT_MAX_DECODED_PIXELS
 from inferd.server.errors import APIError, bad_request
 
@@ -91,8 +92,13 @@ class PixelBudget:
         self._grant()
 
     def release_when_freed(self, obj: object, pixels: int) -> None:
-        """Give ``pixels`` back once ``obj`` (a decoded image) is garbage."""
-        weakref.finalize(obj, self.release, pixels)
+        """Give ``pixels`` back once ``obj`` (a decoded image) is garbage, and its memory to
+        the OS (glibc would keep it in the decoding thread's arena)."""
+        weakref.finalize(obj, self._freed, pixels)
+
+    def _freed(self, pixels: int) -> None:
+        self.release(pixels)
+        release_free_heap_soon()
 
     def _grant(self) -> None:
         with self._lock:
