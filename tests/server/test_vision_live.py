@@ -282,10 +282,11 @@ def test_image_tokens_counted_before_decoding_include_their_expansion(
 def test_images_over_the_pixel_budget_are_refused_before_decoding(
     oai: openai.OpenAI, model_id: str
 ) -> None:
-    """Five 6000x6000 images fit the context (200 tokens) but hold 180 M pixels, more than
-    --max-decoded-pixels (144 M) holds at once: a 400 known from the headers, so images
-    holding only their header (their decoding would fail, a different 400) get it too."""
-    header = _big_png(6000)[:64]
+    """Five 12000x3000 images fit the context (1x3 tiles: under 30 tokens each) but hold 180 M
+    pixels, more than --max-decoded-pixels (144 M) holds at once: a 400 known from the
+    headers, so images holding only their header (their decoding would fail, a different
+    400) get it too."""
+    header = png_bytes(Image.new("RGB", (12000, 3000), (90, 140, 200)))[:64]
     parts: Any = [{"type": "text", "text": "Look:"}]
     parts += [{"type": "image_url", "image_url": {"url": data_url(header)}} for _ in range(5)]
     with pytest.raises(openai.BadRequestError) as caught:
