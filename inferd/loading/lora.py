@@ -30,6 +30,10 @@ DEFAULT_MAX_LORA_RANK = 64
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 _TENSOR = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
+# An adapter's name becomes a model id (in /v1/models, logs, metrics labels): an identifier.
+NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+MAX_CONFIG_BYTES = 1 << 20  # PEFT writes a few hundred bytes
+MAX_CONFIG_DEPTH = 32  # PEFT's configs nest two levels; json's parser recurses per level
 
 
 class LoraError(ValueError):
@@ -57,12 +61,25 @@ def read_adapter(
     name: str, path: str | Path, model: LlamaForCausalLM, max_rank: int = DEFAULT_MAX_LORA_RANK
 ) -> LoraAdapter:
     """Read and check the adapter at ``path`` for ``model``; raises LoraError naming ``name``."""
+    check_name(name)
     root = Path(path)
     try:
         return _read(name, root, model, max_rank)
     except (LoraError, SafetensorsError, ModelConfigError, OSError, ValueError) as exc:
         message = str(exc)
         raise LoraError(f"LoRA adapter {name!r} ({root}): {message}") from None
+
+
+def check_name(name: object) -> str:
+    """An adapter name is an identifier of at most 64 characters (letters, digits, ``.``,
+    ``_``, ``-``; a letter or digit first): it is shown as a model id. LoraError otherwise."""
+    if not isinstance(name, str) or NAME_PATTERN.fullmatch(name) is None:
+        shown = repr(name[:64]) if isinstance(name, str) else type(name).__name__
+        raise LoraError(
+            f"LoRA adapter name {shown} is not valid: use 1 to 64 letters, digits, '.', '_' "
+            "or '-', starting with a letter or digit"
+        )
+    return name
 
 
 def _read(name: str, root: Path, model: LlamaForCausalLM, max_rank: int) -> LoraAdapter:
@@ -78,13 +95,53 @@ def _read(name: str, root: Path, model: LlamaForCausalLM, max_rank: int) -> Lora
         raise LoraError(f"no {WEIGHTS_FILE}")
     if not (root / CONFIG_FILE).is_file():
         raise LoraError(f"no {CONFIG_FILE}")
-    config_bytes = (root / CONFIG_FILE).read_bytes()
-    rank, scale = _rank_and_scale(json.loads(config_bytes), max_rank)
+    with open(root / CONFIG_FILE, "rb") as f:
+        config_bytes = f.read(MAX_CONFIG_BYTES + 1)
+    rank, scale = _rank_and_scale(parse_config(config_bytes), max_rank)
     weights = _read_weights(SafetensorsFile(weights_file), model, rank)
     digest = hashlib.sha256(config_bytes)
     with open(weights_file, "rb") as f:
         hashlib.file_digest(f, lambda: digest)
     return LoraAdapter(name, root, rank, scale, weights, digest.hexdigest())
+
+
+def parse_config(data: bytes) -> dict[str, Any]:
+    """``adapter_config.json`` as an object: at most 1 MiB, nested at most 32 deep (measured
+    before parsing: json's parser recurses once per level), numbers finite (json takes
+    ``NaN``/``Infinity`` and reads ``1e309`` as infinity)."""
+    if len(data) > MAX_CONFIG_BYTES:
+        raise LoraError(f"{CONFIG_FILE} is larger than {MAX_CONFIG_BYTES} bytes")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise LoraError(f"{CONFIG_FILE} is not UTF-8 text") from None
+    if _nesting(text) > MAX_CONFIG_DEPTH:
+        raise LoraError(f"{CONFIG_FILE} is nested more than {MAX_CONFIG_DEPTH} levels deep")
+
+    def no_constant(word: str) -> float:
+        raise LoraError(f"{CONFIG_FILE} holds {word}, which is not a JSON number")
+
+    try:
+        config = json.loads(text, parse_constant=no_constant)
+    except json.JSONDecodeError as exc:
+        raise LoraError(f"{CONFIG_FILE} is not valid JSON ({exc.msg}, line {exc.lineno})") from None
+    if not isinstance(config, dict):
+        raise LoraError(f"{CONFIG_FILE} must hold a JSON object")
+    return config
+
+
+def _nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in JSON text (brackets inside strings are
+    skipped); an upper bound for malformed text, which the parser then refuses."""
+    depth = deepest = 0
+    for token in re.finditer(r'"(?:[^"\\]|\\.)*"|[\[{]|[\]}]', text):
+        mark = token.group()
+        if mark in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif mark in "]}":
+            depth -= 1
+    return deepest
 
 
 def _rank_and_scale(config: dict[str, Any], max_rank: int) -> tuple[int, float]:
@@ -101,15 +158,19 @@ def _rank_and_scale(config: dict[str, Any], max_rank: int) -> tuple[int, float]:
     if config.get("fan_in_fan_out"):
         raise LoraError("fan_in_fan_out is not supported")
     rank = config.get("r")
-    if not isinstance(rank, int) or rank < 1:
-        raise LoraError(f"r must be a positive integer, got {rank!r}")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:  # true is no rank
+        raise LoraError(f"r must be a positive integer, got {_shown(rank)}")
     if rank > max_rank:
         raise LoraError(f"rank {rank} is above --max-lora-rank {max_rank}")
     alpha = config.get("lora_alpha", 8)
-    if not isinstance(alpha, int | float):
-        raise LoraError(f"lora_alpha must be a number, got {alpha!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, int | float) or not math.isfinite(alpha):
+        raise LoraError(f"lora_alpha must be a finite number, got {_shown(alpha)}")
     denominator = math.sqrt(rank) if config.get("use_rslora") else rank
     return rank, float(alpha) / denominator
+
+
+def _shown(value: object) -> str:
+    return repr(value)[:40]
 
 
 def _read_weights(
@@ -138,7 +199,10 @@ def _read_weights(
                 f"layer {layer} {target}: A {tuple(a.shape)} and B {tuple(b.shape)} do not fit "
                 f"the base model (want A {want_a}, B {want_b}); an adapter for another model?"
             )
-        weights[(layer, target)] = (a.float().contiguous(), b.float().contiguous())
+        a, b = a.float().contiguous(), b.float().contiguous()
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise LoraError(f"layer {layer} {target}: the weights hold NaN or infinite values")
+        weights[(layer, target)] = (a, b)
     return weights
 
 

@@ -44,6 +44,24 @@ def _open(data: bytes, pillow_format: str) -> Image.Image:
     return factory(io.BytesIO(data), "")
 
 
+def image_size(
+    data: bytes, limits: MediaLimits | None = None, declared: str | None = None
+) -> tuple[int, int]:
+    """(width, height) as stored, from the header alone (no pixel is decoded), checked as
+    ``decode_image`` checks it: the format sniffed, the declared type matched, the size
+    within ``max_image_pixels``. What an image will cost is known from this before decoding."""
+    limits = limits or MediaLimits()
+    found = sniff_for(data, "image")
+    check_declared(declared, found)
+    try:
+        with _open(data, _PILLOW_FORMATS[found.name]) as opened:
+            size = opened.size
+    except (OSError, ValueError, SyntaxError, EOFError, IndexError, KeyError, TypeError) as exc:
+        raise MediaError(f"the {found.name} image cannot be decoded: {reason(exc)}") from None
+    limits.check_pixels(*size)
+    return size
+
+
 def decode_image(
     data: bytes, limits: MediaLimits | None = None, declared: str | None = None
 ) -> DecodedImage:

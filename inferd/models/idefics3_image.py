@@ -200,6 +200,33 @@ def to_rgb(image: Image.Image) -> Image.Image:
     return image if image.mode == "RGB" else image.convert("RGB")
 
 
+def tile_grid(width: int, height: int, cfg: Idefics3ImageConfig) -> tuple[int, int]:
+    """(rows, cols) of the tiles an upright ``width`` x ``height`` image is split into, (0, 0)
+    for one tile, from its size alone (the sizes ``prepare_image`` resizes to, without the
+    pixels). ImageConfigError for a grid the tokenizer cannot mark, as ``prepare_image``
+    raises."""
+    if not cfg.splitting:
+        return 0, 0
+    if cfg.do_resize:
+        height, width = _long_side_size(height, width, cfg.longest_edge)
+    height, width = _tile_multiple_size(height, width, cfg.tile)
+    if height <= cfg.tile and width <= cfg.tile:
+        return 0, 0
+    rows, cols = height // cfg.tile, width // cfg.tile
+    if rows > MAX_GRID or cols > MAX_GRID:
+        raise ImageConfigError(
+            f"the image splits into {rows}x{cols} tiles; the tokenizer marks at most "
+            f"{MAX_GRID}x{MAX_GRID}"
+        )
+    return rows, cols
+
+
+def num_embeddings_for(width: int, height: int, cfg: Idefics3ImageConfig) -> int:
+    """The <image> tokens an upright ``width`` x ``height`` image stands for (``tile_grid``)."""
+    rows, cols = tile_grid(width, height, cfg)
+    return (rows * cols + 1) * cfg.image_seq_len
+
+
 def prepare_image(image: Image.Image, cfg: Idefics3ImageConfig) -> PreparedImage:
     """The encoder's tiles for one image (any mode: made RGB first, see ``to_rgb``)."""
     image = to_rgb(image)

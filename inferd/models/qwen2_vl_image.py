@@ -174,6 +174,14 @@ def visual_patches(pixels: torch.Tensor, cfg: QwenVisualConfig, modality: str) -
     return patchify(x, cfg)
 
 
+def image_tokens(width: int, height: int, cfg: QwenVisualConfig) -> int:
+    """The ``<|image_pad|>`` tokens an upright ``width`` x ``height`` image stands for, from
+    its size alone (``prepare_image``'s grid: one temporal patch)."""
+    if cfg.do_resize:
+        height, width = smart_resize(height, width, cfg)
+    return (height // cfg.patch_size) * (width // cfg.patch_size) // cfg.merge_size**2
+
+
 def prepare_image(image: Image.Image, cfg: QwenVisualConfig) -> PreparedVisual:
     """One image (any mode: made RGB first)."""
     image = to_rgb(image)

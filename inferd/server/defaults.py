@@ -15,6 +15,9 @@ DEFAULT_MAX_BODY_BYTES = 16 * 1024 * 1024
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024
 DEFAULT_MAX_MEDIA_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_NUM_IMAGES = 8
+# Decoded image pixels held at once across requests (server/media_budget.py): 144 megapixels,
+# four of the largest images --max-image-pixels lets through, about 430 MB as RGB.
+DEFAULT_MAX_DECODED_PIXELS = 144_000_000
 DEFAULT_MAX_NUM_AUDIOS = 4
 DEFAULT_MAX_NUM_VIDEOS = 2
 DEFAULT_MEDIA_FETCH_TIMEOUT = 10.0

@@ -10,9 +10,6 @@ frees its KV blocks at the next step.
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
-import functools
 import math
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
@@ -26,6 +23,7 @@ from inferd.engine.lora_slots import ADAPTER_CHANGED, ADAPTER_UNAVAILABLE
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.host_memory import release_free_heap
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
 from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia, DecodedVideo
 from inferd.server import sse
@@ -181,7 +179,7 @@ def encode_text(
     """Token ids of ``text`` (call off the event loop); memory a long text took is given back."""
     ids = model.tokenizer.encode(text, add_special=add_special, literal_spans=literal_spans)
     if len(text) >= _TRIM_AFTER_CHARS:
-        _malloc_trim()
+        release_free_heap()
     return ids
 
 
@@ -286,23 +284,6 @@ def _render(
     except ChatTemplateError as exc:
         message = f"the chat template could not render these messages: {exc}"
         raise bad_request(message, "messages") from None
-
-
-@functools.cache
-def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    try:
-        libc = ctypes.CDLL(name) if name else None
-    except OSError:
-        return None
-    return libc if libc is not None and hasattr(libc, "malloc_trim") else None
-
-
-def _malloc_trim() -> None:
-    """Hand freed heap pages back to the OS (glibc keeps them otherwise, per thread arena)."""
-    libc = _libc()
-    if libc is not None:
-        libc.malloc_trim(0)
 
 
 def engine_error(exc: Exception) -> APIError:

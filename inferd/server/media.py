@@ -30,6 +30,7 @@ import base64
 import binascii
 import functools
 import ipaddress
+import math
 import os
 import stat
 from collections.abc import Iterable, Iterator, Sequence
@@ -42,8 +43,9 @@ from urllib.parse import unquote, unquote_to_bytes, urlsplit
 from starlette.requests import Request
 
 from inferd.media.limits import MediaError, MediaLimits
-from inferd.media.types import DecodedMedia
+from inferd.media.types import DecodedImage, DecodedMedia
 from inferd.server.defaults import (
+    DEFAULT_MAX_DECODED_PIXELS,
     DEFAULT_MAX_MEDIA_BYTES,
     DEFAULT_MAX_NUM_AUDIOS,
     DEFAULT_MAX_NUM_IMAGES,
@@ -51,6 +53,7 @@ from inferd.server.defaults import (
     DEFAULT_MEDIA_FETCH_TIMEOUT,
 )
 from inferd.server.errors import APIError, bad_request
+from inferd.server.media_budget import PixelBudget
 from inferd.server.media_fetch import (
     DEFAULT_PORTS,
     MAX_URL_CHARS,
@@ -121,6 +124,8 @@ class MediaPolicy:
     max_num_audios: int = DEFAULT_MAX_NUM_AUDIOS
     max_num_videos: int = DEFAULT_MAX_NUM_VIDEOS
     limits: MediaLimits = field(default_factory=MediaLimits)  # what decoding may take on
+    # decoded image pixels alive at once, across requests (server/media_budget.py)
+    pixel_budget: PixelBudget = field(default_factory=PixelBudget, compare=False)
 
     @classmethod
     def create(
@@ -137,6 +142,7 @@ class MediaPolicy:
         max_num_audios: int = DEFAULT_MAX_NUM_AUDIOS,
         max_num_videos: int = DEFAULT_MAX_NUM_VIDEOS,
         limits: MediaLimits | None = None,
+        max_decoded_pixels: int = DEFAULT_MAX_DECODED_PIXELS,
     ) -> MediaPolicy:
         """Validate settings (ValueError says which); roots must be existing directories."""
         roots = []
@@ -161,6 +167,8 @@ class MediaPolicy:
         if max_redirects < 0 or fetch_timeout <= 0:
             raise ValueError("media redirects must be >= 0 and the fetch timeout positive")
         networks = tuple(ipaddress.ip_network(n, strict=False) for n in allow_networks)
+        if max_decoded_pixels < 1:
+            raise ValueError("--max-decoded-pixels must be at least 1")
         return cls(
             tuple(roots),
             allow_remote,
@@ -173,6 +181,7 @@ class MediaPolicy:
             max_num_audios,
             max_num_videos,
             limits or MediaLimits(),
+            PixelBudget(max_decoded_pixels),
         )
 
     def fetch_policy(self) -> FetchPolicy:
@@ -530,12 +539,16 @@ async def decode_request_media(
     among them, before any byte is read), for a part that cannot be loaded, and for one that
     cannot be decoded (the message names the part and says why). ``audio_rate`` resamples
     audio to the model's rate; ``video_sampling`` picks the frames kept; ``video_audio`` adds
-    a video's sound (for models that hear videos too). Each decode runs off
-    the event loop in the decoding threads, one part after another, so one request holds at
-    most one of them at a time.
+    a video's sound (for models that hear videos too).
+
+    Before any decoding, every image's header is read: its size is checked, what it costs
+    the model in prompt tokens is summed (a request whose images alone overflow the context
+    is the context-length 400 now, not after seconds of decoding), and its pixels are taken
+    from the process-wide budget (server/media_budget.py: wait, or 400/503). Each decode then
+    runs off the event loop in the decoding threads, one part after another, so one request
+    holds at most one of them at a time.
     """
     refs = check_media_parts(messages, policy, model)
-    decoded = []
     for ref in refs:
         if ref.modality == "file":
             raise bad_request(
@@ -543,12 +556,94 @@ async def decode_request_media(
                 _part_key(ref.param),
                 code="unsupported_modality",
             )
-        data = await load_media(ref, policy)
-        work = functools.partial(
-            _decode, ref, data, policy.limits, audio_rate, video_sampling, video_audio
-        )
-        decoded.append(await asyncio.get_running_loop().run_in_executor(_DECODERS, work))
+    loaded = [(ref, await load_media(ref, policy)) for ref in refs]
+    loop = asyncio.get_running_loop()
+    sizes = {
+        i: await loop.run_in_executor(_DECODERS, _image_size, ref, data, policy.limits)
+        for i, (ref, data) in enumerate(loaded)
+        if ref.modality == "image"
+    }
+    images = [(loaded[i][0], size) for i, size in sizes.items()]
+    check_image_tokens(model, images, text_chars(messages))
+    budget = policy.pixel_budget
+    pending = {i: w * h for i, (w, h) in sizes.items()}  # taken, not yet handed to an image
+    await budget.acquire(sum(pending.values()))
+    decoded = []
+    try:
+        for i, (ref, data) in enumerate(loaded):
+            work = functools.partial(
+                _decode, ref, data, policy.limits, audio_rate, video_sampling, video_audio
+            )
+            item = await loop.run_in_executor(_DECODERS, work)
+            if i in pending and isinstance(item, DecodedImage):
+                budget.release_when_freed(item.image, pending.pop(i))
+            decoded.append(item)
+    finally:
+        if pending:  # images never decoded (a failure part way, or cancelled)
+            budget.release(sum(pending.values()))
     return decoded
+
+
+def check_image_tokens(
+    model: object, images: Sequence[tuple[MediaRef, tuple[int, int]]], text_chars: int = 0
+) -> None:
+    """Refuse, before decoding, images whose prompt tokens with the request's text leave the
+    model's context no room to generate (a lower bound from the header sizes:
+    ``ServedModel.image_tokens``; the text's from its characters, as ``check_fits`` bounds
+    it); a size the model's processor refuses is a 400 naming the part."""
+    cost = getattr(model, "image_tokens", None)
+    engine = getattr(model, "engine", None)
+    limit = getattr(engine, "max_model_len", None)
+    if cost is None or not isinstance(limit, int) or not images:
+        return
+    total = 0
+    for ref, (width, height) in images:
+        try:
+            tokens = cost(width, height)
+        except ValueError as exc:  # MediaPromptError: e.g. more tiles than can be marked
+            param = _part_key(ref.param)
+            raise bad_request(f"{param}: {exc}", param) from None
+        total += tokens or 0
+    per_token = getattr(getattr(model, "tokenizer", None), "max_chars_per_token", None)
+    text = math.ceil(text_chars / per_token) if isinstance(per_token, int) and per_token else 0
+    if total + text >= limit:  # a prompt of the whole context leaves no room to generate
+        with_text = f" and the text at least {text} more" if text else ""
+        raise bad_request(
+            f"messages: the {len(images)} images take at least {total} prompt tokens"
+            f"{with_text}, which leaves no room to generate: this model's maximum context "
+            f"length is {limit} tokens; send fewer or smaller images",
+            "messages",
+            code="context_length_exceeded",
+        )
+
+
+def text_chars(messages: Sequence[Any]) -> int:
+    """Characters of the messages' text (string contents and text parts): the rendered prompt
+    holds at least these."""
+    count = 0
+    for message in messages:
+        content = message.get("content") if isinstance(message, dict) else message.content
+        parts = [content] if isinstance(content, str) else content or []
+        for part in parts:
+            text = (
+                part
+                if isinstance(part, str)
+                else part.get("text")
+                if isinstance(part, dict)
+                else None
+            )
+            count += len(text) if isinstance(text, str) else 0
+    return count
+
+
+def _image_size(ref: MediaRef, data: bytes, limits: MediaLimits) -> tuple[int, int]:
+    from inferd.media.image import image_size
+
+    try:
+        return image_size(data, limits, declared_type(ref))
+    except MediaError as exc:
+        param = _part_key(ref.param)
+        raise bad_request(f"{param}: {exc}", param, code=exc.code) from None
 
 
 # Decoding is CPU- and memory-heavy: its own few threads, so many requests with media queue

@@ -1,4 +1,4 @@
-"""The OpenAPI document at /openapi.json (and the /docs page that renders it).
+"""The OpenAPI document at /openapi.json (no /docs page renders it: operations.docs_urls).
 
 Handlers parse their own bodies (so every error names the parameter), which leaves FastAPI
 without request schemas; this fills them in from the pydantic request models, and describes

@@ -56,15 +56,18 @@ CORS_HEADERS = (
 
 
 def docs_urls(docs: bool) -> dict[str, Any]:
-    """FastAPI constructor arguments: /docs and /openapi.json, or neither."""
+    """FastAPI constructor arguments: /openapi.json, or nothing. FastAPI's /docs and /redoc
+    pages are never served: they load Swagger UI's or ReDoc's JavaScript from a third-party
+    CDN, unpinned, into the API's own origin (where the API key and the chat page live)."""
     if docs:
-        return {"docs_url": "/docs", "redoc_url": None, "openapi_url": "/openapi.json"}
+        return {"docs_url": None, "redoc_url": None, "openapi_url": "/openapi.json"}
     return {"docs_url": None, "redoc_url": None, "openapi_url": None}
 
 
 def install_operations(app: FastAPI, options: ServerOptions) -> None:
     """Add routes, state and middleware. Call before RequestIdMiddleware is added."""
     app.state.media_policy = options.media_policy
+    app.state.lora_roots = options.lora_roots  # where /v1/load_lora_adapter may read
     server_metrics: ServerMetrics | None = None
     if options.metrics:
         server_metrics = ServerMetrics(app.state.inferd)

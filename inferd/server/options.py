@@ -13,6 +13,7 @@ The defaults are the safe choice: no API keys means open (bind to loopback), 16 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,7 +57,7 @@ class ServerOptions:
     access_log_format: str | None = "text"  # text | json | None (off)
     log_payloads: Path | None = None  # request bodies as JSON lines (debugging only)
     metrics: bool = True  # GET /metrics
-    docs: bool = True  # /docs and /openapi.json
+    docs: bool = True  # /openapi.json (no /docs page: see operations.docs_urls)
     # -- the chat page at / (chat_page.py); `inferd serve` turns it on when bound to loopback
     ui: bool = False
     # -- streams
@@ -74,6 +75,9 @@ class ServerOptions:
     responses_ttl: float = DEFAULT_TTL_SECONDS
     # -- media in requests
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
+    # -- LoRA adapters loaded at runtime (POST /v1/load_lora_adapter) only from under these
+    # directories; none: runtime loading is refused (--lora at startup is not limited)
+    lora_roots: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         # Sequences given as lists are kept as tuples, so the value stays immutable.
@@ -101,6 +105,7 @@ class ServerOptions:
         if not self.responses_ttl > 0:
             raise ValueError("--responses-ttl must be positive")
         object.__setattr__(self, "responses_store", str(self.responses_store))
+        object.__setattr__(self, "lora_roots", validate_roots(self.lora_roots, "--lora-root"))
         if self.access_log_format not in (None, *ACCESS_LOG_FORMATS):
             raise ValueError(f"access log format must be one of {', '.join(ACCESS_LOG_FORMATS)}")
 
@@ -112,3 +117,17 @@ def validate_origins(origins: Sequence[str]) -> tuple[str, ...]:
         if origin != "*" and not origin.startswith(("http://", "https://")):
             raise ValueError(f"allowed origin {origin!r} must be http(s)://host[:port]")
     return tuple(origins)
+
+
+def validate_roots(roots: Sequence[str | Path], flag: str) -> tuple[Path, ...]:
+    """Directories as absolute, normalized paths (symlinks kept: a path checked against one
+    is checked as written and again resolved); each must exist."""
+    if isinstance(roots, str | Path):
+        raise ValueError(f"{flag} must be a sequence of directories, not one path")
+    out = []
+    for raw in roots:
+        given = Path(os.path.normpath(os.path.abspath(os.fspath(raw))))
+        if not given.is_dir():
+            raise ValueError(f"{flag} {raw}: not an existing directory")
+        out.append(given)
+    return tuple(out)

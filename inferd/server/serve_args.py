@@ -18,6 +18,7 @@ from inferd.server.defaults import (
     DEFAULT_MAX_AUDIO_SECONDS,
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_DECODED_PIXELS,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_LOGPROBS_TOKENS,
@@ -164,7 +165,7 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="append request bodies (prompts!) to FILE as JSON lines; for debugging only",
     )
     g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
-    g.add_argument("--no-docs", action="store_true", help="do not serve /docs or /openapi.json")
+    g.add_argument("--no-docs", action="store_true", help="do not serve /openapi.json")
     g.add_argument(
         "--ui",
         choices=("auto", "on", "off"),
@@ -216,6 +217,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"before decoding (default: {DEFAULT_MAX_IMAGE_PIXELS})",
     )
     g.add_argument(
+        "--max-decoded-pixels",
+        type=int,
+        default=DEFAULT_MAX_DECODED_PIXELS,
+        help="image pixels decoded and held at once across all requests; a request waits for "
+        "its images' share (503 after a minute), more than all of it is a 400 "
+        f"(default: {DEFAULT_MAX_DECODED_PIXELS})",
+    )
+    g.add_argument(
         "--max-video-seconds",
         type=float,
         default=DEFAULT_MAX_VIDEO_SECONDS,
@@ -253,6 +262,16 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_MEDIA_FETCH_TIMEOUT,
         metavar="SECONDS",
         help="time limit of one remote media fetch, redirects included (default: 10)",
+    )
+    g = p.add_argument_group("LoRA adapters loaded at runtime")
+    g.add_argument(
+        "--lora-root",
+        dest="lora_roots",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="allow POST /v1/load_lora_adapter to read adapters under DIR (repeatable); "
+        "runtime loading is refused otherwise",
     )
     g = p.add_argument_group("tool calls")
     g.add_argument(
@@ -313,6 +332,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 max_num_audios=args.max_num_audios,
                 max_num_videos=args.max_num_videos,
                 fetch_timeout=args.media_fetch_timeout,
+                max_decoded_pixels=args.max_decoded_pixels,
                 limits=MediaLimits(
                     max_image_pixels=args.max_image_pixels,
                     max_video_seconds=args.max_video_seconds,

@@ -33,6 +33,7 @@ from inferd.loading.lora import (
     LoraAdapter,
     LoraError,
     attach,
+    check_name,
     detach,
     read_adapter,
 )
@@ -55,6 +56,7 @@ def parse_lora_flags(values: Sequence[str]) -> list[tuple[str, Path]]:
             raise ValueError(f"--lora {value!r}: expected NAME=PATH")
         if name == "default":
             raise ValueError("--lora: 'default' names the default model; choose another name")
+        check_name(name)
         if any(name == seen for seen, _ in out):
             raise ValueError(f"--lora: the name {name!r} is given twice")
         out.append((name, Path(path).expanduser()))

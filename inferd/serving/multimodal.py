@@ -28,7 +28,9 @@ from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     ImageConfigError,
+    expansion,
     prepare_image,
+    tile_grid,
 )
 from inferd.models.qwen2_audio_input import AUDIO_TOKEN, prepare_audio
 from inferd.models.qwen2_vl_image import (
@@ -36,6 +38,7 @@ from inferd.models.qwen2_vl_image import (
     VIDEO_PAD,
     PreparedVisual,
     QwenVisualConfig,
+    image_tokens,
     visual_patches,
 )
 from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen_image
@@ -228,6 +231,19 @@ class ImagePrompter:
             literal_spans=literal_spans,
         )
 
+    def tokens_for(self, width: int, height: int) -> int:
+        """The prompt tokens an upright image of this size stands for (from its header,
+        before decoding): its expansion as ``prepare`` writes it, placeholders and all;
+        MediaPromptError as ``prepare`` would raise."""
+        if isinstance(self.config, Gemma3ImageConfig):
+            # one tile whatever the size, between <start_of_image> and <end_of_image>
+            return self.config.image_seq_len + 2
+        try:
+            rows, cols = tile_grid(width, height, self.config)
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
+        return len(self.tokenizer.encode(expansion(rows, cols, self.config.image_seq_len)))
+
     @property
     def _marker(self) -> str:
         """What the rendered prompt holds where an image goes (Gemma 3's config names its own)."""
@@ -361,6 +377,14 @@ class GridPrompter:
         return expand_markers(
             self.tokenizer, text, groups, add_special=add_special, literal_spans=literal_spans
         )
+
+    def tokens_for(self, width: int, height: int) -> int:
+        """The placeholder tokens an upright image of this size stands for (from its header,
+        before decoding); MediaPromptError as ``prepare`` would raise."""
+        try:
+            return image_tokens(width, height, self.image_config)
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
 
     def _expansion(self, item: ImageItem | DecodedVideo) -> Expansion:
         prepared, digest = self._prepare(item)

@@ -113,6 +113,16 @@ class ServedModel:
         ``decode_request_media(video_sampling=...)``); None for a model without video."""
         return self.videos.config if self.videos is not None else None
 
+    def image_tokens(self, width: int, height: int) -> int | None:
+        """The prompt tokens an image of this size costs on this model, upright or turned a
+        quarter (its EXIF orientation is not read from the header), whichever is fewer: a
+        lower bound known before decoding. None when the model takes no images.
+        MediaPromptError for a size its processor refuses."""
+        prompter = self.images if self.images is not None else self.visuals
+        if prompter is None:
+            return None
+        return min(prompter.tokens_for(width, height), prompter.tokens_for(height, width))
+
     def prompt_with_images(
         self,
         text: str,

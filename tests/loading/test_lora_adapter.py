@@ -100,3 +100,75 @@ def test_the_key_follows_the_files_not_only_the_name(made: Any, tmp_path: Path) 
     save_random_adapter(save_tiny("llama", tmp_path / "hf"), tmp_path / "new", rank=8, seed=9)
     assert read_adapter("ad", tmp_path / "new", model).key != first.key
     assert first.key.startswith("ad@")
+
+
+def _with_config(root: Path, dst: Path, text: str) -> Path:
+    """The good adapter's weights under ``dst`` with ``text`` as its adapter_config.json."""
+    shutil.copytree(root / "good", dst)
+    (dst / "adapter_config.json").write_text(text)
+    return dst
+
+
+def _slots(model: LlamaForCausalLM) -> list[set[str]]:
+    return [set(m.lora.deltas) for m in model.modules() if getattr(m, "lora", None) is not None]
+
+
+def _refused_unchanged(name: str, path: Path, model: LlamaForCausalLM) -> str:
+    """Refused naming ``name``; the model's attached adapters as they were (another test of
+    this module attaches one to the shared model)."""
+    before = _slots(model)
+    with pytest.raises(LoraError) as err:
+        read_adapter(name, path, model)
+    assert name in str(err.value) and _slots(model) == before
+    return str(err.value)
+
+
+def _good_config(root: Path, **changes: Any) -> str:
+    config = json.loads((root / "good" / "adapter_config.json").read_text())
+    return json.dumps(config | changes)
+
+
+def test_hostile_configs_are_refused_with_a_short_message(made: Any, tmp_path: Path) -> None:
+    """A config nested 100k deep (json's parser would raise RecursionError), NaN, Infinity or
+    1e309 as lora_alpha, ``"r": true``, and a config that is not an object: each a LoraError
+    naming the adapter, never another exception, before any weight is attached."""
+    root, model = made
+    good = _good_config(root)
+    cases = {
+        "deep": ("[" * 100_000 + "]" * 100_000, "nested more than 32"),
+        "deep_value": (good[:-1] + ', "x": ' + "[" * 5000 + "]" * 5000 + "}", "nested"),
+        "nan": (good.replace('"lora_alpha": 16', '"lora_alpha": NaN'), "NaN"),
+        "inf": (good.replace('"lora_alpha": 16', '"lora_alpha": Infinity'), "Infinity"),
+        "big": (good.replace('"lora_alpha": 16', '"lora_alpha": 1e309'), "finite"),
+        "rtrue": (_good_config(root, r=True), "r must be a positive integer, got True"),
+        "alpha_true": (_good_config(root, lora_alpha=True), "lora_alpha must be a finite"),
+        "list": ("[1, 2]", "must hold a JSON object"),
+        "broken": ('{"r": 8,', "not valid JSON"),
+    }
+    assert '"lora_alpha": 16' in good
+    for name, (text, reason) in cases.items():
+        message = _refused_unchanged(name, _with_config(root, tmp_path / name, text), model)
+        assert reason in message, (name, message)
+        assert len(message) < 400, name
+
+
+def test_non_finite_weights_are_refused(made: Any, tmp_path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    root, model = made
+    shutil.copytree(root / "good", tmp_path / "nanw")
+    weights_file = tmp_path / "nanw" / "adapter_model.safetensors"
+    tensors = load_file(str(weights_file))
+    first = sorted(tensors)[0]
+    tensors[first][0, 0] = float("nan")
+    save_file(tensors, str(weights_file))
+    assert "NaN or infinite" in _refused_unchanged("nanw", tmp_path / "nanw", model)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "x" * 65, "<script>", "-lead", "../up", "é"])
+def test_names_must_be_identifiers(made: Any, name: str) -> None:
+    root, model = made
+    before = _slots(model)
+    with pytest.raises(LoraError, match="is not valid"):
+        read_adapter(name, root / "good", model)
+    assert _slots(model) == before

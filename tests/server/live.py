@@ -41,8 +41,10 @@ def live_server(
 
 def lora_server_args(folder: Path, adapters: Iterable[str]) -> list[str]:
     """``inferd serve`` flags for the tiny float32 base in ``folder/base`` with the adapters
-    ``folder/NAME``, one resident at a time, admin routes behind the key "admin-secret"."""
+    ``folder/NAME``, one resident at a time, admin routes behind the key "admin-secret",
+    runtime loads from under ``folder``."""
     args = ["-m", str(folder / "base"), "--dtype", "f32", "--max-seq-len", "128"]
     for name in adapters:
         args += ["--lora", f"{name}={folder / name}"]
+    args += ["--lora-root", str(folder)]  # POST /v1/load_lora_adapter reads under it only
     return [*args, "--admin-key", "admin-secret", "--access-log-format", "off", "--max-loras", "1"]

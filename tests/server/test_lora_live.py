@@ -5,6 +5,7 @@ runs with ``--max-loras 1``: every change of adapter evicts the other, which cha
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import time
@@ -162,11 +163,20 @@ def test_runtime_load_and_unload(
 def test_runtime_load_refuses_bad_adapters(
     server: LiveServer, client: openai.OpenAI, folder: Path, alien: Path
 ) -> None:
-    for path, reason in ((alien, "another model"), (folder / "nowhere", "no such directory")):
+    deep = folder / "deep"  # json's parser would raise RecursionError (a 500 before)
+    shutil.copytree(folder / "fox8", deep, dirs_exist_ok=True)
+    (deep / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000)
+    for path, reason in (
+        (alien, "another model"),
+        (folder / "nowhere", "no such directory"),
+        (deep, "nested more than 32 levels"),
+    ):
         r = _admin(server, "load_lora_adapter", {"lora_name": "bad", "lora_path": str(path)})
         assert r.status_code == 400, r.text
         message = r.json()["error"]["message"]
         assert "'bad'" in message and reason in message
+    outside = _admin(server, "load_lora_adapter", {"lora_name": "bad", "lora_path": "/etc"})
+    assert outside.status_code == 400 and "--lora-root" in outside.json()["error"]["message"]
     assert "bad" not in {m.id for m in client.models.list().data}
 
 

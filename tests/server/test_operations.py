@@ -36,12 +36,25 @@ def _get(app: object, *paths: str) -> list[httpx.Response]:
 
 
 def test_metrics_and_docs_can_be_switched_off() -> None:
-    on = _get(build_app([]), "/metrics", "/docs", "/openapi.json")
-    assert [r.status_code for r in on] == [200, 200, 200]
+    on = _get(build_app([]), "/metrics", "/openapi.json")
+    assert [r.status_code for r in on] == [200, 200]
     options = ServerOptions(metrics=False, docs=False)
     off = _get(build_app([], options), "/metrics", "/docs", "/openapi.json")
     assert [r.status_code for r in off] == [404, 404, 404]
     assert off[0].json()["error"]["message"] == "no route GET /metrics"
+
+
+def test_no_page_loads_anything_from_another_origin() -> None:
+    """FastAPI's /docs and /redoc pull unpinned JavaScript from a CDN into the API's origin:
+    not served. Every page and asset the server does serve refers to its own origin only."""
+    app = build_app([], ServerOptions(ui=True))
+    gone = _get(app, "/docs", "/redoc", "/docs/oauth2-redirect")
+    assert [r.status_code for r in gone] == [404, 404, 404]
+    served = _get(app, "/", "/ui/app.js", "/ui/style.css", "/openapi.json", "/metrics")
+    assert [r.status_code for r in served] == [200] * 5
+    for resp in served:
+        # any absolute or scheme-relative URL (src="//cdn...", url(https://...), import ...)
+        assert re.findall(r"(?:https?:)?//[\w.-]+\.[a-z]{2,}", resp.text) == [], resp.url
 
 
 @pytest.mark.parametrize(

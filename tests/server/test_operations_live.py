@@ -744,8 +744,7 @@ def test_openapi_and_docs(http: httpx.Client) -> None:
     assert doc["components"]["securitySchemes"]["bearer"] == {"type": "http", "scheme": "bearer"}
     assert doc["paths"]["/health"]["get"]["security"] == []
     assert "/metrics" not in doc["paths"]
-    docs = http.get("/docs")
-    assert docs.status_code == 200 and "/openapi.json" in docs.text
+    assert http.get("/docs").status_code == 404  # its page loads JavaScript from a CDN
 
 
 def test_the_server_is_healthy_and_holds_no_kv_blocks_afterwards(

@@ -44,6 +44,7 @@ def vision_server(
 ) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("vision-serve") / "serve.log"
     args = ["-m", str(tiny_idefics3[0]), "--dtype", "f32", "--encoder-cache-mb", "16"]
+    args += ["--max-seq-len", "256"]  # eight images of 3x3 tiles (320 tokens) overflow it
     args += ["--allowed-media-root", str(media_dirs[0])]
     with live_server(args, log) as live:
         yield live
@@ -220,6 +221,81 @@ def test_hostile_images_are_refused_by_name(
         assert "messages.0.content.1" in caught.value.message, name
     assert httpx.get(vision_server.url + "/health", timeout=10).status_code == 200
     test_n_choices_share_the_image(oai, model_id)  # and it still answers images
+
+
+def _big_png(side: int) -> bytes:
+    return png_bytes(Image.new("RGB", (side, side), (90, 140, 200)))
+
+
+def _vm_hwm(pid: int) -> int:
+    """The process's peak resident memory so far, in bytes (VmHWM)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def test_images_over_the_context_are_refused_before_decoding(
+    vision_server: LiveServer, oai: openai.OpenAI, model_id: str
+) -> None:
+    """Eight 6000x6000 PNGs cost more prompt tokens than the context holds: that is known
+    from their headers, so the context-length 400 comes before any is decoded. Shown two
+    ways: images holding only their header (their decoding would fail, a different 400) get
+    the context 400, and whole ones leave the server's peak memory below one decoded image
+    (108 MB as RGB; decoding all eight took about 1 GB)."""
+    big = _big_png(6000)
+    for images in ([big[:64]] * 8, [big] * 8):
+        parts: Any = [{"type": "text", "text": "Look:"}]
+        parts += [{"type": "image_url", "image_url": {"url": data_url(i)}} for i in images]
+        peak = _vm_hwm(vision_server.process.pid)
+        with pytest.raises(openai.BadRequestError) as caught:
+            oai.chat.completions.create(
+                model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+            )
+        error = caught.value.body
+        assert isinstance(error, dict) and error["code"] == "context_length_exceeded", error
+        assert "the 8 images take at least" in error["message"]
+        assert _vm_hwm(vision_server.process.pid) - peak < 100 * 2**20
+    assert httpx.get(vision_server.url + "/health", timeout=10).status_code == 200
+
+
+def test_image_tokens_counted_before_decoding_include_their_expansion(
+    oai: openai.OpenAI, model_id: str
+) -> None:
+    """Four 6000x6000 images split into 3x3 tiles: 40 placeholders each, 160 in all, under the
+    256-token context, but each expansion is 65 tokens (the tiles' markers, the newlines, the
+    global view's): 260 leave no room to generate, which the headers already say. Images
+    holding only their header (their decoding would fail, a different 400) show it comes
+    before decoding."""
+    header = _big_png(6000)[:64]
+    parts: Any = [{"type": "text", "text": "Look:"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(header)}} for _ in range(4)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "context_length_exceeded", error
+    assert "the 4 images take at least 260 prompt tokens" in error["message"]
+
+
+def test_images_over_the_pixel_budget_are_refused_before_decoding(
+    oai: openai.OpenAI, model_id: str
+) -> None:
+    """Five 12000x3000 images fit the context (1x3 tiles: under 30 tokens each) but hold 180 M
+    pixels, more than --max-decoded-pixels (144 M) holds at once: a 400 known from the
+    headers, so images holding only their header (their decoding would fail, a different
+    400) get it too."""
+    header = png_bytes(Image.new("RGB", (12000, 3000), (90, 140, 200)))[:64]
+    parts: Any = [{"type": "text", "text": "Look:"}]
+    parts += [{"type": "image_url", "image_url": {"url": data_url(header)}} for _ in range(5)]
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(
+            model=model_id, messages=[{"role": "user", "content": parts}], max_tokens=1
+        )
+    error = caught.value.body
+    assert isinstance(error, dict) and error["code"] == "media_too_large", error
+    assert "--max-decoded-pixels" in error["message"]
 
 
 def test_audio_is_refused_by_the_image_model(oai: openai.OpenAI, model_id: str) -> None:
