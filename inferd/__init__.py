@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from inferd.version import __version__
+
+# On AMX CPUs oneDNN's bf16 matmul sums a row's products in an order that depends on how many
+# rows the call holds, so a prompt's logits would depend on the requests batched beside it
+# (tests/layers/test_linear.py). Its AVX-512 BF16 kernels give a row the same bits whatever the
+# batch. oneDNN reads this once, at its first primitive; an operator's own setting wins.
+os.environ.setdefault("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
 
 if TYPE_CHECKING:
     from inferd.api import ChatResult, Delta, EmbeddingResult, Engine, EngineError, ModelSpec

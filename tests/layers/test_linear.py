@@ -80,7 +80,9 @@ def test_bf16_model_with_packed_kernels_agrees_with_transformers(
         ours = full_forward(model, ids)
         with torch.inference_mode():
             ref = hf_smollm2(torch.tensor([ids])).logits[0]
-        assert ours[-1].argmax() == ref[-1].argmax()
+        # The reference's choice is our most likely token; bf16 logits can tie exactly (31.125
+        # twice on 'def add(a, b):' with AMX's int4 kernel), and then either index is ours.
+        assert ours[-1][ref[-1].argmax()] == ours[-1].max()
         # Early positions have flat, near-tied distributions: the reference's choice must still
         # be among our three most likely tokens everywhere.
         top3 = ours.topk(3, dim=-1).indices
