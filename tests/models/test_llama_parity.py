@@ -92,8 +92,14 @@ def test_bf16_top1_agrees_with_transformers(
     ids = hf_smollm2_tokenizer(prompt)["input_ids"]
     ours, ref = full_forward(ours_bf16, ids), _reference(hf_smollm2, ids)
     assert ours[-1].argmax() == ref[-1].argmax()
-    agree = (ours.argmax(-1) == ref.argmax(-1)).float().mean().item()
-    assert agree >= 0.9, f"bf16 top-1 agreement {agree:.2f}"
+    picks, wanted = ours.argmax(-1), ref.argmax(-1)
+    # bf16 rounding may flip a near-tie, never a clear choice: wherever our pick differs, the
+    # float32 reference must rank it within a fraction of a logit of its own top token.
+    rows = torch.arange(len(ids))
+    regret = ref[rows, wanted] - ref[rows, picks]
+    assert regret.max().item() < 0.5, f"bf16 picks the reference ranks {regret.max():.2f} lower"
+    agree = (picks == wanted).float().mean().item()
+    assert agree >= 0.85, f"bf16 top-1 agreement {agree:.2f}"
 
 
 def test_block_size_does_not_change_logits(
