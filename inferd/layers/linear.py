@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferd import kernels
-from inferd.host_memory import HugePageArena, available_bytes
+from inferd.host_memory import HugePageArena, available_bytes, release_free_heap
 from inferd.kernels.plain import unpack_vnni
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.lora import LoraSlot
@@ -276,6 +276,7 @@ def packed_on_huge_pages(model: nn.Module) -> None:
         assert m._packed is not None and m._scales is not None
         m._packed = arena.place(m._packed)
         m._scales = arena.place(m._scales)
+        release_free_heap()  # the originals' pages now, so that the copy never doubles RSS
 
 
 def _invariant_dense(
@@ -467,7 +468,16 @@ def pack_int4_vnni(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     scales and mins of the group, 16 of each, float16 as Q4_1's (``int4_codes``): a batched
     decode reads every weight each step, and float32 ones were a third of the bytes.
     """
-    codes, scale, lo = int4_codes(w, torch.float16)
+    return pack_int4_vnni_groups(*int4_codes(w, torch.float16))
+
+
+def pack_int4_vnni_groups(
+    codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pack_int4_vnni`` from affine groups already found (codes 0..15 [out, in], scale and
+    min [out, in/32]; a GGUF's 4-bit blocks, ``loading/dequant.int4_groups``): scales and mins
+    rounded to float16 (exact for Q4_0/Q4_1's; a Q4_K sub-block's ``d * sc`` loses under
+    2^-11 of itself)."""
     out_f, in_f = codes.shape
     tiles, groups = -(-out_f // VNNI_TILE), in_f // INT4_GROUP
     pad = tiles * VNNI_TILE - out_f

@@ -20,7 +20,13 @@ import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 
-__all__ = ["SUPPORTED_TYPES", "UnsupportedTensorType", "dequantize"]
+__all__ = [
+    "INT4_GROUP_TYPES",
+    "SUPPORTED_TYPES",
+    "UnsupportedTensorType",
+    "dequantize",
+    "int4_groups",
+]
 
 Q = GGMLQuantizationType
 
@@ -315,6 +321,58 @@ _DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], torch.Tensor]] = 
 }
 
 SUPPORTED_TYPES: frozenset[GGMLQuantizationType] = frozenset(_DECODERS)
+
+
+# --------------------------------------------------------------------------------------------
+# 4-bit formats as affine groups of 32 (``code * scale + lo``, codes 0..15): what the int4
+# kernels take (layers/linear.py), read straight from the blocks. Going through float32 values
+# instead would make the packer find each group's range again, which differs from the block's
+# wherever a group lacks code 0 or 15 (a Q4_K sub-block's min is not always among its values).
+# --------------------------------------------------------------------------------------------
+
+Int4Groups = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # codes, scale, lo
+
+
+def _groups_q4_0(blocks: torch.Tensor) -> Int4Groups:
+    d = _f16(blocks[:, 0:2])
+    return _nibbles(blocks[:, 2:18]), d, -8 * d
+
+
+def _groups_q4_1(blocks: torch.Tensor) -> Int4Groups:
+    return _nibbles(blocks[:, 4:20]), _f16(blocks[:, 0:2]), _f16(blocks[:, 2:4])
+
+
+def _groups_q4_k(blocks: torch.Tensor) -> Int4Groups:
+    n = blocks.shape[0]
+    sc, mn = _k_scale_min(blocks[:, 4:16])
+    codes = _k_nibbles(blocks[:, 16:144]).reshape(n, QK_K)
+    return codes, _f16(blocks[:, 0:2]) * sc, -(_f16(blocks[:, 2:4]) * mn)
+
+
+_INT4_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], Int4Groups]] = {
+    Q.Q4_0: _groups_q4_0,
+    Q.Q4_1: _groups_q4_1,
+    Q.Q4_K: _groups_q4_k,
+}
+
+INT4_GROUP_TYPES: frozenset[GGMLQuantizationType] = frozenset(_INT4_DECODERS)
+
+
+def int4_groups(
+    raw: np.ndarray | torch.Tensor, qtype: GGMLQuantizationType, shape: tuple[int, int]
+) -> Int4Groups:
+    """A 4-bit tensor's raw blocks -> (codes uint8 [rows, cols], scale and lo float32
+    [rows, cols / 32]): value ``code * scale + lo`` per group of 32 columns, as ``dequantize``
+    computes it (Q4_K: the sub-block's ``d * sc`` and ``-dmin * m``)."""
+    decoder = _INT4_DECODERS.get(qtype)
+    if decoder is None:
+        raise UnsupportedTensorType(qtype)
+    rows, cols = shape
+    data = _flat_bytes(raw)
+    _check_size(data.shape[0], qtype, shape)
+    blocks = data.reshape(-1, GGML_QUANT_SIZES[qtype][1])
+    codes, scale, lo = decoder(blocks if isinstance(blocks, torch.Tensor) else _to_torch(blocks))
+    return codes.reshape(rows, cols), scale.reshape(rows, -1), lo.reshape(rows, -1)
 
 
 # --------------------------------------------------------------------------------------------

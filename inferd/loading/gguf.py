@@ -16,7 +16,7 @@ import numpy.typing as npt
 import torch
 from gguf import GGMLQuantizationType, GGUFReader, ReaderField, ReaderTensor
 
-from inferd.loading.dequant import dequantize
+from inferd.loading.dequant import Int4Groups, dequantize, int4_groups
 
 __all__ = ["GGUFError", "GGUFFile", "GGUFTensorInfo", "GGUFTensorNotFound"]
 
@@ -126,6 +126,39 @@ class GGUFFile:
 
     def load_tensor(self, name: str) -> torch.Tensor:
         """Dequantize tensor ``name`` into a new contiguous float32 tensor."""
+        tensor = self._tensor(name)
+        return dequantize(tensor.data, tensor.tensor_type, _info(tensor).shape)
+
+    def load_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of 2-D tensor ``name``, dequantized to float32: a big tensor
+        read piece by piece never has its whole float32 copy in memory."""
+        raw, qtype, cols = self._rows(name, start, stop)
+        return dequantize(raw, qtype, (stop - start, cols))
+
+    def load_int4_rows(self, name: str, start: int, stop: int) -> Int4Groups:
+        """Rows ``[start, stop)`` of a 4-bit tensor (``INT4_GROUP_TYPES``) as affine groups of
+        32: codes, scales and mins exactly as its blocks hold them (``dequant.int4_groups``)."""
+        raw, qtype, cols = self._rows(name, start, stop)
+        return int4_groups(raw, qtype, (stop - start, cols))
+
+    def _rows(
+        self, name: str, start: int, stop: int
+    ) -> tuple[npt.NDArray[np.uint8], GGMLQuantizationType, int]:
+        tensor = self._tensor(name)
+        info = _info(tensor)
+        if len(info.shape) != 2 or not 0 <= start <= stop <= info.shape[0]:
+            raise GGUFError(f"tensor {name!r} of shape {info.shape} has no rows {start}:{stop}")
+        row_bytes = tensor.n_bytes // info.shape[0]
+        # Read, not memory-mapped: pages of a mapping stay in this process's RSS until it is
+        # unmapped, so mapping a whole 8B file would make loading look bigger than serving.
+        raw = np.empty((stop - start) * row_bytes, dtype=np.uint8)
+        with self.path.open("rb", buffering=0) as f:
+            f.seek(tensor.data_offset + start * row_bytes)
+            if f.readinto(raw.data) != raw.nbytes:
+                raise GGUFError(f"{self.path} ends inside tensor {name!r}")
+        return raw, info.qtype, info.shape[1]
+
+    def _tensor(self, name: str) -> ReaderTensor:
         tensor = self._tensors.get(name)
         if tensor is None:
             raise GGUFTensorNotFound(f"tensor {name!r} not found in {self.path}")
@@ -135,7 +168,7 @@ class GGUFFile:
                 f"tensor {name!r}: {tensor.tensor_type.name} data in a byte-swapped "
                 f"(big-endian) GGUF file is not supported"
             )
-        return dequantize(tensor.data, tensor.tensor_type, _info(tensor).shape)
+        return tensor
 
 
 # Types whose data GGUFReader exposes with a byte-order-aware numpy dtype.

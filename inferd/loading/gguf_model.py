@@ -3,18 +3,26 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 
 import torch
 from gguf import GGMLQuantizationType
 
-from inferd.layers.linear import PackedKind
+from inferd.layers.linear import (
+    INT4_GROUP,
+    VNNI_TILE,
+    PackedKind,
+    pack_int4_vnni_groups,
+    pack_int8_vnni,
+)
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loading.gguf import GGUFFile
+from inferd.loading.dequant import INT4_GROUP_TYPES
+from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
 from inferd.loading.mmproj import Projector
 from inferd.loading.quantize import Isq
-from inferd.loading.weights import WeightSource, build_empty, fill
+from inferd.loading.weights import PackedWeight, WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
 
@@ -68,7 +76,12 @@ def load_gguf_model(
         return load
 
     weights = [
-        WeightSource(target, read(srcs, transform), _packed_kind(infos[s].qtype for s in srcs))
+        WeightSource(
+            target,
+            read(srcs, transform),
+            _packed_kind(infos[s].qtype for s in srcs),
+            _packed_reader(gguf, [infos[s] for s in srcs], transform, _pack_rows(cfg)),
+        )
         for target, (srcs, transform) in plan.items()
     ]
     if projector is not None:  # the encoder's plain nn.Linear layers are never packed
@@ -99,6 +112,64 @@ def _packed_kind(qtypes: Iterable[GGMLQuantizationType]) -> PackedKind:
     return PackedKind.INT4 if set(qtypes) <= _INT4_EXACT else PackedKind.INT8
 
 
+def _pack_rows(cfg: ModelConfig) -> int:
+    """Rows read, transformed and packed at a time (~1024): whole tiles of 16 and whole heads (Q
+    and K rows are un-permuted per head). A whole tensor's float32 copy (Llama 3 8B's vocabulary
+    table: 2 GiB) would make loading need more RAM than serving."""
+    unit = math.lcm(VNNI_TILE, cfg.head_dim)
+    return unit * max(1, 1024 // unit)
+
+
+def _packed_reader(
+    gguf: GGUFFile, parts: list[GGUFTensorInfo], transform: Transform, chunk: int
+) -> Callable[[], PackedWeight] | None:
+    """How to build a projection's VNNI copy straight from the file's blocks, ``chunk`` rows at
+    a time (``WeightSource.read_packed``): int4 where every part holds 4-bit groups (their
+    codes, scales and mins kept, Q4_K's included), else int8 from each piece's float32 values
+    (Q8_0's own codes). None where the weight stays dense: a float part (the file did not
+    quantize it), or a shape the tiles do not fit."""
+    widths = {p.shape[-1] for p in parts}
+    if (
+        any(p.qtype in _FLOAT_TYPES or len(p.shape) != 2 for p in parts)
+        or len(widths) != 1
+        or any(p.shape[0] % VNNI_TILE for p in parts)
+    ):
+        return None
+    groups, rem = divmod(widths.pop(), INT4_GROUP)
+    if rem:
+        return None
+    int4 = all(p.qtype in INT4_GROUP_TYPES for p in parts)
+
+    def read() -> PackedWeight:
+        tiles = sum(p.shape[0] for p in parts) // VNNI_TILE
+        vectors, sm = (4, 2) if int4 else (8, 1)
+        packed = torch.empty((tiles, groups, vectors, 64), dtype=torch.uint8)
+        scales = torch.empty((tiles, groups, sm, VNNI_TILE), dtype=torch.float16)
+        tile = 0
+        for part in parts:
+            for start in range(0, part.shape[0], chunk):
+                stop = min(start + chunk, part.shape[0])
+                if int4:
+                    found = gguf.load_int4_rows(part.name, start, stop)
+                    codes, scale, lo = (transform(t, part.name) for t in found)
+                    piece = pack_int4_vnni_groups(codes, scale, lo)
+                else:
+                    piece = pack_int8_vnni(
+                        transform(gguf.load_rows(part.name, start, stop), part.name)
+                    )
+                n = len(piece[0])
+                packed[tile : tile + n], scales[tile : tile + n] = piece
+                tile += n
+        return (PackedKind.INT4_VNNI if int4 else PackedKind.INT8_VNNI), packed, scales
+
+    return read
+
+
+_FLOAT_TYPES = frozenset(
+    {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
+)
+
+
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
     only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
@@ -111,8 +182,7 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
         if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:
             return t
-        heads = cfg.num_heads if name.endswith("attn_q.weight") else cfg.num_kv_heads
-        return unpermute_rope(t, heads)
+        return unpermute_rope(t, t.shape[0] // cfg.head_dim)  # whole heads (a part of them too)
 
     gemma = cfg.architecture in ("gemma2", "gemma3")
 

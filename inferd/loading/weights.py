@@ -16,6 +16,8 @@ from torch import nn
 from tqdm import tqdm
 
 from inferd import kernels
+from inferd.host_memory import release_free_heap
+from inferd.layers.embedding import Embedding
 from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
@@ -69,14 +71,20 @@ def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) ->
     return model
 
 
+# A projection's packed copy as the VNNI kernels take it: kind, codes, scales.
+PackedWeight = tuple[PackedKind, torch.Tensor, torch.Tensor]
+
+
 @dataclass(frozen=True, slots=True)
 class WeightSource:
     """One parameter to fill: how to read it (float32) and, for the small-batch int4/int8
-    copy in bf16, which packing keeps it exact."""
+    copy in bf16, which packing keeps it exact; ``read_packed``, where the source is already
+    quantized (a GGUF's blocks), builds the VNNI copy without the float32 weight."""
 
     target: str  # our parameter name
     read: Callable[[], torch.Tensor]
     pack_kind: PackedKind = PackedKind.INT8
+    read_packed: Callable[[], PackedWeight] | None = None
 
 
 def fill(
@@ -92,6 +100,8 @@ def fill(
     """Fill ``model`` from ``sources``; every parameter must be covered."""
     cfg = model.config
     pack = packed_kernels and kernels.packs_weights(dtype)
+    # Quantized weights keep only their VNNI copy (module doc) where those kernels run.
+    lean = pack and kernels.int8_dot(dtype)
     bar = tqdm(total=total, desc="load weights", unit="tensor", disable=not progress)
     with torch.no_grad(), bar:
         for src in sources:
@@ -104,6 +114,17 @@ def fill(
             if quantize and isq is not None and module_name in isq.stored:
                 assert isinstance(layer, Linear)
                 isq.apply(module_name, layer, None)  # the store has it: skip the source
+                bar.update(1)
+                continue
+            if tied_head and model.embed_tokens.packed is not None:
+                model.lm_head = model.embed_tokens.packed  # one packed table for both
+                bar.update(1)
+                continue
+            lean_source = lean and not quantize and param == "weight"
+            if lean_source and src.read_packed and _fill_packed(model, layer, src.read_packed):
+                # The pieces' temporaries go back to the OS now: glibc would keep them, and
+                # the next weight's would land elsewhere (1B: 0.8 GiB more at the end).
+                release_free_heap()
                 bar.update(1)
                 continue
             if tied_head:  # the embedding, already loaded; maybe a packed copy for decode
@@ -120,13 +141,31 @@ def fill(
             elif pack and param == "weight" and isinstance(layer, Linear):
                 layer.pack(src.pack_kind, source=weight)
             bar.update(1)
-    if cfg.tie_word_embeddings:
+    if cfg.tie_word_embeddings and model.embed_tokens.packed is None:
         model.lm_head.weight = model.embed_tokens.weight
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ModelConfigError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
     model.eval().requires_grad_(False)
     packed_on_huge_pages(model)
+
+
+def _fill_packed(
+    model: LlamaForCausalLM, layer: nn.Module, read: Callable[[], PackedWeight]
+) -> bool:
+    """Give a projection or the embedding its packed copy alone (no dense weight); False for
+    another kind of module."""
+    if isinstance(layer, Linear):
+        layer.use_packed_only(*read())
+        return True
+    if isinstance(layer, Embedding) and layer is model.embed_tokens:
+        with torch.device("meta"):  # no [vocab, hidden] float32 weight made and dropped
+            table = Linear(layer.embedding_dim, layer.num_embeddings)
+        table.weight = nn.Parameter(torch.empty(0, dtype=layer.weight.dtype), requires_grad=False)
+        table.use_packed_only(*read())
+        layer.use_packed(table)
+        return True
+    return False
 
 
 def _set(module: nn.Module, name: str, value: torch.Tensor, dtype: torch.dtype) -> None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from inferd.kernels.ops import KernelOps, Rotation, StackKernel
 from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_window_metadata
+from inferd.layers.embedding import Embedding
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
@@ -203,7 +204,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         self.config = cfg
         self._stack: DecodeStack | None = None  # built at the first decode step
         self._stack_built = False
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.embed_tokens = Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(self.make_layer(cfg, i) for i in range(cfg.num_layers))
         # Whether each layer attends through a sliding window (read every step).
         self.sliding = tuple(cfg.window_of(i) is not None for i in range(cfg.num_layers))
