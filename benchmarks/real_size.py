@@ -27,10 +27,12 @@ prefix cache hits):
   completion tokens / wall seconds;
 - prefill: one request of exactly P prompt tokens (random token ids; the servers' own
   usage.prompt_tokens is checked) and ``max_tokens`` 1: TTFT = its latency and prefill
-  tokens/s = P / TTFT, also as a fraction of the measured bf16 matmul peak (FLOPs per prompt
-  token = 2 x the layers' matmul weights, attention left out: a lower bound);
+  tokens/s = P / TTFT, also as a fraction of the measured bf16 and int8 matmul peaks (FLOPs
+  per prompt token = 2 x the layers' matmul weights, attention left out: a lower bound);
 - the machine: read bandwidth (a multi-threaded torch sum over 1 GiB, GB/s) and bf16 / int8
-  matmul peaks, measured in the same run before the servers start.
+  matmul peaks (2048^3 torch matmuls in fresh processes: with every oneDNN ISA, AMX included
+  where the CPU has it, and capped at AVX512_CORE_BF16 as inferd caps itself), measured in the
+  same run before the servers start.
 
     python benchmarks/real_size.py                       # the 1B Q4_K_M, everything
     python benchmarks/real_size.py --rounds 1 --streams 16 --prompts 512,2048   # a smoke test
@@ -48,6 +50,8 @@ import platform
 import random
 import re
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -111,6 +115,29 @@ def compute_peaks_tflops(threads: int, size: int = 2048, repeats: int = 5) -> di
         out["int8_tops"] = flops / _median_seconds(lambda: torch._int_mm(xi, yi), repeats) / 1e12
     except (RuntimeError, AttributeError):
         out["int8_tops"] = 0.0
+    return out
+
+
+def machine_peaks(threads: int) -> dict[str, float]:
+    """compute_peaks_tflops in a fresh process per oneDNN ISA: every ISA the CPU has (AMX
+    where present: the machine's peak), and AVX512_CORE_BF16, the cap inferd sets for itself
+    (inferd/__init__.py) and that importing it here would have put on this process too."""
+    out: dict[str, float] = {}
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import real_size; "
+        "print(json.dumps(real_size.compute_peaks_tflops(int(sys.argv[2]))))"
+    )
+    for isa, suffix in (("ALL", ""), ("AVX512_CORE_BF16", "_avx512")):
+        env = {**os.environ, "ONEDNN_MAX_CPU_ISA": isa}
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(Path(__file__).parent), str(threads)],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        peaks = json.loads(done.stdout.strip().splitlines()[-1])
+        out.update({k + suffix: v for k, v in peaks.items()})
     return out
 
 
@@ -380,6 +407,7 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
     bw = float(machine["read_gbs"])
     limit = bw * 1e9 / float(facts["decode_bytes"])
     peak = float(machine["bf16_tflops"]) * 1e12
+    peak_int8 = float(machine["int8_tops"]) * 1e12
     flops_per_token = 2 * float(facts["layer_matmul_params"])
     streams = sorted({s for r in results for s in r.streams_tps})
     prompts = sorted({p for r in results for p in r.prefill_tps})
@@ -395,14 +423,18 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
         f"Machine: read bandwidth {bw:.1f} GB/s (copy {float(machine['copy_gbs']):.1f}), so the "
         f"single-stream limit is {limit:.1f} tokens/s; bf16 matmul "
         f"{float(machine['bf16_tflops']):.2f} TFLOP/s, int8 {float(machine['int8_tops']):.2f} "
-        f"TOP/s. Rounds: {report['rounds']} (medians); single stream generates "
+        f"TOP/s (torch/oneDNN, every ISA; capped at AVX512_CORE_BF16 as inferd caps oneDNN: "
+        f"{float(machine['bf16_tflops_avx512']):.2f} and "
+        f"{float(machine['int8_tops_avx512']):.2f}). Prefill FLOPs per token: 2 x the layers' "
+        f"matmul weights ({flops_per_token / 1e9:.2f} GFLOP; attention left out). "
+        f"Rounds: {report['rounds']} (medians); single stream generates "
         f"{report['gen']} tokens, streams {report['stream_gen']} each, with `ignore_eos`.",
         "",
     ]
     head = ["engine", "load s", "RSS ready MiB", "peak load MiB", "peak run MiB"]
     head += ["1 stream tok/s", "of BW limit"]
     head += [f"{s} streams tok/s" for s in streams]
-    head += [f"prefill {p} tok/s (TTFT s, of bf16 peak)" for p in prompts]
+    head += [f"prefill {p} tok/s (TTFT s; of bf16, int8 peak)" for p in prompts]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in results:
         if r.error:
@@ -415,7 +447,8 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
         for p in prompts:
             tps = r.prefill_tps.get(p)
             frac = (tps or 0) * flops_per_token / peak if peak else 0
-            row.append(f"{_f(tps)} ({_f(r.ttft_s.get(p), 2)}, {frac:.0%})")
+            frac8 = (tps or 0) * flops_per_token / peak_int8 if peak_int8 else 0
+            row.append(f"{_f(tps)} ({_f(r.ttft_s.get(p), 2)}; {frac:.0%}, {frac8:.0%})")
         lines.append("| " + " | ".join(row) + " |")
     lines += [
         "",
@@ -486,7 +519,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": _cpu_name(),
         "threads": args.threads,
         **memory_bandwidth_gbs(args.threads),
-        **compute_peaks_tflops(args.threads),
+        **machine_peaks(args.threads),
     }
     print(f"machine: {machine}", flush=True)
     results = []
