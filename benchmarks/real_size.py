@@ -29,6 +29,8 @@ prefix cache hits):
   usage.prompt_tokens is checked) and ``max_tokens`` 1: TTFT = its latency and prefill
   tokens/s = P / TTFT, also as a fraction of the measured bf16 and int8 matmul peaks (FLOPs
   per prompt token = 2 x the layers' matmul weights, attention left out: a lower bound);
+- safety: the server under test is killed (its row says so) when the machine's MemAvailable falls
+  under ``--min-available-mb`` (1 GiB), so an engine too big for the machine fails alone;
 - the machine: read bandwidth (a multi-threaded torch sum over 1 GiB, GB/s) and bf16 / int8
   matmul peaks (2048^3 torch matmuls in fresh processes: with every oneDNN ISA, AMX included
   where the CPU has it, and capped at AVX512_CORE_BF16 as inferd caps itself), measured in the
@@ -44,14 +46,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
 import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -353,6 +358,50 @@ def warm_page_cache(path: Path) -> None:
             pass
 
 
+class MemoryGuard:
+    """Kills this process's children (the server under test) when the machine's MemAvailable
+    falls below a floor: an engine that needs more RAM than the machine has fails its row
+    instead of bringing the OOM killer onto a shared machine."""
+
+    def __init__(self, floor_mb: int) -> None:
+        self.floor_mb = floor_mb
+        self.tripped = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def __enter__(self) -> MemoryGuard:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.25):
+            if _available_mb() >= self.floor_mb:
+                continue
+            self.tripped = True
+            for pid in _children():
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+
+
+def _available_mb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("inf")
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for task in Path("/proc/self/task").iterdir():
+        with contextlib.suppress(OSError):
+            pids += [int(p) for p in (task / "children").read_text().split()]
+    return pids
+
+
 def run_engine(
     engine: str, args: argparse.Namespace, sizing: Sizing, log_dir: Path
 ) -> EngineResult:
@@ -361,8 +410,9 @@ def run_engine(
     log = log_dir / f"{engine}.log"
     warm_page_cache(args.model)
     start = time.perf_counter()
+    guard = MemoryGuard(args.min_available_mb)
     try:
-        with started(engine, args.model, sizing, log) as (url, pid):
+        with guard, started(engine, args.model, sizing, log) as (url, pid):
             r.memory.load_seconds = time.perf_counter() - start
             status = proc_status(pid)
             r.memory.rss_ready_mb = status["VmRSS"]
@@ -389,6 +439,8 @@ def run_engine(
     except (RuntimeError, TimeoutError, httpx.HTTPError, OSError) as exc:
         lines = [line for line in str(exc).splitlines() if line.strip()]
         r.error = f"{type(exc).__name__}: {' / '.join(lines[:1] + lines[-2:])[-300:]}"
+        if guard.tripped:
+            r.error = f"killed: the machine's free memory fell under {guard.floor_mb} MiB"
         print(f"  {engine}: FAILED {r.error}", flush=True)
     return r
 
@@ -486,6 +538,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path, default=None)
     parser.add_argument("--markdown", type=Path, default=Path(__file__).with_name("real_size.md"))
+    parser.add_argument(
+        "--min-available-mb",
+        type=int,
+        default=1024,
+        help="kill the server under test when MemAvailable falls below this",
+    )
     parser.add_argument("--logs", type=Path, default=CACHE / "real-size" / "logs")
     args = parser.parse_args(argv)
     args.streams = [int(s) for s in args.streams.split(",") if s]
