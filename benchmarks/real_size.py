@@ -206,16 +206,20 @@ class Memory:
     load_seconds: float = 0.0
     rss_ready_mb: float = 0.0
     peak_load_mb: float = 0.0  # VmHWM when ready: the peak while loading
+    # RSS when ready, split: anonymous memory, and pages of mapped files (the GGUF where an
+    # engine maps it: shared with the page cache, which the kernel can reclaim and reread)
+    anon_ready_mb: float = 0.0
+    file_ready_mb: float = 0.0
     peak_run_mb: float = 0.0  # VmHWM at the end of the run
     model_load_seconds: float | None = None  # as the engine's own log says, where it does
 
 
 def proc_status(pid: int) -> dict[str, float]:
-    """VmRSS and VmHWM of a process, MiB."""
+    """VmRSS, VmHWM, RssAnon and RssFile of a process, MiB."""
     out: dict[str, float] = {}
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         key, _, value = line.partition(":")
-        if key in ("VmRSS", "VmHWM"):
+        if key in ("VmRSS", "VmHWM", "RssAnon", "RssFile"):
             out[key] = int(value.split()[0]) / 1024
     return out
 
@@ -417,6 +421,8 @@ def run_engine(
             status = proc_status(pid)
             r.memory.rss_ready_mb = status["VmRSS"]
             r.memory.peak_load_mb = status["VmHWM"]
+            r.memory.anon_ready_mb = status.get("RssAnon", 0.0)
+            r.memory.file_ready_mb = status.get("RssFile", 0.0)
             r.command = " ".join(Path(f"/proc/{pid}/cmdline").read_text().split("\0")).strip()
             print(f"  {engine}: ready in {r.memory.load_seconds:.1f} s, {status}", flush=True)
             measure_decode(url, rng, args.gen, args.rounds, r)
@@ -483,7 +489,7 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
         f"{report['gen']} tokens, streams {report['stream_gen']} each, with `ignore_eos`.",
         "",
     ]
-    head = ["engine", "load s", "RSS ready MiB", "peak load MiB", "peak run MiB"]
+    head = ["engine", "load s", "RSS ready MiB (anon + file)", "peak load MiB", "peak run MiB"]
     head += ["1 stream tok/s", "of BW limit"]
     head += [f"{s} streams tok/s" for s in streams]
     head += [f"prefill {p} tok/s (TTFT s; of bf16, int8 peak)" for p in prompts]
@@ -493,7 +499,8 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
             lines.append(f"| {r.engine} | failed: {r.error[:120]} |")
             continue
         m = r.memory
-        row = [r.engine, _f(m.load_seconds), _f(m.rss_ready_mb, 0), _f(m.peak_load_mb, 0)]
+        rss = f"{_f(m.rss_ready_mb, 0)} ({_f(m.anon_ready_mb, 0)} + {_f(m.file_ready_mb, 0)})"
+        row = [r.engine, _f(m.load_seconds), rss, _f(m.peak_load_mb, 0)]
         row += [_f(m.peak_run_mb, 0), _f(r.decode_tps, 2), f"{r.decode_tps / limit:.0%}"]
         row += [_f(r.streams_tps.get(s), 2) for s in streams]
         for p in prompts:
@@ -509,10 +516,13 @@ def markdown(report: dict[str, object], results: list[EngineResult]) -> str:
         *[f"- {r.engine}: `{r.command}`" for r in results if r.command],
         "",
         "Load s: start to ready (inferd's own 'loaded in' figure: "
-        + "; ".join(
-            f"{r.engine} {r.memory.model_load_seconds:.1f} s"
-            for r in results
-            if r.memory.model_load_seconds is not None
+        + (
+            "; ".join(
+                f"{r.engine} {r.memory.model_load_seconds:.1f} s"
+                for r in results
+                if r.memory.model_load_seconds is not None
+            )
+            or "none ran"
         )
         + "). Random weights: `inferd+ngram`'s acceptance means nothing; its row only shows "
         "what the speculation costs or gives on such text. Prompts are random token ids, "
