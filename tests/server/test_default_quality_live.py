@@ -25,6 +25,7 @@ import pytest
 
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.tokenizer import tokenizer_from_gguf
+from tests.machine import vnni_missing
 from tests.server.live import LiveServer, live_server
 
 TEXT = (
@@ -55,7 +56,10 @@ PROMPTS = [
     "Dear hiring manager,",
 ]
 NEW_TOKENS = 20
-MIN_AGREEMENT = 0.95
+# Prompts run the int4/int8 x int8-row kernels too where the weights have no dense copy (as
+# llama.cpp's): SmolLM2 measured 0.944 at 16 streams then, 0.95+ with dense bf16 prompts; the
+# perplexity bounds below are unchanged.
+MIN_AGREEMENT = 0.93
 MAX_PERPLEXITY_DRIFT = 0.02
 
 
@@ -117,8 +121,11 @@ def test_the_default_server_runs_the_packed_kernels(default_server: LiveServer) 
     assert model["dtype"] == {"bf16": "bfloat16", "f32": "float32"}[info["choices"]["dtype"]]
     kernels = model["kernels"]
     assert kernels["packed_int4"] > 0 and kernels["fused"] == "fused CPU kernels"
-    # The packed copies sit beside the dense weights, which serve batches past 8 rows.
-    assert kernels["dense_dropped"] == 0
+    # With the VNNI kernels a GGUF's quantized weights keep their packed copy alone (README,
+    # "Memory: one copy of each weight"); elsewhere the copies sit beside the dense weights.
+    packed = kernels["packed_int4"] + kernels["packed_int8"]
+    lean = vnni_missing() is None and info["choices"]["dtype"] == "bf16"
+    assert kernels["dense_dropped"] == (packed if lean else 0)
 
 
 def test_prompt_perplexity_is_within_2_percent_of_float32(
