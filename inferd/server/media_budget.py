@@ -45,6 +45,11 @@ class PixelBudget:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _waiters: deque[_Waiter] = field(default_factory=deque, repr=False)
 
+    def __reduce__(self) -> tuple[type[PixelBudget], tuple[int, float]]:
+        """Sent to another process (a Ray replica's settings) as its limits alone: each process
+        keeps its own budget, with its own lock and no one waiting."""
+        return PixelBudget, (self.capacity, self.wait_seconds)
+
     async def acquire(self, pixels: int, param: str = "messages") -> None:
         """Take ``pixels`` of the budget, waiting while others hold it (APIError 400 when it
         can never fit, 503 after ``wait_seconds``)."""
