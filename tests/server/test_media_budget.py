@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import io
+import pickle
 
 import pytest
 from PIL import Image
@@ -107,3 +108,13 @@ def test_a_wait_past_the_bound_is_a_503_and_leaves_the_budget_as_it_was() -> Non
 
     _run(scenario())
     assert budget.used == 100
+
+
+def test_a_budget_crosses_processes_as_its_limits() -> None:
+    """Ray sends replicas their settings pickled: the lock stays behind, the limits go."""
+    budget = PixelBudget(capacity=1000, wait_seconds=2.5)
+    budget.used = 600
+    copy = pickle.loads(pickle.dumps(budget))
+    assert (copy.capacity, copy.wait_seconds, copy.used) == (1000, 2.5, 0)
+    asyncio.run(copy.acquire(1000))
+    assert copy.used == 1000 and budget.used == 600
