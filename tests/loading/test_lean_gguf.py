@@ -67,13 +67,18 @@ def _file_weight(gguf: GGUFFile, model: LlamaForCausalLM, name: str) -> torch.Te
     return torch.cat((gate, up))
 
 
+@pytest.fixture(scope="module", params=["smollm2", "gemma3"])
+def lean(
+    request: pytest.FixtureRequest, smollm2_gguf: Path, gemma3_gguf: Path
+) -> tuple[GGUFFile, LlamaForCausalLM]:
+    """A real model loaded in bf16 (the packed-only path on a VNNI machine), with its file."""
+    gguf = GGUFFile(smollm2_gguf if request.param == "smollm2" else gemma3_gguf)
+    return gguf, load_gguf_model(gguf, torch.bfloat16, progress=False)[0]
+
+
 @LEAN
-@pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
-def test_projections_hold_only_the_files_values(
-    model_name: str, smollm2_gguf: Path, gemma3_gguf: Path
-) -> None:
-    gguf = GGUFFile(smollm2_gguf if model_name == "smollm2" else gemma3_gguf)
-    model = load_gguf_model(gguf, torch.bfloat16, progress=False)[0]
+def test_projections_hold_only_the_files_values(lean: tuple[GGUFFile, LlamaForCausalLM]) -> None:
+    gguf, model = lean
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert all(not m.dense and m.packed_kind in VNNI_KINDS for m in linears)
     assert isinstance(model.embed_tokens, Embedding) and model.embed_tokens.packed is not None
@@ -105,12 +110,10 @@ def test_embedding_rows_come_from_the_packed_table(smollm2_gguf: Path) -> None:
 
 
 @LEAN
-@pytest.mark.parametrize("model_name", ["smollm2", "gemma3"])
 def test_a_projection_matches_dequantize_then_matmul(
-    model_name: str, smollm2_gguf: Path, gemma3_gguf: Path
+    lean: tuple[GGUFFile, LlamaForCausalLM],
 ) -> None:
-    gguf = GGUFFile(smollm2_gguf if model_name == "smollm2" else gemma3_gguf)
-    model = load_gguf_model(gguf, torch.bfloat16, progress=False)[0]
+    gguf, model = lean
     layer = model.get_submodule("layers.3.mlp.gate_up_proj")
     w = _file_weight(gguf, model, "layers.3.mlp.gate_up_proj")
     x = torch.randn(40, w.shape[1], generator=torch.Generator().manual_seed(0))
