@@ -131,7 +131,13 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> list[st
         + body[:10]
     )
     openai_stream, anthropic_stream, responses_stream, plain = (Outcome() for _ in range(4))
-    anthropic_body = {"model": "default", "max_tokens": 1800, "messages": REPEAT, "stream": True}
+    anthropic_body = {
+        "model": "default",
+        "max_tokens": 1800,
+        "messages": REPEAT,
+        "temperature": 0,  # at the default 1.0 a sampled end_turn could finish it in the drain
+        "stream": True,
+    }
     responses_body = {
         "model": "default",
         "input": REPEAT,
