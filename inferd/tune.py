@@ -4,9 +4,12 @@ from the model's shape (read from its header, not loaded) and the memory availab
 The estimate, step by step:
 
 1. dtype: what ``--dtype auto`` picks (bf16 where the CPU computes it fast, else f32).
-2. weights in memory: inferd dequantizes GGUF weights, so a model takes its parameter count
-   times the dtype's size, plus int4/int8 copies of the projections for decode in bf16; under
-   ISQ the projections take 1 byte (q8) or 0.625 bytes (q4, scales included) per parameter.
+2. weights in memory: where the VNNI kernels run (bf16 on an avx512 VNNI CPU), a GGUF's
+   quantized tensors keep only their packed copy: 0.625 bytes a parameter for 4-bit groups
+   (Q4_0, Q4_1, Q4_K), 1.0625 for the other types (requantized to int8 groups of 32), scales
+   included; its float tensors take the dtype's size. Elsewhere a model takes its parameter
+   count times the dtype's size, plus int4/int8 copies of the projections for decode in bf16.
+   Under ISQ the projections take 1 byte (q8) or 0.625 bytes (q4) per parameter.
 3. quantization: none if the dense weights fit in half of the available memory (the other half
    is for the KV cache and the rest of the system), else q8, else q4.
 4. KV cache: half of what remains after the weights and a headroom (10% of available + 512
@@ -29,9 +32,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from gguf import GGMLQuantizationType
 
 from inferd.config import DEFAULT_MAX_MODEL_LEN
 from inferd.doctor import cpu_info, memory_info
+from inferd.kernels import int8_dot
+from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
 from inferd.models.config import ModelConfig
 
 HEADROOM_MB = 512
@@ -47,6 +53,10 @@ class ModelShape:
     params: int  # every parameter
     projection_params: int  # the ones ISQ quantizes (and bf16 packs for decode)
     file_mb: float
+    # A GGUF's weights as the VNNI kernels keep them (packed, quantized tensors only), in MiB
+    # beside the bytes of its float parameters; None for a safetensors directory.
+    packed_mb: float | None = None
+    float_params: int = 0
 
 
 def model_shape(source: str) -> ModelShape:
@@ -80,7 +90,24 @@ def _gguf_shape(source: str, path: Path) -> ModelShape:
         for i in infos
         if (i.name.startswith("blk.") and len(i.shape) == 2) or i.name == "output.weight"
     )
-    return ModelShape(source, "GGUF", cfg, params, projections, path.stat().st_size / 2**20)
+    quantized = [i for i in infos if i.qtype not in FLOAT_TYPES]
+    packed = sum(math.prod(i.shape) * _packed_bytes(i.qtype) for i in quantized)
+    return ModelShape(
+        source,
+        "GGUF",
+        cfg,
+        params,
+        projections,
+        path.stat().st_size / 2**20,
+        packed_mb=packed / 2**20,
+        float_params=params - sum(math.prod(i.shape) for i in quantized),
+    )
+
+
+def _packed_bytes(qtype: GGMLQuantizationType) -> float:
+    """Bytes a parameter of this GGUF type takes packed for the VNNI kernels: 4-bit codes or
+    int8 codes, and a float16 scale (and min, for 4 bits) per group of 32."""
+    return 0.5 + 4 / 32 if qtype in INT4_GROUP_TYPES else 1 + 2 / 32
 
 
 def _plain_shape(source: str, path: Path) -> ModelShape:
@@ -100,9 +127,12 @@ def _plain_shape(source: str, path: Path) -> ModelShape:
     return ModelShape(source, "Plain", cfg, params, projections, size / 2**20)
 
 
-def weights_mb(shape: ModelShape, dtype: torch.dtype, isq: str | None) -> float:
+def weights_mb(shape: ModelShape, dtype: torch.dtype, isq: str | None, vnni: bool) -> float:
+    """The weights' MiB in memory (step 2); ``vnni``: whether the VNNI kernels run them."""
     size = dtype.itemsize
     other = shape.params - shape.projection_params
+    if isq is None and shape.packed_mb is not None and vnni:
+        return shape.packed_mb + shape.float_params * size / 2**20
     if isq is not None:
         return (other * size + shape.projection_params * ISQ_BYTES[isq]) / 2**20
     packed = shape.projection_params * 1.0 if dtype == torch.bfloat16 else 0.0
@@ -128,8 +158,10 @@ def recommend(
     usable_cpus: int | None = None,
     dtype: torch.dtype | None = None,
     kv_cache_dtype: str = "auto",
+    vnni: bool | None = None,
 ) -> dict[str, Any]:
-    """The estimate (see the module docstring); host facts default to this machine's.
+    """The estimate (see the module docstring); host facts (``vnni`` included: whether the
+    VNNI kernels run ``dtype``) default to this machine's.
     ``kv_cache_dtype``: as ``serve --kv-cache-dtype`` (auto, bf16, f32, int8)."""
     from inferd.loading.model import resolve_dtype
 
@@ -139,11 +171,13 @@ def recommend(
     dtype = dtype or resolve_dtype("auto")
     cfg = shape.config
     headroom = available * 0.1 + HEADROOM_MB
-    options = {m: weights_mb(shape, dtype, m) for m in (None, "q8", "q4")}
+    vnni = int8_dot(dtype) if vnni is None else vnni
+    options = {m: weights_mb(shape, dtype, m, vnni) for m in (None, "q8", "q4")}
     fitting = [m for m, mb in options.items() if mb <= available / 2]
-    isq: str | None = fitting[0] if fitting else "q4"
-    fits = bool(fitting) or options["q4"] <= available - headroom
+    # Nothing fits half the memory: the smallest (a packed Q4 GGUF is smaller than ISQ makes it).
+    isq: str | None = fitting[0] if fitting else min(options, key=lambda m: options[m])
     weights = options[isq]
+    fits = bool(fitting) or weights <= available - headroom
     context = min(cfg.max_position, DEFAULT_MAX_MODEL_LEN)
     kv_dtype, per_token = kv_storage(cfg, dtype, kv_cache_dtype)  # what the estimate assumes
     cap_seqs = max(4, min(64, 4 * cpus))
@@ -189,6 +223,7 @@ def recommend(
             "weights": round(weights, 1),
             "kv_cache": kv_mb,
             "headroom": round(headroom),
+            "budget": round(weights + kv_mb + headroom),
             "fits": fits,
         },
         "recommended": {
@@ -216,6 +251,9 @@ def format_text(rec: dict[str, Any]) -> str:
         f"dtype      {r['dtype']}",
         f"quantize   {r['isq'] or 'none'}  (weights ~{mem['weights']:.0f} MiB"
         f"{'' if mem['fits'] else ', which may NOT fit'})",
+        f"memory     budget ~{mem['budget']} MiB: weights ~{mem['weights']:.0f} + KV cache "
+        f"{r['kv_cache_mb']} + headroom {mem['headroom']} MiB, of "
+        f"{rec['host']['available_mb']} MiB available",
         f"kv cache   {r['kv_cache_mb']} MiB = {r['kv_cache_tokens']} tokens of "
         f"{r['kv_cache_dtype']} ({m['kv_bytes_per_token']} bytes each), block size "
         f"{r['block_size']}",

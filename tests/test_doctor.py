@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +16,8 @@ from inferd.cli import main
 from inferd.config import EngineConfig
 from inferd.doctor import CPU_FLAGS, cpu_info
 from inferd.kernels import kernel_isa
+from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
+from inferd.loading.gguf import GGUFFile
 from inferd.server.app import build_app
 from inferd.serving.loading import load_spec
 from inferd.serving.served import load_model
@@ -150,16 +154,46 @@ def test_tune_text(smollm2_gguf: Path, capsys: pytest.CaptureFixture[str]) -> No
 
 
 def test_tune_quantizes_when_memory_is_short(smollm2_gguf: Path) -> None:
+    """Without the VNNI kernels the GGUF's weights are dense bf16: ISQ shrinks them."""
     shape = model_shape(str(smollm2_gguf))
-    bf16 = torch.bfloat16
-    plenty = recommend(shape, available_mb=16000, usable_cpus=4, dtype=bf16)
+
+    def rec(available_mb: int) -> dict[str, Any]:
+        return recommend(
+            shape, available_mb=available_mb, usable_cpus=4, dtype=torch.bfloat16, vnni=False
+        )
+
+    plenty = rec(16000)
     assert plenty["recommended"]["isq"] is None and plenty["recommended"]["max_seqs"] == 16
-    assert (
-        recommend(shape, available_mb=600, usable_cpus=4, dtype=bf16)["recommended"]["isq"] == "q8"
-    )
-    short = recommend(shape, available_mb=250, usable_cpus=4, dtype=bf16)
+    assert rec(600)["recommended"]["isq"] == "q8"
+    short = rec(250)
     assert short["recommended"]["isq"] == "q4" and short["memory_mb"]["fits"]
-    assert not recommend(shape, available_mb=100, usable_cpus=4, dtype=bf16)["memory_mb"]["fits"]
+    assert not rec(100)["memory_mb"]["fits"]
+
+
+def test_tune_counts_the_packed_weights_where_the_vnni_kernels_run(smollm2_gguf: Path) -> None:
+    """SmolLM2's Q4_1 file keeps 4-bit groups (0.625 bytes a parameter, scales and mins
+    included), its Q6_K/Q8_0 tensors int8 groups (1.0625), its norms bf16: about the file's
+    size, which ISQ would only grow, so tune never picks it; the budget adds the pool."""
+    shape = model_shape(str(smollm2_gguf))
+    gguf = GGUFFile(smollm2_gguf)
+    expected = 0.0
+    for info in gguf.tensor_infos():
+        n = math.prod(info.shape)
+        if info.qtype in INT4_GROUP_TYPES:
+            expected += n * 0.625
+        elif info.qtype in FLOAT_TYPES:
+            expected += n * 2
+        else:
+            expected += n * 1.0625
+    for available in (16000, 250, 150):
+        rec = recommend(
+            shape, available_mb=available, usable_cpus=4, dtype=torch.bfloat16, vnni=True
+        )
+        mem = rec["memory_mb"]
+        assert rec["recommended"]["isq"] is None, available
+        assert mem["weights"] == pytest.approx(expected / 2**20, abs=0.1)
+        assert mem["weights"] < 1.1 * smollm2_gguf.stat().st_size / 2**20
+        assert mem["budget"] == round(mem["weights"] + mem["kv_cache"] + mem["headroom"])
 
 
 def test_tune_kv_bytes_follow_the_kv_cache_dtype(smollm2_gguf: Path) -> None:

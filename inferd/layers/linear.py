@@ -279,6 +279,20 @@ def packed_on_huge_pages(model: nn.Module) -> None:
         release_free_heap()  # the originals' pages now, so that the copy never doubles RSS
 
 
+def resident_bytes(model: nn.Module) -> int:
+    """The bytes a model's weights take in RAM: parameters, buffers and packed copies, each
+    storage counted once (a tied head shares the embedding's; meta tensors take none)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    for m in model.modules():
+        if isinstance(m, Linear):
+            tensors += [t for t in (m._packed, m._scales) if t is not None]
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t.device.type != "meta" and t.numel():
+            seen[t.data_ptr()] = max(seen.get(t.data_ptr(), 0), t.numel() * t.element_size())
+    return sum(seen.values())
+
+
 def _invariant_dense(
     x: torch.Tensor, linear: Callable[[torch.Tensor], torch.Tensor]
 ) -> torch.Tensor:

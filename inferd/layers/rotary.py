@@ -79,8 +79,9 @@ class RotaryEmbedding(nn.Module):
         return self.cos.shape[0]
 
     def cover(self, max_position: int) -> None:
-        """Grow the tables to ``max_position`` rows (a context that rope scaling allows past
-        the trained positions); positions past the tables are refused by the kernels."""
+        """Grow the tables to ``max_position`` rows (a served context longer than the tables
+        built at load, rope-scaled ones included); positions past the tables are refused by
+        the kernels."""
         if max_position > self.max_position:
             self._build(max_position)
 

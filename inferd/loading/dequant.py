@@ -21,6 +21,7 @@ import torch
 from gguf import GGML_QUANT_SIZES, QK_K, GGMLQuantizationType
 
 __all__ = [
+    "FLOAT_TYPES",
     "INT4_GROUP_TYPES",
     "SUPPORTED_TYPES",
     "UnsupportedTensorType",
@@ -356,6 +357,8 @@ _INT4_DECODERS: dict[GGMLQuantizationType, Callable[[torch.Tensor], Int4Groups]]
 }
 
 INT4_GROUP_TYPES: frozenset[GGMLQuantizationType] = frozenset(_INT4_DECODERS)
+# Types whose tensors hold plain floats, not quantized blocks.
+FLOAT_TYPES: frozenset[GGMLQuantizationType] = frozenset({Q.F32, Q.F16, Q.BF16})
 
 
 def int4_groups(

@@ -18,7 +18,7 @@ from inferd.layers.linear import (
     pack_int8_vnni,
 )
 from inferd.layers.rotary import inverse_frequencies
-from inferd.loading.dequant import INT4_GROUP_TYPES
+from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
 from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
 from inferd.loading.mmproj import Projector
 from inferd.loading.quantize import Isq
@@ -130,7 +130,7 @@ def _packed_reader(
     quantize it), or a shape the tiles do not fit."""
     widths = {p.shape[-1] for p in parts}
     if (
-        any(p.qtype in _FLOAT_TYPES or len(p.shape) != 2 for p in parts)
+        any(p.qtype in FLOAT_TYPES or len(p.shape) != 2 for p in parts)
         or len(widths) != 1
         or any(p.shape[0] % VNNI_TILE for p in parts)
     ):
@@ -163,11 +163,6 @@ def _packed_reader(
         return (PackedKind.INT4_VNNI if int4 else PackedKind.INT8_VNNI), packed, scales
 
     return read
-
-
-_FLOAT_TYPES = frozenset(
-    {GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16}
-)
 
 
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:

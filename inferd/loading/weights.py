@@ -16,6 +16,7 @@ from torch import nn
 from tqdm import tqdm
 
 from inferd import kernels
+from inferd.config import DEFAULT_MAX_MODEL_LEN
 from inferd.host_memory import release_free_heap
 from inferd.layers.embedding import Embedding
 from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
@@ -60,14 +61,18 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
 
 
 def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) -> LlamaForCausalLM:
-    """The model with every parameter on ``meta`` (in ``dtype``) and real rotary tables."""
+    """The model with every parameter on ``meta`` (in ``dtype``) and real rotary tables.
+
+    The tables hold the default context's positions, not all the trained ones (Llama 3.1's
+    131,072 rows are 128 MiB): serving grows them to its context (``RotaryEmbedding.cover``)."""
     with torch.device("meta"):
         rotary = RotaryEmbedding(cfg.rotary_size, 1, inv_freq.to("meta"))
         model = model_class(cfg)(cfg, rotary).to(dtype)
-    model.rotary = RotaryEmbedding(cfg.rotary_size, cfg.max_position, inv_freq)
+    rows = min(cfg.max_position, DEFAULT_MAX_MODEL_LEN)
+    model.rotary = RotaryEmbedding(cfg.rotary_size, rows, inv_freq)
     if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers: plain RoPE, own base
         local = inverse_frequencies(cfg.rotary_size, cfg.rope_local_theta, RopeScaling())
-        model.local_rotary = RotaryEmbedding(cfg.rotary_size, cfg.max_position, local)
+        model.local_rotary = RotaryEmbedding(cfg.rotary_size, rows, local)
     return model
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from inferd import kernels
 from inferd.config import EngineConfig
 from inferd.engine.draft_model import DraftModel, DraftModelError
+from inferd.layers.linear import resident_bytes
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.model import LoadedModel, load
 
@@ -42,8 +43,7 @@ def weight_bytes(drafter: DraftModel | None, served: LoadedModel) -> int:
     ``self``, which drafts with the served model's own layers)."""
     if drafter is None or drafter.model is served.model:
         return 0
-    tensors = [*drafter.model.parameters(), *drafter.model.buffers()]
-    return sum(t.numel() * t.element_size() for t in tensors)
+    return resident_bytes(drafter.model)
 
 
 def check_same_tokenizer(target: LoadedModel, draft: LoadedModel) -> None:

@@ -29,6 +29,7 @@ from inferd.engine.scheduler import Scheduler, SchedulerConfig
 from inferd.engine.speculative import speculator_for
 from inferd.host_memory import available_bytes
 from inferd.kernels.kv_quant import cache_dtype, dtype_name
+from inferd.layers.linear import resident_bytes
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
@@ -74,6 +75,7 @@ class ServedModel:
     created: int
     kv_cache_dtype: str = ""  # how the pool stores K/V: bf16, f32, int8 (--kv-cache-dtype)
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
+    weight_bytes: int = 0  # the RAM its weights take (packed copies included)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
     images: ImagePrompter | None = None  # how images enter prompts (vision models only)
     audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
@@ -374,6 +376,7 @@ def assemble(
         kv_cache_dtype=dtype_name(kv_dtype),
         created=int(time.time()),
         sizing=sizing,
+        weight_bytes=resident_bytes(model),
         isq=isq.method if isq is not None else None,
         images=_image_prompter(loaded),
         audio=_audio_prompter(loaded),

@@ -172,4 +172,22 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         # context, the pool and why, lowered context included.
         f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "
         f"{cfg.max_num_batched_tokens}, {sizing}",
+        _describe_memory(model),
     ]
+
+
+def _describe_memory(model: ServedModel) -> str:
+    """The memory budget: the weights as loaded (against a GGUF file's size) and the KV pool;
+    activations and the runtime come on top."""
+    weights = model.weight_bytes
+    path = model.source.path
+    of_file = f" ({weights / path.stat().st_size:.2f}x the file)" if path.is_file() else ""
+    pool = model.sizing.pool_bytes if model.sizing is not None else 0
+    return (
+        f"memory     budget {_mib(weights + pool)}: weights {_mib(weights)}{of_file} + KV cache "
+        f"{_mib(pool)}, activations and runtime on top"
+    )
+
+
+def _mib(num_bytes: int) -> str:
+    return f"{num_bytes / 2**20:,.0f} MiB"

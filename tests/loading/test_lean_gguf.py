@@ -13,13 +13,17 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
+from inferd.config import EngineConfig
 from inferd.layers.embedding import Embedding
 from inferd.layers.linear import VNNI_KINDS, Linear, PackedKind, dequantize_packed
+from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.dequant import INT4_GROUP_TYPES, int4_groups
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model, unpermute_rope
+from inferd.loading.weights import build_empty
 from inferd.models.config import LLAMA_FAMILY
 from inferd.models.llama import LlamaForCausalLM
+from inferd.serving.served import load_model
 from tests.loading.test_dequant import reference, synthetic
 from tests.machine import vnni_missing
 
@@ -168,3 +172,27 @@ def test_loaded_weights_take_about_the_files_size(
     assert grown <= 1.2 * path.stat().st_size + figures["tables"] + (64 << 20)
     total_grown = figures["after"]["VmRSS"] - figures["before"]["VmRSS"]
     assert peak <= total_grown + figures["largest"] + (16 << 20)
+
+
+def test_rotary_tables_hold_the_default_context_and_grow_to_the_served_one(
+    gemma3_gguf: Path,
+) -> None:
+    """Gemma 3 was trained on 32,768 positions: its two tables (head_dim 256) would be 128 MiB
+    at load; they hold the default context's 8,192 rows, and serving a longer context grows
+    them to it, each row the same as a table built whole."""
+    loaded = load_model(
+        gemma3_gguf,
+        EngineConfig(dtype="bf16", max_model_len=12_000, kv_cache_tokens=12_288, max_num_seqs=1),
+        progress=False,
+    )
+    try:
+        model = loaded.engine.engine.model
+        assert model.config.max_position == 32_768
+        for table in (model.rotary, model.local_rotary):
+            assert table.max_position == 12_000
+            whole = RotaryEmbedding(table.head_dim, 32_768, table.inv_freq)
+            torch.testing.assert_close(table.cos, whole.cos[:12_000], rtol=0, atol=0)
+        empty = build_empty(model.config, model.rotary.inv_freq, torch.bfloat16)
+        assert empty.rotary.max_position == empty.local_rotary.max_position == 8192
+    finally:
+        loaded.shutdown()

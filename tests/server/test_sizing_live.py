@@ -4,6 +4,8 @@ decided, and a --max-seq-len past the model's positions is refused at startup.""
 
 from __future__ import annotations
 
+import math
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from inferd.loading.gguf import GGUFFile
 from tests.server.live import LiveServer, live_server
 
 POOL = 64  # tokens: SmolLM2's 8,192-token context is lowered to this at startup
@@ -41,6 +44,24 @@ def test_startup_says_the_context_was_lowered_in_one_engine_line(tiny: LiveServe
     assert f"context {POOL}, lowered from 8192" in engine[0]
     assert "set by --kv-cache-tokens" in engine[0]
     assert len([line for line in lines if line.startswith("inferd  limits ")]) == 1
+
+
+def test_startup_states_the_memory_budget(tiny: LiveServer, smollm2_gguf: Path) -> None:
+    """Weights as loaded (f32 here: every parameter dense, 4 bytes) against the file, plus the
+    pool: SmolLM2 stores 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes per token."""
+    line = next(ln for ln in tiny.log.read_text().splitlines() if ln.startswith("inferd  memory "))
+    found = re.fullmatch(
+        r"inferd  memory     budget ([\d,]+) MiB: weights ([\d,]+) MiB \(([\d.]+)x the file\) "
+        r"\+ KV cache ([\d,]+) MiB, activations and runtime on top",
+        line,
+    )
+    assert found, line
+    budget, weights, ratio, pool = (float(g.replace(",", "")) for g in found.groups())
+    params = sum(math.prod(i.shape) for i in GGUFFile(smollm2_gguf).tensor_infos())
+    assert params * 4 / 2**20 <= weights <= params * 4 * 1.1 / 2**20
+    assert ratio == pytest.approx(weights * 2**20 / smollm2_gguf.stat().st_size, abs=0.02)
+    assert pool == round(POOL * 30 * 3 * 64 * 2 * 4 / 2**20)
+    assert abs(budget - weights - pool) <= 1
 
 
 def test_chat_without_max_tokens_runs_to_the_end_of_the_room(tiny: LiveServer) -> None:
