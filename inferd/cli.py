@@ -20,6 +20,7 @@ from inferd.config import (
     KV_RAM_FRACTION,
     EngineConfig,
 )
+from inferd.gate_cli import add_gate_command
 from inferd.ray.args import add_ray_args
 from inferd.server.serve_args import add_serve_args
 from inferd.serving.args import add_model_set_args
@@ -91,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     for sp in (serve, run, pull, models, bench):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_tool_commands(sub)  # convert, quantize, doctor, tune
+    add_gate_command(sub)
     return p
 
 

@@ -9,6 +9,8 @@
 - stream:     StreamConsumer, the strict state machine, and its typed outcomes
 - client:     open_chat_stream, the httpx transport around StreamConsumer
 - receipts:   launch, request and stream receipts in canonical JSON
+- identity:   one digest per part of a model (weights, tokenizer, template, processor, quant)
+- gate:       the release gate: freeze a release's answers and speed, check a candidate
 - example:    ``python -m inferd.contract.example``
 """
 

@@ -436,3 +436,52 @@ def _check_host(host: str, allow_non_loopback: bool) -> None:
 def _check_arg(arg: str) -> None:
     if not arg or _SHELL_SHAPED.search(arg):
         raise PlanError(f"launch argument {arg!r} is empty, whitespace-split or shell-shaped")
+
+
+def plan_to_dict(plan: LaunchPlan) -> dict[str, Any]:
+    """The plan as plain JSON values (enums as their strings), as ``load_plan`` reads it."""
+    record = asdict(plan)
+    record["surfaces"] = sorted(plan.surfaces)
+    return _plain(record)
+
+
+def plan_from_dict(data: dict[str, Any]) -> LaunchPlan:
+    """A plan from ``plan_to_dict``'s shape; every field is validated as the plan is built,
+    and an unknown or missing field is a PlanError naming it."""
+    try:
+        engine = dict(data["engine"])
+        model = dict(data["model"])
+        limits = dict(data["limits"])
+        engine["kind"], engine["build"] = EngineKind(engine["kind"]), Device(engine["build"])
+        model["format"] = ModelFormat(model["format"])
+        limits["paged_attention"] = PagedAttention(limits["paged_attention"])
+        limits["device"] = Device(limits["device"])
+        if limits.get("prefix_caching") is not None:
+            limits["prefix_caching"] = Toggle(limits["prefix_caching"])
+        rest = {k: v for k, v in data.items() if k not in ("engine", "model", "limits")}
+        rest["access_log"] = AccessLog(rest.get("access_log", AccessLog.DEFAULT))
+        rest["surfaces"] = frozenset(Surface(s) for s in rest.get("surfaces", ()))
+        return LaunchPlan(
+            engine=EngineRelease(**engine),
+            model=ModelSource(**model),
+            limits=Limits(**limits),
+            **rest,
+        )
+    except KeyError as exc:
+        raise PlanError(f"the plan lacks {exc.args[0]!r}") from None
+    except TypeError as exc:  # an unknown field: the dataclass names it
+        raise PlanError(f"the plan has a field no plan takes: {exc}") from None
+    except ValueError as exc:
+        if isinstance(exc, PlanError):
+            raise
+        raise PlanError(f"the plan has a value out of its choices: {exc}") from None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, StrEnum):
+        return str(value)
+    return value

@@ -1,0 +1,173 @@
+"""The release gate's comparisons (contract/gate.py), on answers and figures built here; the
+live gate against real servers is tests/contract/test_gate_live.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from inferd.contract.gate import (
+    Answer,
+    GateError,
+    Performance,
+    Run,
+    Tolerances,
+    compare,
+    load_cases,
+)
+from inferd.contract.plan import PlanError, plan_from_dict, plan_to_dict
+from tests.contract.helpers import inferd_plan
+
+PERF = Performance(
+    cold_load_s=5.0,
+    ttft_p50_s=0.1,
+    ttft_p99_s=0.2,
+    itl_p50_s=0.03,
+    itl_p99_s=0.05,
+    throughput_tok_s=60.0,
+    concurrency=4,
+    overload_ttft_p99_s=1.0,
+    peak_rss_mb=1000.0,
+)
+ENV = {"kernel_isa": "avx512", "dtype": "float32", "kernels": {"fused": "fused CPU kernels"}}
+IDENTITY = {p: "a" * 64 for p in ("weights", "tokenizer", "chat_template", "quantization")} | {
+    "processor": None
+}
+
+
+def _answer(tokens: list[str], logprob: float = -0.1, **fields: object) -> Answer:
+    n = len(tokens)
+    steps = [{"token": t, "logprob": logprob, "top": {t: logprob, "x": -3.0}} for t in tokens]
+    base = Answer(
+        id="c",
+        status=200,
+        request_sha256="b" * 64,
+        finish_reason="stop",
+        text="".join(tokens),
+        usage={"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n},
+        logprobs=steps,
+    )
+    return dataclasses.replace(base, **fields)
+
+
+def _run(*answers: Answer, perf: Performance = PERF, env: dict | None = None, **kw: object) -> Run:
+    return Run(
+        plan={},
+        plan_sha256="c" * 64,
+        identity=dict(kw.get("identity", IDENTITY)),  # type: ignore[call-overload]
+        environment=env or ENV,
+        answers=list(answers),
+        performance=perf,
+        tolerances=Tolerances(**kw.get("tolerances", {})),  # type: ignore[arg-type]
+    )
+
+
+def _failed(report_rows: list) -> dict[str, str]:  # type: ignore[type-arg]
+    return {r.name: r.detail for r in report_rows if not r.passed}
+
+
+def test_an_unchanged_release_passes_every_row() -> None:
+    old = _run(_answer(["Par", "is"]))
+    report = compare(old, _run(_answer(["Par", "is"])))
+    assert report.passed, report.table()
+    assert {r.kind for r in report.rows} == {"case", "environment", "identity", "performance"}
+    assert "gate PASSED: 0 of" in report.table()
+
+
+def test_moved_text_fails_its_case_at_the_first_different_token() -> None:
+    report = compare(_run(_answer(["Par", "is", "."])), _run(_answer(["Par", "am", "."])))
+    assert _failed(report.rows) == {"c": "text moved at token 1"}
+
+
+def test_log_prob_distance_counts_only_before_the_texts_part() -> None:
+    loose = {"exact_text": False, "logprob_distance": 0.05}
+    old = _run(_answer(["a", "b"], logprob=-0.10), tolerances=loose)
+    near = compare(old, _run(_answer(["a", "b"], logprob=-0.14)))
+    assert near.passed, near.table()
+    far = compare(old, _run(_answer(["a", "b"], logprob=-0.30)))
+    assert _failed(far.rows) == {"c": "log-prob distance 0.2000 > 0.05"}
+
+
+def test_prompt_tokens_finish_reason_and_usage_arithmetic() -> None:
+    old = _run(_answer(["a"]), tolerances={"exact_text": False})
+    new = _answer(
+        ["a"],
+        finish_reason="length",
+        usage={"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 99},
+    )
+    detail = _failed(compare(old, _run(new)).rows)["c"]
+    assert detail == (
+        "finish_reason stop -> length; prompt_tokens 10 -> 12; usage does not add up: "
+        "{'prompt_tokens': 12, 'completion_tokens': 1, 'total_tokens': 99}"
+    )
+
+
+def test_a_refusal_case_must_be_refused_the_same_way() -> None:
+    refused = Answer(id="c", status=400, request_sha256="b" * 64, error_code="invalid_value")
+    assert compare(_run(refused), _run(dataclasses.replace(refused))).passed
+    answered = _answer(["ok"])
+    assert _failed(compare(_run(refused), _run(answered)).rows) == {
+        "c": "refusal moved: HTTP 400 invalid_value -> 200 None"
+    }
+
+
+def test_a_schema_answer_must_stay_valid_and_the_request_must_be_the_frozen_one() -> None:
+    old = _answer(["{}"], schema_valid=True)
+    assert _failed(compare(_run(old), _run(dataclasses.replace(old, schema_valid=False))).rows) == {
+        "c": "the answer no longer matches its json_schema"
+    }
+    other = dataclasses.replace(old, request_sha256="d" * 64)
+    assert _failed(compare(_run(old), _run(other)).rows) == {
+        "c": "the request or its evidence differs from the frozen one"
+    }
+
+
+def test_performance_regressions_beyond_the_tolerances_fail() -> None:
+    slower = dataclasses.replace(PERF, ttft_p50_s=0.14, itl_p99_s=0.09, throughput_tok_s=30.0)
+    failed = _failed(compare(_run(_answer(["a"])), _run(_answer(["a"]), perf=slower)).rows)
+    assert set(failed) == {"itl_p99_s", "throughput_tok_s"}  # TTFT +40% is within +50%
+    assert failed["throughput_tok_s"].startswith("60 -> 30 (0.50x")
+
+
+def test_identity_changes_are_reported_and_environment_changes_fail() -> None:
+    new_template = IDENTITY | {"chat_template": "e" * 64}
+    report = compare(_run(_answer(["a"])), _run(_answer(["a"]), identity=new_template))
+    assert report.passed
+    rows = {r.name: r.detail for r in report.rows if r.kind == "identity"}
+    assert rows["chat_template"] == "changed" and rows["weights"] == "same"
+    avx2 = ENV | {"kernel_isa": "avx2"}
+    assert _failed(compare(_run(_answer(["a"])), _run(_answer(["a"]), env=avx2)).rows) == {
+        "kernel_isa": '"avx512" -> "avx2"'
+    }
+
+
+def test_case_files_are_checked(tmp_path: Path) -> None:
+    path = tmp_path / "cases.json"
+    body = {"messages": [{"role": "user", "content": "hi"}]}
+    path.write_text(json.dumps({"cases": [{"id": "a", "body": body}, {"id": "a", "body": body}]}))
+    with pytest.raises(GateError, match="unique ids"):
+        load_cases(path)
+    path.write_text(json.dumps({"cases": [{"id": "a", "body": body | {"model": "x"}}]}))
+    with pytest.raises(GateError, match="sets model and stream"):
+        load_cases(path)
+    path.write_text(json.dumps({"cases": [{"id": "a", "body": body}], "tolerances": {"speed": 1}}))
+    with pytest.raises(GateError, match="not a case file"):
+        load_cases(path)
+    cases, tolerances = load_cases(Path("examples/gate/cases.json"))
+    assert len(cases) == 7 and sum(c.refusal for c in cases) == 2
+    assert tolerances.logprob_distance == 0.05
+
+
+def test_a_plan_round_trips_through_json_with_its_identity() -> None:
+    plan = inferd_plan()
+    again = plan_from_dict(json.loads(json.dumps(plan_to_dict(plan))))
+    assert again == plan and again.identity_sha256() == plan.identity_sha256()
+    data = plan_to_dict(plan)
+    del data["limits"]["dtype"]
+    with pytest.raises(PlanError):
+        plan_from_dict(data)
+    with pytest.raises(PlanError, match="lacks 'engine'"):
+        plan_from_dict({})

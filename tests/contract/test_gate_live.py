@@ -1,0 +1,143 @@
+"""``inferd gate`` end to end on the default model: a plan and a golden frozen through the
+real CLI, then checks of candidates served by real ``inferd serve`` processes — the unchanged
+release passes; a release whose chat template, tokenizer or quantization was altered fails,
+naming the cases that moved. Speed regressions are the comparison's (test_gate.py): timings
+here vary with the machine's load, so these case files tolerate any speed."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from gguf import GGMLQuantizationType, GGUFReader
+
+from inferd.bench.process import free_port
+from inferd.cli import main
+from tests.contract.altered_gguf import rewrite
+
+SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+@dataclass
+class Golden:
+    root: Path
+    golden: Path
+    model: Path
+
+
+def _plan(root: Path, model: Path, name: str) -> Path:
+    out = root / f"{name}.json"
+    args = ["gate", "plan", "-m", str(model), "--bundles", str(root / "bundles"), "--out", str(out)]
+    assert main([*args, "--dtype", "f32", "--port", str(free_port())]) == 0
+    return out
+
+
+def _check(g: Golden, plan: Path, name: str) -> tuple[int, dict[str, Any]]:
+    report = g.root / f"{name}-report.json"
+    code = main(["gate", "check", str(plan), str(g.golden), "--report", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def _rows(report: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
+    return {r["name"]: r for r in report["rows"] if r["kind"] == kind}
+
+
+@pytest.fixture(scope="module")
+def golden(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Golden]:
+    root = tmp_path_factory.mktemp("gate")
+    cases = json.loads(Path("examples/gate/cases.json").read_text())
+    cases["tolerances"] |= {"latency_growth": 1e6, "throughput_drop": 1.0, "rss_growth": 1e6}
+    cases["tolerances"] |= {"perf_samples": 2, "perf_tokens": 4}
+    (root / "cases.json").write_text(json.dumps(cases))
+    plan = _plan(root, smollm2_gguf, "release")
+    out = root / "golden"
+    assert (
+        main(["gate", "freeze", str(plan), "--cases", str(root / "cases.json"), "--out", str(out)])
+        == 0
+    )
+    yield Golden(root, out, smollm2_gguf)
+
+
+def test_the_golden_holds_answers_identity_and_figures(golden: Golden) -> None:
+    frozen = json.loads((golden.golden / "golden.json").read_text())
+    answers = {a["id"]: a for a in frozen["answers"]}
+    assert answers["capital"]["status"] == 200 and "Paris" in answers["capital"]["text"]
+    assert answers["json-schema"]["schema_valid"] is True
+    assert answers["tool-call"]["finish_reason"] == "tool_calls"
+    assert answers["tool-call"]["tool_calls"][0]["name"] == "get_weather"
+    assert answers["adversarial-temperature"]["status"] == 400
+    refused = answers["adversarial-image-to-text-model"]
+    assert refused["status"] == 400 and len(refused["evidence"]) == 1  # the PNG's digest
+    assert all(
+        0 < len(a["logprobs"]) <= a["usage"]["completion_tokens"]  # the end token: none
+        for a in answers.values()
+        if a["text"] is not None  # a tool call's tokens carry no content log-probs
+    )
+    assert set(frozen["identity"]) == {
+        "weights",
+        "tokenizer",
+        "chat_template",
+        "processor",
+        "quantization",
+    }
+    perf = frozen["performance"]
+    assert perf["cold_load_s"] > 0 and perf["throughput_tok_s"] > 0 and perf["peak_rss_mb"] > 100
+    assert frozen["environment"]["dtype"] == "float32"
+
+
+def test_the_unchanged_release_passes(golden: Golden) -> None:
+    code, report = _check(golden, _plan(golden.root, golden.model, "same"), "same")
+    assert code == 0 and report["passed"], report
+    assert all(r["detail"] == "same" for r in _rows(report, "identity").values())
+
+
+def test_an_altered_chat_template_fails_naming_the_cases(golden: Golden) -> None:
+    template = GGUFReader(str(golden.model)).fields["tokenizer.chat_template"].contents()
+    assert SMOLLM_SYSTEM in template
+    altered = golden.root / "template" / golden.model.name
+    altered.parent.mkdir()
+    new = template.replace(SMOLLM_SYSTEM, "You are a pirate.")
+    rewrite(golden.model, altered, metadata={"tokenizer.chat_template": new})
+    code, report = _check(golden, _plan(golden.root, altered, "template"), "template")
+    assert code == 1 and not report["passed"]
+    identity = _rows(report, "identity")
+    assert (
+        identity["chat_template"]["detail"] == "changed" and identity["weights"]["detail"] == "same"
+    )
+    cases = _rows(report, "case")
+    assert not cases["capital"]["passed"] and "prompt_tokens" in cases["capital"]["detail"]
+    assert cases["story"]["passed"], cases["story"]  # it has its own system prompt
+    assert cases["adversarial-temperature"]["passed"]
+
+
+def test_an_altered_tokenizer_fails(golden: Golden) -> None:
+    merges = GGUFReader(str(golden.model)).fields["tokenizer.ggml.merges"].contents()
+    altered = golden.root / "tokenizer" / golden.model.name
+    altered.parent.mkdir()
+    rewrite(golden.model, altered, metadata={"tokenizer.ggml.merges": merges[300:]})
+    code, report = _check(golden, _plan(golden.root, altered, "tokenizer"), "tokenizer")
+    assert code == 1
+    assert _rows(report, "identity")["tokenizer"]["detail"] == "changed"
+    failed = [name for name, row in _rows(report, "case").items() if not row["passed"]]
+    assert "capital" in failed and "prompt_tokens" in _rows(report, "case")["capital"]["detail"]
+
+
+def test_a_requantized_release_fails(golden: Golden) -> None:
+    altered = golden.root / "q4_0" / golden.model.name
+    altered.parent.mkdir()
+    rewrite(
+        golden.model, altered, requantize=(GGMLQuantizationType.Q4_1, GGMLQuantizationType.Q4_0)
+    )
+    code, report = _check(golden, _plan(golden.root, altered, "q4_0"), "q4_0")
+    assert code == 1
+    identity = _rows(report, "identity")
+    assert (
+        identity["quantization"]["detail"] == "changed"
+        and identity["tokenizer"]["detail"] == "same"
+    )
+    moved = [row["detail"] for row in _rows(report, "case").values() if not row["passed"]]
+    assert moved and all("moved" in d or "log-prob distance" in d for d in moved), moved
