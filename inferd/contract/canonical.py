@@ -14,7 +14,7 @@ from typing import Any
 
 # The integration release every receipt names, bumped whenever a validator or a rendering
 # rule changes, so that old receipts stay attributable to the rules that produced them.
-INTEGRATION_RELEASE = "inferd.contract/0.2.0"
+INTEGRATION_RELEASE = "inferd.contract/0.3.0"
 
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 # The server's own rule for x-request-id, reused for every caller-chosen identifier that

@@ -297,6 +297,10 @@ class _InferdRenderer:
             ("--max-num-images", lim.max_num_images),
             ("--seed", lim.seed),
             ("--allowed-media-root", plan.media_root),
+            # The safety settings, explicit whatever the release's defaults: no chat page, no
+            # lifecycle or LoRA mutation routes (the plan's surfaces add no authority).
+            ("--ui", "off"),
+            ("--admin-routes", "off"),
         )
 
 

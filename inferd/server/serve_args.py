@@ -64,6 +64,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"(repeatable; also {ADMIN_KEYS_ENV}); without one they are off on a non-loopback --host",
     )
     g.add_argument(
+        "--admin-routes",
+        choices=["auto", "off"],
+        default="auto",
+        help="off: the lifecycle and LoRA routes answer 404 whatever the keys and --host (auto: "
+        "on with an --admin-key, or on a loopback --host)",
+    )
+    g.add_argument(
         "--allowed-hosts",
         action="append",
         default=[],
@@ -309,7 +316,8 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             "auto_reload": args.auto_reload == "on",
             "api_keys": (*args.api_key, *keys_from_env(environ)),
             "admin_keys": admin_keys,
-            "admin_routes": bool(admin_keys) or is_loopback(args.host),
+            "admin_routes": args.admin_routes != "off"
+            and (bool(admin_keys) or is_loopback(args.host)),
             "allowed_hosts": HostAllowList.for_server(
                 args.host, args.port, [h for value in args.allowed_hosts for h in value.split(",")]
             ),

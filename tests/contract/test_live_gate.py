@@ -197,6 +197,17 @@ def test_exact_readiness_after_startup(gate: Gate) -> None:
     gate.measured["serve_identity"] = gate.plan.identity_sha256()
 
 
+def test_the_plan_leaves_no_chat_page_and_no_lifecycle_routes(gate: Gate) -> None:
+    """On loopback, inferd's defaults would serve the chat page and the lifecycle and LoRA
+    routes without a key; the plan turns them off explicitly."""
+    base = gate.plan.base_url
+    assert gate.client.get(base + "/").status_code == 404
+    body = {"model_id": gate.plan.model_route}
+    for route in ("/v1/models/status", "/v1/models/unload", "/v1/load_lora_adapter"):
+        assert gate.client.post(base + route, json=body).status_code == 404, route
+    assert gate.client.get(base + "/v1/models").status_code == 200
+
+
 @pytest.mark.parametrize("rid", list(FROZEN))
 def test_frozen_requests_complete(gate: Gate, rid: str) -> None:
     prompt, max_tokens = FROZEN[rid]

@@ -46,6 +46,7 @@ def test_inferd_argv_matches_our_cli() -> None:
         "--port", "8080", "--dtype", "f32", "--max-seqs", "4", "--max-seq-len", "2048",
         "--max-num-batched-tokens", "512", "--kv-cache-tokens", "8192",
         "--prefix-caching", "on", "--max-num-images", "0", "--seed", "7",
+        "--ui", "off", "--admin-routes", "off",
     )  # fmt: skip
     assert plan.model_route == "model"
     assert plan.base_url == "http://127.0.0.1:8080"
@@ -84,6 +85,7 @@ def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
     assert args.max_num_images == images
     assert (args.dtype, args.max_seqs, args.max_seq_len, args.seed) == ("f32", 4, 2048, 7)
     assert (args.max_num_batched_tokens, args.kv_cache_tokens) == (512, 8192)
+    assert (args.ui, args.admin_routes) == ("off", "off")  # rendered whatever the defaults
 
 
 def test_identity_is_stable_and_canonical() -> None:
@@ -161,7 +163,7 @@ def test_a_config_plan_renders_its_config_and_media_root() -> None:
     )
     args = plan.launch_args()
     assert args[:3] == ("serve", "--config", f"{plan.model.local_dir}/models.json")
-    assert args[-2:] == ("--allowed-media-root", "/srv/evidence")
+    assert args[-6:-4] == ("--allowed-media-root", "/srv/evidence")
     assert plan.model_route == "vision"
     # pinned plans keep their identity: the new fields count only when set
     assert "media_root" not in inferd_plan().identity()
