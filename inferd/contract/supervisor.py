@@ -68,6 +68,7 @@ class ReadinessState(StrEnum):
     UNLOADED = "unloaded"
     RELOADING = "reloading"
     UNKNOWN_STATUS = "unknown_status"
+    NOT_ANSWERING = "not_answering"  # listed as loaded, but the known request failed
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,32 @@ def probe_readiness(client: httpx.Client, base_url: str, route: str) -> Readines
     except httpx.TransportError as exc:
         return Readiness(ReadinessState.UNREACHABLE, type(exc).__name__)
     return assess_models(bytes(body), route)
+
+
+# The semantic probe: one token of a fixed request, before the route counts as ready. A
+# server can list a model as loaded and still fail every request (a broken template, kernels
+# that crash on first use); the probe sees what a first caller would.
+PROBE_BODY = {"messages": [{"role": "user", "content": "Say OK."}], "max_tokens": 1}
+
+
+def probe_answer(client: httpx.Client, base_url: str, route: str) -> Readiness:
+    """POST the probe request to ``route``: ready when it answers one token under its id."""
+    try:
+        response = client.post(
+            base_url + "/v1/chat/completions", json={**PROBE_BODY, "model": route}
+        )
+    except httpx.TransportError as exc:
+        return Readiness(ReadinessState.NOT_ANSWERING, type(exc).__name__)
+    if response.status_code != 200:
+        return Readiness(ReadinessState.NOT_ANSWERING, f"HTTP {response.status_code}")
+    try:
+        doc = response.json()
+        answered = doc["model"] == route and doc["usage"]["completion_tokens"] == 1
+    except (ValueError, KeyError, TypeError):
+        answered = False
+    if not answered:
+        return Readiness(ReadinessState.NOT_ANSWERING, "not one token from the route")
+    return Readiness(ReadinessState.READY)
 
 
 def probe_liveness(client: httpx.Client, base_url: str) -> bool:
@@ -222,6 +249,7 @@ class Supervisor:
         restart: RestartPolicy | None = None,
         env: Mapping[str, str] | None = None,
         verify_model_bundle: bool = True,
+        semantic_probe: bool = True,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -233,6 +261,7 @@ class Supervisor:
         self.policy = restart or RestartPolicy()
         self._env = dict(os.environ if env is None else env)
         self._verify_bundle = verify_model_bundle
+        self.semantic_probe = semantic_probe  # one known request before ready (PROBE_BODY)
         self._sleep = sleep
         self._clock = clock
         self._client = httpx.Client(timeout=httpx.Timeout(5.0), trust_env=False)
@@ -342,6 +371,8 @@ class Supervisor:
             if code is not None:
                 raise StartupFailed(f"the process exited with {code} before it was ready")
             last = self.readiness()
+            if last.ready and self.semantic_probe:
+                last = probe_answer(self._client, self.plan.base_url, self.plan.model_route)
             if last.ready:
                 return last
             self._sleep(self.probe_interval_s)
@@ -357,6 +388,13 @@ class Supervisor:
 
     def readiness(self) -> Readiness:
         return probe_readiness(self._client, self.plan.base_url, self.plan.model_route)
+
+    def watch_once(self) -> StartReport | None:
+        """One liveness check: a process that exited or stopped answering /health is
+        restarted (with the backoff); the new start's report, or None while it is alive."""
+        if self.alive():
+            return None
+        return self.restart()
 
     # -- requests ----------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -306,8 +306,9 @@ def test_server_killed_mid_stream_is_incomplete_then_restarted(gate: Gate) -> No
     gate.measured["killed_outcome"] = f"{outcome.rule}: {outcome.detail}"
     assert not sup.alive() and sup.readiness().state is ReadinessState.UNREACHABLE
 
-    restarted = sup.restart()
-    assert restarted.readiness.ready and sup.delays == [0.5]
+    restarted = sup.watch_once()  # liveness failed: restarted, with the backoff
+    assert restarted is not None and restarted.readiness.ready and sup.delays == [0.5]
+    assert sup.watch_once() is None  # alive: nothing to do
     gate.measured["restart_s"] = round(restarted.startup_s, 2)
     rid = next(iter(FROZEN))
     again = _send(gate, "gate-after-restart", *FROZEN[rid])

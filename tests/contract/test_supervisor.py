@@ -29,6 +29,7 @@ from inferd.contract.supervisor import (
     StopMethod,
     Supervisor,
     assess_models,
+    probe_answer,
     probe_readiness,
 )
 from tests.contract.helpers import inferd_plan
@@ -80,6 +81,16 @@ def test_sixty_four_models_are_still_readable() -> None:
 class _Handler(BaseHTTPRequestHandler):
     body = b""
     status = 200
+    answer = b""  # what POST answers (the semantic probe's request)
+    answer_status = 200
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        self.send_response(self.answer_status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(self.answer)))
+        self.end_headers()
+        self.wfile.write(self.answer)
 
     def do_GET(self) -> None:
         self.send_response(self.status)
@@ -242,3 +253,19 @@ def test_stop_with_nothing_in_flight_terminates_cleanly(tmp_path: Path) -> None:
     report = sup.stop(drain_timeout_s=1.0, term_timeout_s=10.0)
     assert (report.drained, report.incomplete, report.method) == (True, (), StopMethod.TERMINATED)
     assert sup.stop().method is StopMethod.NOT_RUNNING
+
+
+def test_the_semantic_probe_needs_one_token_from_the_route(
+    fake_models: tuple[str, type[_Handler]],
+) -> None:
+    """A model listed as loaded is ready only once a known request gets one token back."""
+    url, handler = fake_models
+    one_token = {"model": ROUTE, "usage": {"completion_tokens": 1}}
+    with httpx.Client() as client:
+        handler.answer = json.dumps(one_token).encode()
+        assert probe_answer(client, url, ROUTE).ready
+        handler.answer = json.dumps({**one_token, "model": "other"}).encode()
+        assert probe_answer(client, url, ROUTE).state is ReadinessState.NOT_ANSWERING
+        handler.answer, handler.answer_status = b'{"error": {}}', 500
+        failed = probe_answer(client, url, ROUTE)
+        assert (failed.state, failed.detail) == (ReadinessState.NOT_ANSWERING, "HTTP 500")
