@@ -3,6 +3,9 @@
     inferd gate plan -m MODEL.gguf --bundles DIR --out plan.json   # pin a release
     inferd gate freeze plan.json --cases cases.json --out GOLDEN   # store its answers
     inferd gate check candidate.json GOLDEN [--report report.json] # exit 1 if it moved
+    inferd gate canary live.json candidate.json --cases cases.json   # both served at once
+    inferd gate promote candidate.json --state DIR --report report.json
+    inferd gate rollback --state DIR
 
 Plans run this interpreter's ``inferd`` package, whose digest they pin: a plan written for
 another installation is refused before anything starts.
@@ -49,7 +52,26 @@ def add_gate_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     check.add_argument("golden", type=Path)
     check.add_argument("--report", type=Path, default=None, help="also write the report (JSON)")
     check.set_defaults(func=run_gate, step=_check)
-    for sp in (gate, plan, freeze, check):
+    canary = steps.add_parser(
+        "canary", help="serve two plans side by side and compare the new one on the cases"
+    )
+    canary.add_argument("old", type=Path)
+    canary.add_argument("new", type=Path)
+    canary.add_argument("--cases", type=Path, required=True)
+    canary.add_argument("--report", type=Path, default=None, help="also write the report (JSON)")
+    canary.add_argument("--logs", type=Path, default=Path("."), help="where the servers log")
+    canary.set_defaults(func=run_gate, step=_canary)
+
+    promote = steps.add_parser("promote", help="make a plan that passed the gate the live one")
+    promote.add_argument("plan", type=Path)
+    promote.add_argument("--state", type=Path, required=True, help="the rollout directory")
+    promote.add_argument("--report", type=Path, required=True, help="its passing gate report")
+    promote.set_defaults(func=run_gate, step=_promote)
+
+    rollback = steps.add_parser("rollback", help="make the previous plan live again")
+    rollback.add_argument("--state", type=Path, required=True)
+    rollback.set_defaults(func=run_gate, step=_rollback)
+    for sp in (gate, plan, freeze, check, canary, promote, rollback):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
@@ -142,6 +164,36 @@ def _check(args: argparse.Namespace) -> int:
     if args.report is not None:
         args.report.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
     return 0 if report.passed else 1
+
+
+def _canary(args: argparse.Namespace) -> int:
+    from inferd.contract.gate import canary
+    from inferd.contract.supervisor import Executable
+
+    old, new = _read_plan(args.old), _read_plan(args.new)
+    report = canary(old, new, Executable.inferd_module(), args.cases, args.logs)
+    print(report.table())
+    if args.report is not None:
+        args.report.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
+    return 0 if report.passed else 1
+
+
+def _promote(args: argparse.Namespace) -> int:
+    from inferd.contract.rollout import promote
+
+    plan = _read_plan(args.plan)
+    replaced = promote(args.state, plan, json.loads(args.report.read_text(encoding="utf-8")))
+    was = f"; previous {replaced.identity_sha256()[:16]}" if replaced is not None else ""
+    print(f"live       {plan.identity_sha256()[:16]}  ({plan.model_route}){was}")
+    return 0
+
+
+def _rollback(args: argparse.Namespace) -> int:
+    from inferd.contract.rollout import rollback
+
+    plan = rollback(args.state)
+    print(f"live       {plan.identity_sha256()[:16]}  ({plan.model_route}), rolled back")
+    return 0
 
 
 def _read_plan(path: Path) -> LaunchPlan:

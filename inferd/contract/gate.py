@@ -27,6 +27,7 @@ temperature 0, the plan's seed and top-k log-probs).
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import itertools
 import json
@@ -34,6 +35,7 @@ import re
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -113,13 +115,20 @@ class Row:
 @dataclass
 class Report:
     rows: list[Row]
+    golden_plan_sha256: str = ""
+    candidate_plan_sha256: str = ""
 
     @property
     def passed(self) -> bool:
         return all(row.passed for row in self.rows)
 
     def to_json(self) -> dict[str, Any]:
-        return {"passed": self.passed, "rows": [asdict(r) for r in self.rows]}
+        return {
+            "passed": self.passed,
+            "golden_plan_sha256": self.golden_plan_sha256,
+            "candidate_plan_sha256": self.candidate_plan_sha256,
+            "rows": [asdict(r) for r in self.rows],
+        }
 
     def table(self) -> str:
         width = max((len(r.name) for r in self.rows), default=4)
@@ -195,6 +204,43 @@ class Run:
         )
 
 
+@contextlib.contextmanager
+def serving(plan: LaunchPlan, executable: Executable, log_path: Path) -> Iterator[Release]:
+    """``plan`` started under the supervisor (ready, semantic probe included) until exit."""
+    supervisor = Supervisor(plan, executable, log_path=log_path)
+    with supervisor, httpx.Client(trust_env=False, timeout=300) as client:
+        started = supervisor.start()
+        assert supervisor.process is not None
+        yield Release(plan, client, started.startup_s, supervisor.process.pid)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A release being served: its plan, a client, its cold load time and its process."""
+
+    plan: LaunchPlan
+    client: httpx.Client
+    cold_load_s: float
+    pid: int
+
+    def run(self, cases: list[Case], tolerances: Tolerances) -> Run:
+        """Check its environment, run the cases, measure."""
+        plan = self.plan
+        environment = server_environment(self.client, plan)
+        answers = [run_case(self.client, plan, case) for case in cases]
+        performance = measure(self.client, plan, tolerances, self.cold_load_s, self.pid)
+        identity = model_identity(Path(plan.model.entry_path))
+        return Run(
+            plan_to_dict(plan),
+            plan.identity_sha256(),
+            identity,
+            environment,
+            answers,
+            performance,
+            tolerances,
+        )
+
+
 def run_release(
     plan: LaunchPlan,
     executable: Executable,
@@ -203,23 +249,27 @@ def run_release(
     log_path: Path,
 ) -> Run:
     """Launch ``plan``, check its environment, run the cases, measure; then stop it."""
-    identity = model_identity(Path(plan.model.entry_path))
-    supervisor = Supervisor(plan, executable, log_path=log_path)
-    with supervisor, httpx.Client(trust_env=False, timeout=300) as client:
-        started = supervisor.start()
-        environment = server_environment(client, plan)
-        answers = [run_case(client, plan, case) for case in cases]
-        assert supervisor.process is not None
-        performance = measure(client, plan, tolerances, started.startup_s, supervisor.process.pid)
-    return Run(
-        plan_to_dict(plan),
-        plan.identity_sha256(),
-        identity,
-        environment,
-        answers,
-        performance,
-        tolerances,
-    )
+    with serving(plan, executable, log_path) as release:
+        return release.run(cases, tolerances)
+
+
+def canary(
+    old: LaunchPlan,
+    new: LaunchPlan,
+    executable: Executable,
+    cases_path: Path,
+    log_dir: Path,
+) -> Report:
+    """Serve both plans side by side (the same machine, at the same time) and compare the
+    new one against the old on the same cases and measurements."""
+    if (old.host, old.port) == (new.host, new.port):
+        raise GateError("a canary serves both plans at once: give them different ports")
+    cases, tolerances = load_cases(cases_path)
+    with (
+        serving(old, executable, log_dir / "old.log") as live,
+        serving(new, executable, log_dir / "new.log") as candidate,
+    ):
+        return compare(live.run(cases, tolerances), candidate.run(cases, tolerances))
 
 
 def freeze(
@@ -460,7 +510,7 @@ def compare(golden: Run, candidate: Run) -> Report:
             Row("case", old.id, not problems, "; ".join(problems) or _case_detail(old, new))
         )
     rows += _performance_rows(golden.performance, candidate.performance, tol)
-    return Report(rows)
+    return Report(rows, golden.plan_sha256, candidate.plan_sha256)
 
 
 def compare_answer(old: Answer, new: Answer, tol: Tolerances) -> list[str]:

@@ -12,11 +12,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from gguf import GGMLQuantizationType, GGUFReader
 
 from inferd.bench.process import free_port
 from inferd.cli import main
+from inferd.contract.plan import plan_from_dict
+from inferd.contract.rollout import LIVE, PREVIOUS, Rollout, adopt, read_plan
+from inferd.contract.supervisor import Executable
 from tests.contract.altered_gguf import rewrite
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -141,3 +145,43 @@ def test_a_requantized_release_fails(golden: Golden) -> None:
     )
     moved = [row["detail"] for row in _rows(report, "case").values() if not row["passed"]]
     assert moved and all("moved" in d or "log-prob distance" in d for d in moved), moved
+
+
+def test_a_canary_then_a_promotion_keeps_the_previous_release_ready(golden: Golden) -> None:
+    """Two plans of the same model served at once: the canary passes; after the promotion
+    both stay served, so the rollback switches to a process that never stopped."""
+    old_path, new_path = (_plan(golden.root, golden.model, n) for n in ("old", "new"))
+    report = golden.root / "canary.json"
+    args = [
+        "gate",
+        "canary",
+        str(old_path),
+        str(new_path),
+        "--cases",
+        str(golden.root / "cases.json"),
+    ]
+    assert main([*args, "--report", str(report), "--logs", str(golden.root)]) == 0
+    passed = json.loads(report.read_text())
+    old, new = (plan_from_dict(json.loads(p.read_text())) for p in (old_path, new_path))
+    assert passed["passed"] and passed["candidate_plan_sha256"] == new.identity_sha256()
+
+    state = golden.root / "rollout"
+    adopt(state, old)
+    rollout = Rollout(state, Executable.inferd_module(), golden.root)
+    try:
+        rollout.start()
+        standby = rollout.running[old.identity_sha256()].process
+        rollout.promote(new, passed)
+        assert read_plan(state, LIVE) == new and read_plan(state, PREVIOUS) == old
+        assert all(s.alive() for s in rollout.running.values()) and len(rollout.running) == 2
+        assert rollout.rollback() == old and read_plan(state, LIVE) == old
+        assert rollout.running[old.identity_sha256()].process is standby  # never restarted
+        answer = httpx.post(
+            old.base_url + "/v1/chat/completions",
+            json={"model": old.model_route, "messages": [{"role": "user", "content": "Hi"}]},
+            timeout=120,
+        )
+        assert answer.status_code == 200
+    finally:
+        rollout.stop()
+    assert not rollout.running
