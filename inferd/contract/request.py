@@ -115,6 +115,8 @@ def build_chat_request(
     seed: int,
     bounds: RequestBounds,
     store: EvidenceStore | None = None,
+    tools: tuple[dict[str, Any], ...] = (),
+    tool_choice: str | dict[str, Any] | None = None,
 ) -> ChatRequest:
     """Validate ``parts`` against ``bounds`` and serialize one streaming chat request.
 
@@ -125,17 +127,22 @@ def build_chat_request(
     _check_sampling(max_tokens, temperature, seed)
     leases = [p.lease for p in parts if isinstance(p, MediaPart)]
     _check_bounds(parts, leases, max_tokens, bounds)
-    body = canonical_json(
-        {
-            "model": plan.model_route,
-            "messages": [{"role": "user", "content": [_wire_part(p) for p in parts]}],
-            "max_tokens": max_tokens,
-            "temperature": float(temperature),
-            "seed": seed,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-        }
-    )
+    wire: dict[str, Any] = {
+        "model": plan.model_route,
+        "messages": [{"role": "user", "content": [_wire_part(p) for p in parts]}],
+        "max_tokens": max_tokens,
+        "temperature": float(temperature),
+        "seed": seed,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    if tools:  # the stream's calls are then checked whole (tool_calls.py)
+        wire["tools"] = list(tools)
+    if tool_choice is not None:
+        if not tools:
+            raise RequestError("tool_choice needs tools")
+        wire["tool_choice"] = tool_choice
+    body = canonical_json(wire)
     _within(JsonTooLarge, bounds, len(body), "bytes of request JSON")
     return ChatRequest(
         request_id=request_id,

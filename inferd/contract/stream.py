@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 from inferd.contract.canonical import canonical_json
 from inferd.contract.sse import DecodeLimits, DecodeRule, SseComment, SseDecoder, SseEvent, SseItem
+from inferd.contract.tool_calls import ToolCall, ToolCallAssembler, ToolCallError
 
 
 class Rule(StrEnum):
@@ -67,6 +68,7 @@ class Rule(StrEnum):
     DONE_MISSING = "done_missing"
     UNEXPECTED_EOF = "unexpected_eof"
     TRANSPORT = "transport"
+    TOOL_CALL = "tool_call"  # a streamed tool call out of order, renamed or not valid JSON
 
 
 class OutcomeKind(StrEnum):
@@ -127,6 +129,7 @@ class ToolCallsRequested(Finished):
     """The model asked for tools; the calls need their own contract, never plain text."""
 
     tool_calls: tuple[str, ...] = ()  # canonical JSON of each tool_calls delta entry
+    calls: tuple[ToolCall, ...] = ()  # the calls assembled, arguments parsed (tool_calls.py)
 
     kind = OutcomeKind.TOOL_CALLS
     finish_reason = "tool_calls"
@@ -254,6 +257,7 @@ class StreamConsumer:
         self._text: list[str] = []
         self._text_bytes = 0
         self._tool_calls: list[str] = []
+        self._assembler = ToolCallAssembler(self.limits.max_text_bytes)
         self._role_seen = False
         self._envelope: tuple[str, int] | None = None
         self._finish: type[_Terminal] | None = None
@@ -453,6 +457,10 @@ class StreamConsumer:
                 encoded = canonical_json(call).decode("utf-8")
                 self._add_output(encoded)
                 self._tool_calls.append(encoded)
+                try:
+                    self._assembler.add(call)
+                except ToolCallError as exc:
+                    raise _Violation(Rule.TOOL_CALL, str(exc)) from None
 
     def _add_output(self, text: str) -> None:
         self._text_bytes += len(text.encode("utf-8"))
@@ -477,7 +485,13 @@ class StreamConsumer:
         rid, created = self._envelope
         common = (self.text, self._usage, rid, created, self.expect.model_route)
         if self._finish is ToolCallsRequested:
-            return ToolCallsRequested(*common, tool_calls=tuple(self._tool_calls))
+            try:
+                assembled = self._assembler.finish()
+            except ToolCallError as exc:
+                return ProtocolError(Rule.TOOL_CALL, str(exc), self.text)
+            return ToolCallsRequested(*common, tool_calls=tuple(self._tool_calls), calls=assembled)
+        if self._assembler.started and self._finish is Complete:
+            return ProtocolError(Rule.TOOL_CALL, "tool calls with finish_reason stop", self.text)
         return self._finish(*common)
 
 

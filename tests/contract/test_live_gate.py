@@ -50,6 +50,7 @@ from inferd.contract.stream import (
     ProtocolError,
     Rule,
     StreamLimits,
+    ToolCallsRequested,
 )
 from inferd.contract.supervisor import (
     Executable,
@@ -216,6 +217,48 @@ def test_frozen_requests_complete(gate: Gate, rid: str) -> None:
     assert outcome.model == gate.plan.model_route and outcome.text.strip()
     assert outcome.usage is not None and 0 < outcome.usage.completion_tokens <= max_tokens
     gate.texts[rid] = outcome.text
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "choice", [{"type": "function", "function": {"name": "get_weather"}}, "required"]
+)
+def test_streamed_tool_calls_come_whole_with_json_arguments(
+    gate: Gate, choice: str | dict[str, object]
+) -> None:
+    """The real server's streamed tool calls pass the strict assembler: one call per index,
+    named once, its arguments one JSON object that matches the function's schema."""
+    request = build_chat_request(
+        gate.plan,
+        request_id=f"gate-tools-{'named' if isinstance(choice, dict) else choice}",
+        tenant="gate",
+        parts=(TextPart("What is the weather in Paris?"),),
+        max_tokens=64,
+        temperature=0.0,
+        seed=7,
+        bounds=TEXT_ONLY,
+        tools=(WEATHER,),
+        tool_choice=choice,
+    )
+    with open_chat_stream(gate.client, gate.plan.base_url, request, LIMITS) as stream:
+        outcome = stream.run()
+        _record(gate, request, stream, outcome)
+    assert isinstance(outcome, ToolCallsRequested), outcome
+    assert outcome.calls and all(c.name == "get_weather" for c in outcome.calls)
+    assert all(isinstance(c.arguments.get("city"), str) for c in outcome.calls)
+    assert [c.index for c in outcome.calls] == list(range(len(outcome.calls)))
 
 
 def test_a_frozen_request_at_its_token_cap_is_length_limited(gate: Gate) -> None:

@@ -310,6 +310,7 @@ def test_every_rule_has_a_test() -> None:
     tested = {c.rule for c in CASES.values()}
     tested |= {Rule.IDLE_TIMEOUT, Rule.TOTAL_TIMEOUT, Rule.TRANSPORT}
     tested |= {Rule.HTTP_STATUS, Rule.CONTENT_TYPE, Rule.REQUEST_ID_ECHO, Rule.HEADERS_BOUND}
+    tested |= {Rule.TOOL_CALL}  # test_a_broken_tool_call_stream_is_a_protocol_error
     assert tested == set(Rule)
 
 
@@ -341,6 +342,70 @@ def test_tool_calls_are_their_own_outcome() -> None:
     outcome = consume([render(items)], INFERD)[0]
     assert isinstance(outcome, ToolCallsRequested) and not outcome.ok
     assert len(outcome.tool_calls) == 1 and '"name":"f"' in outcome.tool_calls[0]
+
+
+def _streamed_calls(*deltas: dict[str, Any], finish: str = "tool_calls") -> Any:
+    """An inferd stream whose text deltas are replaced by these tool_calls entries."""
+    items = inferd_items(finish)
+    for i, delta in enumerate(deltas, start=1):
+        _chunk(items, i)["choices"][0]["delta"] = {"tool_calls": [delta]}
+    for i in range(len(deltas) + 1, 7):
+        _chunk(items, i)["choices"][0]["delta"] = {}
+    return consume([render(items)], INFERD)[0]
+
+
+def _opens(index: int, name: str, arguments: str = "") -> dict[str, Any]:
+    function = {"name": name, "arguments": arguments}
+    return {"index": index, "id": f"call_{index}", "type": "function", "function": function}
+
+
+def _more(index: int, arguments: str) -> dict[str, Any]:
+    return {"index": index, "function": {"arguments": arguments}}
+
+
+def test_streamed_tool_calls_are_assembled_with_parsed_arguments() -> None:
+    outcome = _streamed_calls(
+        _opens(0, "get_weather", '{"ci'),
+        _more(0, 'ty": "Paris"}'),
+        _opens(1, "get_time"),
+        _more(1, '{"zone": "CET"}'),
+    )
+    assert isinstance(outcome, ToolCallsRequested), outcome
+    assert [(c.index, c.id, c.name, c.arguments) for c in outcome.calls] == [
+        (0, "call_0", "get_weather", {"city": "Paris"}),
+        (1, "call_1", "get_time", {"zone": "CET"}),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("deltas", "detail"),
+    [
+        # issue 31's defect: a second call's arguments appended to the same index
+        ((_opens(0, "City", '{"name": "a"}'), _more(0, '{"name": "b"}')), "not JSON"),
+        ((_opens(1, "f", "{}"),), "call 1 before call 0"),
+        ((_opens(0, "f", "{}"), _opens(0, "g", "{}")), "named once already"),
+        (({"index": 0, "type": "function", "function": {"name": "f"}},), "without an id"),
+        ((_opens(0, "bad name!", "{}"),), "valid function name"),
+        ((_opens(0, "f", "[1, 2]"),), "must be a JSON object"),
+        ((_opens(0, "f", '{"a": 1, "a": 2}'),), "not JSON"),
+        ((_opens(0, "f", '{"a": NaN}'),), "not JSON"),
+        (({**_opens(0, "f"), "function": {"name": "f", "arguments": 3}},), "must be a string"),
+    ],
+)
+def test_a_broken_tool_call_stream_is_a_protocol_error(
+    deltas: tuple[dict[str, Any], ...], detail: str
+) -> None:
+    outcome = _streamed_calls(*deltas)
+    assert isinstance(outcome, ProtocolError) and outcome.rule is Rule.TOOL_CALL, outcome
+    assert detail in outcome.detail
+
+
+def test_tool_calls_must_end_with_their_own_finish_reason() -> None:
+    outcome = _streamed_calls(_opens(0, "f", "{}"), finish="stop")
+    assert isinstance(outcome, ProtocolError) and outcome.rule is Rule.TOOL_CALL
+    # cut at the token cap, a half-written call is an incomplete answer, not a call
+    cut = _streamed_calls(_opens(0, "f", '{"a'), finish="length")
+    assert isinstance(cut, IncompleteLengthLimited)
 
 
 def test_usage_may_be_omitted_when_not_requested() -> None:
