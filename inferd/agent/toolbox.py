@@ -4,7 +4,8 @@ The agent loop asks the toolbox for the tools to show the model and calls them b
 ``call`` refuses (as an error result, which the model reads) any name outside the request's
 ``allowed`` set, so tool output that talks the model into calling something else gets
 nowhere; a name no source lists goes to the dispatch URL when there is one (it runs the
-request's own tools). Names are unique across sources: a clash is a startup error.
+request's own tools). Names are unique across sources: a clash is a startup error. A tool
+denied by its permission is listed (the startup line shows it) but never runs.
 """
 
 from __future__ import annotations
@@ -107,12 +108,17 @@ class ToolBox:
         deadline: float | None = None,
     ) -> ToolResult:
         """Call ``name``; a ToolResult whatever happens (only cancellation propagates).
-        ``allowed``: the names this request may call (None: any the toolbox has)."""
+        ``allowed``: the names this request may call (None: any the toolbox has). A tool whose
+        permission is ``deny`` never runs; one marked ``ask`` runs here once the loop has its
+        approval."""
         if allowed is not None and name not in allowed:
             return ToolResult(f"the tool {name!r} is not available in this request", True)
         source = self.source_of(name)
-        if source is None:
+        spec = source.spec_for(name) if source is not None else None
+        if source is None or spec is None:
             return ToolResult(f"unknown tool {name!r}", True)
+        if spec.permission == "deny":  # `ask` is the loop's to settle before it calls
+            return ToolResult(f"the tool {name!r} is denied on this server", True)
         if not isinstance(arguments, Mapping):
             return ToolResult(f"the arguments of {name} must be a JSON object", True)
         return await source.call(name, arguments, deadline=deadline)

@@ -4,6 +4,8 @@ discovery, calls, and the hostile cases (a hang, a crash, 10 MB, template-shaped
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,49 @@ def test_only_the_allowed_tools_can_be_called() -> None:
             await box.close()
 
     run(main())
+
+
+def test_a_denied_tool_never_runs() -> None:
+    server = stdio_server(permission="allow", tool_permissions={"crash": "deny"})
+
+    async def main() -> None:
+        box = await started(box_of(server))
+        try:
+            denied = await box.call("crash", {})
+            assert denied.is_error and denied.content == "the tool 'crash' is denied on this server"
+            assert (await box.call("add", {"a": 1, "b": 1})).content == "2.0"
+            source = box.sources[0]
+            assert isinstance(source, McpTools) and source.discoveries == 1  # never crashed
+        finally:
+            await box.close()
+
+    run(main())
+
+
+def test_a_server_that_never_answers_the_handshake_times_out_and_is_stopped(
+    tmp_path: Path,
+) -> None:
+    pid_file = tmp_path / "pid"
+    mute = McpServerConfig(
+        "mute",
+        command=sys.executable,
+        args=("-c", f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); "
+              "time.sleep(120)"),
+        timeout_s=1.0,
+    )  # fmt: skip
+
+    async def main() -> list[str]:
+        box = await started(box_of(mute))
+        try:
+            return box.describe()
+        finally:
+            await box.close()
+
+    lines = run(main())
+    assert lines[0].endswith("unavailable: MCP server mute: cannot connect (no answer within 1 s)")
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)  # the mute process was terminated, not left behind
 
 
 def test_a_hanging_tool_times_out_into_an_error_and_the_server_stays_usable() -> None:
