@@ -307,11 +307,13 @@ def _serve(args: argparse.Namespace) -> int:
     if args.ray:
         return _serve_on_ray(args, cfg, options)
     limits = connection_limits(args)
+    tool_lines = _probe_tools(options)
     engines = MainThreadDriver()  # engines step on this (main) thread; HTTP runs beside it
     # -m loads now; --config in the background
     registry, model_lines = registry_from_args(args, cfg, engines)
     url = f"http://{args.host}:{args.port}/v1"
-    print("\n".join(f"inferd  {line}" for line in [*model_lines, *describe(options)]), flush=True)
+    lines = [*model_lines, *describe(options), *tool_lines]
+    print("\n".join(f"inferd  {line}" for line in lines), flush=True)
     if args.host not in ("127.0.0.1", "localhost", "::1"):
         log.warning("binding %s: the API is reachable from other machines", args.host)
     if args.host not in ("127.0.0.1", "localhost", "::1") and not options.api_keys:
@@ -348,6 +350,22 @@ def _serve(args: argparse.Namespace) -> int:
     if http.report is not None:
         print(f"inferd  {http.report.summary()}", flush=True)
     return 0 if http.started else 1
+
+
+def _probe_tools(options: ServerOptions) -> list[str]:
+    """Startup lines naming each server-side tool source and its tools: the sources are
+    started (MCP servers launched or reached, their tools listed) and closed again. A source
+    that does not start is named with the reason; a bad setting (a missing token variable, two
+    tools of one name) stops the startup."""
+    from inferd.agent.toolbox import probe
+    from inferd.agent.tools import ToolSourceError
+
+    if not options.agent.has_sources:
+        return []
+    try:
+        return [f"tools      {line}" for line in asyncio.run(probe(options.agent))]
+    except ToolSourceError as exc:
+        raise ValueError(str(exc)) from None
 
 
 def _serve_on_ray(args: argparse.Namespace, cfg: EngineConfig, options: ServerOptions) -> int:

@@ -22,86 +22,18 @@ from urllib.parse import urljoin, urlsplit
 
 import h11
 
+from inferd.net import IPAddress, IPNetwork, address_refusal, looks_numeric
 from inferd.server.defaults import DEFAULT_REMOTE_MEDIA_PORTS
 from inferd.version import __version__
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 DEFAULT_PORTS = DEFAULT_REMOTE_MEDIA_PORTS
 MAX_URL_CHARS = 8192
 MAX_RESPONSE_HEADER_BYTES = 16384
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 
-# Cloud instance-metadata and host-agent endpoints: refused even inside allow_networks.
-METADATA_ADDRESSES = frozenset(
-    ipaddress.ip_address(a)
-    for a in (
-        "169.254.169.254",  # AWS, GCP, Azure, OpenStack, DigitalOcean, ...
-        "169.254.170.2",  # AWS ECS task metadata
-        "169.254.169.253",  # AWS DNS
-        "100.100.100.200",  # Alibaba Cloud
-        "168.63.129.16",  # Azure wire server
-        "fd00:ec2::254",  # AWS IPv6 metadata
-        "fd00:ec2::23",  # AWS IPv6 DNS
-    )
-)
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
-
 
 class FetchError(ValueError):
     """A remote media URL refused or failed; the message says why."""
-
-
-def embedded_ipv4(ip: IPAddress) -> ipaddress.IPv4Address | None:
-    """The IPv4 address an IPv6 address carries (mapped, 6to4, Teredo, NAT64), if any."""
-    if isinstance(ip, ipaddress.IPv4Address):
-        return None
-    if ip.ipv4_mapped is not None:
-        return ip.ipv4_mapped
-    if ip.sixtofour is not None:
-        return ip.sixtofour
-    if ip.teredo is not None:
-        return ip.teredo[1]
-    if ip in _NAT64:
-        return ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-    return None
-
-
-def address_refusal(ip: IPAddress | str, allow_networks: Iterable[IPNetwork] = ()) -> str | None:
-    """Why remote media may not come from ``ip`` ("loopback", "private", ...), or None.
-
-    ``allow_networks`` lets an operator reach chosen non-public networks (an internal media
-    store); metadata addresses stay refused regardless.
-    """
-    if isinstance(ip, str):
-        ip = ipaddress.ip_address(ip)
-    inner = embedded_ipv4(ip)
-    if inner is not None:
-        reason = address_refusal(inner, allow_networks)
-        if reason is not None:
-            return reason
-    if ip in METADATA_ADDRESSES:
-        return "cloud metadata"
-    if any(ip.version == net.version and ip in net for net in allow_networks):
-        return None
-    if ip.is_unspecified:
-        return "unspecified"
-    if ip.is_loopback:
-        return "loopback"
-    if ip.is_link_local:
-        return "link-local"
-    if ip.is_multicast:
-        return "multicast"
-    if isinstance(ip, ipaddress.IPv6Address) and ip.is_site_local:
-        return "site-local"
-    if ip.is_private:
-        return "private"
-    if ip.is_reserved:
-        return "reserved"
-    if not ip.is_global:
-        return "non-public"
-    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,16 +119,8 @@ def _check_host_name(host: str) -> None:
         host.encode("idna")
     except UnicodeError:
         raise FetchError("the host name is not a valid domain name") from None
-    if _looks_numeric(host):
+    if looks_numeric(host):
         raise FetchError("the host is written as a number; use a dotted IP address")
-
-
-def _looks_numeric(host: str) -> bool:
-    """Hosts like 2130706433, 0x7f.1 or 017.0.0.1 that resolvers may read as IPv4 addresses."""
-    labels = host.rstrip(".").split(".")
-    return all(label and all(c in "0123456789abcdefx" for c in label) for label in labels) and any(
-        label[0].isdigit() for label in labels
-    )
 
 
 async def resolve(target: Target, allow_networks: Iterable[IPNetwork] = ()) -> list[IPAddress]:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from inferd.agent.config import AgentConfig
 from inferd.server.auth import validate_keys
 from inferd.server.crosssite import HostAllowList
 from inferd.server.defaults import (
@@ -78,6 +79,8 @@ class ServerOptions:
     # -- LoRA adapters loaded at runtime (POST /v1/load_lora_adapter) only from under these
     # directories; none: runtime loading is refused (--lora at startup is not limited)
     lora_roots: tuple[Path, ...] = ()
+    # -- server-side tools for the agent loop (--mcp-config, --tool-dispatch-url, ...: agent/)
+    agent: AgentConfig = field(default_factory=AgentConfig)
 
     def __post_init__(self) -> None:
         # Sequences given as lists are kept as tuples, so the value stays immutable.

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
+from inferd.agent.config import DEFAULT_MAX_TOOL_ROUNDS, DEFAULT_PERMISSION
 from inferd.server.defaults import (
     ACCESS_LOG_FORMATS,
     ADMIN_KEYS_ENV,
@@ -288,6 +289,41 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="the syntax the model writes tool calls in (default: the one its chat template "
         "shows; hermes when it shows none); goes with -m, tool_call_parser in a --config file",
     )
+    g = p.add_argument_group("agent tools (server-side tool sources; see README)")
+    g.add_argument(
+        "--mcp-config",
+        default=None,
+        metavar="FILE",
+        help='MCP servers whose tools the server may run (JSON: {"mcpServers": {...}})',
+    )
+    g.add_argument(
+        "--tool-dispatch-url",
+        default=None,
+        metavar="URL",
+        help='run a request\'s own tools by POSTing {"name", "arguments"} to URL',
+    )
+    g.add_argument(
+        "--max-tool-rounds",
+        type=int,
+        default=DEFAULT_MAX_TOOL_ROUNDS,
+        metavar="N",
+        help=f"most tool rounds in one request (default: {DEFAULT_MAX_TOOL_ROUNDS})",
+    )
+    g.add_argument(
+        "--agent-permission",
+        choices=("allow", "ask", "deny"),
+        default=DEFAULT_PERMISSION,
+        help="whether a server-side tool call runs, waits for approval or is refused, unless "
+        f"the MCP config says otherwise for the server or tool (default: {DEFAULT_PERMISSION})",
+    )
+    g.add_argument(
+        "--mcp-allow-url",
+        action="append",
+        default=[],
+        metavar="PATTERN",
+        help="let requests name MCP servers matching scheme://host[:port][/path] (host may be "
+        "*.name; repeatable); none by default, and never link-local or metadata addresses",
+    )
 
 
 def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
@@ -295,6 +331,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
 
     A flag whose dest is a ServerOptions field's name is taken as is; the rest are translated
     below."""
+    from inferd.agent.config import agent_config
     from inferd.media.limits import MediaLimits
     from inferd.server.auth import keys_from_env
     from inferd.server.crosssite import HostAllowList, is_loopback
@@ -329,6 +366,13 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             ),
             "responses_store": args.responses_store or str(default_home() / "responses.sqlite3"),
             "metrics": not args.no_metrics,
+            "agent": agent_config(
+                mcp_config=args.mcp_config,
+                dispatch_url=args.tool_dispatch_url,
+                max_tool_rounds=args.max_tool_rounds,
+                permission=args.agent_permission,
+                mcp_allow_urls=args.mcp_allow_url,
+            ),
             "docs": not args.no_docs,
             "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),
             "media_policy": MediaPolicy.create(
@@ -392,4 +436,20 @@ def describe(options: ServerOptions) -> list[str]:
         f"decoding   images up to {lim.max_image_pixels} pixels; video up to "
         f"{lim.max_video_seconds:g} s and {lim.max_video_frames} frames; audio up to "
         f"{lim.max_audio_seconds:g} s at {lim.max_audio_sample_rate} Hz",
+        *_describe_agent(options),
+    ]
+
+
+def _describe_agent(options: ServerOptions) -> list[str]:
+    """The agent settings' line, when any is set (the tools themselves: cli's probe)."""
+    agent = options.agent
+    if not agent.has_sources and not agent.mcp_allow_urls:
+        return []
+    sources = [f"{len(agent.mcp_servers)} MCP server(s)"]
+    if agent.dispatch_url is not None:
+        sources.append("a dispatch URL")
+    named = f"{len(agent.mcp_allow_urls)} pattern(s)" if agent.mcp_allow_urls else "off"
+    return [
+        f"agent      {', '.join(sources)}; permission {agent.permission}; at most "
+        f"{agent.max_tool_rounds} tool rounds; request-named MCP servers {named}"
     ]
