@@ -8,7 +8,9 @@ and the image processor's patches, grids and token counts bit-equal to transform
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -16,19 +18,22 @@ import pytest
 import torch
 
 from inferd.loading.hf_model import load_safetensors_model
-from inferd.loading.hf_processor import read_visual_configs
+from inferd.loading.hf_processor import read_qwen3_video_config, read_visual_configs
 from inferd.models.config import config_from_hf
 from inferd.models.qwen2_vl_image import (
     IMAGE_PAD,
+    VIDEO_PAD,
     PreparedVisual,
     QwenVisualConfig,
     image_tokens,
     prepare_image,
 )
 from inferd.models.qwen3_vl import Qwen3VLForCausalLM
+from inferd.models.qwen3_vl_video import PreparedQwen3Video, Qwen3VideoConfig, video_size
+from inferd.models.qwen3_vl_video import prepare_video as prepare_qwen3_video
 from tests.models.paged import paged_logits
 from tests.models.test_idefics3_processor import generated
-from tests.models.test_qwen2_5_vl_parity import IMAGE, expand
+from tests.models.test_qwen2_5_vl_parity import IMAGE, VIDEO, expand, frames
 from tests.models.tiny_qwen3_vl import DEEPSTACK, SECTIONS, save_tiny_qwen3_vl
 
 Setup = tuple[Qwen3VLForCausalLM, QwenVisualConfig, QwenVisualConfig]
@@ -50,6 +55,14 @@ def ours(tiny: tuple[Path, Any, Any]) -> Setup:
     return model, configs[0], configs[1]
 
 
+@pytest.fixture(scope="module")
+def video_cfg(tiny: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
+    cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
+    found = read_qwen3_video_config(tiny[0], cfg)
+    assert found is not None
+    return found
+
+
 def test_config_reads_the_checkpoint(tiny: tuple[Path, Any, Any]) -> None:
     cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
     ref = tiny[1].config
@@ -63,58 +76,111 @@ def test_config_reads_the_checkpoint(tiny: tuple[Path, Any, Any]) -> None:
     assert cfg.input_modalities == ("text", "image", "video")
 
 
+Media = PreparedVisual | PreparedQwen3Video
+
+
 def our_inputs(
-    model: Qwen3VLForCausalLM, ids: list[int], prepared: list[PreparedVisual]
+    model: Qwen3VLForCausalLM, ids: list[int], prepared: list[Media]
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The (wide) embeddings with the encoder's rows over the placeholders, and the M-RoPE
-    positions."""
+    positions: an image is one run of placeholders, a video one run per temporal patch."""
     x = model.embed(torch.tensor(ids)).clone()
     spans, at = [], 0
-    token = model.vision_config.image_token_id
+    q = model.vision_config
     with torch.inference_mode():
         for p in prepared:
-            first = ids.index(token, at)
-            at = first + p.num_embeddings
-            assert ids[first:at] == [token] * p.num_embeddings
-            x[first:at] = model.encode_grids(p.patches, [p.grid])[0]
-            spans.append((first, p.grid, 0.0))
+            whole = p if isinstance(p, PreparedVisual) else p.visual
+            rows = model.encode_grids(whole.patches, [whole.grid])[0]
+            runs = [whole] if isinstance(p, PreparedVisual) else p.runs()
+            token = q.image_token_id if isinstance(p, PreparedVisual) else q.video_token_id
+            for run, part in zip(runs, rows.split(runs[0].num_embeddings), strict=True):
+                first = ids.index(token, at)
+                at = first + run.num_embeddings
+                assert ids[first:at] == [token] * run.num_embeddings
+                x[first:at] = part
+                spans.append((first, run.grid, 0.0))
     return x, model.rope_index(len(ids), spans)
 
 
-def reference(hf: Any, ids: list[int], prepared: list[PreparedVisual]) -> dict[str, Any]:
+def reference(hf: Any, ids: list[int], prepared: list[Media]) -> dict[str, Any]:
     q = hf.config
-    mm = [1 if i == q.image_token_id else 0 for i in ids]
+    mm = [1 if i == q.image_token_id else 2 if i == q.video_token_id else 0 for i in ids]
     inputs: dict[str, Any] = {
         "input_ids": torch.tensor([ids]),
         "mm_token_type_ids": torch.tensor([mm]),
     }
-    if prepared:
-        inputs["pixel_values"] = torch.cat([p.patches for p in prepared])
-        inputs["image_grid_thw"] = torch.tensor([p.grid for p in prepared])
+    images = [p for p in prepared if isinstance(p, PreparedVisual)]
+    videos = [p.visual for p in prepared if isinstance(p, PreparedQwen3Video)]
+    if images:
+        inputs["pixel_values"] = torch.cat([p.patches for p in images])
+        inputs["image_grid_thw"] = torch.tensor([p.grid for p in images])
+    if videos:
+        inputs["pixel_values_videos"] = torch.cat([p.patches for p in videos])
+        inputs["video_grid_thw"] = torch.tensor([p.grid for p in videos])
     return inputs
 
 
-CASES: dict[str, tuple[str, list[tuple[int, int, int]]]] = {
+def clip(total: int, fps: float, height: int, width: int, cfg: Qwen3VideoConfig) -> Any:
+    """A generated clip of ``total`` frames at ``fps``, sampled and prepared as Qwen3-VL's
+    processor does."""
+    indices = cfg.indices(total, total / fps, fps)
+    return prepare_qwen3_video(frames(total, height, width, 7)[indices], indices, fps, cfg)
+
+
+def expand_all(text: str, prepared: list[Media]) -> str:
+    """The processor's expansion: an image's pad repeated per row, a video's pad replaced by
+    its timestamped runs."""
+    out, rest = "", text
+    for p in prepared:
+        marker = IMAGE_PAD if isinstance(p, PreparedVisual) else VIDEO_PAD
+        head, _, rest = rest.partition(marker)
+        out += head + p.prompt_text()
+    return out + rest
+
+
+CASES: dict[str, tuple[str, list[tuple[Any, ...]]]] = {
     "text only": ("<|im_start|>user\nThe quick brown fox jumps over the lazy dog.", []),
-    "one image": (f"<|im_start|>user\n{IMAGE}What is in the picture?<|im_end|>\n", [(150, 100, 1)]),
+    "one image": (
+        f"<|im_start|>user\n{IMAGE}What is in the picture?<|im_end|>\n",
+        [("image", 150, 100, 1)],
+    ),
     "two images": (
         f"<|im_start|>user\nFirst {IMAGE} and second {IMAGE}: which is wider?",
-        [(60, 200, 2), (90, 70, 3)],
+        [("image", 60, 200, 2), ("image", 90, 70, 3)],
+    ),
+    # 12 frames at 6 fps: 4 kept (0, 4, 7, 11), two temporal patches at 0.3 s and 1.5 s.
+    "one video": (
+        f"<|im_start|>user\n{VIDEO}What happens in the clip?<|im_end|>\n",
+        [("video", 12, 6.0, 60, 90)],
+    ),
+    # 25 frames at 5 fps: 8 kept (the cap), four temporal patches; then an image.
+    "video and image": (
+        f"<|im_start|>user\n{VIDEO} then {IMAGE}: same scene?",
+        [("video", 25, 5.0, 80, 50), ("image", 70, 120, 5)],
     ),
 }
 
 
-def case_inputs(case: str, ours: Setup, processor: Any) -> tuple[list[int], list[PreparedVisual]]:
+def case_inputs(
+    case: str, ours: Setup, processor: Any, video_cfg: Qwen3VideoConfig
+) -> tuple[list[int], list[Media]]:
     text, specs = CASES[case]
-    prepared = [prepare_image(generated(h, w, seed=s), ours[1]) for h, w, s in specs]
-    return processor.tokenizer(expand(text, prepared))["input_ids"], prepared
+    prepared: list[Media] = [
+        prepare_image(generated(s[1], s[2], seed=s[3]), ours[1])
+        if s[0] == "image"
+        else clip(*s[1:], video_cfg)
+        for s in specs
+    ]
+    return processor.tokenizer(expand_all(text, prepared))["input_ids"], prepared
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_match_transformers(case: str, ours: Setup, tiny: tuple[Path, Any, Any]) -> None:
+def test_logits_match_transformers(
+    case: str, ours: Setup, tiny: tuple[Path, Any, Any], video_cfg: Qwen3VideoConfig
+) -> None:
     model = ours[0]
     _, hf, processor = tiny
-    ids, prepared = case_inputs(case, ours, processor)
+    ids, prepared = case_inputs(case, ours, processor, video_cfg)
     inputs = reference(hf, ids, prepared)
     with torch.inference_mode():
         ref = hf(**inputs).logits[0]
@@ -133,15 +199,15 @@ def test_logits_match_transformers(case: str, ours: Setup, tiny: tuple[Path, Any
         assert (moved - logits).abs().max() > 1e-2
 
 
-@pytest.mark.parametrize("case", ["text only", "two images"])
+@pytest.mark.parametrize("case", ["text only", "two images", "video and image"])
 def test_greedy_tokens_match_transformers(
-    case: str, ours: Setup, tiny: tuple[Path, Any, Any]
+    case: str, ours: Setup, tiny: tuple[Path, Any, Any], video_cfg: Qwen3VideoConfig
 ) -> None:
     """Six greedy tokens; ours re-run whole each step, the tokens after the prompt at
     ``p + delta`` on all three axes (what the runner gives them)."""
     model = ours[0]
     _, hf, processor = tiny
-    ids, prepared = case_inputs(case, ours, processor)
+    ids, prepared = case_inputs(case, ours, processor, video_cfg)
     inputs = reference(hf, ids, prepared)
     with torch.inference_mode():
         out = hf.generate(
@@ -219,3 +285,79 @@ def test_image_processor_bit_equal(
     assert mine.num_embeddings == image_tokens(width, height, image_cfg) == count
     assert mine.prompt_text() == IMAGE_PAD * count
     assert np.asarray(image).shape == (height, width, 3)
+
+
+def test_a_video_encodes_frame_by_frame(ours: Setup, video_cfg: Qwen3VideoConfig) -> None:
+    """Each temporal patch alone (grid t = 1, one run of the prompt) gives the rows it has in
+    the whole video: the engine may encode and cache them apart."""
+    model = ours[0]
+    video = clip(25, 5.0, 80, 50, video_cfg)
+    with torch.inference_mode():
+        whole = model.encode_grids(video.visual.patches, [video.visual.grid])[0]
+        runs = [model.encode_grids(r.patches, [r.grid])[0] for r in video.runs()]
+    assert len(runs) == video.visual.grid[0] == 4
+    torch.testing.assert_close(torch.cat(runs), whole, atol=1e-5, rtol=1e-5)
+
+
+VIDEOS = [  # (frames in the stream, its fps, height, width)
+    (12, 6.0, 60, 90),
+    (25, 5.0, 80, 50),
+    (3, 0.0, 40, 40),  # fewer frames than min_frames, rate unknown (24 assumed)
+    (100, 30.0, 20, 300),  # thin: scaled up to the patch group first
+    (9, 2.0, 400, 500),  # large: scaled down to the bounds over all frames
+    (7, 3.0, 64, 64),  # an odd count: the last frame repeated
+]
+
+
+@pytest.mark.parametrize(("total", "fps", "height", "width"), VIDEOS)
+def test_video_processing_matches_transformers(
+    total: int, fps: float, height: int, width: int, video_cfg: Qwen3VideoConfig
+) -> None:
+    """The frames sampled, the size, the patches (normalized and laid out) and the prompt
+    text with its timestamps, each against transformers' own Qwen3-VL code (called on
+    stand-ins for its objects: its video processor class cannot be built without
+    torchvision)."""
+    from transformers import Qwen3VLProcessor
+    from transformers.models.qwen3_vl.video_processing_qwen3_vl import (
+        Qwen3VLVideoProcessor,
+        smart_resize,
+    )
+    from transformers.video_utils import VideoMetadata
+
+    settings = SimpleNamespace(fps=2, min_frames=4, max_frames=8)
+    metadata = VideoMetadata(total_num_frames=total, fps=fps or None)
+    indices = video_cfg.indices(total, total / fps if fps else 0.0, fps)
+    ref_indices = Qwen3VLVideoProcessor.sample_frames(settings, metadata)  # type: ignore[arg-type]
+    assert indices == ref_indices.tolist()
+    v = video_cfg.visual
+    size = smart_resize(
+        len(indices), height, width, 2, factor=32, min_pixels=v.min_pixels, max_pixels=v.max_pixels
+    )
+    assert video_size(len(indices), height, width, v) == size
+    video = prepare_qwen3_video(frames(total, height, width, 3)[indices], indices, fps, video_cfg)
+    assert video.visual.pixels.shape[2:] == size
+    sampled = video.visual.pixels[: len(indices)].float()
+    normalized = (sampled - 127.5) / 127.5  # the fused step: (x - 255 mean) / (255 std)
+    ref_patches, *grid = Qwen3VLVideoProcessor.patchify(
+        None,  # type: ignore[arg-type]
+        normalized[None],
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+    )
+    assert tuple(grid) == video.visual.grid
+    assert torch.equal(video.visual.patches, ref_patches[0])
+    processor = SimpleNamespace(
+        video_processor=SimpleNamespace(merge_size=2, temporal_patch_size=2),
+        video_token=VIDEO_PAD,
+        vision_start_token="<|vision_start|>",
+        vision_end_token="<|vision_end|>",
+        _calculate_timestamps=partial(Qwen3VLProcessor._calculate_timestamps, None),
+    )
+    metadata.frames_indices = np.array(indices)
+    rendered = Qwen3VLProcessor.replace_video_token(
+        processor,  # type: ignore[arg-type]
+        {"video_grid_thw": torch.tensor([grid]), "video_metadata": [metadata]},
+        0,
+    )
+    assert video.prompt_text() == rendered

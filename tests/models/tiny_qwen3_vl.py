@@ -3,7 +3,8 @@
 ``text_config`` with interleaved M-RoPE sections), ``model.safetensors`` under the real tensor
 names, the image processor's settings (Qwen3-VL's: a Qwen2-VL image processor with 16 px
 patches, 2x2 merge, temporal patch of 2, mean and std of 0.5, small pixel bounds) and a
-tokenizer holding the vision tokens.
+tokenizer holding the vision tokens; the video processor's settings are written by hand
+(sampling 2 frames a second, 4 to 8 of them).
 
 The encoder has three blocks, the first two feeding the deep stack (so decoder layers 0 and 1
 both take rows), and a 4x4 position grid that every image's grid resamples (up or down).
@@ -12,6 +13,7 @@ The decoder's heads are 32 wide: 16 rotary pairs, interleaved over the three axe
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,8 @@ from tests.models.tiny_qwen_vl import VISION_TOKENS, VL_TEMPLATE, TinyProcessor,
 
 MIN_PIXELS = 64 * 64
 MAX_PIXELS = 32 * 32 * 20  # at most 80 patches (20 tokens) an image
+VIDEO_MIN_PIXELS = 64 * 64
+VIDEO_MAX_PIXELS = 32 * 32 * 24  # over all frames: four frames of at most 6 groups each
 SECTIONS = [6, 5, 5]
 DEEPSTACK = [0, 1]
 
@@ -102,4 +106,25 @@ def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcess
     )
     images.save_pretrained(str(directory))
     fast.save_pretrained(str(directory))
+    # transformers' video processor needs torchvision (not installed here): its settings are
+    # written as it saves them, with small bounds (over all frames together).
+    video = {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "size": {"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "resample": 3,
+        "do_sample_frames": True,
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 8,
+    }
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
     return model.eval(), TinyProcessor(images, fast)
