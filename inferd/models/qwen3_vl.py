@@ -238,7 +238,9 @@ class Qwen3VLForCausalLM(LlamaForCausalLM):
     ) -> torch.Tensor:
         """As the decoder's, with ``embeds`` (when given) ``(1 + levels) * hidden`` wide: the
         input rows, then what each of the first ``levels`` layers' output gains."""
-        if embeds is None or not self.levels:
+        if embeds is None:  # no media in the step: the plain embeddings, no deep stack
+            embeds = self.embed_tokens(input_ids)
+        if embeds.shape[-1] == self.config.hidden_size:
             return super().forward(input_ids, positions, meta, kv_caches, embeds)
         hidden = self.config.hidden_size
         x, deep = embeds[:, :hidden], embeds[:, hidden:].view(-1, self.levels, hidden)
