@@ -216,10 +216,16 @@ class Qwen3VLForCausalLM(LlamaForCausalLM):
 
     def rope_index(self, num_tokens: int, media: Sequence[tuple[int, Grid, float]]) -> torch.Tensor:
         """M-RoPE positions; each run of placeholders is one image or one temporal patch of a
-        video (grid t = 1: its frames are separate runs, timestamps between them)."""
-        if any(grid[0] != 1 for _, grid, _ in media):
-            raise ModelConfigError("Qwen3-VL lays out each temporal patch as its own run (t = 1)")
-        return rope_index(num_tokens, media, self.vision_config)
+        video (grid t = 1: the processor writes a timestamp between a video's). A run of
+        several temporal patches (a prompt without the timestamps) is laid out as that many
+        runs one after another."""
+        unit = self.vision_config.spatial_merge_size**2
+        runs = [
+            (first + k * h * w // unit, (1, h, w), 0.0)
+            for first, (t, h, w), _ in media
+            for k in range(t)
+        ]
+        return rope_index(num_tokens, runs, self.vision_config)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings, zero deep-stack rows after each (the module's docstring)."""

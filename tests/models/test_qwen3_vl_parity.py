@@ -287,6 +287,17 @@ def test_image_processor_bit_equal(
     assert np.asarray(image).shape == (height, width, 3)
 
 
+def test_a_run_of_several_temporal_patches_is_laid_out_frame_after_frame(ours: Setup) -> None:
+    """A video given as one run (no timestamps between its frames) gets the positions of
+    its temporal patches as adjacent runs, never a temporal axis of its own."""
+    model = ours[0]
+    together = model.rope_index(40, [(3, (3, 4, 6), 2.0)])
+    apart = model.rope_index(40, [(3, (1, 4, 6), 0.0), (9, (1, 4, 6), 0.0), (15, (1, 4, 6), 0.0)])
+    assert torch.equal(together, apart)
+    # text from 3 + 3 runs advancing max(2, 3) merged rows and columns each
+    assert together[:, 21:].tolist() == [list(range(12, 31))] * 3
+
+
 def test_a_video_encodes_frame_by_frame(ours: Setup, video_cfg: Qwen3VideoConfig) -> None:
     """Each temporal patch alone (grid t = 1, one run of the prompt) gives the rows it has in
     the whole video: the engine may encode and cache them apart."""
