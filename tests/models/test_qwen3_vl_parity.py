@@ -19,7 +19,7 @@ import torch
 
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.loading.hf_processor import read_qwen3_video_config, read_visual_configs
-from inferd.models.config import config_from_hf
+from inferd.models.config import ModelConfigError, config_from_hf
 from inferd.models.qwen2_vl_image import (
     IMAGE_PAD,
     VIDEO_PAD,
@@ -372,3 +372,112 @@ def test_video_processing_matches_transformers(
         0,
     )
     assert video.prompt_text() == rendered
+
+
+# Qwen/Qwen3-VL-2B-Instruct's config.json as published (transformers 4.57: ``rope_scaling``
+# and ``rope_theta`` in the text config, embeddings tied).
+PUBLISHED_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3VLForConditionalGeneration"],
+    "image_token_id": 151655,
+    "model_type": "qwen3_vl",
+    "text_config": {
+        "attention_bias": False,
+        "head_dim": 128,
+        "hidden_act": "silu",
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "max_position_embeddings": 262144,
+        "model_type": "qwen3_vl_text",
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-06,
+        "rope_scaling": {
+            "mrope_interleaved": True,
+            "mrope_section": [24, 20, 20],
+            "rope_type": "default",
+        },
+        "rope_theta": 5000000,
+        "tie_word_embeddings": True,
+        "vocab_size": 151936,
+    },
+    "tie_word_embeddings": True,
+    "video_token_id": 151656,
+    "vision_config": {
+        "deepstack_visual_indexes": [5, 11, 17],
+        "depth": 24,
+        "hidden_act": "gelu_pytorch_tanh",
+        "hidden_size": 1024,
+        "in_channels": 3,
+        "intermediate_size": 4096,
+        "model_type": "qwen3_vl",
+        "num_heads": 16,
+        "num_position_embeddings": 2304,
+        "out_hidden_size": 2048,
+        "patch_size": 16,
+        "spatial_merge_size": 2,
+        "temporal_patch_size": 2,
+    },
+    "vision_end_token_id": 151653,
+    "vision_start_token_id": 151652,
+}
+
+
+def test_published_config_reads_as_transformers_does() -> None:
+    from transformers import Qwen3VLConfig
+
+    ref = Qwen3VLConfig(**PUBLISHED_CONFIG)
+    cfg = config_from_hf(PUBLISHED_CONFIG, has_lm_head=False)
+    text, vision = ref.text_config, ref.vision_config
+    assert cfg.architecture == "qwen3_vl" and cfg.tie_word_embeddings and cfg.qk_norm
+    assert cfg.mrope_section == tuple(text.rope_parameters["mrope_section"])
+    assert cfg.rope_theta == text.rope_parameters["rope_theta"] == 5000000
+    assert (cfg.hidden_size, cfg.num_layers, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (
+        text.hidden_size,
+        text.num_hidden_layers,
+        text.num_attention_heads,
+        text.num_key_value_heads,
+        text.head_dim,
+    )
+    assert cfg.max_position == text.max_position_embeddings and cfg.sliding_window is None
+    q = cfg.qwen_vision
+    assert q is not None
+    assert (q.num_layers, q.hidden_size, q.num_heads, q.out_hidden_size, q.patch_size) == (
+        vision.depth,
+        vision.hidden_size,
+        vision.num_heads,
+        vision.out_hidden_size,
+        vision.patch_size,
+    )
+    assert q.deepstack_indexes == tuple(vision.deepstack_visual_indexes)
+    assert q.num_position_embeddings == vision.num_position_embeddings
+    assert (q.image_token_id, q.video_token_id) == (ref.image_token_id, ref.video_token_id)
+
+
+def _broken(**changes: Any) -> dict[str, Any]:
+    """The published config with parts of its text or vision config replaced (None: removed)."""
+    out = json.loads(json.dumps(PUBLISHED_CONFIG))
+    for path, value in changes.items():
+        part, _, key = path.partition("__")
+        if value is None:
+            out[part].pop(key)
+        else:
+            out[part][key] = value
+    return out
+
+
+@pytest.mark.parametrize(
+    ("hf", "message"),
+    [
+        ({k: v for k, v in PUBLISHED_CONFIG.items() if k != "vision_config"}, "vision_config"),
+        (_broken(text_config__rope_scaling=None), "mrope_section"),
+        (_broken(text_config__rope_scaling={"mrope_section": [24, 20, 21]}), "head_dim"),
+        (_broken(vision_config__deepstack_visual_indexes=[5, 24]), "deepstack"),
+        (_broken(vision_config__num_position_embeddings=2300), "square"),
+        (_broken(vision_config__hidden_act="relu"), "activation"),
+        (_broken(vision_config__out_hidden_size=1024), "out_hidden_size"),
+    ],
+)
+def test_a_broken_config_is_refused_clearly(hf: dict[str, Any], message: str) -> None:
+    with pytest.raises(ModelConfigError, match=message):
+        config_from_hf(hf)
