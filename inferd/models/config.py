@@ -736,6 +736,8 @@ def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError(
             f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
         )
+    if decoder.sliding_window is not None:  # transformers' Qwen3-VL attends over everything
+        raise ModelConfigError("qwen3_vl with a sliding window is not supported")
     act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
     if act != "gelu_tanh":
         raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")

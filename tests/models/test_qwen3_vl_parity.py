@@ -475,6 +475,14 @@ def _broken(**changes: Any) -> dict[str, Any]:
         (_broken(vision_config__deepstack_visual_indexes=[5, 24]), "deepstack"),
         (_broken(vision_config__num_position_embeddings=2300), "square"),
         (_broken(vision_config__hidden_act="relu"), "activation"),
+        (
+            _broken(
+                text_config__use_sliding_window=True,
+                text_config__sliding_window=64,
+                text_config__max_window_layers=0,
+            ),
+            "sliding",
+        ),
         (_broken(vision_config__out_hidden_size=1024), "out_hidden_size"),
     ],
 )
