@@ -130,7 +130,7 @@ def qwen_vl_plan(cfg: ModelConfig, params: dict[str, int], names: set[str]) -> P
     """The decoder's and the encoder's layout in either spelling."""
     v5 = "model.language_model.embed_tokens.weight" in names
     plan = hf_plan(cfg, "model.language_model." if v5 else "model.")
-    prefix = "model." if "model.visual.merger.ln_q.weight" in names else ""
+    prefix = "model." if any(n.startswith("model.visual.") for n in names) else ""
     plan |= {
         name: (Part(prefix + name, rows),)
         for name, rows in params.items()

@@ -12,6 +12,7 @@ from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.gemma3_image import Gemma3ImageConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.qwen2_vl_image import QwenVisualConfig
+from inferd.models.qwen3_vl_video import Qwen3VideoConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.models.whisper_features import AudioFeatureError, WhisperFeatureConfig
 
@@ -150,3 +151,26 @@ def read_video_config(
         return SmolVLMVideoConfig.from_hf(settings, image)
     except ImageConfigError as e:
         raise ModelConfigError(f"{directory}: {e}") from e
+
+
+def read_qwen3_video_config(directory: Path, cfg: ModelConfig) -> Qwen3VideoConfig | None:
+    """How a Qwen3-VL model's videos are sampled and prepared
+    (``video_preprocessor_config.json``, else the processor's ``video_processor``); None for
+    other models."""
+    vision = cfg.qwen_vision
+    if cfg.architecture != "qwen3_vl" or vision is None:
+        return None
+    processor = read_json(directory / PROCESSOR_CONFIG)
+    video = read_json(directory / VIDEO_PREPROCESSOR_CONFIG) or processor.get("video_processor")
+    try:
+        config = Qwen3VideoConfig.from_hf(video if isinstance(video, dict) else {})
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    v = config.visual
+    shape = (v.patch_size, v.temporal_patch_size, v.merge_size)
+    if shape != (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size):
+        raise ModelConfigError(
+            f"{directory}: the video processor's patches (size, time, merge) {shape} are not "
+            "the encoder's"
+        )
+    return config

@@ -49,6 +49,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
         return Idefics3ForCausalLM
+    if cfg.architecture == "qwen3_vl":
+        from inferd.models.qwen3_vl import Qwen3VLForCausalLM
+
+        return Qwen3VLForCausalLM
     if cfg.architecture in QWEN_VL_ARCHITECTURES:
         from inferd.models.qwen2_5_vl import Qwen2_5_VLForCausalLM
 

@@ -113,6 +113,11 @@ class QwenVisionConfig:
     vision_start_token_id: int
     rope_theta: float = 10000.0
     in_channels: int = 3
+    # Qwen3-VL: blocks whose output, merged by a merger of its own, is added to the hidden
+    # states of decoder layers 0, 1, ... at the media's positions ("deep stack").
+    deepstack_indexes: tuple[int, ...] = ()
+    num_position_embeddings: int = 0  # Qwen3-VL: a learned square position grid, resampled
+    hidden_act: str = "silu"  # the blocks' MLP: silu (gated, Qwen2.5-VL) or gelu_tanh
 
     def __post_init__(self) -> None:
         if self.hidden_size % self.num_heads or (self.hidden_size // self.num_heads) % 4:
@@ -160,6 +165,9 @@ class ModelConfig:
     # M-RoPE (Qwen2.5-VL): rotary pairs split into temporal/height/width sections, each turned
     # by its own position id; None: one position per token.
     mrope_section: tuple[int, ...] | None = None
+    # Qwen3-VL: the sections interleave (pair j turned by axis j % 3 while that axis has pairs
+    # left) rather than run one after another.
+    mrope_interleaved: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -332,6 +340,7 @@ HF_MODEL_TYPES = {
     "smolvlm": "smolvlm",  # SmolVLM2: the same model and image processor (video aside)
     "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
     "qwen2_5_vl": "qwen2_5_vl",  # a Qwen2 text model (M-RoPE) under an image/video encoder
+    "qwen3_vl": "qwen3_vl",  # a Qwen3 text model (interleaved M-RoPE, deep stack) likewise
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
 }
@@ -344,6 +353,10 @@ AUDIO_ARCHITECTURES = frozenset({"qwen2_audio"})
 
 # Qwen2.5-VL: a Qwen2 decoder with M-RoPE under an image and video encoder (models/qwen2_5_vl.py).
 QWEN_VL_ARCHITECTURES = frozenset({"qwen2_5_vl"})
+
+# Qwen3-VL: a Qwen3 decoder with interleaved M-RoPE fed at its first layers by the encoder's
+# deep-stack rows (models/qwen3_vl.py).
+QWEN3_VL_ARCHITECTURES = frozenset({"qwen3_vl"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -376,6 +389,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         return _qwen2_audio_from_hf(hf, has_lm_head)
     if model_type in QWEN_VL_ARCHITECTURES:
         return _qwen2_5_vl_from_hf(hf, has_lm_head)
+    if model_type in QWEN3_VL_ARCHITECTURES:
+        return _qwen3_vl_from_hf(hf, has_lm_head)
     if model_type == "gemma3":
         return _gemma3_vision_from_hf(hf, has_lm_head)
     if model_type == "gemma3_text":
@@ -678,6 +693,95 @@ def _qwen2_5_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig
         architecture="qwen2_5_vl",
         qwen_vision=encoder,
         mrope_section=tuple(int(s) for s in section),
+    )
+
+
+# transformers' Qwen3VLTextConfig defaults, for the keys a text_config leaves out.
+QWEN3_VL_TEXT_DEFAULTS: dict[str, Any] = {
+    **QWEN2_DEFAULTS,
+    "head_dim": 128,
+    "max_position_embeddings": 128000,
+    "rope_theta": 500000.0,
+}
+
+
+def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Qwen3-VL: a Qwen3 ``text_config`` (q/k norms, no biases) whose rope settings carry
+    ``mrope_section`` (interleaved), and a ``vision_config`` with LayerNorm blocks, a learned
+    position grid and the deep-stack layers."""
+    vision, nested = hf.get("vision_config"), hf.get("text_config")
+    if not isinstance(vision, Mapping) or not isinstance(nested, Mapping):
+        raise ModelConfigError("config.json of qwen3_vl needs vision_config and text_config")
+    tied = bool(hf.get("tie_word_embeddings", nested.get("tie_word_embeddings", False)))
+    rope = _hf_rope(nested)
+    section = rope.get("mrope_section")
+    if not isinstance(section, list) or len(section) != 3:
+        raise ModelConfigError("config.json of qwen3_vl lacks rope mrope_section (three values)")
+    plain_rope = {
+        k: v
+        for k, v in rope.items()
+        if k not in ("mrope_section", "mrope_interleaved", "type", "rope_type")
+    }
+    plain_rope.setdefault("rope_theta", nested.get("rope_theta", 500000.0))
+    text = {
+        **QWEN3_VL_TEXT_DEFAULTS,
+        **nested,
+        "model_type": "qwen3",
+        "tie_word_embeddings": tied,
+        "rope_parameters": plain_rope,
+        "rope_scaling": None,
+    }
+    decoder = config_from_hf(text, has_lm_head=has_lm_head)
+    if 2 * sum(int(s) for s in section) != decoder.head_dim:
+        raise ModelConfigError(
+            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
+        )
+    if decoder.sliding_window is not None:  # transformers' Qwen3-VL attends over everything
+        raise ModelConfigError("qwen3_vl with a sliding window is not supported")
+    act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
+    if act != "gelu_tanh":
+        raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")
+    vrope = vision.get("rope_parameters") or {}
+    depth = int(vision.get("depth", 27))
+    deepstack = tuple(int(i) for i in vision.get("deepstack_visual_indexes", (8, 16, 24)))
+    if any(not 0 <= i < depth for i in deepstack) or len(deepstack) > decoder.num_layers:
+        raise ModelConfigError(f"deepstack_visual_indexes {list(deepstack)} do not fit the model")
+    positions = int(vision.get("num_position_embeddings", 2304))
+    if int(positions**0.5) ** 2 != positions:
+        raise ModelConfigError(f"num_position_embeddings {positions} is not a square grid")
+
+    def token(name: str, default: int) -> int:
+        return int(hf.get(name, default))
+
+    encoder = QwenVisionConfig(
+        hidden_size=int(vision.get("hidden_size", 1152)),
+        intermediate_size=int(vision.get("intermediate_size", 4304)),
+        num_layers=depth,
+        num_heads=int(vision.get("num_heads", 16)),
+        out_hidden_size=int(vision.get("out_hidden_size", decoder.hidden_size)),
+        patch_size=int(vision.get("patch_size", 16)),
+        temporal_patch_size=int(vision.get("temporal_patch_size", 2)),
+        spatial_merge_size=int(vision.get("spatial_merge_size", 2)),
+        window_size=0,  # every block attends over a whole frame
+        fullatt_block_indexes=tuple(range(depth)),
+        tokens_per_second=0.0,  # a video's frames are laid out one by one, not by time
+        image_token_id=token("image_token_id", 151655),
+        video_token_id=token("video_token_id", 151656),
+        vision_start_token_id=token("vision_start_token_id", 151652),
+        rope_theta=float(vrope.get("rope_theta", 10000.0)) if isinstance(vrope, Mapping) else 1e4,
+        in_channels=int(vision.get("in_channels", 3)),
+        deepstack_indexes=deepstack,
+        num_position_embeddings=positions,
+        hidden_act=act,
+    )
+    if encoder.out_hidden_size != decoder.hidden_size:
+        raise ModelConfigError("vision_config out_hidden_size differs from the text hidden_size")
+    return replace(
+        decoder,
+        architecture="qwen3_vl",
+        qwen_vision=encoder,
+        mrope_section=tuple(int(s) for s in section),
+        mrope_interleaved=True,
     )
 
 

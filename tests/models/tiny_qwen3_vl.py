@@ -1,0 +1,130 @@
+"""A tiny random Qwen3-VL checkpoint, processor included, saved as transformers saves one:
+``config.json`` (``vision_config`` with its deep-stack layers and learned position grid,
+``text_config`` with interleaved M-RoPE sections), ``model.safetensors`` under the real tensor
+names, the image processor's settings (Qwen3-VL's: a Qwen2-VL image processor with 16 px
+patches, 2x2 merge, temporal patch of 2, mean and std of 0.5, small pixel bounds) and a
+tokenizer holding the vision tokens; the video processor's settings are written by hand
+(sampling 2 frames a second, 4 to 8 of them).
+
+The encoder has three blocks, the first two feeding the deep stack (so decoder layers 0 and 1
+both take rows), and a 4x4 position grid that every image's grid resamples (up or down).
+The decoder's heads are 32 wide: 16 rotary pairs, interleaved over the three axes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.models.tiny import randomize
+from tests.models.tiny_qwen_vl import VISION_TOKENS, VL_TEMPLATE, TinyProcessor, vl_tokenizer
+
+MIN_PIXELS = 64 * 64
+MAX_PIXELS = 32 * 32 * 20  # at most 80 patches (20 tokens) an image
+VIDEO_MIN_PIXELS = 64 * 64
+VIDEO_MAX_PIXELS = 32 * 32 * 24  # over all frames: four frames of at most 6 groups each
+SECTIONS = [6, 5, 5]
+DEEPSTACK = [0, 1]
+
+
+def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcessor]:
+    """The randomized tiny model and its processor parts (images), saved in ``directory``;
+    returns both (the model in float32 eval mode, eager attention)."""
+    from transformers import (
+        PreTrainedTokenizerFast,
+        Qwen2VLImageProcessorPil,
+        Qwen3VLConfig,
+        Qwen3VLForConditionalGeneration,
+    )
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=vl_tokenizer(), eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = VL_TEMPLATE
+    ids = {t: fast.convert_tokens_to_ids(t) for t in VISION_TOKENS}
+    text = dict(
+        vocab_size=fast.vocab_size,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": 10000.0,
+            "mrope_section": SECTIONS,
+            "mrope_interleaved": True,
+        },
+        pad_token_id=0,
+    )
+    vision = dict(
+        depth=3,
+        hidden_size=32,
+        intermediate_size=48,
+        num_heads=2,
+        out_hidden_size=64,
+        patch_size=16,
+        temporal_patch_size=2,
+        spatial_merge_size=2,
+        num_position_embeddings=16,
+        deepstack_visual_indexes=DEEPSTACK,
+    )
+    config = Qwen3VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(seed)
+    model = Qwen3VLForConditionalGeneration(config).float()
+    randomize(model, seed)
+    with torch.no_grad():  # vision rows on the scale of token rows, as in trained models
+        visual = model.model.visual
+        visual.patch_embed.proj.weight.mul_(0.1)
+        for merger in [visual.merger, *visual.deepstack_merger_list]:
+            merger.linear_fc2.weight.mul_(0.1)
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    model.config.vision_config._attn_implementation = "eager"
+    model.config.text_config._attn_implementation = "eager"
+    images = Qwen2VLImageProcessorPil(
+        min_pixels=MIN_PIXELS,
+        max_pixels=MAX_PIXELS,
+        patch_size=16,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    )
+    images.save_pretrained(str(directory))
+    fast.save_pretrained(str(directory))
+    # transformers' video processor needs torchvision (not installed here): its settings are
+    # written as it saves them, with small bounds (over all frames together).
+    video = {
+        "video_processor_type": "Qwen3VLVideoProcessor",
+        "size": {"shortest_edge": VIDEO_MIN_PIXELS, "longest_edge": VIDEO_MAX_PIXELS},
+        "patch_size": 16,
+        "temporal_patch_size": 2,
+        "merge_size": 2,
+        "image_mean": [0.5, 0.5, 0.5],
+        "image_std": [0.5, 0.5, 0.5],
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "resample": 3,
+        "do_sample_frames": True,
+        "fps": 2,
+        "min_frames": 4,
+        "max_frames": 8,
+    }
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2))
+    return model.eval(), TinyProcessor(images, fast)
