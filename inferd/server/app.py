@@ -74,7 +74,9 @@ def build_app(
     own; `inferd serve` always sets it. ``app.state.drain`` drains running requests for a
     graceful stop (shutdown.py)."""
     options = options or ServerOptions()
-    app = FastAPI(title="inferd", version=__version__, **docs_urls(options.docs))
+    app = FastAPI(
+        title="inferd", version=__version__, **docs_urls(options.docs, options.docs_base_path)
+    )
     registry = registry_of(
         models,
         default_id=options.default_model,

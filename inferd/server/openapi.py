@@ -1,4 +1,5 @@
-"""The OpenAPI document at /openapi.json (no /docs page renders it: operations.docs_urls).
+"""The OpenAPI document at /openapi.json and /api-doc/openapi.json (no /docs page renders
+it: operations.docs_urls).
 
 Handlers parse their own bodies (so every error names the parameter), which leaves FastAPI
 without request schemas; this fills them in from the pydantic request models, and describes
@@ -14,6 +15,8 @@ from typing import Any
 from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
+from starlette.requests import Request
+from starlette.responses import JSONResponse
 
 # POST path -> (module, request model class)
 REQUEST_MODELS = {
@@ -28,13 +31,18 @@ REQUEST_MODELS = {
 OPEN_PATHS = ("/health",)
 
 
-def install_openapi(app: FastAPI, *, auth_required: bool) -> None:
+def install_openapi(app: FastAPI, *, auth_required: bool, base_path: str = "") -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             app.openapi_schema = build_document(app, auth_required=auth_required)
         return app.openapi_schema
 
+    async def api_doc(_: Request) -> JSONResponse:
+        return JSONResponse(openapi())
+
     app.openapi = openapi  # type: ignore[method-assign]
+    # The same document where mistral.rs serves it (its /docs page is not served here).
+    app.add_route(f"{base_path}/api-doc/openapi.json", api_doc, ["GET"], include_in_schema=False)
 
 
 def build_document(app: FastAPI, *, auth_required: bool) -> dict[str, Any]:

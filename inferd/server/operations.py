@@ -55,13 +55,14 @@ CORS_HEADERS = (
 )
 
 
-def docs_urls(docs: bool) -> dict[str, Any]:
-    """FastAPI constructor arguments: /openapi.json, or nothing. FastAPI's /docs and /redoc
-    pages are never served: they load Swagger UI's or ReDoc's JavaScript from a third-party
-    CDN, unpinned, into the API's own origin (where the API key and the chat page live)."""
-    if docs:
-        return {"docs_url": None, "redoc_url": None, "openapi_url": "/openapi.json"}
-    return {"docs_url": None, "redoc_url": None, "openapi_url": None}
+def docs_urls(docs: bool, base_path: str = "") -> dict[str, Any]:
+    """FastAPI constructor arguments: ``base_path``/openapi.json, or nothing. FastAPI's /docs
+    and /redoc pages are never served: they load Swagger UI's or ReDoc's JavaScript from a
+    third-party CDN, unpinned, into the API's own origin (where the API key and the chat page
+    live). The document is also at ``base_path``/api-doc/openapi.json (``install_openapi``),
+    where mistral.rs serves it."""
+    url = f"{base_path}/openapi.json" if docs else None
+    return {"docs_url": None, "redoc_url": None, "openapi_url": url}
 
 
 def install_operations(app: FastAPI, options: ServerOptions) -> None:
@@ -74,7 +75,7 @@ def install_operations(app: FastAPI, options: ServerOptions) -> None:
         app.state.server_metrics = server_metrics
         app.add_api_route("/metrics", metrics, methods=["GET"], include_in_schema=False)
     if options.docs:
-        install_openapi(app, auth_required=bool(options.api_keys))
+        install_openapi(app, auth_required=bool(options.api_keys), base_path=options.docs_base_path)
     # add_middleware puts each one outside those added before it.
     app.add_middleware(
         LimitsMiddleware,

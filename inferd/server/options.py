@@ -59,6 +59,7 @@ class ServerOptions:
     log_payloads: Path | None = None  # request bodies as JSON lines (debugging only)
     metrics: bool = True  # GET /metrics
     docs: bool = True  # /openapi.json (no /docs page: see operations.docs_urls)
+    docs_base_path: str = ""  # a prefix for the document's routes, e.g. "/internal"
     # -- the chat page at / (chat_page.py); `inferd serve` turns it on when bound to loopback
     ui: bool = False
     # -- streams

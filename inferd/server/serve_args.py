@@ -4,6 +4,7 @@ built for every command) and their translation into ServerOptions (options.py)."
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
@@ -173,7 +174,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="append request bodies (prompts!) to FILE as JSON lines; for debugging only",
     )
     g.add_argument("--no-metrics", action="store_true", help="do not serve /metrics")
-    g.add_argument("--no-docs", action="store_true", help="do not serve /openapi.json")
+    g.add_argument(
+        "--no-docs",
+        action="store_true",
+        help="do not serve the OpenAPI document (/openapi.json, /api-doc/openapi.json)",
+    )
+    g.add_argument(
+        "--docs-base-path",
+        metavar="PREFIX",
+        default="",
+        help="serve the OpenAPI document under PREFIX (e.g. /internal: /internal/openapi.json)",
+    )
     g.add_argument(
         "--ui",
         choices=("auto", "on", "off"),
@@ -343,6 +354,13 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
         ports = [int(p) for p in args.remote_media_ports.split(",") if p.strip()]
     except ValueError:
         raise ValueError("--remote-media-ports must be comma-separated port numbers") from None
+    base = args.docs_base_path
+    segments = base.split("/")[1:]
+    if base and (not re.fullmatch(r"(/[A-Za-z0-9._~-]+)+", base) or {".", ".."} & set(segments)):
+        raise ValueError(
+            f"--docs-base-path {base!r}: give a path such as /internal (segments of letters, "
+            "digits and ._~-, no trailing slash)"
+        )
     admin_keys = (*args.admin_key, *keys_from_env(environ, ADMIN_KEYS_ENV))
     given = vars(args)
     same_name = {f.name: given[f.name] for f in fields(ServerOptions) if f.name in given}

@@ -44,6 +44,28 @@ def test_metrics_and_docs_can_be_switched_off() -> None:
     assert off[0].json()["error"]["message"] == "no route GET /metrics"
 
 
+def test_the_document_is_also_at_api_doc_and_under_a_base_path() -> None:
+    """Where mistral.rs serves it (/api-doc/openapi.json), and under --docs-base-path."""
+    plain = _get(build_app([]), "/openapi.json", "/api-doc/openapi.json")
+    assert [r.status_code for r in plain] == [200, 200]
+    assert plain[0].json() == plain[1].json() and "/v1/chat/completions" in plain[0].json()["paths"]
+    app = build_app([], ServerOptions(docs_base_path="/internal"))
+    moved = _get(app, "/internal/openapi.json", "/internal/api-doc/openapi.json", "/openapi.json")
+    assert [r.status_code for r in moved] == [200, 200, 404]
+    assert moved[0].json() == moved[1].json() == plain[0].json()
+    off = _get(build_app([], ServerOptions(docs=False)), "/api-doc/openapi.json")
+    assert off[0].status_code == 404
+
+
+def test_a_bad_docs_base_path_is_refused() -> None:
+    for bad in ("internal", "/internal/", "/a b", "/../x", "/./x"):
+        args = _parser().parse_args(["serve", "--docs-base-path", bad])
+        with pytest.raises(ValueError, match="--docs-base-path"):
+            server_options(args, {})
+    good = _parser().parse_args(["serve", "--docs-base-path", "/internal/v2"])
+    assert server_options(good, {}).docs_base_path == "/internal/v2"
+
+
 def test_no_page_loads_anything_from_another_origin() -> None:
     """FastAPI's /docs and /redoc pull unpinned JavaScript from a CDN into the API's origin:
     not served. Every page and asset the server does serve refers to its own origin only."""
