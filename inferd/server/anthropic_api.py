@@ -90,10 +90,10 @@ async def count_tokens(request: Request) -> Response:
         state: ServerState = request.app.state.inferd
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
-        # images are decoded and tiled: their placeholder tokens count like the text's
-        media = await decode_request_media(body.messages, media_policy(request), model)
         tools = parse_anthropic_tools(body.tools, body.tool_choice)
         output_format(body.output_config, body.output_format)  # checked, though not counted
+        # images are decoded and tiled: their placeholder tokens count like the text's
+        media = await decode_request_media(body.messages, media_policy(request), model)
         # bounded as /v1/messages is: a prompt that cannot fit is refused before tokenizing
         prompt, _ = await _prompt(model, body, state, media, tools=tools)
         return JSONResponse({"input_tokens": len(prompt)})
@@ -109,13 +109,14 @@ async def _create_message(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
-    # URL policy, then modality, then each part decoded (text-only models stop at the modality)
-    media = await decode_request_media(body.messages, media_policy(request), model)
+    # The cheap checks first (tools, sampling, the output format), then the media: URL policy,
+    # modality (text-only models stop there), each part fetched and decoded; then the prompt.
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
-    prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     params = _sampling_params(body, model)
     # checked on a worker thread, as chat's response_format is (server/constraints.py)
     fmt = await asyncio.to_thread(output_format, body.output_config, body.output_format)
+    media = await decode_request_media(body.messages, media_policy(request), model)
+    prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     # With tools in use the format is the shape of a text answer beside the calls (as chat's
     # response_format beside tools); alone, it holds the whole reply.
     answer = fmt[1] if fmt else None

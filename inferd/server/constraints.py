@@ -43,19 +43,34 @@ async def constrain(
 ) -> SamplingParams:
     """``params`` with the request's constraint, compiled; unchanged when it asks for none.
     ``tools``: the constraint its tool use puts on the output (chat), which excludes others."""
+    return await compiled(model, params, await checked_constraint(body, tools))
+
+
+async def checked_constraint(
+    body: SamplingFields, tools: Constraint | None = None
+) -> Constraint | None:
+    """The request's constraint, its fields checked (a cheap step, before any media is fetched
+    or any prompt rendered); ``compiled`` builds its grammar later."""
     # A schema's checks walk all of it in Python: a large one would hold the event loop (and
     # every stream's tokens) for a while, so it is checked on a worker thread.
     constraint = await asyncio.to_thread(request_constraint, body)
-    if tools is not None:
-        # response_format is already inside ``tools`` (see answer_schema); the extensions have
-        # no JSON form a tool call could sit beside.
-        if constraint is not None and constraint.kind not in _JSON_KINDS:
-            raise bad_request(
-                "tools with a tool_choice other than none cannot be combined with "
-                "regex, choice or grammar",
-                "tool_choice",
-            )
-        constraint = tools
+    if tools is None:
+        return constraint
+    # response_format is already inside ``tools`` (see answer_schema); the extensions have no
+    # JSON form a tool call could sit beside.
+    if constraint is not None and constraint.kind not in _JSON_KINDS:
+        raise bad_request(
+            "tools with a tool_choice other than none cannot be combined with "
+            "regex, choice or grammar",
+            "tool_choice",
+        )
+    return tools
+
+
+async def compiled(
+    model: ServedModel, params: SamplingParams, constraint: Constraint | None
+) -> SamplingParams:
+    """``params`` with ``constraint`` compiled for ``model`` (off the event loop, bounded)."""
     if constraint is None:
         return params
     grammars = model.engine.engine.grammars

@@ -20,7 +20,7 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
-from inferd.server.constraints import answer_schema, constrain
+from inferd.server.constraints import answer_schema, checked_constraint, compiled
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -51,7 +51,22 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_body(await request.body(), ChatCompletionRequest)
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
-    # URL policy, then modality, then each part decoded (text-only models stop at the modality)
+    # The cheap checks first: fields, n, sampling and logprobs, tools, the output constraint.
+    tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
+    fmt = model.tool_format
+    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
+    n = check_n(body.n)
+    params = _sampling_params(body, model)
+    tool_constraint = tools.constraint(fmt, answer_schema(body)) if tools is not None else None
+    constraint = await checked_constraint(body, tool_constraint)
+    # The reply may hold tool calls: a new reader of them per choice.
+    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    try:
+        variables = template_variables(body.chat_template_kwargs)
+    except ValueError as exc:
+        raise bad_request(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from None
+    # Then the media (URL policy, modality: text-only models stop there, each part fetched and
+    # decoded), the prompt, and the constraint's grammar.
     media = await decode_request_media(
         body.messages,
         media_policy(request),
@@ -59,18 +74,6 @@ async def create_chat_completion(request: Request) -> Response:
         audio_rate=model.audio_sample_rate,
         video_sampling=model.video_sampling,
     )
-    tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    fmt = model.tool_format
-    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
-    n = check_n(body.n)
-    tool_constraint = tools.constraint(fmt, answer_schema(body)) if tools is not None else None
-    params = await constrain(body, model, _sampling_params(body, model), tool_constraint)
-    # The reply may hold tool calls: a new reader of them per choice.
-    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
-    try:
-        variables = template_variables(body.chat_template_kwargs)
-    except ValueError as exc:
-        raise bad_request(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from None
     prompt, inputs = await chat_prompt_with_media(
         model,
         messages,
@@ -79,6 +82,7 @@ async def create_chat_completion(request: Request) -> Response:
         tools=template_tools,
         variables=variables,
     )
+    params = await compiled(model, params, constraint)
     params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
     admit(model, len(prompt), params, "messages")
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
@@ -164,13 +168,15 @@ def _message_dict(
 
 
 def _content_of_parts(index: int, role: str, parts: list[dict[str, Any]]) -> str | list[Any]:
-    """The text of the parts, joined; with images or audio (decode_request_media has checked
-    and decoded them, in this order), the parts as the chat template takes them: text parts,
+    """The text of the parts, joined; with images or audio (decode_request_media checks and
+    decodes them next, in this order), the parts as the chat template takes them: text parts,
     ``{"type": "image"}``, ``{"type": "audio"}`` and ``{"type": "video"}`` where each goes."""
     out: list[dict[str, Any]] = []
     for j, part in enumerate(parts):
         kind = part.get("type")
         param = f"messages.{index}.content.{j}"
+        if not isinstance(kind, str):
+            raise bad_request(f"{param}.type must be a string", f"{param}.type")
         if kind == "text":
             text = part.get("text")
             if not isinstance(text, str):

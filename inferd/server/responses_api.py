@@ -29,7 +29,7 @@ from inferd.engine.sampling import SamplingParams
 from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.auth import key_owner
-from inferd.server.constraints import answer_schema, constrain
+from inferd.server.constraints import answer_schema, checked_constraint, compiled
 from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
     ENGINE_ERRORS,
@@ -99,7 +99,6 @@ async def create_response(request: Request) -> Response:
     owner = _owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
-    media = await _decode_media(request, model, history, items)
     tools = tool_request(body)
     fields = sampling_fields(body)
     fmt = model.tool_format
@@ -114,13 +113,19 @@ async def create_response(request: Request) -> Response:
             logprobs=None,
             param_names={"max_tokens": "max_output_tokens"},
         )
-        params = await constrain(fields, model, params, tool_constraint)
+        constraint = await checked_constraint(fields, tool_constraint)
     except APIError as exc:
         raise renamed(exc) from None
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items, fmt), tools, fmt
     )
+    # The cheap checks are done: now the media, the prompt, and the constraint's grammar.
+    media = await _decode_media(request, model, history, items)
     prompt, inputs = await _prompt(model, messages, template_tools, state, body, media)
+    try:
+        params = await compiled(model, params, constraint)
+    except APIError as exc:
+        raise renamed(exc) from None
     if body.max_output_tokens is None:
         params = replace(params, max_tokens=_room(model, len(prompt)))
     admit(model, len(prompt), params, "input")
