@@ -1,15 +1,18 @@
 """What an outbound connection may reach: the address policy shared by every fetcher that goes
 where a request (or a model) points it (remote media, request-named MCP servers).
 
-Pure arithmetic on addresses, no traffic: ``address_refusal`` names the class of an address
-that may not be reached ("loopback", "cloud metadata", ...). An IPv6 address that carries an
+Arithmetic on addresses: ``address_refusal`` names the class of an address that may not be
+reached ("loopback", "cloud metadata", ...). An IPv6 address that carries an
 IPv4 one (mapped, 6to4, Teredo, NAT64) is judged by the IPv4 address too, so a refused target
-cannot be reached through a translation prefix.
+cannot be reached through a translation prefix. ``resolve`` is the one DNS lookup both
+fetchers make before judging the addresses.
 """
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
 from collections.abc import Iterable
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -88,3 +91,29 @@ def looks_numeric(host: str) -> bool:
     return all(label and all(c in "0123456789abcdefx" for c in label) for label in labels) and any(
         label[0].isdigit() for label in labels
     )
+
+
+def ip_literal(host: str) -> IPAddress | None:
+    """``host`` as an address when it is one written out (not a name to resolve)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+async def resolve(host: str, port: int) -> list[IPAddress]:
+    """The TCP addresses of ``host`` (a literal is its own), each once, in the resolver's
+    order; [] when it has none. ``socket.gaierror`` or ``UnicodeError`` when it does not
+    resolve: the caller says so in its own terms."""
+    literal = ip_literal(host)
+    if literal is not None:
+        return [literal]
+    infos = await asyncio.get_running_loop().getaddrinfo(
+        host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+    )
+    addresses: list[IPAddress] = []
+    for info in infos:
+        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])  # no IPv6 zone id
+        if ip not in addresses:
+            addresses.append(ip)
+    return addresses

@@ -13,13 +13,11 @@ them, as the operator meant.
 
 from __future__ import annotations
 
-import asyncio
-import ipaddress
 import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from inferd.net import IPAddress, address_refusal, looks_numeric
+from inferd.net import IPAddress, address_refusal, ip_literal, looks_numeric, resolve
 
 MAX_URL_CHARS = 2048
 # Address classes no pattern can open: the metadata endpoints live here (169.254.169.254).
@@ -120,7 +118,7 @@ class McpUrlPolicy:
         host = (parts.hostname or "").lower().rstrip(".")
         if not host:
             raise OutboundUrlRefused("the MCP server_url has no host")
-        if _literal(host) is None and looks_numeric(host):
+        if ip_literal(host) is None and looks_numeric(host):
             raise OutboundUrlRefused("the MCP server_url's host is written as a number")
         segments = parts.path.split("/")
         if "." in segments or ".." in segments or "%2e" in parts.path.lower():
@@ -136,28 +134,11 @@ class McpUrlPolicy:
         return scheme, host, port, parts.path
 
 
-def _literal(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
-
-
 async def _resolve(host: str, port: int) -> list[IPAddress]:
-    literal = _literal(host)
-    if literal is not None:
-        return [literal]
     try:
-        infos = await asyncio.get_running_loop().getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
+        addresses = await resolve(host, port)
     except (socket.gaierror, UnicodeError):
         raise OutboundUrlRefused(f"the MCP server_url's host {host!r} does not resolve") from None
-    addresses: list[IPAddress] = []
-    for info in infos:
-        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if ip not in addresses:
-            addresses.append(ip)
     if not addresses:
         raise OutboundUrlRefused(f"the MCP server_url's host {host!r} has no addresses")
     return addresses

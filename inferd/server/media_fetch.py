@@ -22,7 +22,8 @@ from urllib.parse import urljoin, urlsplit
 
 import h11
 
-from inferd.net import IPAddress, IPNetwork, address_refusal, looks_numeric
+from inferd.net import IPAddress, IPNetwork, address_refusal, ip_literal, looks_numeric
+from inferd.net import resolve as net_resolve
 from inferd.server.defaults import DEFAULT_REMOTE_MEDIA_PORTS
 from inferd.version import __version__
 
@@ -92,7 +93,7 @@ def check_remote_url(
     if port not in ports:
         allowed = ", ".join(str(p) for p in ports)
         raise FetchError(f"port {port} is not allowed for remote media (allowed: {allowed})")
-    literal = _ip_literal(host)
+    literal = ip_literal(host)
     if literal is not None:
         reason = address_refusal(literal, allow_networks)
         if reason is not None:
@@ -103,13 +104,6 @@ def check_remote_url(
     if parts.query:
         target += "?" + parts.query
     return Target(url, scheme, host, port, target, literal)
-
-
-def _ip_literal(host: str) -> IPAddress | None:
-    try:
-        return ipaddress.ip_address(host)
-    except ValueError:
-        return None
 
 
 def _check_host_name(host: str) -> None:
@@ -127,18 +121,10 @@ async def resolve(target: Target, allow_networks: Iterable[IPNetwork] = ()) -> l
     """Resolve once; every address must be allowed (mixed answers are refused)."""
     if target.literal is not None:
         return [target.literal]
-    loop = asyncio.get_running_loop()
     try:
-        infos = await loop.getaddrinfo(
-            target.host, target.port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-        )
+        addresses = await net_resolve(target.host, target.port)
     except (socket.gaierror, UnicodeError) as exc:
         raise FetchError(f"the host {target.host!r} could not be resolved ({exc})") from None
-    addresses: list[IPAddress] = []
-    for info in infos:
-        ip = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-        if ip not in addresses:
-            addresses.append(ip)
     if not addresses:
         raise FetchError(f"the host {target.host!r} has no addresses")
     networks = list(allow_networks)
