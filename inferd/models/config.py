@@ -632,6 +632,40 @@ def _qwen2_audio_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfi
     return replace(decoder, architecture="qwen2_audio", audio=encoder)
 
 
+def _mrope_decoder(
+    text: Mapping[str, Any],
+    rope: Mapping[str, Any],
+    section: list[Any],
+    defaults: Mapping[str, Any],
+    model_type: str,
+    theta: float,
+    tied: bool,
+    has_lm_head: bool,
+) -> ModelConfig:
+    """A Qwen VL model's decoder: ``model_type``'s config from ``text`` with its rope settings
+    minus the M-RoPE keys (the runner splits the rotary pairs by ``section``, which must cover
+    the head exactly)."""
+    mrope_keys = ("mrope_section", "mrope_interleaved", "type", "rope_type")
+    plain_rope = {k: v for k, v in rope.items() if k not in mrope_keys}
+    plain_rope.setdefault("rope_theta", text.get("rope_theta", theta))
+    decoder = config_from_hf(
+        {
+            **defaults,
+            **text,
+            "model_type": model_type,
+            "tie_word_embeddings": tied,
+            "rope_parameters": plain_rope,
+            "rope_scaling": None,
+        },
+        has_lm_head=has_lm_head,
+    )
+    if 2 * sum(int(s) for s in section) != decoder.head_dim:
+        raise ModelConfigError(
+            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
+        )
+    return decoder
+
+
 def _qwen2_5_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Qwen2.5-VL: the published config.json is flat (the text keys at the top, ``rope_scaling``
     of type ``mrope``); transformers v5 saves them under ``text_config``. Either way a Qwen2
@@ -646,21 +680,9 @@ def _qwen2_5_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig
     section = rope.get("mrope_section")
     if not isinstance(section, list) or not section:
         raise ModelConfigError("config.json of qwen2_5_vl lacks rope mrope_section")
-    plain_rope = {k: v for k, v in rope.items() if k not in ("mrope_section", "type", "rope_type")}
-    plain_rope.setdefault("rope_theta", text.get("rope_theta", 1000000.0))
-    text = {
-        **QWEN2_DEFAULTS,
-        **text,
-        "model_type": "qwen2",
-        "tie_word_embeddings": tied,
-        "rope_parameters": plain_rope,
-        "rope_scaling": None,
-    }
-    decoder = config_from_hf(text, has_lm_head=has_lm_head)
-    if 2 * sum(int(s) for s in section) != decoder.head_dim:
-        raise ModelConfigError(
-            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
-        )
+    decoder = _mrope_decoder(
+        text, rope, section, QWEN2_DEFAULTS, "qwen2", 1000000.0, tied, has_lm_head
+    )
     if str(vision.get("hidden_act", "silu")) != "silu":
         raise ModelConfigError(f"vision activation {vision.get('hidden_act')!r} is not supported")
     vrope = vision.get("rope_parameters") or {}
@@ -717,25 +739,9 @@ def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     section = rope.get("mrope_section")
     if not isinstance(section, list) or len(section) != 3:
         raise ModelConfigError("config.json of qwen3_vl lacks rope mrope_section (three values)")
-    plain_rope = {
-        k: v
-        for k, v in rope.items()
-        if k not in ("mrope_section", "mrope_interleaved", "type", "rope_type")
-    }
-    plain_rope.setdefault("rope_theta", nested.get("rope_theta", 500000.0))
-    text = {
-        **QWEN3_VL_TEXT_DEFAULTS,
-        **nested,
-        "model_type": "qwen3",
-        "tie_word_embeddings": tied,
-        "rope_parameters": plain_rope,
-        "rope_scaling": None,
-    }
-    decoder = config_from_hf(text, has_lm_head=has_lm_head)
-    if 2 * sum(int(s) for s in section) != decoder.head_dim:
-        raise ModelConfigError(
-            f"mrope_section {section} does not cover head_dim {decoder.head_dim}"
-        )
+    decoder = _mrope_decoder(
+        nested, rope, section, QWEN3_VL_TEXT_DEFAULTS, "qwen3", 500000.0, tied, has_lm_head
+    )
     if decoder.sliding_window is not None:  # transformers' Qwen3-VL attends over everything
         raise ModelConfigError("qwen3_vl with a sliding window is not supported")
     act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
