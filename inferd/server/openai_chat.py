@@ -37,7 +37,7 @@ from inferd.server.generation import (
     token_piece,
     visible_logprobs,
 )
-from inferd.server.media import decode_request_media, media_policy
+from inferd.server.media import check_media_parts, decode_request_media, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.reasoning import ReasoningSplit, followed, template_variables
@@ -51,7 +51,10 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_body(await request.body(), ChatCompletionRequest)
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
-    # The cheap checks first: fields, n, sampling and logprobs, tools, the output constraint.
+    # The cheap checks first: the media parts (counts, URL policy, modality; nothing read
+    # yet), fields, n, sampling and logprobs, tools, the output constraint.
+    policy = media_policy(request)
+    check_media_parts(body.messages, policy, model)
     tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
     fmt = model.tool_format
     messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
@@ -69,7 +72,7 @@ async def create_chat_completion(request: Request) -> Response:
     # decoded), the prompt, and the constraint's grammar.
     media = await decode_request_media(
         body.messages,
-        media_policy(request),
+        policy,
         model,
         audio_rate=model.audio_sample_rate,
         video_sampling=model.video_sampling,
