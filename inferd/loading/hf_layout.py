@@ -231,3 +231,18 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
             ):
                 plan[f"{dst}{name}.weight"] = one(f"{src}{name}.weight", rows)
     return plan
+
+
+# Gemma 4's encoders and their projections into the text model, under ``model.`` with our
+# modules' names (models/gemma4_vision.py).
+GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.")
+
+
+def gemma4_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
+    """Our Gemma 4 encoders' parameters (name -> shape) to their checkpoint names, one to one
+    (a clipped projection's bounds are scalars: one row)."""
+    return {
+        name: (Part("model." + name, shape[0] if shape else 1),)
+        for name, shape in shapes.items()
+        if name.startswith(GEMMA4_MEDIA_MODULES)
+    }

@@ -21,6 +21,7 @@ from inferd.loading.hf_layout import (
     audio_plan,
     checkpoint_prefix,
     gemma3_vision_plan,
+    gemma4_media_plan,
     gemma4_plan,
     hf_plan,
     qwen2_audio_text_plan,
@@ -71,6 +72,7 @@ def load_safetensors_model(
     model = build_empty(cfg, inv_freq, dtype)
     if cfg.gemma4 is not None:
         plan = gemma4_plan(cfg, set(checkpoint.names()))
+        plan |= gemma4_media_plan({n: tuple(p.shape) for n, p in model.named_parameters()})
     elif cfg.vision is not None and cfg.vision.pooled:
         names = set(checkpoint.names())
         plan = gemma3_vision_plan(cfg, {n: p.shape[0] for n, p in model.named_parameters()}, names)

@@ -146,6 +146,38 @@ class Gemma4Layers:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma4VisionConfig:
+    """Gemma 4's image encoder (models/gemma4_vision.py): patches of any image shape with
+    learned 2-D position tables and 2-D RoPE, Gemma 4-style layers, a ``pooling x pooling``
+    average of the patch grid per soft token, and the projection into the text model."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    patch_size: int
+    pooling: int  # pooling_kernel_size: one soft token per pooling^2 patches
+    position_table_size: int  # positions of each axis the learned table holds
+    rms_norm_eps: float
+    rope_theta: float
+    standardize: bool  # the pooled features are shifted and scaled (std_bias, std_scale)
+    clipped_linears: bool  # each projection clamps its input and output to stored bounds
+    image_token_id: int
+    video_token_id: int
+    bidirectional: bool  # an image's soft tokens see each other both ways (sliding layers)
+
+    def __post_init__(self) -> None:
+        if self.head_dim % 4:
+            raise ModelConfigError(f"vision head size {self.head_dim} cannot rotate in two axes")
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size**2
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -179,6 +211,7 @@ class ModelConfig:
     # by its own position id; None: one position per token.
     mrope_section: tuple[int, ...] | None = None
     gemma4: Gemma4Layers | None = None  # Gemma 4's per-layer shapes and embeddings
+    gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -202,6 +235,9 @@ class ModelConfig:
             return self.vision.image_token_id
         if modality == "audio" and self.audio is not None:
             return self.audio.audio_token_id
+        if self.gemma4_vision is not None and modality in ("image", "video"):
+            g = self.gemma4_vision
+            return g.image_token_id if modality == "image" else g.video_token_id
         if self.qwen_vision is not None and modality in ("image", "video"):
             q = self.qwen_vision
             return q.image_token_id if modality == "image" else q.video_token_id
@@ -850,7 +886,63 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     )
     for layer in range(layers - layers_cfg.kv_shared_layers, layers):
         cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
+    vision = hf.get("vision_config") if hf.get("model_type") == "gemma4" else None
+    if isinstance(vision, Mapping):
+        bidirectional = text.get("use_bidirectional_attention") == "vision"
+        cfg = replace(cfg, gemma4_vision=_gemma4_vision_from_hf(hf, vision, bidirectional))
     return cfg
+
+
+# transformers' Gemma4VisionConfig defaults.
+GEMMA4_VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "head_dim": 64,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "pooling_kernel_size": 3,
+    "patch_size": 16,
+    "position_embedding_size": 10 * 1024,
+    "use_clipped_linears": False,
+    "standardize": False,
+    "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
+}
+
+
+def _gemma4_vision_from_hf(
+    hf: Mapping[str, Any], vision: Mapping[str, Any], bidirectional: bool
+) -> Gemma4VisionConfig:
+    v = {**GEMMA4_VISION_DEFAULTS, **{k: x for k, x in vision.items() if x is not None}}
+    if _HF_ACTIVATIONS.get(str(v["hidden_activation"])) != "gelu_tanh":
+        raise ModelConfigError(
+            f"gemma4 vision activation {v['hidden_activation']!r} is not supported"
+        )
+    if v.get("attention_bias"):
+        raise ModelConfigError("gemma4 vision attention_bias: true is not supported")
+    rope = v["rope_parameters"] or {}
+    if rope.get("rope_type", "axial") != "axial":
+        raise ModelConfigError(f"gemma4 vision RoPE {rope.get('rope_type')!r} is not supported")
+    return Gemma4VisionConfig(
+        hidden_size=int(v["hidden_size"]),
+        intermediate_size=int(v["intermediate_size"]),
+        num_layers=int(v["num_hidden_layers"]),
+        num_heads=int(v["num_attention_heads"]),
+        num_kv_heads=int(v["num_key_value_heads"]),
+        head_dim=int(v["head_dim"]),
+        patch_size=int(v["patch_size"]),
+        pooling=int(v["pooling_kernel_size"]),
+        position_table_size=int(v["position_embedding_size"]),
+        rms_norm_eps=float(v["rms_norm_eps"]),
+        rope_theta=float(rope.get("rope_theta", 100.0)),
+        standardize=bool(v["standardize"]),
+        clipped_linears=bool(v["use_clipped_linears"]),
+        image_token_id=int(hf.get("image_token_id") or 258_880),
+        video_token_id=int(hf.get("video_token_id") or 258_884),
+        bidirectional=bidirectional,
+    )
 
 
 def _float_or_none(value: Any) -> float | None:

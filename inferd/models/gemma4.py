@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import replace
 
 import torch
@@ -166,6 +167,15 @@ class Gemma4DecoderLayer(nn.Module):
         return x * self.layer_scalar
 
 
+def causal_only(meta: AttentionMetadata) -> AttentionMetadata:
+    """``meta`` without its chunks' bidirectional spans (Gemma 4's global layers stay causal
+    over an image's tokens)."""
+    if not any(chunk.bidirectional for chunk in meta.prefills):
+        return meta
+    chunks = tuple(dataclasses.replace(chunk, bidirectional=()) for chunk in meta.prefills)
+    return dataclasses.replace(meta, prefills=chunks)
+
+
 class Gemma4ForCausalLM(Gemma2ForCausalLM):
     """Gemma 4's decoder, layer by layer (the decode stack takes no layer of this shape).
 
@@ -232,6 +242,7 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
         local_rotation = self.local_rotary.at(positions, x.dtype)
         window = self.config.sliding_window
         window_meta = sliding_window_metadata(meta, window) if window is not None else meta
+        meta = causal_only(meta)  # media tokens see each other both ways on sliding layers only
         for i, layer in enumerate(self.layers):
             sliding = self.sliding[i]
             x = layer(

@@ -90,3 +90,159 @@ def save_tiny_gemma4_text(directory: Path, seed: int = 0, **overrides: Any) -> A
     write_tokenizer(directory)
     model.config._attn_implementation = "eager"
     return model.eval()
+
+
+# --- Gemma4ForConditionalGeneration: the decoder above under an image encoder ---------------
+
+BOI, IMAGE, EOI = "<|image>", "<|image|>", "<image|>"
+BOA, AUDIO, EOA = "<|audio>", "<|audio|>", "<audio|>"
+VIDEO = "<|video|>"
+TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]
+EXTRA = [BOI, IMAGE, EOI, BOA, AUDIO, EOA, VIDEO, *TURN_TOKENS]
+MM_VOCAB = 340
+PATCH, POOLING, MAX_SOFT_TOKENS = 4, 2, 70  # up to 280 patches of 4 px, 2x2 to a token
+# Gemma's turns over content parts, an image part written as the image token.
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+    " + '\\n' }}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'audio' %}{{ '<|audio|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{{ '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def mm_token_id(name: str) -> int:
+    from tests.models.tiny import SPECIALS
+
+    return (SPECIALS + EXTRA).index(name)
+
+
+def _mm_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.models.tiny import byte_level_tokenizer
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=byte_level_tokenizer(MM_VOCAB, EXTRA),
+        eos_token="<end_of_turn>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens={
+            "image_token": IMAGE,
+            "boi_token": BOI,
+            "eoi_token": EOI,
+            "audio_token": AUDIO,
+            "boa_token": BOA,
+            "eoa_token": EOA,
+        },
+    )
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def vision_config(**overrides: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=PATCH,
+        pooling_kernel_size=POOLING,
+        position_embedding_size=64,
+        rope_parameters={"rope_type": "axial", "rope_theta": 100.0},
+        standardize=True,
+        use_clipped_linears=True,
+    )
+    settings.update(overrides)
+    return settings
+
+
+def mm_config(**text_overrides: Any) -> Any:
+    from transformers import Gemma4Config
+
+    text = text_config(
+        vocab_size=MM_VOCAB,
+        vocab_size_per_layer_input=MM_VOCAB,
+        use_bidirectional_attention="vision",
+        eos_token_id=mm_token_id("<end_of_turn>"),
+        **text_overrides,
+    )
+    return Gemma4Config(
+        text_config=text.to_dict(),
+        vision_config=vision_config(),
+        audio_config=None,
+        image_token_id=mm_token_id(IMAGE),
+        boi_token_id=mm_token_id(BOI),
+        eoi_token_id=mm_token_id(EOI),
+        video_token_id=mm_token_id(VIDEO),
+        audio_token_id=mm_token_id(AUDIO),
+        boa_token_id=mm_token_id(BOA),
+        eoa_token_index=mm_token_id(EOA),
+    )
+
+
+def randomize_clip_bounds(model: torch.nn.Module, seed: int) -> None:
+    """Finite clamp bounds on every clipped projection, tight enough that some values meet
+    them (infinite ones would hide a bound read into the wrong place)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith(("input_min", "output_min")):
+                b.fill_(-1.5 - float(torch.rand((), generator=g)))
+            elif name.endswith(("input_max", "output_max")):
+                b.fill_(1.5 + float(torch.rand((), generator=g)))
+
+
+def save_tiny_gemma4(directory: Path, seed: int = 0) -> tuple[Any, Any]:
+    """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor
+    and tokenizer) saved in ``directory``; returns both (the model in float32 eval mode)."""
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4ForConditionalGeneration,
+        Gemma4ImageProcessorPil,
+        Gemma4Processor,
+    )
+
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(mm_config()).float()
+    randomize_gemma4(model, seed)
+    randomize_clip_bounds(model, seed)
+    with torch.no_grad():  # a standardization that moves the features
+        model.model.vision_tower.std_bias.normal_(
+            0.0, 0.5, generator=torch.Generator().manual_seed(seed)
+        )
+        model.model.vision_tower.std_scale.uniform_(
+            0.5, 1.5, generator=torch.Generator().manual_seed(seed)
+        )
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    images = Gemma4ImageProcessorPil(
+        patch_size=PATCH, pooling_kernel_size=POOLING, max_soft_tokens=MAX_SOFT_TOKENS
+    )
+
+    class ProcessorWithoutVideo(Gemma4Processor):  # type: ignore[misc]
+        """Gemma4Processor less its video processor, which needs torchvision (absent here)."""
+
+        def check_argument_for_proper_class(self, name: str, argument: Any) -> Any:
+            if name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(name, argument)
+
+    tokenizer = _mm_tokenizer()
+    processor = ProcessorWithoutVideo(
+        feature_extractor=Gemma4AudioFeatureExtractor(),
+        image_processor=images,
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=TEMPLATE,
+        image_seq_length=MAX_SOFT_TOKENS,
+    )
+    images.save_pretrained(str(directory))  # preprocessor_config.json
+    tokenizer.save_pretrained(str(directory))
+    return model.eval(), processor
