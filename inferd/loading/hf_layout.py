@@ -235,7 +235,7 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
 
 # Gemma 4's encoders and their projections into the text model, under ``model.`` with our
 # modules' names (models/gemma4_vision.py).
-GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.")
+GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
 
 
 def gemma4_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:

@@ -45,10 +45,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    if cfg.architecture == "gemma4" and cfg.gemma4_vision is not None:
-        from inferd.models.gemma4_vision import Gemma4VisionForCausalLM
+    if cfg.architecture == "gemma4" and (cfg.gemma4_vision or cfg.gemma4_audio):
+        from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
 
-        return Gemma4VisionForCausalLM
+        return Gemma4MultimodalForCausalLM
     if cfg.architecture == "gemma4":
         from inferd.models.gemma4 import Gemma4ForCausalLM
 

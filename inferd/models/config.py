@@ -178,6 +178,44 @@ class Gemma4VisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma4AudioConfig:
+    """Gemma 4's audio encoder (models/gemma4_audio.py): two stride-2 conv blocks over the
+    log-mel frames, conformer layers with chunked local attention (relative positions,
+    soft-capped logits), a light causal conv and two half-weighted feed-forwards, an output
+    projection and the projection into the text model: one row per 40 ms of audio."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    conv_channels: tuple[int, int]  # subsampling_conv_channels; the first is the mel bins
+    conv_kernel_size: int  # the light conv's (causal, depthwise)
+    residual_weight: float  # a feed-forward's output is scaled by this before its add
+    chunk_size: int
+    context_left: int  # a frame sees this many frames back, itself included
+    context_right: int  # and this many ahead
+    logit_cap: float
+    invalid_logit: float  # the logit of a key a frame may not see
+    clipped_linears: bool
+    rms_norm_eps: float
+    gradient_clipping: float
+    output_dims: int  # output_proj_dims
+    audio_token_id: int
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"audio hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+            )
+
+    @staticmethod
+    def num_tokens(frames: int) -> int:
+        """Rows of a clip of ``frames`` mel frames: after the two stride-2 convolutions."""
+        for _ in range(2):
+            frames = (frames - 1) // 2 + 1
+        return frames
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -212,6 +250,7 @@ class ModelConfig:
     mrope_section: tuple[int, ...] | None = None
     gemma4: Gemma4Layers | None = None  # Gemma 4's per-layer shapes and embeddings
     gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
+    gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -235,6 +274,8 @@ class ModelConfig:
             return self.vision.image_token_id
         if modality == "audio" and self.audio is not None:
             return self.audio.audio_token_id
+        if self.gemma4_audio is not None and modality == "audio":
+            return self.gemma4_audio.audio_token_id
         if self.gemma4_vision is not None and modality in ("image", "video"):
             g = self.gemma4_vision
             return g.image_token_id if modality == "image" else g.video_token_id
@@ -890,7 +931,58 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     if isinstance(vision, Mapping):
         bidirectional = text.get("use_bidirectional_attention") == "vision"
         cfg = replace(cfg, gemma4_vision=_gemma4_vision_from_hf(hf, vision, bidirectional))
+    audio = hf.get("audio_config") if hf.get("model_type") == "gemma4" else None
+    if isinstance(audio, Mapping):
+        cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
     return cfg
+
+
+# transformers' Gemma4AudioConfig defaults.
+GEMMA4_AUDIO_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "hidden_act": "silu",
+    "subsampling_conv_channels": [128, 32],
+    "conv_kernel_size": 5,
+    "residual_weight": 0.5,
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_context_right": 0,
+    "attention_logit_cap": 50.0,
+    "attention_invalid_logits_value": -1.0e9,
+    "use_clipped_linears": True,
+    "rms_norm_eps": 1e-6,
+    "gradient_clipping": 1e10,
+    "output_proj_dims": 1536,
+}
+
+
+def _gemma4_audio_from_hf(hf: Mapping[str, Any], audio: Mapping[str, Any]) -> Gemma4AudioConfig:
+    a = {**GEMMA4_AUDIO_DEFAULTS, **{k: x for k, x in audio.items() if x is not None}}
+    if a["hidden_act"] not in ("silu", "swish"):
+        raise ModelConfigError(f"gemma4 audio activation {a['hidden_act']!r} is not supported")
+    channels = [int(c) for c in a["subsampling_conv_channels"]]
+    if len(channels) != 2:
+        raise ModelConfigError(f"gemma4 audio needs two conv channel counts, not {channels}")
+    return Gemma4AudioConfig(
+        hidden_size=int(a["hidden_size"]),
+        num_layers=int(a["num_hidden_layers"]),
+        num_heads=int(a["num_attention_heads"]),
+        conv_channels=(channels[0], channels[1]),
+        conv_kernel_size=int(a["conv_kernel_size"]),
+        residual_weight=float(a["residual_weight"]),
+        chunk_size=int(a["attention_chunk_size"]),
+        context_left=int(a["attention_context_left"]),
+        context_right=int(a["attention_context_right"]),
+        logit_cap=float(a["attention_logit_cap"]),
+        invalid_logit=float(a["attention_invalid_logits_value"]),
+        clipped_linears=bool(a["use_clipped_linears"]),
+        rms_norm_eps=float(a["rms_norm_eps"]),
+        gradient_clipping=float(a["gradient_clipping"]),
+        output_dims=int(a["output_proj_dims"]),
+        audio_token_id=int(hf.get("audio_token_id") or 258_881),
+    )
 
 
 # transformers' Gemma4VisionConfig defaults.

@@ -1,4 +1,4 @@
-"""Gemma 4's image encoder and the decoder that takes its rows (Gemma4ForConditionalGeneration).
+"""Gemma 4's image encoder and the projection of an encoder's rows into the text model.
 
 An image arrives as its patches (models/gemma4_image.py: any aspect, a multiple of
 ``pooling`` patches a side) with each patch's (x, y) place in the grid. The encoder:
@@ -25,9 +25,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferd.layers.linear import Linear
-from inferd.layers.rotary import RotaryEmbedding
-from inferd.models.config import Gemma4VisionConfig, ModelConfig, ModelConfigError
-from inferd.models.gemma4 import Gemma4ForCausalLM, Gemma4RMSNorm, unit_rms
+from inferd.models.config import Gemma4VisionConfig
+from inferd.models.gemma4 import Gemma4RMSNorm, unit_rms
 
 
 class ClippableLinear(nn.Module):
@@ -186,25 +185,3 @@ class MultimodalEmbedder(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.embedding_projection(unit_rms(x, self.eps))
-
-
-class Gemma4VisionForCausalLM(Gemma4ForCausalLM):
-    """Gemma 4's decoder under its image encoder (``encode_patches``: one row per soft
-    token of an image, in the decoder's dtype)."""
-
-    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
-        super().__init__(cfg, rotary)
-        if cfg.gemma4_vision is None:
-            raise ModelConfigError("a Gemma 4 vision model needs a vision config")
-        vision = cfg.gemma4_vision
-        self.vision_tower = Gemma4VisionTower(vision)
-        self.embed_vision = MultimodalEmbedder(
-            vision.hidden_size, cfg.hidden_size, vision.rms_norm_eps
-        )
-
-    def encode_patches(self, patches: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One image's (or video frame's) patches and their (x, y) places -> its embeddings
-        [soft tokens, hidden]."""
-        dtype = self.embed_vision.embedding_projection.weight.dtype
-        tokens = self.vision_tower(patches, positions.long()).to(dtype)
-        return self.embed_vision(tokens).to(self.embed_tokens.weight.dtype)

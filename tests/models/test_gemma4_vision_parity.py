@@ -20,7 +20,7 @@ from PIL import Image
 from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.gemma4_image import Gemma4ImageConfig, PreparedGemma4Image
-from inferd.models.gemma4_vision import Gemma4VisionForCausalLM
+from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
 from tests.models.tiny_gemma4 import (
     BOI,
     EOI,
@@ -71,9 +71,9 @@ def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any
 
 
 @pytest.fixture(scope="module")
-def ours(checkpoint: tuple[Path, Any, Any]) -> Gemma4VisionForCausalLM:
+def ours(checkpoint: tuple[Path, Any, Any]) -> Gemma4MultimodalForCausalLM:
     model, _ = load_safetensors_model(checkpoint[0], torch.float32, progress=False)
-    assert isinstance(model, Gemma4VisionForCausalLM)
+    assert isinstance(model, Gemma4MultimodalForCausalLM)
     return model
 
 
@@ -114,7 +114,7 @@ def _spans(ids: list[int], token: int) -> tuple[tuple[int, int], ...]:
 
 
 def _forward(
-    model: Gemma4VisionForCausalLM, ids: list[int], images: list[PreparedGemma4Image]
+    model: Gemma4MultimodalForCausalLM, ids: list[int], images: list[PreparedGemma4Image]
 ) -> torch.Tensor:
     """Logits of one prompt in one prefill, each image's rows over its tokens, which see each
     other both ways (the engine's ``bidirectional_spans``)."""
@@ -144,7 +144,7 @@ def _forward(
 
 
 def test_image_prompt_logits_match_transformers(
-    checkpoint: tuple[Path, Any, Any], ours: Gemma4VisionForCausalLM
+    checkpoint: tuple[Path, Any, Any], ours: Gemma4MultimodalForCausalLM
 ) -> None:
     _, hf, processor = checkpoint
     pictures = [_image(37, 50, seed=1), _image(24, 24, seed=2)]
@@ -161,7 +161,7 @@ def test_image_prompt_logits_match_transformers(
 
 
 def test_image_greedy_tokens_match_transformers(
-    checkpoint: tuple[Path, Any, Any], ours: Gemma4VisionForCausalLM
+    checkpoint: tuple[Path, Any, Any], ours: Gemma4MultimodalForCausalLM
 ) -> None:
     _, hf, processor = checkpoint
     pictures = [_image(30, 41, seed=3), _image(16, 40, seed=4)]

@@ -162,7 +162,29 @@ def vision_config(**overrides: Any) -> dict[str, Any]:
     return settings
 
 
-def mm_config(**text_overrides: Any) -> Any:
+MEL_BINS = 16  # the audio encoder's first conv block has as many channels
+
+
+def audio_config(**overrides: Any) -> dict[str, Any]:
+    """Chunks of 4 frames seeing 5 back (itself included), as the real one's 12 and 13."""
+    settings: dict[str, Any] = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        subsampling_conv_channels=[MEL_BINS, 8],
+        conv_kernel_size=5,
+        attention_chunk_size=4,
+        attention_context_left=5,
+        attention_context_right=0,
+        attention_logit_cap=5.0,  # low enough that the cap bends some logits
+        use_clipped_linears=True,
+        output_proj_dims=24,
+    )
+    settings.update(overrides)
+    return settings
+
+
+def mm_config(audio_overrides: dict[str, Any] | None = None, **text_overrides: Any) -> Any:
     from transformers import Gemma4Config
 
     text = text_config(
@@ -175,7 +197,7 @@ def mm_config(**text_overrides: Any) -> Any:
     return Gemma4Config(
         text_config=text.to_dict(),
         vision_config=vision_config(),
-        audio_config=None,
+        audio_config=audio_config(**(audio_overrides or {})),
         image_token_id=mm_token_id(IMAGE),
         boi_token_id=mm_token_id(BOI),
         eoi_token_id=mm_token_id(EOI),
@@ -198,9 +220,12 @@ def randomize_clip_bounds(model: torch.nn.Module, seed: int) -> None:
                 b.fill_(1.5 + float(torch.rand((), generator=g)))
 
 
-def save_tiny_gemma4(directory: Path, seed: int = 0) -> tuple[Any, Any]:
-    """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor
-    and tokenizer) saved in ``directory``; returns both (the model in float32 eval mode)."""
+def save_tiny_gemma4(
+    directory: Path, seed: int = 0, audio_overrides: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor,
+    audio feature extractor and tokenizer) saved in ``directory``; returns both (the model in
+    float32 eval mode)."""
     from transformers import (
         Gemma4AudioFeatureExtractor,
         Gemma4ForConditionalGeneration,
@@ -209,7 +234,7 @@ def save_tiny_gemma4(directory: Path, seed: int = 0) -> tuple[Any, Any]:
     )
 
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(mm_config()).float()
+    model = Gemma4ForConditionalGeneration(mm_config(audio_overrides)).float()
     randomize_gemma4(model, seed)
     randomize_clip_bounds(model, seed)
     with torch.no_grad():  # a standardization that moves the features
@@ -235,8 +260,9 @@ def save_tiny_gemma4(directory: Path, seed: int = 0) -> tuple[Any, Any]:
             return super().check_argument_for_proper_class(name, argument)
 
     tokenizer = _mm_tokenizer()
+    features = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS)
     processor = ProcessorWithoutVideo(
-        feature_extractor=Gemma4AudioFeatureExtractor(),
+        feature_extractor=features,
         image_processor=images,
         tokenizer=tokenizer,
         video_processor=None,
@@ -244,5 +270,6 @@ def save_tiny_gemma4(directory: Path, seed: int = 0) -> tuple[Any, Any]:
         image_seq_length=MAX_SOFT_TOKENS,
     )
     images.save_pretrained(str(directory))  # preprocessor_config.json
+    features.save_pretrained(str(directory / "audio"))
     tokenizer.save_pretrained(str(directory))
     return model.eval(), processor
