@@ -15,7 +15,7 @@ per soft token (patches / pooling^2) + ``eoi``; the encoder's rows replace the i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,3 +150,21 @@ def prepare_image(image: Image.Image, cfg: Gemma4ImageConfig) -> PreparedGemma4I
     return PreparedGemma4Image(
         torch.from_numpy(np.ascontiguousarray(patches)), torch.from_numpy(positions), soft, cfg
     )
+
+
+def video_prompt_text(
+    cfg: Gemma4ImageConfig, video_token: str, timestamps: Sequence[float], soft_tokens: int
+) -> str:
+    """The text of a video's frames, as the processor writes it for its video token: per
+    kept frame, its time as ``mm:ss`` (whole seconds, truncated), a space, and the frame's
+    ``boi`` + ``soft_tokens`` video tokens + ``eoi``; frames apart by one space. Each frame's
+    patches go through the image encoder as an image's do (``prepare`` at the video
+    processor's token budget)."""
+    frames = (
+        f"{int(t // 60):02d}:{int(t % 60):02d} "
+        + cfg.boi_token
+        + video_token * soft_tokens
+        + cfg.eoi_token
+        for t in timestamps
+    )
+    return " ".join(frames)
