@@ -24,10 +24,7 @@ import numpy as np
 import numpy.typing as npt
 
 from inferd.models.config import Gemma4AudioConfig
-
-
-class AudioFeatureError(ValueError):
-    """The feature extractor's settings are ones inferd does not reproduce."""
+from inferd.models.whisper_features import AudioFeatureError
 
 
 def htk_mel_filters(
@@ -85,7 +82,9 @@ class Gemma4AudioFeatureConfig:
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str]
     ) -> Gemma4AudioFeatureConfig:
         """From the extractor's settings (``processor_config.json``'s ``feature_extractor``)
-        and the tokenizer's (audio, boa, eoa) tokens."""
+        and the tokenizer's (audio, boa, eoa) tokens. The saved ``frame_length`` and
+        ``hop_length`` (in samples) are ignored, as transformers ignores them on load: it
+        derives both from the ``_ms`` settings and the sampling rate."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
 
@@ -106,7 +105,8 @@ class Gemma4AudioFeatureConfig:
             preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
             fft_overdrive=bool(settings.get("fft_overdrive", False)),
             input_scale_factor=float(settings.get("input_scale_factor", 1.0)),
-            mel_floor=float(settings.get("mel_floor", defaults.mel_floor)),
+            # saved as an array (transformers keeps it as one)
+            mel_floor=float(np.asarray(settings.get("mel_floor", defaults.mel_floor)).item()),
             per_bin_mean=bins("per_bin_mean"),
             per_bin_stddev=bins("per_bin_stddev"),
         )

@@ -20,6 +20,7 @@ import torch
 
 from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
+from inferd.loading.hf_processor import read_gemma4_audio_config
 from inferd.models.config import Gemma4AudioConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
@@ -73,7 +74,15 @@ def checkpoint(
     hf, processor = save_tiny_gemma4(directory, audio_overrides=SHAPES[request.param])
     ours, _ = load_safetensors_model(directory, torch.float32, progress=False)
     assert isinstance(ours, Gemma4MultimodalForCausalLM)
-    return request.param, hf, processor, ours
+    return str(directory), hf, processor, ours
+
+
+def test_extractor_settings_are_read(
+    checkpoint: tuple[str, Any, Any, Gemma4MultimodalForCausalLM],
+) -> None:
+    """The extractor's settings and media tokens as the checkpoint saves them."""
+    directory, _, _, ours = checkpoint
+    assert read_gemma4_audio_config(Path(directory), ours.config) == FEATURES
 
 
 @pytest.mark.parametrize("samples", LENGTHS)

@@ -9,6 +9,7 @@ logits of a prompt holding two images equal transformers' (and so do the greedy 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from PIL import Image
 
 from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
+from inferd.loading.hf_processor import read_gemma4_image_config
+from inferd.models.config import ModelConfigError
 from inferd.models.gemma4_image import Gemma4ImageConfig, PreparedGemma4Image
 from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
 from tests.models.tiny_gemma4 import (
@@ -174,3 +177,22 @@ def test_image_greedy_tokens_match_transformers(
     for _ in range(6):
         ids = [*ids, int(_forward(ours, ids, prepared)[-1].argmax())]
     assert ids[-6:] == expected
+
+
+def test_processor_settings_are_read(
+    checkpoint: tuple[Path, Any, Any], ours: Gemma4MultimodalForCausalLM
+) -> None:
+    """The image settings and media tokens as the checkpoint saves them."""
+    assert read_gemma4_image_config(checkpoint[0], ours.config) == IMAGE_CONFIG
+
+
+def test_processor_settings_of_another_patch_size_are_refused(
+    checkpoint: tuple[Path, Any, Any], ours: Gemma4MultimodalForCausalLM, tmp_path: Path
+) -> None:
+    for name in ("tokenizer_config.json", "processor_config.json"):
+        (tmp_path / name).write_text((checkpoint[0] / name).read_text())
+    settings = json.loads((tmp_path / "processor_config.json").read_text())
+    settings["image_processor"]["patch_size"] = 2 * PATCH
+    (tmp_path / "processor_config.json").write_text(json.dumps(settings))
+    with pytest.raises(ModelConfigError, match="not the encoder's"):
+        read_gemma4_image_config(tmp_path, ours.config)

@@ -11,6 +11,7 @@ cannot go unnoticed.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -269,7 +270,11 @@ def save_tiny_gemma4(
         chat_template=TEMPLATE,
         image_seq_length=MAX_SOFT_TOKENS,
     )
-    images.save_pretrained(str(directory))  # preprocessor_config.json
-    features.save_pretrained(str(directory / "audio"))
+    # transformers v5's layout (its save_pretrained needs the video processor we lack):
+    # both settings in processor_config.json, the media tokens in tokenizer_config.json.
+    settings = {"image_processor": images.to_dict(), "feature_extractor": features.to_dict()}
+    settings["image_processor"]["resample"] = int(images.resample)
+    settings["feature_extractor"]["mel_floor"] = float(features.mel_floor)
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=1))
     tokenizer.save_pretrained(str(directory))
     return model.eval(), processor
