@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from inferd import LLM, SamplingParams
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.config import ModelConfigError, config_from_hf
 from inferd.models.gemma4 import Gemma4ForCausalLM
@@ -93,3 +94,17 @@ def test_mixture_of_experts_is_refused_with_a_clear_message() -> None:
     hf = text_config(enable_moe_block=True, num_experts=4, top_k_experts=2).to_dict()
     with pytest.raises(ModelConfigError, match="mixture-of-experts"):
         config_from_hf(hf)
+
+
+def test_engine_greedy_matches_transformers(tmp_path: Path) -> None:
+    """Through the engine (paged cache at each layer's shape, chunked prefill, decode steps
+    past the window), the greedy reply is transformers'."""
+    hf = save_tiny_gemma4_text(tmp_path)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=10, do_sample=False)
+    config = dict(dtype="f32", block_size=4, kv_cache_tokens=256, max_num_batched_tokens=8)
+    with LLM(str(tmp_path), **config) as llm:
+        reply = llm.generate(
+            [PROMPT], SamplingParams(max_tokens=10, temperature=0.0), use_tqdm=False
+        )
+    assert list(reply[0].outputs[0].token_ids) == out[0, len(PROMPT) :].tolist()
