@@ -121,6 +121,10 @@ class ModelRunner:
         self.kv_dtype = kv_dtype
         self.kv_caches: list[KVCache] = []  # read block by block each step: huge pages
         for layer in range(config.num_layers):  # each layer's shape (Gemma 4's global ones)
+            source = config.kv_source(layer)
+            if source != layer:  # Gemma 4's K/V-sharing layers read an earlier layer's cache
+                self.kv_caches.append(self.kv_caches[source])
+                continue
             heads, head_dim = config.kv_shape(layer)
             shape = (num_blocks, block_size, heads, row_width(head_dim, kv_dtype))
             self.kv_caches.append(

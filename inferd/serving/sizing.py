@@ -66,6 +66,8 @@ def kv_shape(config: ModelConfig, dtype_bytes: int, *, cache_dtype: str = "") ->
     int8 = cache_dtype == "int8"
     per_token = 0
     for layer in range(config.num_layers):  # each layer's shape (Gemma 4's global ones)
+        if config.kv_source(layer) != layer:
+            continue  # a K/V-sharing layer (Gemma 4) keeps nothing of its own
         heads, head_dim = config.kv_shape(layer)
         row = head_dim + SCALE_BYTES if int8 else head_dim * dtype_bytes
         per_token += 2 * heads * row

@@ -16,10 +16,12 @@ import pytest
 import torch
 
 from inferd import LLM, SamplingParams
+from inferd.engine.runner import ModelRunner
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.config import ModelConfigError, config_from_hf
 from inferd.models.gemma4 import Gemma4ForCausalLM
 from inferd.models.llama import LlamaForCausalLM
+from inferd.serving.sizing import kv_shape
 from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import VOCAB
 from tests.models.tiny_gemma4 import WINDOW, save_tiny_gemma4_text, text_config
@@ -108,3 +110,15 @@ def test_engine_greedy_matches_transformers(tmp_path: Path) -> None:
             [PROMPT], SamplingParams(max_tokens=10, temperature=0.0), use_tqdm=False
         )
     assert list(reply[0].outputs[0].token_ids) == out[0, len(PROMPT) :].tolist()
+
+
+def test_kv_sharing_layers_hold_no_cache_of_their_own(tmp_path: Path) -> None:
+    """The engine's pool: layers 4 and 5 use the caches of layers 2 and 3, and the sizing
+    counts the four layers that keep keys and values (two sliding of 2 x 16, two global of
+    1 x 32 values a token, each for K and V, float32)."""
+    save_tiny_gemma4_text(tmp_path)
+    model, cfg = load_safetensors_model(tmp_path, torch.float32, progress=False)
+    caches = ModelRunner(model, cfg, 16, 4, torch.float32).kv_caches
+    assert caches[4] is caches[2] and caches[5] is caches[3]
+    assert caches[1][0].shape == (16, 4, 1, 32) and caches[0][0].shape == (16, 4, 2, 16)
+    assert kv_shape(cfg, 4).bytes_per_token == 2 * (2 * 2 * 16 + 2 * 1 * 32) * 4
