@@ -209,6 +209,11 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
     def layer_rotaries(self) -> tuple[RotaryEmbedding, ...] | None:
         return None  # layers of two head sizes: no decode stack
 
+    def lora_target(self, layer: int, name: str) -> tuple[Linear, int, int]:
+        # The fused projections differ per layer (no v in k_eq_v layers, q alone in sharing
+        # ones): the Llama mapping would put an adapter's update in the wrong columns.
+        raise ModelConfigError("LoRA adapters on gemma4 models are not supported yet")
+
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """Each token's PLE rows [n, layers, per_layer_size]: the ids' narrow embedding plus
         the normed projection of the input embeddings (media rows included), over sqrt 2."""

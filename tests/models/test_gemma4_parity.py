@@ -122,3 +122,10 @@ def test_kv_sharing_layers_hold_no_cache_of_their_own(tmp_path: Path) -> None:
     assert caches[4] is caches[2] and caches[5] is caches[3]
     assert caches[1][0].shape == (16, 4, 1, 32) and caches[0][0].shape == (16, 4, 2, 16)
     assert kv_shape(cfg, 4).bytes_per_token == 2 * (2 * 2 * 16 + 2 * 1 * 32) * 4
+
+
+def test_lora_targets_are_refused_with_a_clear_message(
+    pair: tuple[str, Any, LlamaForCausalLM],
+) -> None:
+    with pytest.raises(ModelConfigError, match="LoRA adapters on gemma4"):
+        pair[2].lora_target(0, "q_proj")
