@@ -118,13 +118,18 @@ class ModelRunner:
         self.block_size = block_size
         # ``kv_dtype``: the model's dtype, another float one, or int8 rows with their scales
         # (inferd/kernels/kv_quant.py), which the kernels quantize and dequantize.
-        row = row_width(config.head_dim, kv_dtype)
-        shape = (num_blocks, block_size, config.num_kv_heads, row)
         self.kv_dtype = kv_dtype
-        self.kv_caches: list[KVCache] = [  # read block by block each step: huge pages
-            (huge_page_zeros(shape, kv_dtype), huge_page_zeros(shape, kv_dtype))
-            for _ in range(config.num_layers)
-        ]
+        self.kv_caches: list[KVCache] = []  # read block by block each step: huge pages
+        for layer in range(config.num_layers):  # each layer's shape (Gemma 4's global ones)
+            source = config.kv_source(layer)
+            if source != layer:  # Gemma 4's K/V-sharing layers read an earlier layer's cache
+                self.kv_caches.append(self.kv_caches[source])
+                continue
+            heads, head_dim = config.kv_shape(layer)
+            shape = (num_blocks, block_size, heads, row_width(head_dim, kv_dtype))
+            self.kv_caches.append(
+                (huge_page_zeros(shape, kv_dtype), huge_page_zeros(shape, kv_dtype))
+            )
 
     @torch.inference_mode()
     def execute(self, output: SchedulerOutput) -> StepResult:

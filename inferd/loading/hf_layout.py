@@ -162,3 +162,87 @@ def gemma3_vision_plan(cfg: ModelConfig, params: dict[str, int], names: set[str]
             source = name if nested else name.replace("vision_tower.vision_model.", "vision_tower.")
             plan[name] = (Part(top + source, rows),)
     return plan
+
+
+def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
+    """Gemma 4's decoder (models/gemma4.py) under ``model.`` (Gemma4ForCausalLM) or
+    ``model.language_model.`` (Gemma4ForConditionalGeneration): each layer's projections at
+    its own shape; a K/V-sharing layer has no k/v projections or k norm, and a ``k_eq_v``
+    global layer no v projection."""
+    g = cfg.gemma4
+    assert g is not None
+    nested = "model.language_model.embed_tokens.weight" in names
+    prefix = "model.language_model." if nested else "model."
+    h, ff = cfg.hidden_size, cfg.intermediate_size
+
+    def one(name: str, rows: int) -> tuple[Part, ...]:
+        return (Part(prefix + name, rows),)
+
+    plan: Plan = {
+        "embed_tokens.weight": one("embed_tokens.weight", cfg.vocab_size),
+        "norm.weight": one("norm.weight", h),
+    }
+    if not cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = (Part("lm_head.weight", cfg.vocab_size),)
+    if g.per_layer_size:
+        width = cfg.num_layers * g.per_layer_size
+        plan["embed_tokens_per_layer.weight"] = one(
+            "embed_tokens_per_layer.weight", g.per_layer_vocab
+        )
+        plan["per_layer_model_projection.weight"] = one("per_layer_model_projection.weight", width)
+        plan["per_layer_projection_norm.weight"] = one(
+            "per_layer_projection_norm.weight", g.per_layer_size
+        )
+    for i in range(cfg.num_layers):
+        src, dst = f"layers.{i}.", f"layers.{i}."
+        kv_heads, head_dim = cfg.kv_shape(i)
+        q, kv = cfg.num_heads * head_dim, kv_heads * head_dim
+        owns_kv = cfg.kv_source(i) == i
+        wide = 2 if g.double_wide_mlp and not owns_kv else 1
+        norms = {
+            "input_norm": "input_layernorm",
+            "post_attention_norm": "post_attention_layernorm",
+            "pre_feedforward_norm": "pre_feedforward_layernorm",
+            "post_feedforward_norm": "post_feedforward_layernorm",
+        }
+        for ours, theirs in norms.items():
+            plan[f"{dst}{ours}.weight"] = one(f"{src}{theirs}.weight", h)
+        plan[dst + "layer_scalar"] = one(src + "layer_scalar", 1)
+        att = src + "self_attn."
+        parts = [Part(prefix + att + "q_proj.weight", q)]
+        if owns_kv:
+            parts.append(Part(prefix + att + "k_proj.weight", kv))
+            if not (g.k_eq_v and cfg.window_of(i) is None):
+                parts.append(Part(prefix + att + "v_proj.weight", kv))
+            plan[dst + "self_attn.k_norm.weight"] = one(att + "k_norm.weight", head_dim)
+        plan[dst + "self_attn.qkv_proj.weight"] = tuple(parts)
+        plan[dst + "self_attn.q_norm.weight"] = one(att + "q_norm.weight", head_dim)
+        plan[dst + "self_attn.o_proj.weight"] = one(att + "o_proj.weight", h)
+        plan[dst + "mlp.gate_up_proj.weight"] = (
+            Part(prefix + src + "mlp.gate_proj.weight", ff * wide),
+            Part(prefix + src + "mlp.up_proj.weight", ff * wide),
+        )
+        plan[dst + "mlp.down_proj.weight"] = one(src + "mlp.down_proj.weight", h)
+        if g.per_layer_size:
+            for name, rows in (
+                ("per_layer_input_gate", g.per_layer_size),
+                ("per_layer_projection", h),
+                ("post_per_layer_input_norm", h),
+            ):
+                plan[f"{dst}{name}.weight"] = one(f"{src}{name}.weight", rows)
+    return plan
+
+
+# Gemma 4's encoders and their projections into the text model, under ``model.`` with our
+# modules' names (models/gemma4_vision.py).
+GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
+
+
+def gemma4_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
+    """Our Gemma 4 encoders' parameters (name -> shape) to their checkpoint names, one to one
+    (a clipped projection's bounds are scalars: one row)."""
+    return {
+        name: (Part("model." + name, shape[0] if shape else 1),)
+        for name, shape in shapes.items()
+        if name.startswith(GEMMA4_MEDIA_MODULES)
+    }

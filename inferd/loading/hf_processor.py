@@ -10,6 +10,8 @@ from pathlib import Path
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.gemma3_image import Gemma3ImageConfig
+from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
+from inferd.models.gemma4_image import Gemma4ImageConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.qwen3_vl_video import Qwen3VideoConfig
@@ -174,3 +176,59 @@ def read_qwen3_video_config(directory: Path, cfg: ModelConfig) -> Qwen3VideoConf
             "the encoder's"
         )
     return config
+
+
+TOKENIZER_CONFIG = "tokenizer_config.json"
+
+
+def _gemma4_tokens(directory: Path, names: tuple[str, str, str]) -> tuple[str, str, str]:
+    """The media tokens Gemma 4's tokenizer names (``image_token``, ``boi_token``, ...)."""
+    settings = read_json(directory / TOKENIZER_CONFIG)
+    tokens = tuple(settings.get(n) for n in names)
+    if not all(isinstance(t, str) and t for t in tokens):
+        raise ModelConfigError(f"{directory}: {TOKENIZER_CONFIG} does not name {', '.join(names)}")
+    return tokens[0], tokens[1], tokens[2]  # type: ignore[return-value]
+
+
+def read_gemma4_image_config(directory: Path, cfg: ModelConfig) -> Gemma4ImageConfig | None:
+    """How to prepare images for a Gemma 4 model; None for a model without its encoder."""
+    vision = cfg.gemma4_vision
+    if vision is None:
+        return None
+    settings = read_json(directory / PROCESSOR_CONFIG).get("image_processor") or read_json(
+        directory / PREPROCESSOR_CONFIG
+    )
+    if not isinstance(settings, dict) or not settings:
+        raise ModelConfigError(f"{directory}: no image processor settings ({PROCESSOR_CONFIG})")
+    tokens = _gemma4_tokens(directory, ("image_token", "boi_token", "eoi_token"))
+    try:
+        image = Gemma4ImageConfig.from_hf(settings, tokens)
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    if (image.patch_size, image.pooling) != (vision.patch_size, vision.pooling):
+        raise ModelConfigError(
+            f"{directory}: the processor's {image.patch_size} px patches pooled by "
+            f"{image.pooling} are not the encoder's ({vision.patch_size}, {vision.pooling})"
+        )
+    return image
+
+
+def read_gemma4_audio_config(directory: Path, cfg: ModelConfig) -> Gemma4AudioFeatureConfig | None:
+    """How to featurize audio for a Gemma 4 model; None for a model without its encoder."""
+    audio = cfg.gemma4_audio
+    if audio is None:
+        return None
+    settings = read_json(directory / PROCESSOR_CONFIG).get("feature_extractor")
+    if not isinstance(settings, dict) or not settings:
+        raise ModelConfigError(f"{directory}: no feature extractor settings ({PROCESSOR_CONFIG})")
+    tokens = _gemma4_tokens(directory, ("audio_token", "boa_token", "eoa_token"))
+    try:
+        features = Gemma4AudioFeatureConfig.from_hf(settings, tokens)
+    except AudioFeatureError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    if features.feature_size != audio.conv_channels[0]:
+        raise ModelConfigError(
+            f"{directory}: the feature extractor makes {features.feature_size} mel bins, the "
+            f"encoder takes {audio.conv_channels[0]}"
+        )
+    return features

@@ -45,6 +45,14 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if cfg.architecture == "gemma4" and (cfg.gemma4_vision or cfg.gemma4_audio):
+        from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
+
+        return Gemma4MultimodalForCausalLM
+    if cfg.architecture == "gemma4":
+        from inferd.models.gemma4 import Gemma4ForCausalLM
+
+        return Gemma4ForCausalLM
     if cfg.architecture in VISION_ARCHITECTURES or cfg.vision is not None:  # or a --mmproj
         from inferd.models.idefics3 import Idefics3ForCausalLM
 
@@ -77,6 +85,10 @@ def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) ->
     if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers: plain RoPE, own base
         local = inverse_frequencies(cfg.rotary_size, cfg.rope_local_theta, RopeScaling())
         model.local_rotary = RotaryEmbedding(cfg.rotary_size, rows, local)
+    if cfg.gemma4 is not None:  # Gemma 4: each table as wide as its layers' heads
+        from inferd.models.gemma4 import gemma4_rotaries
+
+        model.rotary, model.local_rotary = gemma4_rotaries(cfg, rows)
     return model
 
 

@@ -133,6 +133,94 @@ class QwenVisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma4Layers:
+    """What Gemma 4's decoder adds to Gemma 3's shape (models/gemma4.py): its global layers'
+    own head size and key/value heads, values read from the keys' projection there
+    (``k_eq_v``), the last layers reusing an earlier layer's keys and values, and per-layer
+    embeddings (PLE) added after each layer's MLP."""
+
+    global_head_dim: int
+    global_kv_heads: int
+    k_eq_v: bool  # global layers: no v_proj, the values are the keys' projection
+    kv_shared_layers: int  # the last this many layers attend to an earlier layer's K/V
+    per_layer_size: int  # PLE width per layer; 0: none
+    per_layer_vocab: int
+    double_wide_mlp: bool  # the K/V-sharing layers' MLPs are twice as wide
+    global_rotary_fraction: float  # proportional RoPE: channels of a global head that rotate
+    pad_token_id: int  # the PLE row of media placeholders
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4VisionConfig:
+    """Gemma 4's image encoder (models/gemma4_vision.py): patches of any image shape with
+    learned 2-D position tables and 2-D RoPE, Gemma 4-style layers, a ``pooling x pooling``
+    average of the patch grid per soft token, and the projection into the text model."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    patch_size: int
+    pooling: int  # pooling_kernel_size: one soft token per pooling^2 patches
+    position_table_size: int  # positions of each axis the learned table holds
+    rms_norm_eps: float
+    rope_theta: float
+    standardize: bool  # the pooled features are shifted and scaled (std_bias, std_scale)
+    clipped_linears: bool  # each projection clamps its input and output to stored bounds
+    image_token_id: int
+    video_token_id: int
+    bidirectional: bool  # an image's soft tokens see each other both ways (sliding layers)
+
+    def __post_init__(self) -> None:
+        if self.head_dim % 4:
+            raise ModelConfigError(f"vision head size {self.head_dim} cannot rotate in two axes")
+
+    @property
+    def patch_dim(self) -> int:
+        return 3 * self.patch_size**2
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4AudioConfig:
+    """Gemma 4's audio encoder (models/gemma4_audio.py): two stride-2 conv blocks over the
+    log-mel frames, conformer layers with chunked local attention (relative positions,
+    soft-capped logits), a light causal conv and two half-weighted feed-forwards, an output
+    projection and the projection into the text model: one row per 40 ms of audio."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    conv_channels: tuple[int, int]  # subsampling_conv_channels; the first is the mel bins
+    conv_kernel_size: int  # the light conv's (causal, depthwise)
+    residual_weight: float  # a feed-forward's output is scaled by this before its add
+    chunk_size: int
+    context_left: int  # a frame sees this many frames back, itself included
+    context_right: int  # and this many ahead
+    logit_cap: float
+    invalid_logit: float  # the logit of a key a frame may not see
+    clipped_linears: bool
+    rms_norm_eps: float
+    gradient_clipping: float
+    output_dims: int  # output_proj_dims
+    audio_token_id: int
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"audio hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+            )
+
+    @staticmethod
+    def num_tokens(frames: int) -> int:
+        """Rows of a clip of ``frames`` mel frames: after the two stride-2 convolutions."""
+        for _ in range(2):
+            frames = (frames - 1) // 2 + 1
+        return frames
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     architecture: str
     vocab_size: int
@@ -168,6 +256,9 @@ class ModelConfig:
     # Qwen3-VL: the sections interleave (pair j turned by axis j % 3 while that axis has pairs
     # left) rather than run one after another.
     mrope_interleaved: bool = False
+    gemma4: Gemma4Layers | None = None  # Gemma 4's per-layer shapes and embeddings
+    gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
+    gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -191,6 +282,11 @@ class ModelConfig:
             return self.vision.image_token_id
         if modality == "audio" and self.audio is not None:
             return self.audio.audio_token_id
+        if self.gemma4_audio is not None and modality == "audio":
+            return self.gemma4_audio.audio_token_id
+        if self.gemma4_vision is not None and modality in ("image", "video"):
+            g = self.gemma4_vision
+            return g.image_token_id if modality == "image" else g.video_token_id
         if self.qwen_vision is not None and modality in ("image", "video"):
             q = self.qwen_vision
             return q.image_token_id if modality == "image" else q.video_token_id
@@ -212,6 +308,27 @@ class ModelConfig:
         behind it), else None."""
         every = len(self.sliding_layers) == self.num_layers
         return self.sliding_window if every and self.sliding_window is not None else None
+
+    def kv_shape(self, layer: int) -> tuple[int, int]:
+        """(key/value heads, head size) of one layer's cache: Gemma 4's global layers differ."""
+        g = self.gemma4
+        if g is not None and self.window_of(layer) is None:
+            return g.global_kv_heads, g.global_head_dim
+        return self.num_kv_heads, self.head_dim
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose keys and values ``layer`` attends to: itself, except Gemma 4's last
+        ``kv_shared_layers``, which read the last earlier layer of their kind (sliding or
+        global)."""
+        g = self.gemma4
+        first_shared = self.num_layers - (g.kv_shared_layers if g is not None else 0)
+        if layer < first_shared:
+            return layer
+        sliding = self.window_of(layer) is not None
+        for source in range(first_shared - 1, -1, -1):
+            if (self.window_of(source) is not None) == sliding:
+                return source
+        raise ModelConfigError(f"layer {layer} shares the K/V of no earlier layer of its kind")
 
     @property
     def rotary_size(self) -> int:
@@ -343,6 +460,8 @@ HF_MODEL_TYPES = {
     "qwen3_vl": "qwen3_vl",  # a Qwen3 text model (interleaved M-RoPE, deep stack) likewise
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
+    "gemma4_text": "gemma4",
+    "gemma4": "gemma4",  # Gemma4ForConditionalGeneration: Gemma 4 text under its encoders
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
@@ -393,6 +512,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         return _qwen3_vl_from_hf(hf, has_lm_head)
     if model_type == "gemma3":
         return _gemma3_vision_from_hf(hf, has_lm_head)
+    if model_type in ("gemma4", "gemma4_text"):
+        return _gemma4_from_hf(hf, has_lm_head)
     if model_type == "gemma3_text":
         hf = {**GEMMA3_TEXT_DEFAULTS, **hf}
     arch = HF_MODEL_TYPES.get(model_type)
@@ -788,6 +909,241 @@ def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         qwen_vision=encoder,
         mrope_section=tuple(int(s) for s in section),
         mrope_interleaved=True,
+    )
+
+
+# transformers' Gemma4TextConfig defaults, for the keys a config.json leaves out.
+GEMMA4_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_144,
+    "hidden_size": 2304,
+    "intermediate_size": 9216,
+    "num_hidden_layers": 30,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "global_head_dim": 512,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 131_072,
+    "rms_norm_eps": 1e-6,
+    "sliding_window": 512,
+    "tie_word_embeddings": True,
+    "pad_token_id": 0,
+    "vocab_size_per_layer_input": 262_144,
+    "hidden_size_per_layer_input": 256,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        "full_attention": {
+            "rope_type": "proportional",
+            "partial_rotary_factor": 0.25,
+            "rope_theta": 1_000_000.0,
+        },
+    },
+}
+
+
+def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Gemma 4's decoder (``gemma4_text``, or the ``text_config`` of ``gemma4``): Gemma 3's
+    layers with the per-layer shapes, K/V sharing and per-layer embeddings of
+    ``Gemma4Layers``, unscaled attention (q/k norms set the scale) and value norms."""
+    text = hf.get("text_config") if hf.get("model_type") == "gemma4" else hf
+    if not isinstance(text, Mapping):
+        raise ModelConfigError("config.json of gemma4 needs a text_config")
+    tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
+    text = {**GEMMA4_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
+    if text.get("enable_moe_block"):
+        raise ModelConfigError("gemma4 with mixture-of-experts blocks is not supported yet")
+    if text.get("use_bidirectional_attention") == "all":
+        raise ModelConfigError("gemma4 use_bidirectional_attention: all is not supported")
+    if text.get("attention_bias"):
+        raise ModelConfigError("config.json attention_bias: true is not supported for gemma4")
+    act = _HF_ACTIVATIONS.get(str(text["hidden_activation"]))
+    if act != "gelu_tanh":
+        raise ModelConfigError(f"gemma4 activation {text['hidden_activation']!r} is not supported")
+    layers, heads = int(text["num_hidden_layers"]), int(text["num_attention_heads"])
+    head_dim, kv_heads = int(text["head_dim"]), int(text["num_key_value_heads"])
+    types = text.get("layer_types") or [
+        "full_attention" if (i + 1) % GEMMA3_SLIDING_PATTERN == 0 else "sliding_attention"
+        for i in range(layers)
+    ]
+    if len(types) != layers:
+        raise ModelConfigError(f"config.json layer_types has {len(types)} entries")
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    k_eq_v = bool(text.get("attention_k_eq_v", False))
+    # transformers writes the global layers' shape per layer (``per_layer_config``); a
+    # config written before that names it once.
+    overrides = text.get("per_layer_config") or {}
+    shapes = {
+        (int(o.get("num_key_value_heads", kv_heads)), int(o.get("head_dim", head_dim)))
+        for i, o in overrides.items()
+        if types[int(i)] == "full_attention"
+    }
+    if len(shapes) > 1:
+        raise ModelConfigError(f"gemma4 global layers of different shapes: {sorted(shapes)}")
+    global_kv, global_dim = (
+        shapes.pop()
+        if shapes
+        else (
+            int(text.get("num_global_key_value_heads") or kv_heads) if k_eq_v else kv_heads,
+            int(text["global_head_dim"]),
+        )
+    )
+    rope = text["rope_parameters"]
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    if (
+        full.get("rope_type", "default") not in ("default", "proportional")
+        or float(full.get("factor", 1.0)) != 1.0
+    ):
+        raise ModelConfigError(f"gemma4 global RoPE {full} is not supported")
+    if local.get("rope_type", "default") != "default":
+        raise ModelConfigError(f"gemma4 sliding RoPE {local} is not supported")
+    fraction = float(full.get("partial_rotary_factor", 1.0))
+    if full.get("rope_type", "default") == "default":
+        fraction = 1.0  # plain RoPE rotates every channel whatever the factor says
+    per_layer = int(text.get("hidden_size_per_layer_input") or 0)
+    layers_cfg = Gemma4Layers(
+        global_head_dim=global_dim,
+        global_kv_heads=global_kv,
+        k_eq_v=k_eq_v,
+        kv_shared_layers=int(text.get("num_kv_shared_layers") or 0),
+        per_layer_size=per_layer,
+        per_layer_vocab=int(text["vocab_size_per_layer_input"]) if per_layer else 0,
+        double_wide_mlp=bool(text.get("use_double_wide_mlp", False)),
+        global_rotary_fraction=fraction,
+        pad_token_id=int(text.get("pad_token_id") or 0),
+    )
+    cfg = ModelConfig(
+        architecture="gemma4",
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=int(text["hidden_size"]),
+        intermediate_size=int(text["intermediate_size"]),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(text["rms_norm_eps"]),
+        rope_theta=float(full.get("rope_theta", 1_000_000.0)),
+        rope_scaling=RopeScaling(),
+        max_position=int(text["max_position_embeddings"]),
+        tie_word_embeddings=tied or not has_lm_head,
+        qk_norm=True,
+        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_layers=sliding,
+        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
+        hidden_act="gelu_tanh",
+        rope_local_theta=float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE)),
+        gemma4=layers_cfg,
+    )
+    for layer in range(layers - layers_cfg.kv_shared_layers, layers):
+        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
+    vision = hf.get("vision_config") if hf.get("model_type") == "gemma4" else None
+    if isinstance(vision, Mapping):
+        bidirectional = text.get("use_bidirectional_attention") == "vision"
+        cfg = replace(cfg, gemma4_vision=_gemma4_vision_from_hf(hf, vision, bidirectional))
+    audio = hf.get("audio_config") if hf.get("model_type") == "gemma4" else None
+    if isinstance(audio, Mapping):
+        cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
+    return cfg
+
+
+# transformers' Gemma4AudioConfig defaults.
+GEMMA4_AUDIO_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1024,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 8,
+    "hidden_act": "silu",
+    "subsampling_conv_channels": [128, 32],
+    "conv_kernel_size": 5,
+    "residual_weight": 0.5,
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_context_right": 0,
+    "attention_logit_cap": 50.0,
+    "attention_invalid_logits_value": -1.0e9,
+    "use_clipped_linears": True,
+    "rms_norm_eps": 1e-6,
+    "gradient_clipping": 1e10,
+    "output_proj_dims": 1536,
+}
+
+
+def _gemma4_audio_from_hf(hf: Mapping[str, Any], audio: Mapping[str, Any]) -> Gemma4AudioConfig:
+    a = {**GEMMA4_AUDIO_DEFAULTS, **{k: x for k, x in audio.items() if x is not None}}
+    if a["hidden_act"] not in ("silu", "swish"):
+        raise ModelConfigError(f"gemma4 audio activation {a['hidden_act']!r} is not supported")
+    channels = [int(c) for c in a["subsampling_conv_channels"]]
+    if len(channels) != 2:
+        raise ModelConfigError(f"gemma4 audio needs two conv channel counts, not {channels}")
+    return Gemma4AudioConfig(
+        hidden_size=int(a["hidden_size"]),
+        num_layers=int(a["num_hidden_layers"]),
+        num_heads=int(a["num_attention_heads"]),
+        conv_channels=(channels[0], channels[1]),
+        conv_kernel_size=int(a["conv_kernel_size"]),
+        residual_weight=float(a["residual_weight"]),
+        chunk_size=int(a["attention_chunk_size"]),
+        context_left=int(a["attention_context_left"]),
+        context_right=int(a["attention_context_right"]),
+        logit_cap=float(a["attention_logit_cap"]),
+        invalid_logit=float(a["attention_invalid_logits_value"]),
+        clipped_linears=bool(a["use_clipped_linears"]),
+        rms_norm_eps=float(a["rms_norm_eps"]),
+        gradient_clipping=float(a["gradient_clipping"]),
+        output_dims=int(a["output_proj_dims"]),
+        audio_token_id=int(hf.get("audio_token_id") or 258_881),
+    )
+
+
+# transformers' Gemma4VisionConfig defaults.
+GEMMA4_VISION_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 768,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 16,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 12,
+    "head_dim": 64,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "rms_norm_eps": 1e-6,
+    "pooling_kernel_size": 3,
+    "patch_size": 16,
+    "position_embedding_size": 10 * 1024,
+    "use_clipped_linears": False,
+    "standardize": False,
+    "rope_parameters": {"rope_type": "axial", "rope_theta": 100.0},
+}
+
+
+def _gemma4_vision_from_hf(
+    hf: Mapping[str, Any], vision: Mapping[str, Any], bidirectional: bool
+) -> Gemma4VisionConfig:
+    v = {**GEMMA4_VISION_DEFAULTS, **{k: x for k, x in vision.items() if x is not None}}
+    if _HF_ACTIVATIONS.get(str(v["hidden_activation"])) != "gelu_tanh":
+        raise ModelConfigError(
+            f"gemma4 vision activation {v['hidden_activation']!r} is not supported"
+        )
+    if v.get("attention_bias"):
+        raise ModelConfigError("gemma4 vision attention_bias: true is not supported")
+    rope = v["rope_parameters"] or {}
+    if rope.get("rope_type", "axial") != "axial":
+        raise ModelConfigError(f"gemma4 vision RoPE {rope.get('rope_type')!r} is not supported")
+    return Gemma4VisionConfig(
+        hidden_size=int(v["hidden_size"]),
+        intermediate_size=int(v["intermediate_size"]),
+        num_layers=int(v["num_hidden_layers"]),
+        num_heads=int(v["num_attention_heads"]),
+        num_kv_heads=int(v["num_key_value_heads"]),
+        head_dim=int(v["head_dim"]),
+        patch_size=int(v["patch_size"]),
+        pooling=int(v["pooling_kernel_size"]),
+        position_table_size=int(v["position_embedding_size"]),
+        rms_norm_eps=float(v["rms_norm_eps"]),
+        rope_theta=float(rope.get("rope_theta", 100.0)),
+        standardize=bool(v["standardize"]),
+        clipped_linears=bool(v["use_clipped_linears"]),
+        image_token_id=int(hf.get("image_token_id") or 258_880),
+        video_token_id=int(hf.get("video_token_id") or 258_884),
+        bidirectional=bidirectional,
     )
 
 

@@ -64,8 +64,13 @@ def kv_shape(config: ModelConfig, dtype_bytes: int, *, cache_dtype: str = "") ->
     ``cache_dtype`` "int8", in int8 codes and a float16 scale per token and KV head
     (kernels/kv_quant.py). ``cache_dtype`` names the storage in the startup line."""
     int8 = cache_dtype == "int8"
-    row = config.head_dim + SCALE_BYTES if int8 else config.head_dim * dtype_bytes
-    per_token = 2 * config.num_layers * config.num_kv_heads * row
+    per_token = 0
+    for layer in range(config.num_layers):  # each layer's shape (Gemma 4's global ones)
+        if config.kv_source(layer) != layer:
+            continue  # a K/V-sharing layer (Gemma 4) keeps nothing of its own
+        heads, head_dim = config.kv_shape(layer)
+        row = head_dim + SCALE_BYTES if int8 else head_dim * dtype_bytes
+        per_token += 2 * heads * row
     cache = cache_dtype
     trained = config.max_position
     scaling = config.rope_scaling

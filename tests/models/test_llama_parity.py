@@ -30,12 +30,11 @@ def full_forward(
     cfg = model.config
     n = len(ids)
     num_blocks = -(-n // block_size)
-    shape = (num_blocks + 1, block_size, cfg.num_kv_heads, cfg.head_dim)
     dtype = model.embed_tokens.weight.dtype
-    caches = [
-        (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
-        for _ in range(cfg.num_layers)
-    ]
+    caches = []
+    for layer in range(cfg.num_layers):  # each layer's own shape (Gemma 4's global layers)
+        shape = (num_blocks + 1, block_size, *cfg.kv_shape(layer))
+        caches.append((torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)))
     table = torch.arange(1, num_blocks + 1)
     step = chunk or n
     out = []

@@ -1,0 +1,169 @@
+"""Gemma 4's audio features (Gemma4AudioFeatureExtractor's) on numpy, and a clip's prompt text.
+
+A mono clip at 16 kHz (cut at ``max_samples``, 30 s) is padded on the left by half a frame,
+cut into frames of ``frame_length + 1`` samples every ``hop_length`` (each keeps its first
+``frame_length``, or, with pre-emphasis, their differences), windowed (periodic Hann),
+transformed (real FFT of ``fft_length``), and its magnitude mapped through an HTK mel filter
+bank (no area norm), then ``log(mel + mel_floor)``, optionally standardized per bin. Only the
+frames the extractor marks valid are made (it pads clips to a multiple of 128 samples and
+masks the frames that reach into that padding), in its steps and dtypes: bit for bit its
+values.
+
+In the prompt, the audio token the chat template writes becomes ``boa`` + one audio token per
+encoder row (``Gemma4AudioConfig.num_tokens`` of the frames) + ``eoa``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from inferd.models.config import Gemma4AudioConfig
+from inferd.models.whisper_features import AudioFeatureError
+
+
+def htk_mel_filters(
+    num_bins: int, num_mels: int, low: float, high: float, sampling_rate: int
+) -> npt.NDArray[np.float64]:
+    """Triangular filters evenly spaced on the HTK mel scale between ``low`` and ``high``
+    Hz, unnormalized: [num_bins, num_mels]."""
+
+    def to_mel(hz: Any) -> Any:
+        return 2595.0 * np.log10(1.0 + hz / 700.0)
+
+    mels = np.linspace(to_mel(low), to_mel(high), num_mels + 2)
+    edges = 700.0 * (np.power(10, mels / 2595.0) - 1.0)
+    bins = np.linspace(0, sampling_rate // 2, num_bins)
+    slopes = edges[None, :] - bins[:, None]
+    widths = np.diff(edges)
+    falling = -slopes[:, :-2] / widths[:-1]
+    rising = slopes[:, 2:] / widths[1:]
+    return np.maximum(np.zeros(1), np.minimum(falling, rising))
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4AudioFeatureConfig:
+    audio_token: str
+    boa_token: str
+    eoa_token: str
+    feature_size: int = 128
+    sampling_rate: int = 16_000
+    frame_length_ms: float = 20.0
+    hop_length_ms: float = 10.0
+    min_frequency: float = 0.0
+    max_frequency: float = 8000.0
+    preemphasis: float = 0.0
+    preemphasis_htk_flavor: bool = True
+    fft_overdrive: bool = False
+    input_scale_factor: float = 1.0
+    mel_floor: float = 1e-3
+    per_bin_mean: tuple[float, ...] | None = None
+    per_bin_stddev: tuple[float, ...] | None = None
+    max_samples: int = 480_000  # the extractor's max_length: longer clips are cut
+    filters: npt.NDArray[np.float64] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        filters = htk_mel_filters(
+            self.fft_length // 2 + 1,
+            self.feature_size,
+            self.min_frequency,
+            self.max_frequency,
+            self.sampling_rate,
+        )
+        object.__setattr__(self, "filters", filters)
+
+    @classmethod
+    def from_hf(
+        cls, settings: Mapping[str, Any], tokens: tuple[str, str, str]
+    ) -> Gemma4AudioFeatureConfig:
+        """From the extractor's settings (``processor_config.json``'s ``feature_extractor``)
+        and the tokenizer's (audio, boa, eoa) tokens. The saved ``frame_length`` and
+        ``hop_length`` (in samples) are ignored, as transformers ignores them on load: it
+        derives both from the ``_ms`` settings and the sampling rate."""
+        if float(settings.get("dither") or 0.0):
+            raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
+
+        def bins(name: str) -> tuple[float, ...] | None:
+            value = settings.get(name)
+            return None if value is None else tuple(float(v) for v in value)
+
+        defaults = cls(*tokens)
+        return cls(
+            *tokens,
+            feature_size=int(settings.get("feature_size", defaults.feature_size)),
+            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
+            frame_length_ms=float(settings.get("frame_length_ms", defaults.frame_length_ms)),
+            hop_length_ms=float(settings.get("hop_length_ms", defaults.hop_length_ms)),
+            min_frequency=float(settings.get("min_frequency", defaults.min_frequency)),
+            max_frequency=float(settings.get("max_frequency", defaults.max_frequency)),
+            preemphasis=float(settings.get("preemphasis", defaults.preemphasis)),
+            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
+            fft_overdrive=bool(settings.get("fft_overdrive", False)),
+            input_scale_factor=float(settings.get("input_scale_factor", 1.0)),
+            # saved as an array (transformers keeps it as one)
+            mel_floor=float(np.asarray(settings.get("mel_floor", defaults.mel_floor)).item()),
+            per_bin_mean=bins("per_bin_mean"),
+            per_bin_stddev=bins("per_bin_stddev"),
+        )
+
+    @property
+    def frame_length(self) -> int:
+        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
+
+    @property
+    def hop_length(self) -> int:
+        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
+
+    @property
+    def fft_length(self) -> int:
+        n = 2 ** math.ceil(math.log2(self.frame_length))
+        return 2 * n if self.fft_overdrive else n
+
+    def num_frames(self, samples: int) -> int:
+        """Valid frames of a clip of ``samples`` samples (after the cut)."""
+        samples = min(samples, self.max_samples)
+        return max(
+            0, (samples + self.frame_length // 2 - self.frame_length - 1) // self.hop_length + 1
+        )
+
+    def num_tokens(self, samples: int) -> int:
+        """Audio tokens of a clip of ``samples`` samples (the processor's count)."""
+        frames = self.num_frames(samples)
+        return Gemma4AudioConfig.num_tokens(frames) if frames else 0
+
+    def prompt_text(self, samples: int) -> str:
+        return self.boa_token + self.audio_token * self.num_tokens(samples) + self.eoa_token
+
+    def log_mel(self, samples: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+        """A mono clip's features [frames, feature_size] in float32."""
+        wave = np.asarray(samples, dtype=np.float32)[None, : self.max_samples]
+        if self.input_scale_factor != 1.0:
+            wave = wave * self.input_scale_factor
+        wave = np.pad(wave, ((0, 0), (self.frame_length // 2, 0)), mode="constant")
+        size, hop = self.frame_length + 1, self.hop_length
+        count = (wave.shape[1] - size) // hop + 1
+        if count <= 0:
+            return np.zeros((0, self.feature_size), dtype=np.float32)
+        strides = (wave.strides[0], wave.strides[1] * hop, wave.strides[1])
+        frames = np.lib.stride_tricks.as_strided(wave, (1, count, size), strides)
+        if self.preemphasis > 0.0 and self.preemphasis_htk_flavor:
+            first = frames[..., :1] * (1.0 - self.preemphasis)
+            rest = frames[..., 1:-1] - self.preemphasis * frames[..., :-2]
+            frames = np.concatenate([first, rest], axis=-1)
+        elif self.preemphasis > 0.0:
+            frames = frames[..., 1:] - self.preemphasis * frames[..., :-1]
+        else:
+            frames = frames[..., :-1]
+        window = np.hanning(self.frame_length + 1)[:-1].astype(np.float32)  # periodic Hann
+        spectrum = np.abs(np.fft.rfft(frames * window, n=self.fft_length, axis=-1))
+        mel = np.log(np.matmul(spectrum, self.filters) + np.array(self.mel_floor))
+        if self.per_bin_mean is not None:
+            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
+        if self.per_bin_stddev is not None:
+            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
+        return mel[0].astype(np.float32)

@@ -1,0 +1,280 @@
+"""A tiny random Gemma 4 decoder (Gemma4ForCausalLM) with every part Gemma 4 adds to Gemma 3.
+
+Six layers, sliding, global, sliding, global, sliding, global: the global layers have their own
+head size (32 against 16) and one key/value head against two, values read from the keys'
+projection (``attention_k_eq_v``) and proportional RoPE on a quarter of their channel pairs;
+the last two layers share the K/V of layers 2 and 3 and have double-wide MLPs; per-layer
+embeddings (8 a layer); soft-capped logits; a sliding window of 6, shorter than the prompts.
+Every weight is random, each layer's output scalar too, so a tensor read into the wrong place
+cannot go unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.models.tiny import VOCAB, write_tokenizer
+
+WINDOW = 6
+LAYER_TYPES = ["sliding_attention", "full_attention"] * 3
+
+
+def text_config(**overrides: Any) -> Any:
+    from transformers import Gemma4TextConfig
+
+    settings: dict[str, Any] = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=len(LAYER_TYPES),
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        num_kv_shared_layers=2,
+        use_double_wide_mlp=True,
+        sliding_window=WINDOW,
+        layer_types=LAYER_TYPES,
+        vocab_size_per_layer_input=VOCAB,
+        hidden_size_per_layer_input=8,
+        final_logit_softcapping=30.0,
+        max_position_embeddings=512,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1000.0},
+            "full_attention": {
+                "rope_type": "proportional",
+                "partial_rotary_factor": 0.25,
+                "rope_theta": 100000.0,
+            },
+        },
+        pad_token_id=0,
+        bos_token_id=None,
+        eos_token_id=2,
+        tie_word_embeddings=True,
+    )
+    settings.update(overrides)
+    return Gemma4TextConfig(**settings)
+
+
+def randomize_gemma4(model: torch.nn.Module, seed: int) -> None:
+    """Every parameter and each layer's output scalar random; Gemma 4's norms scale by ``w``,
+    so theirs lie around one."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=g)
+            if "norm" in name:
+                p.copy_(1 + 0.3 * noise)
+            else:
+                p.copy_(noise * (2.4 / p.shape[-1] ** 0.5))
+        for name, b in model.named_buffers():
+            if name.endswith("layer_scalar"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+
+
+def save_tiny_gemma4_text(directory: Path, seed: int = 0, **overrides: Any) -> Any:
+    """The randomized tiny decoder saved in ``directory`` with a tokenizer; returns the
+    transformers model in float32 eval mode (eager attention)."""
+    from transformers import Gemma4ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Gemma4ForCausalLM(text_config(**overrides)).float()
+    randomize_gemma4(model, seed)
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.save_pretrained(str(directory))
+    write_tokenizer(directory)
+    model.config._attn_implementation = "eager"
+    return model.eval()
+
+
+# --- Gemma4ForConditionalGeneration: the decoder above under an image encoder ---------------
+
+BOI, IMAGE, EOI = "<|image>", "<|image|>", "<image|>"
+BOA, AUDIO, EOA = "<|audio>", "<|audio|>", "<audio|>"
+VIDEO = "<|video|>"
+TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]
+EXTRA = [BOI, IMAGE, EOI, BOA, AUDIO, EOA, VIDEO, *TURN_TOKENS]
+MM_VOCAB = 340
+PATCH, POOLING, MAX_SOFT_TOKENS = 4, 2, 70  # up to 280 patches of 4 px, 2x2 to a token
+# Gemma's turns over content parts, an image part written as the image token.
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+    " + '\\n' }}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
+    "{% elif part['type'] == 'audio' %}{{ '<|audio|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{{ '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
+
+
+def mm_token_id(name: str) -> int:
+    from tests.models.tiny import SPECIALS
+
+    return (SPECIALS + EXTRA).index(name)
+
+
+def _mm_tokenizer() -> Any:
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.models.tiny import byte_level_tokenizer
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=byte_level_tokenizer(MM_VOCAB, EXTRA),
+        eos_token="<end_of_turn>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens={
+            "image_token": IMAGE,
+            "boi_token": BOI,
+            "eoi_token": EOI,
+            "audio_token": AUDIO,
+            "boa_token": BOA,
+            "eoa_token": EOA,
+        },
+    )
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def vision_config(**overrides: Any) -> dict[str, Any]:
+    settings: dict[str, Any] = dict(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=16,
+        patch_size=PATCH,
+        pooling_kernel_size=POOLING,
+        position_embedding_size=64,
+        rope_parameters={"rope_type": "axial", "rope_theta": 100.0},
+        standardize=True,
+        use_clipped_linears=True,
+    )
+    settings.update(overrides)
+    return settings
+
+
+MEL_BINS = 16  # the audio encoder's first conv block has as many channels
+
+
+def audio_config(**overrides: Any) -> dict[str, Any]:
+    """Chunks of 4 frames seeing 5 back (itself included), as the real one's 12 and 13."""
+    settings: dict[str, Any] = dict(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        subsampling_conv_channels=[MEL_BINS, 8],
+        conv_kernel_size=5,
+        attention_chunk_size=4,
+        attention_context_left=5,
+        attention_context_right=0,
+        attention_logit_cap=5.0,  # low enough that the cap bends some logits
+        use_clipped_linears=True,
+        output_proj_dims=24,
+    )
+    settings.update(overrides)
+    return settings
+
+
+def mm_config(audio_overrides: dict[str, Any] | None = None, **text_overrides: Any) -> Any:
+    from transformers import Gemma4Config
+
+    text = text_config(
+        vocab_size=MM_VOCAB,
+        vocab_size_per_layer_input=MM_VOCAB,
+        use_bidirectional_attention="vision",
+        eos_token_id=mm_token_id("<end_of_turn>"),
+        **text_overrides,
+    )
+    return Gemma4Config(
+        text_config=text.to_dict(),
+        vision_config=vision_config(),
+        audio_config=audio_config(**(audio_overrides or {})),
+        image_token_id=mm_token_id(IMAGE),
+        boi_token_id=mm_token_id(BOI),
+        eoi_token_id=mm_token_id(EOI),
+        video_token_id=mm_token_id(VIDEO),
+        audio_token_id=mm_token_id(AUDIO),
+        boa_token_id=mm_token_id(BOA),
+        eoa_token_index=mm_token_id(EOA),
+    )
+
+
+def randomize_clip_bounds(model: torch.nn.Module, seed: int) -> None:
+    """Finite clamp bounds on every clipped projection, tight enough that some values meet
+    them (infinite ones would hide a bound read into the wrong place)."""
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith(("input_min", "output_min")):
+                b.fill_(-1.5 - float(torch.rand((), generator=g)))
+            elif name.endswith(("input_max", "output_max")):
+                b.fill_(1.5 + float(torch.rand((), generator=g)))
+
+
+def save_tiny_gemma4(
+    directory: Path, seed: int = 0, audio_overrides: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor,
+    audio feature extractor and tokenizer) saved in ``directory``; returns both (the model in
+    float32 eval mode)."""
+    from transformers import (
+        Gemma4AudioFeatureExtractor,
+        Gemma4ForConditionalGeneration,
+        Gemma4ImageProcessorPil,
+        Gemma4Processor,
+    )
+
+    torch.manual_seed(seed)
+    model = Gemma4ForConditionalGeneration(mm_config(audio_overrides)).float()
+    randomize_gemma4(model, seed)
+    randomize_clip_bounds(model, seed)
+    with torch.no_grad():  # a standardization that moves the features
+        model.model.vision_tower.std_bias.normal_(
+            0.0, 0.5, generator=torch.Generator().manual_seed(seed)
+        )
+        model.model.vision_tower.std_scale.uniform_(
+            0.5, 1.5, generator=torch.Generator().manual_seed(seed)
+        )
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    images = Gemma4ImageProcessorPil(
+        patch_size=PATCH, pooling_kernel_size=POOLING, max_soft_tokens=MAX_SOFT_TOKENS
+    )
+
+    class ProcessorWithoutVideo(Gemma4Processor):  # type: ignore[misc]
+        """Gemma4Processor less its video processor, which needs torchvision (absent here)."""
+
+        def check_argument_for_proper_class(self, name: str, argument: Any) -> Any:
+            if name == "video_processor" and argument is None:
+                return None
+            return super().check_argument_for_proper_class(name, argument)
+
+    tokenizer = _mm_tokenizer()
+    features = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS)
+    processor = ProcessorWithoutVideo(
+        feature_extractor=features,
+        image_processor=images,
+        tokenizer=tokenizer,
+        video_processor=None,
+        chat_template=TEMPLATE,
+        image_seq_length=MAX_SOFT_TOKENS,
+    )
+    # transformers v5's layout (its save_pretrained needs the video processor we lack):
+    # both settings in processor_config.json, the media tokens in tokenizer_config.json.
+    settings = {"image_processor": images.to_dict(), "feature_extractor": features.to_dict()}
+    settings["image_processor"]["resample"] = int(images.resample)
+    settings["feature_extractor"]["mel_floor"] = float(features.mel_floor)
+    (directory / "processor_config.json").write_text(json.dumps(settings, indent=1))
+    tokenizer.save_pretrained(str(directory))
+    return model.eval(), processor
