@@ -329,6 +329,13 @@ class PythonKernel:
     def running(self) -> bool:
         return self._proc is not None and self._proc.returncode is None
 
+    async def start(self) -> None:
+        """Start the session now rather than at the first call (ToolCallError says why it
+        could not)."""
+        async with self._lock:
+            if not self.running:
+                await self._start()
+
     async def execute(self, code: str) -> Execution:
         """Run ``code``; an Execution whatever the code does (only cancellation propagates,
         and it stops the session, whose state is then unknown)."""
@@ -514,13 +521,15 @@ class CodeExecutionTools(ToolSource):
         return "code execution"
 
     async def start(self) -> None:
-        """Check that the sandbox can run here (ToolSourceError says why not) and list the
-        tool; the session's process starts with the first call."""
+        """Start the session (so a host where the sandbox cannot run is found at startup:
+        ToolSourceError says why) and list the tool."""
         try:
             setup = await asyncio.to_thread(SandboxSetup.find, self.python)
-        except SandboxUnavailable as exc:
+            if self.kernel is None:
+                self.kernel = PythonKernel(setup, self.sandbox_limits)
+            await self.kernel.start()
+        except (SandboxUnavailable, ToolCallError) as exc:
             raise ToolSourceError(f"code execution is unavailable: {exc}") from None
-        self.kernel = PythonKernel(setup, self.sandbox_limits)
         spec = self._table.spec("python", _DESCRIPTION, _SCHEMA)
         self._specs = {spec.name: spec}
 

@@ -21,7 +21,7 @@ import pytest
 import inferd
 from inferd.agent.sandbox import CodeExecutionTools, SandboxLimits
 from inferd.agent.toolbox import ToolBox
-from inferd.agent.tools import ToolResult
+from inferd.agent.tools import ToolCallError, ToolResult
 
 T = TypeVar("T")
 MiB = 1 << 20
@@ -110,7 +110,7 @@ def test_files_are_listed_and_read_back_bounded() -> None:
             ("link", "outside the work directory"),
             ("missing.txt", "No such file"),
         ):
-            with pytest.raises(inferd.agent.tools.ToolCallError, match=says):
+            with pytest.raises(ToolCallError, match=says):
                 await tools.kernel.read_file(bad)
 
     with_tool(body)
@@ -131,6 +131,23 @@ def test_bad_arguments_are_error_results() -> None:
     assert [r.is_error for r in bad] == [True] * 4
     assert "one argument: code, a string" in bad[0].content and "empty" in bad[3].content
     assert good.content == "result: 42" and not good.is_error
+
+
+def test_a_host_without_the_sandbox_leaves_the_tool_unavailable() -> None:
+    async def main() -> tuple[dict[str, str], ToolResult]:
+        box = ToolBox([CodeExecutionTools(python="/usr/bin/no-such-python")])
+        await box.start()
+        try:
+            return box.failures, await box.call("python", {"code": "1"})
+        finally:
+            await box.close()
+
+    failures, res = asyncio.run(main())
+    assert failures == {
+        "code_execution": "code execution is unavailable: no interpreter at "
+        "/usr/bin/no-such-python (the sandbox shows only /usr)"
+    }
+    assert res.is_error and res.content == "unknown tool 'python'"
 
 
 # --- escapes that must fail ----------------------------------------------------------------
