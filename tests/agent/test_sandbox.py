@@ -290,3 +290,12 @@ def test_sandbox_runs_as_nobody_without_capabilities() -> None:
     res, _ = run_codes(code)
     assert result_of(res) == "(65534, ['0000000000000000'])"
     assert os.getpid() > 0  # the parent is untouched (it would not get here otherwise)
+
+
+def test_code_that_ends_the_kernel_gets_a_fresh_session_next() -> None:
+    ended, after, _ = run_codes("import os; os._exit(7)", "'x' in globals()")
+    assert ended.is_error and ended.content.startswith(
+        "[the session was stopped: its process ended"
+    )
+    assert after.content.startswith("[a new session was started: its process ended")
+    assert result_of(after) == "False"
