@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 HOST ?= 127.0.0.1
 PORT ?= 1234
 
-.PHONY: install serve test lint pull bench clean browser
+.PHONY: install serve test lint pull bench clean browser sandbox
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -36,7 +36,12 @@ lint: $(STAMP)
 browser:
 	command -v chromium || (apt-get update && apt-get install -y chromium chromium-driver)
 
-test: pull lint browser
+# Debian's bubblewrap and libseccomp for the code-execution sandbox (tests/agent/test_sandbox.py), as root
+sandbox:
+	command -v bwrap || (apt-get update && apt-get install -y bubblewrap)
+	ldconfig -p | grep -q libseccomp.so.2 || (apt-get update && apt-get install -y libseccomp2)
+
+test: pull lint browser sandbox
 	$(VENV)/bin/inferd pull minilm   # the embedding model the tests also exercise
 	$(VENV)/bin/inferd pull gemma3   # the second real model (tests/models/*gemma3*)
 	# two workers (CI has two cores); --dist loadfile keeps each file's live server in one worker

@@ -145,6 +145,8 @@ class AgentConfig:
     max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES
     dispatch_timeout_s: float = DEFAULT_TIMEOUT_S
     config_file: str | None = None  # where mcp_servers came from, for messages
+    # the sandboxed `python` tool (agent/sandbox.py); off unless --enable-code-execution
+    code_execution: bool = False
 
     def __post_init__(self) -> None:
         if self.permission not in PERMISSIONS:
@@ -167,7 +169,19 @@ class AgentConfig:
     @property
     def has_sources(self) -> bool:
         """Whether any server-side tool source is configured."""
-        return bool(self.mcp_servers) or self.dispatch_url is not None
+        return bool(self.mcp_servers) or self.dispatch_url is not None or self.code_execution
+
+    def code_execution_for(self, requested: bool | None) -> bool:
+        """Whether a request's agent loop offers the ``python`` tool, given the request's
+        ``enable_code_execution`` (None: not given). The server's flag is the gate: a request
+        may turn it off, never on; asking for it where it is off is a ValueError (the
+        loop's 400) rather than a silent answer without it."""
+        if requested and not self.code_execution:
+            raise ValueError(
+                "enable_code_execution: code execution is off on this server "
+                "(inferd serve --enable-code-execution)"
+            )
+        return self.code_execution if requested is None else bool(requested)
 
 
 def load_mcp_config(path: str | os.PathLike[str]) -> tuple[tuple[McpServerConfig, ...], int]:
@@ -279,6 +293,7 @@ def agent_config(
     max_tool_rounds: int,
     permission: str,
     mcp_allow_urls: list[str] | tuple[str, ...],
+    code_execution: bool = False,
 ) -> AgentConfig:
     """The AgentConfig of `inferd serve`'s agent flags (the config file read and checked)."""
     servers: tuple[McpServerConfig, ...] = ()
@@ -297,4 +312,5 @@ def agent_config(
         mcp_allow_urls=patterns,
         max_output_bytes=max_output,
         config_file=mcp_config,
+        code_execution=code_execution,
     )

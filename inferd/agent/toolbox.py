@@ -20,6 +20,7 @@ from typing import Any
 from inferd.agent.config import AgentConfig
 from inferd.agent.dispatch import DispatchTools
 from inferd.agent.mcp_tools import McpTools
+from inferd.agent.sandbox import CodeExecutionTools
 from inferd.agent.tools import CallLimits, ToolResult, ToolSource, ToolSourceError, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -38,7 +39,9 @@ class ToolBox:
         *,
         environ: Mapping[str, str] = os.environ,
     ) -> ToolBox:
-        """The sources an AgentConfig names (not started), plus ``extra`` (in-process ones)."""
+        """The sources an AgentConfig names (not started), plus ``extra`` (in-process ones).
+        With code execution on, the box holds one sandboxed Python session: the loop makes a
+        box (or a CodeExecutionTools) per conversation, so sessions are not shared."""
         sources: list[ToolSource] = [
             McpTools(
                 server,
@@ -48,6 +51,8 @@ class ToolBox:
             )
             for server in config.mcp_servers
         ]
+        if config.code_execution:  # one sandboxed session per toolbox
+            sources.append(CodeExecutionTools(permission=config.permission))
         sources.extend(extra)
         if config.dispatch_url is not None:
             limits = CallLimits(config.dispatch_timeout_s, max_output_bytes=config.max_output_bytes)

@@ -335,6 +335,12 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="let requests name MCP servers matching scheme://host[:port][/path] (host may be "
         "*.name; repeatable); none by default, and never link-local or metadata addresses",
     )
+    g.add_argument(
+        "--enable-code-execution",
+        action="store_true",
+        help="offer the agent loop a `python` tool running model-written code in a bubblewrap "
+        "sandbox (no network, no host files; see README); off by default",
+    )
 
 
 def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
@@ -390,6 +396,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 max_tool_rounds=args.max_tool_rounds,
                 permission=args.agent_permission,
                 mcp_allow_urls=args.mcp_allow_url,
+                code_execution=args.enable_code_execution,
             ),
             "docs": not args.no_docs,
             "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),
@@ -466,6 +473,8 @@ def _describe_agent(options: ServerOptions) -> list[str]:
     sources = [f"{len(agent.mcp_servers)} MCP server(s)"]
     if agent.dispatch_url is not None:
         sources.append("a dispatch URL")
+    if agent.code_execution:
+        sources.append("sandboxed code execution")
     named = f"{len(agent.mcp_allow_urls)} pattern(s)" if agent.mcp_allow_urls else "off"
     return [
         f"agent      {', '.join(sources)}; permission {agent.permission}; at most "

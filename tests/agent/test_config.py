@@ -162,3 +162,19 @@ def test_two_servers_with_one_tool_name_stop_the_startup(tmp_path: Path) -> None
     path = write(tmp_path, {"mcpServers": {"one": server, "two": server}})
     with pytest.raises(ValueError, match="offered by both one and two"):
         _probe_tools(options_for("--mcp-config", path))
+
+
+def test_code_execution_is_off_by_default_and_the_flag_turns_it_on() -> None:
+    off = options_for().agent
+    assert off.code_execution is False and not _probe_tools(options_for())
+    assert off.code_execution_for(None) is False and off.code_execution_for(False) is False
+    with pytest.raises(ValueError, match="code execution is off on this server"):
+        off.code_execution_for(True)  # a request cannot turn it on
+    options = options_for("--enable-code-execution", "--agent-permission", "allow")
+    on = options.agent
+    assert on.code_execution and on.has_sources
+    assert (on.code_execution_for(None), on.code_execution_for(False)) == (True, False)
+    line = next(line for line in describe(options) if line.startswith("agent"))
+    assert line.startswith("agent      0 MCP server(s), sandboxed code execution; permission allow")
+    # the startup line shows the tool, the sandbox checked (bwrap, libseccomp, the interpreter)
+    assert _probe_tools(options) == ["tools      code execution code_execution: python [allow]"]
