@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.outputs import RequestOutput
-from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
-from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
@@ -43,22 +42,19 @@ from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
     ENGINE_ERRORS,
     SSE_HEADERS,
-    admit,
-    chat_prompt_with_media,
     collect,
     engine_error,
     output_error,
-    start,
 )
 from inferd.server.limits import RequestTimeoutError
-from inferd.server.media import decode_request_media, media_policy
+from inferd.server.media import check_media_parts, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
+from inferd.server.pipeline import ChatJob, prepare, render, submit
 from inferd.server.protocol import parse_body, whole_number
-from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter, followed
+from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter
 from inferd.server.state import ServerState
 from inferd.server.thinking_signature import sign, verify
 from inferd.serving.served import ServedModel
-from inferd.structured.constraint import Constraint, ConstraintError
 from inferd.structured.tool_syntax import CallReader
 
 # thinking.type values; enabled and adaptive both show a reasoning model's thinking. Under
@@ -92,10 +88,10 @@ async def count_tokens(request: Request) -> Response:
         model = state.resolve_model(body.model)
         tools = parse_anthropic_tools(body.tools, body.tool_choice)
         output_format(body.output_config, body.output_format)  # checked, though not counted
-        # images are decoded and tiled: their placeholder tokens count like the text's
-        media = await decode_request_media(body.messages, media_policy(request), model)
-        # bounded as /v1/messages is: a prompt that cannot fit is refused before tokenizing
-        prompt, _ = await _prompt(model, body, state, media, tools=tools)
+        # images are decoded and tiled: their placeholder tokens count like the text's; bounded
+        # as /v1/messages is: a prompt that cannot fit is refused before tokenizing
+        check_media_parts(body.messages, media_policy(request), model)
+        prompt, _ = await render(request, model, _job(model, body, tools))
         return JSONResponse({"input_tokens": len(prompt)})
     except APIError as err:
         return _error(request, err)
@@ -109,23 +105,27 @@ async def _create_message(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), MessagesRequest)
     model = state.resolve_model(body.model)
-    # The cheap checks first (tools, sampling, the output format), then the media: URL policy,
-    # modality (text-only models stop there), each part fetched and decoded; then the prompt.
+    # The cheap checks (tools, sampling, the output format, the conversation), then the
+    # pipeline's steps: media, prompt, constraint, admission.
+    check_media_parts(body.messages, media_policy(request), model)  # nothing read yet
     tools = parse_anthropic_tools(body.tools, body.tool_choice)
     params = _sampling_params(body, model)
     # checked on a worker thread, as chat's response_format is (server/constraints.py)
     fmt = await asyncio.to_thread(output_format, body.output_config, body.output_format)
-    media = await decode_request_media(body.messages, media_policy(request), model)
-    prompt, inputs = await _prompt(model, body, state, media, tools=tools)
     # With tools in use the format is the shape of a text answer beside the calls (as chat's
     # response_format beside tools); alone, it holds the whole reply.
     answer = fmt[1] if fmt else None
     tool_constraint = tools.constraint(model.tool_format, answer) if tools is not None else None
+    job = _job(model, body, tools)
+    job.params, job.max_tokens = params, body.max_tokens
     if tool_constraint is not None:
-        params = await _constrain(model, params, tool_constraint, "tools")
+        job.constraint, job.constraint_param = tool_constraint, "tools"
     elif fmt is not None:
-        params = await _constrain(model, params, fmt[0], fmt[2])
-    admit(model, len(prompt), params, "messages")
+        job.constraint, job.constraint_param = fmt[0], fmt[2]
+    wants_thinking = body.thinking is not None and body.thinking.get("type") != "disabled"
+    job.reasoning, job.thinking_budget = wants_thinking, _budget(body)
+    ready = await prepare(request, model, job)
+    prompt, thinking = ready.prompt, ready.thinking
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -136,10 +136,7 @@ async def _create_message(request: Request) -> Response:
     }
     if body.max_tokens == 0:
         return _empty_message(message, len(prompt), body.stream)
-    wants_thinking = body.thinking is not None and body.thinking.get("type") != "disabled"
-    thinking = state.reasoning(model, prompt) if wants_thinking else None
-    params = followed(params, model, thinking, _budget(body))
-    streams = start(request, model, [(prompt, params)], media=inputs)
+    streams = submit(request, model, ready)
     if body.stream:
         stream = _stream(
             request,
@@ -231,19 +228,6 @@ def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool
     return Response(b"".join(events), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
-async def _constrain(
-    model: ServedModel, params: SamplingParams, constraint: Constraint, param: str
-) -> SamplingParams:
-    grammars = model.engine.engine.grammars
-    if grammars is None:
-        raise bad_request(f"{param}: this model does not support constrained output", param)
-    try:
-        await grammars.prepare(constraint)
-    except ConstraintError as exc:
-        raise bad_request(f"{param}: {exc}", param) from None
-    return replace(params, constraint=constraint)
-
-
 def _reject_unsupported(body: _Prompted) -> None:
     if body.thinking is not None and body.thinking.get("type") not in _THINKING_TYPES:
         kinds = ", ".join(_THINKING_TYPES)
@@ -252,16 +236,10 @@ def _reject_unsupported(body: _Prompted) -> None:
         raise bad_request("mcp_servers: MCP is not supported by this server", "mcp_servers")
 
 
-async def _prompt(
-    model: ServedModel,
-    body: _Prompted,
-    state: ServerState,
-    media: Sequence[DecodedMedia],
-    *,
-    tools: ToolRequest | None = None,
-) -> tuple[list[int], list[MediaInput]]:
-    """Token ids of the conversation, ending in the assistant's turn (or its prefill), and the
-    images of its image blocks (``media``, decoded in order) to submit with them."""
+def _job(model: ServedModel, body: _Prompted, tools: ToolRequest | None) -> ChatJob:
+    """The conversation as a job (default sampling): its turns ending in the assistant's (or
+    its prefill), each image block an image part of the template (placed where the rendering
+    puts it)."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
     known: dict[str, str] = {}  # tool_use ids so far, to their names
@@ -281,14 +259,15 @@ async def _prompt(
         )
     messages, template_tools = offer(messages, tools, fmt)
     prefill = messages.pop()["content"] if body.messages[-1].role == "assistant" else ""
-    return await chat_prompt_with_media(
-        model,
+    return ChatJob(
         messages,
-        slots.in_rendered_order(messages, media),
-        prefill=prefill,
-        special_in_content=state.special_tokens_in_content,
+        body.messages,
+        SamplingParams(),
+        None,
         tools=template_tools,
         variables=_thinking_variables(body),
+        prefill=prefill,
+        in_prompt_order=partial(slots.in_rendered_order, messages),
     )
 
 

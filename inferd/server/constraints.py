@@ -35,17 +35,6 @@ _FIELDS = {
 }
 
 
-async def constrain(
-    body: SamplingFields,
-    model: ServedModel,
-    params: SamplingParams,
-    tools: Constraint | None = None,
-) -> SamplingParams:
-    """``params`` with the request's constraint, compiled; unchanged when it asks for none.
-    ``tools``: the constraint its tool use puts on the output (chat), which excludes others."""
-    return await compiled(model, params, await checked_constraint(body, tools))
-
-
 async def checked_constraint(
     body: SamplingFields, tools: Constraint | None = None
 ) -> Constraint | None:
@@ -68,18 +57,24 @@ async def checked_constraint(
 
 
 async def compiled(
-    model: ServedModel, params: SamplingParams, constraint: Constraint | None
+    model: ServedModel,
+    params: SamplingParams,
+    constraint: Constraint | None,
+    param: str | None = None,
 ) -> SamplingParams:
-    """``params`` with ``constraint`` compiled for ``model`` (off the event loop, bounded)."""
+    """``params`` with ``constraint`` compiled for ``model`` (off the event loop, bounded).
+    ``param``: the request field its errors name (by default, the one its kind comes from)."""
     if constraint is None:
         return params
     grammars = model.engine.engine.grammars
     if grammars is None:
-        raise bad_request("this model does not support constrained output", "response_format")
+        message = "this model does not support constrained output"
+        raise bad_request(f"{param}: {message}" if param else message, param or "response_format")
+    field = param or _FIELDS[constraint.kind]
     try:
         await grammars.prepare(constraint)
     except ConstraintError as exc:
-        raise bad_request(f"{_FIELDS[constraint.kind]}: {exc}", _FIELDS[constraint.kind]) from None
+        raise bad_request(f"{field}: {exc}", field) from None
     return replace(params, constraint=constraint)
 
 

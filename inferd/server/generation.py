@@ -133,16 +133,22 @@ def admit(
         raise engine_error(exc) from None
 
 
-def room_for(model: ServedModel, num_prompt_tokens: int, prompt_param: str) -> int:
+def room_for(
+    model: ServedModel,
+    num_prompt_tokens: int,
+    prompt_param: str,
+    *,
+    advice: str = "shorten the prompt",
+) -> int:
     """The tokens a request without max_tokens may generate: what its prompt leaves of the
-    context and the KV pool. A 400 naming the prompt when it leaves none (then no max_tokens
-    could help)."""
+    context and the KV pool. A 400 naming the prompt, ending in ``advice``, when it leaves
+    none (then no max_tokens could help)."""
     room = model.engine.room(num_prompt_tokens)
     if room == 0 and num_prompt_tokens > 0:
         raise bad_request(
             f"{prompt_param}: the prompt is {num_prompt_tokens} tokens, which leaves no room to "
             f"generate: this model's maximum context length is {model.engine.max_model_len} "
-            f"tokens; shorten the prompt",
+            f"tokens; {advice}",
             prompt_param,
             code="context_length_exceeded",
         )

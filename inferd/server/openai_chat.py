@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -19,28 +18,24 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
-from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
-from inferd.server.constraints import answer_schema, checked_constraint, compiled
+from inferd.server.api_limits import LogprobsAsk, check_n
+from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
     Generation,
-    admit,
-    chat_prompt_with_media,
     clamp,
     collect,
-    for_choice,
-    room_for,
     sampling_params,
-    start,
     stream_events,
     token_piece,
     visible_logprobs,
 )
-from inferd.server.media import check_media_parts, decode_request_media, media_policy
+from inferd.server.media import check_media_parts, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
+from inferd.server.pipeline import ChatJob, prepare, submit
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
-from inferd.server.reasoning import ReasoningSplit, followed, template_variables
+from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
@@ -68,31 +63,26 @@ async def create_chat_completion(request: Request) -> Response:
         variables = template_variables(body.chat_template_kwargs)
     except ValueError as exc:
         raise bad_request(f"chat_template_kwargs: {exc}", "chat_template_kwargs") from None
-    # Then the media (URL policy, modality: text-only models stop there, each part fetched and
-    # decoded), the prompt, and the constraint's grammar.
-    media = await decode_request_media(
-        body.messages,
-        policy,
-        model,
-        audio_rate=model.audio_sample_rate,
-        video_sampling=model.video_sampling,
-    )
-    prompt, inputs = await chat_prompt_with_media(
-        model,
+    ask = None
+    if params.logprobs is not None:
+        advice = "lower n, top_logprobs or max_completion_tokens"
+        ask = LogprobsAsk(n, params.logprobs, "top_logprobs", advice)
+    given = body.max_tokens is not None or body.max_completion_tokens is not None
+    job = ChatJob(
         messages,
-        media,
-        special_in_content=state.special_tokens_in_content,
+        body.messages,
+        params,
+        params.max_tokens if given else None,
+        constraint,
         tools=template_tools,
         variables=variables,
+        n=n,
+        logprobs=ask,
     )
-    params = await compiled(model, params, constraint)
-    params = _bounded_max_tokens(body, params, model, len(prompt), n, state)
-    admit(model, len(prompt), params, "messages")
+    ready = await prepare(request, model, job)
+    prompt, thinking = ready.prompt, ready.thinking
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    thinking = state.reasoning(model, prompt)
-    params = followed(params, model, thinking)
-    jobs = [(prompt, for_choice(params, i)) for i in range(n)]
-    streams = start(request, model, jobs, media=inputs)  # the n choices share the media
+    streams = submit(request, model, ready)  # the n choices share the prompt and its media
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
@@ -229,32 +219,6 @@ def _sampling_params(body: ChatCompletionRequest, model: ServedModel) -> Samplin
         logprobs=logprobs,
         param_names=names,
     )
-
-
-def _bounded_max_tokens(
-    body: ChatCompletionRequest,
-    params: SamplingParams,
-    model: ServedModel,
-    num_prompt_tokens: int,
-    n: int,
-    state: ServerState,
-) -> SamplingParams:
-    """Without max_tokens, a reply may take the room the prompt leaves (in the context and the
-    KV pool), within the logprobs bound; with it, logprobs beyond the bound are a 400."""
-    ask = None
-    if params.logprobs is not None:
-        advice = "lower n, top_logprobs or max_completion_tokens"
-        ask = LogprobsAsk(n, params.logprobs, "top_logprobs", advice)
-    limit = state.max_logprobs_tokens
-    if body.max_tokens is not None or body.max_completion_tokens is not None:
-        if ask is not None:
-            check_logprobs_size(limit, ask, params.max_tokens, "completion tokens")
-        return params
-    room = room_for(model, num_prompt_tokens, "messages")
-    max_tokens = room if ask is None else min(room, ask.most_tokens(limit))
-    if ask is not None and max_tokens < 1:
-        check_logprobs_size(limit, ask, 1, "completion tokens")  # not even one token fits
-    return replace(params, max_tokens=max_tokens)
 
 
 class _Completion:

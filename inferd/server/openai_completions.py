@@ -28,7 +28,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
-from inferd.server.constraints import constrain
+from inferd.server.constraints import checked_constraint, compiled
 from inferd.server.errors import bad_request
 from inferd.server.generation import (
     SSE_HEADERS,
@@ -65,21 +65,29 @@ async def create_completion(request: Request) -> Response:
     body = parse_body(await request.body(), CompletionRequest)
     model = state.resolve_model(body.model)
     _reject_unsupported(body)
-    prompts = await asyncio.to_thread(_prompts, body.prompt, model)
-    n = check_n(body.n, len(prompts))
+    # The cheap checks first (the prompts' shapes and lengths, n, sampling, the constraint's
+    # fields), then the costly steps in the pipeline's order: tokenize, compile, budget, admit.
+    raw = _raw_prompts(body.prompt, model)
+    n = check_n(body.n, len(raw))
     if body.best_of is not None and body.best_of != n:
         raise bad_request(
             f"best_of={body.best_of} is not supported; leave it out or set it equal to n", "best_of"
         )
-    max_tokens = body.max_tokens
+    asked = body.max_tokens
+    params = sampling_params(
+        body, model, max_tokens=1 if asked is None else asked, logprobs=body.logprobs
+    )
+    constraint = await checked_constraint(body)
+    prompts = await asyncio.to_thread(_tokenized, raw, model)
+    params = await compiled(model, params, constraint)
+    max_tokens = asked
     if max_tokens is None:  # OpenAI's default, within what the longest prompt leaves
         param = "prompt" if len(prompts) == 1 else "prompt.{i}"
         room = min(
             room_for(model, len(p.token_ids), param.format(i=i)) for i, p in enumerate(prompts)
         )
         max_tokens = min(DEFAULT_MAX_TOKENS, room)
-    params = sampling_params(body, model, max_tokens=max_tokens, logprobs=body.logprobs)
-    params = await constrain(body, model, params)
+    params = replace(params, max_tokens=max_tokens)
     score_prompt = bool(body.echo) and body.logprobs is not None
     if body.logprobs is not None:
         _check_response_size(
@@ -157,42 +165,55 @@ def _reject_unsupported(body: CompletionRequest) -> None:
         raise bad_request("stream_options is only allowed when stream is true", "stream_options")
 
 
-def _prompts(raw: Any, model: ServedModel) -> list[_Prompt]:
+def _raw_prompts(raw: Any, model: ServedModel) -> list[tuple[str | list[int], str]]:
+    """The prompts as sent, each with the field it came from, their shapes checked (text that
+    cannot fit the context, token ids outside the vocabulary); nothing tokenized yet."""
     if raw is None:
         raise bad_request("prompt is required", "prompt")
     if isinstance(raw, str):
-        return [_text_prompt(raw, model, "prompt")]
-    if not isinstance(raw, list) or not raw:
+        prompts: list[tuple[str | list[int], str]] = [(raw, "prompt")]
+    elif not isinstance(raw, list) or not raw:
         what = "an empty list" if raw == [] else type(raw).__name__
         raise bad_request(f"prompt must be {_PROMPT_SHAPES}, got {what}", "prompt")
-    if all(isinstance(p, str) for p in raw):
-        return [_text_prompt(p, model, f"prompt.{i}") for i, p in enumerate(raw)]
-    if all(_is_token_id(t) for t in raw):
-        return [_token_prompt(raw, model, "prompt")]
-    if all(isinstance(p, list) and all(_is_token_id(t) for t in p) for p in raw):
-        return [_token_prompt(p, model, f"prompt.{i}") for i, p in enumerate(raw)]
-    raise bad_request(f"prompt must be {_PROMPT_SHAPES}", "prompt")
+    elif all(isinstance(p, str) for p in raw) or all(
+        isinstance(p, list) and all(_is_token_id(t) for t in p) for p in raw
+    ):
+        prompts = [(p, f"prompt.{i}") for i, p in enumerate(raw)]
+    elif all(_is_token_id(t) for t in raw):
+        prompts = [(raw, "prompt")]
+    else:
+        raise bad_request(f"prompt must be {_PROMPT_SHAPES}", "prompt")
+    for prompt, param in prompts:
+        if isinstance(prompt, str):
+            check_fits(model, len(prompt), param)
+        else:
+            _check_token_ids(prompt, model, param)
+    return prompts
 
 
 def _is_token_id(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _text_prompt(text: str, model: ServedModel, param: str) -> _Prompt:
-    """The raw prompt as the caller wrote it: special-token text in it is read as such (the
-    caller owns the whole prompt), but one too long for the context is refused untokenized."""
-    check_fits(model, len(text), param)
-    return _Prompt(encode_text(model, text), text)
-
-
-def _token_prompt(ids: list[int], model: ServedModel, param: str) -> _Prompt:
+def _check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
     vocab = model.tokenizer.vocab_size
     for token in ids:
         if not 0 <= token < vocab:
             raise bad_request(
                 f"{param}: token id {token} is outside this model's vocabulary [0, {vocab})", param
             )
-    return _Prompt(list(ids), model.tokenizer.decode(ids))
+
+
+def _tokenized(raw: list[tuple[str | list[int], str]], model: ServedModel) -> list[_Prompt]:
+    """Each prompt's token ids (call off the event loop). A text prompt is the raw prompt as
+    the caller wrote it: special-token text in it is read as such (the caller owns the whole
+    prompt); token ids are decoded for ``echo``."""
+    return [
+        _Prompt(encode_text(model, p), p)
+        if isinstance(p, str)
+        else _Prompt(list(p), model.tokenizer.decode(p))
+        for p, _ in raw
+    ]
 
 
 def _check_response_size(

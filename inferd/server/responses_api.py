@@ -16,7 +16,6 @@ import itertools
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -24,29 +23,23 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.engine.outputs import RequestOutput
-from inferd.engine.request import MediaInput
-from inferd.engine.sampling import SamplingParams
-from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.auth import key_owner
-from inferd.server.constraints import answer_schema, checked_constraint, compiled
+from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
     ENGINE_ERRORS,
     SSE_HEADERS,
-    admit,
-    chat_prompt_with_media,
     collect,
     engine_error,
     output_error,
     sampling_params,
-    start,
 )
 from inferd.server.limits import RequestTimeoutError
-from inferd.server.media import decode_request_media, media_policy
 from inferd.server.openai_tools import offer
+from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit, submit_detached
 from inferd.server.protocol import parse_body
-from inferd.server.reasoning import ReasoningSplit, followed
+from inferd.server.reasoning import ReasoningSplit
 from inferd.server.responses_input import (
     ResponsesRequest,
     calls_of,
@@ -119,25 +112,33 @@ async def create_response(request: Request) -> Response:
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items, fmt), tools, fmt
     )
-    # The cheap checks are done: now the media, the prompt, and the constraint's grammar.
-    media = await _decode_media(request, model, history, items)
-    prompt, inputs = await _prompt(model, messages, template_tools, state, body, media)
-    try:
-        params = await compiled(model, params, constraint)
-    except APIError as exc:
-        raise renamed(exc) from None
-    if body.max_output_tokens is None:
-        params = replace(params, max_tokens=_room(model, len(prompt)))
-    admit(model, len(prompt), params, "input")
+    job = ChatJob(
+        messages,
+        media_messages(history + items),
+        params,
+        body.max_output_tokens,
+        constraint,
+        tools=template_tools,
+        variables=_effort_variables(body.reasoning),
+        truncate=body.truncation == "auto",
+        names=ErrorNames(
+            prompt_param="input",
+            media=partial(_renamed_part, num_history=len(history)),
+            prompt=_as_input,
+            constraint=renamed,
+            no_room="shorten the input or send truncation: auto",
+        ),
+    )
+    ready = await prepare(request, model, job)
+    prompt = ready.prompt
     response = _skeleton(body, model, tools is not None and tools.parallel)
     # The reply may hold tool calls: a reader of them, in the model's syntax.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
     run = _Run(response, len(prompt), calls, body.store is not False)
-    run.thinking = state.reasoning(model, prompt)
-    params = followed(params, model, run.thinking)
+    run.thinking = ready.thinking
     if body.background:
-        return await _background(state, model, run, items, owner, (prompt, inputs), params)
-    streams = start(request, model, [(prompt, params)], media=inputs)
+        return await _background(state, model, run, items, owner, ready)
+    streams = submit(request, model, ready)
     if body.stream:
         events = _stream(state, run, items, owner, streams[0])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -191,60 +192,6 @@ def _effort_variables(reasoning: dict[str, Any] | None) -> dict[str, object]:
     return {"reasoning_effort": effort, "enable_thinking": effort != "none"}
 
 
-async def _prompt(
-    model: ServedModel,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-    state: ServerState,
-    body: ResponsesRequest,
-    media: list[DecodedMedia],
-) -> tuple[list[int], list[MediaInput]]:
-    """The prompt's ids and the images to submit with them; with ``truncation: auto`` the
-    oldest turns (and their images) are dropped (never the instructions or tools block, never
-    the last turn) until the reply has room."""
-    auto = body.truncation == "auto"
-    needed = body.max_output_tokens or 1
-    while True:
-        try:
-            prompt, inputs = await chat_prompt_with_media(
-                model,
-                messages,
-                media,
-                special_in_content=state.special_tokens_in_content,
-                check_length=not auto,
-                tools=tools,
-                variables=_effort_variables(body.reasoning),
-            )
-        except APIError as exc:
-            raise _as_input(exc) from None
-        lead = 1 if messages and messages[0]["role"] in ("system", "developer") else 0
-        if not auto or model.engine.room(len(prompt)) >= needed or len(messages) - lead <= 1:
-            return prompt, inputs
-        media = media[_images_in(messages[lead]) :]
-        messages = messages[:lead] + messages[lead + 1 :]
-
-
-def _images_in(message: dict[str, Any]) -> int:
-    content = message.get("content")
-    return sum(1 for p in content if p.get("type") == "image") if isinstance(content, list) else 0
-
-
-async def _decode_media(
-    request: Request,
-    model: ServedModel,
-    history: list[dict[str, Any]],
-    items: list[dict[str, Any]],
-) -> list[DecodedMedia]:
-    """The images of the conversation's input_image parts, in order, through the media policy
-    as chat's are (a text model refuses them with chat's 400). Errors name the part as
-    ``input.N...``, or ``previous_response_id`` for a stored turn's image."""
-    messages = media_messages(history + items)
-    try:
-        return await decode_request_media(messages, media_policy(request), model)
-    except APIError as exc:
-        raise _renamed_part(exc, len(history)) from None
-
-
 def _renamed_part(exc: APIError, num_history: int) -> APIError:
     """``messages.N...`` (N counting the stored turns' items first) as the input's path."""
     match = re.match(r"messages(?:\.(\d+))?", exc.param or "")
@@ -258,19 +205,6 @@ def _renamed_part(exc: APIError, num_history: int) -> APIError:
         old, new = match.group(0), f"input.{int(match.group(1)) - num_history}"
     param = (exc.param or "").replace(old, new, 1)
     return APIError(exc.status, exc.message.replace(old, new, 1), param, exc.code, exc.headers)
-
-
-def _room(model: ServedModel, num_prompt_tokens: int) -> int:
-    room = model.engine.room(num_prompt_tokens)
-    if room == 0:
-        raise bad_request(
-            f"input: the prompt is {num_prompt_tokens} tokens, which leaves no room to "
-            f"generate: this model's context is {model.engine.max_model_len} tokens; shorten "
-            "the input or send truncation: auto",
-            "input",
-            code="context_length_exceeded",
-        )
-    return room
 
 
 def _as_input(exc: APIError) -> APIError:
@@ -451,18 +385,13 @@ async def _background(
     run: _Run,
     items: list[dict[str, Any]],
     owner: str | None,
-    prompt: tuple[list[int], list[MediaInput]],
-    params: SamplingParams,
+    ready: Prepared,
 ) -> Response:
     """Store the response as queued, answer at once, and generate in a task of its own (not
     tied to this HTTP request: the client polls GET /v1/responses/{id})."""
     queued = run.snapshot("queued")
-    try:  # admitted first, so a refusal stores nothing that would stay queued
-        ids, media = prompt
-        bg_id = f"{queued['id']}-bg"
-        outputs = model.engine.submit(ids, model.adapted(params), request_id=bg_id, media=media)
-    except ENGINE_ERRORS as exc:
-        raise engine_error(exc) from None
+    # admitted first, so a refusal stores nothing that would stay queued
+    outputs = submit_detached(model, ready, f"{queued['id']}-bg")
     try:
         await asyncio.to_thread(state.responses.put, queued, items, owner=owner, background=True)
     except BaseException:

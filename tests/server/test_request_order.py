@@ -58,6 +58,8 @@ CASES = [
     ("chat", {"top_p": 1.5}, "top_p"),
     ("anthropic", {"temperature": 1.5}, "temperature"),
     ("anthropic", {"top_k": -2}, "top_k"),
+    ("anthropic", {"thinking": {"type": "sometimes"}}, "thinking.type"),
+    ("anthropic", {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}, "mcp"),
     ("responses", {"temperature": 3.5}, "temperature"),
     ("responses", {"top_p": -1}, "top_p"),
 ]
