@@ -114,6 +114,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         "model's own; needed for chat with a model that has none (a base model)",
     )
     p.add_argument(
+        "--hf-config-overrides",
+        metavar="JSON",
+        default=None,
+        help="a JSON object merged into a Hugging Face model directory's config.json before "
+        "loading (objects merge key by key, other values replace), e.g. "
+        """'{"rope_scaling": {"factor": 2.0}}'""",
+    )
+    p.add_argument(
         "--mmproj",
         metavar="FILE",
         default=None,
@@ -143,9 +151,12 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-num-batched-tokens",
+        "--max-prefill-chunk-tokens",
+        dest="max_num_batched_tokens",
         type=int,
         default=d.max_num_batched_tokens,
-        help=f"token budget of one engine step (prefill chunk size) "
+        help=f"token budget of one engine step, so the most prompt tokens one prefill chunk "
+        f"takes (mistral.rs's name for it: --max-prefill-chunk-tokens) "
         f"(default: {d.max_num_batched_tokens})",
     )
     p.add_argument(
@@ -207,6 +218,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         f"(default: {_on_off(d.packed_kernels)})",
     )
     p.add_argument("--seed", type=int, default=d.seed, help="default seed for sampling")
+    p.add_argument(
+        "--disable-eos-stop",
+        action="store_true",
+        default=d.disable_eos_stop,
+        help="the model's end-of-text and end-of-turn tokens stop no reply: every reply runs to "
+        "its max_tokens (or a stop string, or a completed output constraint), as if each "
+        "request sent ignore_eos (for benchmarks)",
+    )
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -273,6 +292,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         draft_model=args.draft_model,
         self_spec_layers=args.self_spec_layers,
         max_loras=getattr(args, "max_loras", EngineConfig().max_loras),  # serve's flag only
+        disable_eos_stop=args.disable_eos_stop,
     )
 
 
@@ -283,7 +303,12 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 
     model_id = tool_model_id(args) or DEFAULT_MODEL
     template = read_chat_template(args.chat_template) if args.chat_template else None
-    spec = ModelSpec(model_id=model_id, chat_template=template, mmproj=args.mmproj)
+    spec = ModelSpec(
+        model_id=model_id,
+        chat_template=template,
+        mmproj=args.mmproj,
+        hf_config_overrides=args.hf_config_overrides,
+    )
     model = load_spec(spec, _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
         model.shutdown()
@@ -381,6 +406,7 @@ def _serve_on_ray(args: argparse.Namespace, cfg: EngineConfig, options: ServerOp
         chat_template=template,
         tool_call_parser=getattr(args, "tool_call_parser", None),
         mmproj=args.mmproj,
+        hf_config_overrides=args.hf_config_overrides,
     )
     return serve_on_ray(args, spec, cfg, options)
 

@@ -61,6 +61,8 @@ class EngineConfig:
     # LoRA adapters attached to the weights at once (engine/lora_slots.py); more may be served,
     # each loaded on demand into the slot of the least recently used idle one.
     max_loras: int = 4
+    # The model's end tokens stop no request (benchmarks: every reply runs to max_tokens).
+    disable_eos_stop: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

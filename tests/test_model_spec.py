@@ -204,6 +204,22 @@ def test_kv_cache_dtype_per_model() -> None:
         ModelSpec(model_id="x", kv_cache_dtype="fp8")
 
 
+def test_hf_config_overrides_per_model_are_an_object() -> None:
+    overrides = {"rope_scaling": {"factor": 2.0}}
+    doc = {
+        "a": {"Plain": {"model_id": "org/a"}, "hf_config_overrides": overrides},
+        "b": {"Plain": {"model_id": "org/b"}},
+    }
+    specs = parse_models(doc)
+    assert [s.config_overrides for s in specs] == [overrides, None]
+    with pytest.raises(SpecError, match=r"a.hf_config_overrides: expected an object"):
+        parse_models({"a": {"Plain": {"model_id": "org/a"}, "hf_config_overrides": "x"}})
+    with pytest.raises(SpecError, match=r"e.hf_config_overrides: does not apply to Embedding"):
+        parse_models({"e": {"Embedding": {"model_id": "minilm"}, "hf_config_overrides": {}}})
+    with pytest.raises(ValueError, match="hf_config_overrides must be a JSON object, got int"):
+        ModelSpec("x", hf_config_overrides="3")
+
+
 def test_tool_call_parser_names_a_syntax() -> None:
     doc = {
         "a": {"GGUF": {"model_id": "smollm2"}, "tool_call_parser": "mistral"},

@@ -54,13 +54,20 @@ class TextCodec:
 
 class LLMEngine:
     def __init__(
-        self, core: EngineCore, codec: TextCodec, grammars: GrammarCompiler | None = None
+        self,
+        core: EngineCore,
+        codec: TextCodec,
+        grammars: GrammarCompiler | None = None,
+        *,
+        stop_on_eos: bool = True,
     ) -> None:
         """``grammars``: compiles ``SamplingParams.constraint`` for this model's vocabulary;
-        without it, constrained requests are refused."""
+        without it, constrained requests are refused. ``stop_on_eos`` False: the model's end
+        tokens stop no request (``--disable-eos-stop``: every request as if ``ignore_eos``)."""
         self._core = core
         self.codec = codec
         self.grammars = grammars
+        self.stop_on_eos = stop_on_eos
 
     # -- facts ------------------------------------------------------------------------------
     @property
@@ -256,7 +263,7 @@ class LLMEngine:
             request_id=request_id,
             prompt_token_ids=list(prompt_token_ids),
             params=params,
-            eos_token_ids=self.codec.eos_token_ids,
+            eos_token_ids=self.codec.eos_token_ids if self.stop_on_eos else frozenset(),
             cache_salt=cache_salt,
             detokenizer=IncrementalDetokenizer(
                 self.codec.token_bytes, self.codec.special_ids, params.stop

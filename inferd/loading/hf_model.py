@@ -9,7 +9,7 @@ tokenizer, chat template and stop ids, as it does for a GGUF file.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,10 +47,30 @@ def is_plain_model_directory(path: Path) -> bool:
     return path.is_dir() and read_json(path / CONFIG_FILE).get("model_type") in HF_MODEL_TYPES
 
 
-def read_model_config(directory: Path, checkpoint: SafetensorsCheckpoint) -> ModelConfig:
+def merged_config(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``overrides`` merged in recursively: an object merges into an object,
+    any other value (a list, a number, null) replaces what was there."""
+    merged = dict(base)
+    for key, value in overrides.items():
+        old = merged.get(key)
+        if isinstance(value, Mapping) and isinstance(old, Mapping):
+            merged[key] = merged_config(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_model_config(
+    directory: Path,
+    checkpoint: SafetensorsCheckpoint,
+    overrides: Mapping[str, Any] | None = None,
+) -> ModelConfig:
+    """The model's config.json, with ``overrides`` (--hf-config-overrides) merged in."""
     hf = read_json(directory / CONFIG_FILE)
     if not hf:
         raise ModelConfigError(f"{directory}: no config.json")
+    if overrides:
+        hf = merged_config(hf, overrides)
     # Qwen2-Audio's published checkpoints keep the head under its text model's name.
     heads = ("lm_head.weight", "language_model.lm_head.weight")  # (Gemma 3's too)
     return config_from_hf(hf, has_lm_head=any(h in checkpoint for h in heads))
@@ -63,11 +83,13 @@ def load_safetensors_model(
     progress: bool = True,
     packed_kernels: bool = True,
     isq: Isq | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
-    """The decoder of a HF directory, weights in ``dtype`` (see ``weights.fill`` for the rest)."""
+    """The decoder of a HF directory, weights in ``dtype`` (see ``weights.fill`` for the rest);
+    ``config_overrides`` merged into its config.json."""
     directory = Path(directory)
     checkpoint = SafetensorsCheckpoint(directory)
-    cfg = read_model_config(directory, checkpoint)
+    cfg = read_model_config(directory, checkpoint, config_overrides)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
     if cfg.gemma4 is not None:

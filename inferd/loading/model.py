@@ -5,8 +5,10 @@ ids, the ISQ request it was loaded under, and the source with its digest."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -26,7 +28,7 @@ from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
-from inferd.models.config import ModelConfig
+from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
@@ -83,12 +85,14 @@ def load(
     progress: bool = True,
     chat_template: str | None = None,
     mmproj: str | Path | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
     as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
-    projector file for a GGUF language model (loading/mmproj.py)."""
+    projector file for a GGUF language model (loading/mmproj.py); ``config_overrides``: merged
+    into a Hugging Face directory's config.json (a GGUF file has none: refused)."""
     if not isinstance(source, ModelSource):
         source = resolve_source(str(source))
     torch_dtype = resolve_dtype(dtype)
@@ -99,7 +103,14 @@ def load(
                 f"{source.path}: --mmproj goes with a GGUF language model; a Hugging Face "
                 "directory carries its own vision encoder"
             )
-        return _load_hf(source, torch_dtype, request, packed_kernels, progress, chat_template)
+        return _load_hf(
+            source, torch_dtype, request, packed_kernels, progress, chat_template, config_overrides
+        )
+    if config_overrides:
+        raise ModelConfigError(
+            f"{source.path}: config overrides (--hf-config-overrides) apply to a Hugging Face "
+            "directory's config.json; a GGUF file carries its settings in its metadata"
+        )
     return _load_gguf(source, torch_dtype, request, packed_kernels, progress, chat_template, mmproj)
 
 
@@ -146,10 +157,16 @@ def _load_hf(
     packed_kernels: bool,
     progress: bool,
     chat_template: str | None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     directory = source.path
     model, cfg = load_safetensors_model(
-        directory, dtype, progress=progress, packed_kernels=packed_kernels, isq=isq
+        directory,
+        dtype,
+        progress=progress,
+        packed_kernels=packed_kernels,
+        isq=isq,
+        config_overrides=config_overrides,
     )
     tokenizer = load_tokenizer(directory, cfg)
     template_source = chat_template or chat_template_source(directory)

@@ -45,6 +45,7 @@ from inferd.server.responses_store import StoreError
 from inferd.server.state import ServerState
 from inferd.server.system_info import system_info
 from inferd.server.tokenize import detokenize, tokenize
+from inferd.server.unserved import UNSERVED, not_served
 from inferd.serving.registry import registry_of
 from inferd.version import __version__
 
@@ -105,6 +106,8 @@ def build_app(
     _routes(app, "/v1/tokenize", model_ready(tokenize, "chat"), ["POST"])
     _routes(app, "/v1/detokenize", model_ready(detokenize, "chat"), ["POST"])
     _routes(app, "/v1/system/info", system_info, ["GET"])
+    for path, what in UNSERVED.items():
+        _routes(app, path, not_served(what), ["POST"], json=False)  # multipart or JSON alike
     app.add_api_route("/health", health, methods=["GET"])
     app.add_api_route("/ready", ready, methods=["GET"])
     if options.ui:

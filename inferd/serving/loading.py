@@ -121,6 +121,7 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         loop=loop,
         tool_call_parser=spec.tool_call_parser,
         mmproj=spec.mmproj,
+        config_overrides=spec.config_overrides,
     )
 
 

@@ -263,13 +263,15 @@ def load_model(
     loop: EngineLoop | None = None,
     tool_call_parser: str | None = None,
     mmproj: str | Path | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``loading.model.load``).
 
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
     tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
-    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py)."""
+    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py).
+    ``config_overrides``: merged into a Hugging Face directory's config.json."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -281,6 +283,7 @@ def load_model(
         progress=progress,
         chat_template=chat_template,
         mmproj=mmproj,
+        config_overrides=config_overrides,
     )
     served = assemble(loaded, cfg, loop=loop, tool_call_parser=tool_call_parser)
     log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)
@@ -361,7 +364,12 @@ def assemble(
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))
     # The grammar vocabulary is built on the first constrained request, not at load time.
     grammars = GrammarCompiler(Vocabulary.of(tokenizer.tokenizer.to_str, mcfg.vocab_size, eos))
-    stepper = LLMEngine(EngineCore(runner, scheduler, max_len), codec, grammars)
+    stepper = LLMEngine(
+        EngineCore(runner, scheduler, max_len),
+        codec,
+        grammars,
+        stop_on_eos=not cfg.disable_eos_stop,
+    )
     stepper.warm_up(tokenizer.encode("Hello.", add_special=True))
     engine = AsyncEngine(stepper, loop or ThreadLoop())
     return ServedModel(

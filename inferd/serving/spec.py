@@ -53,6 +53,7 @@ _SETTINGS = (
     "kv_cache_dtype",
     "mmproj",
     "lora",
+    "hf_config_overrides",
 )
 _GENERATIVE_ONLY = (
     "chat_template",
@@ -61,6 +62,7 @@ _GENERATIVE_ONLY = (
     "in_situ_quant",
     "kv_cache_dtype",
     "lora",
+    "hf_config_overrides",
 )
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
@@ -101,6 +103,9 @@ class ModelSpec:
     tool_call_parser: str | None = None  # None: the syntax the chat template shows
     mmproj: str | None = None  # a llama.cpp multimodal projector file (GGUF models)
     lora: tuple[tuple[str, str], ...] = ()  # (API id, directory) of each PEFT adapter on it
+    # A JSON object merged into a Hugging Face directory's config.json (--hf-config-overrides);
+    # kept as text so the spec stays hashable.
+    hf_config_overrides: str | None = None
 
     def __post_init__(self) -> None:
         if self.tool_call_parser not in (None, *PARSERS):
@@ -119,10 +124,25 @@ class ModelSpec:
                 f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}; "
                 f"got {self.kv_cache_dtype!r}"
             )
+        _ = self.config_overrides  # a malformed one is refused here, at startup
         for name in ("max_seq_len", "max_seqs"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value}")
+
+    @property
+    def config_overrides(self) -> dict[str, Any] | None:
+        """``hf_config_overrides`` as an object; ValueError when it is not one."""
+        if self.hf_config_overrides is None:
+            return None
+        try:
+            value = json.loads(self.hf_config_overrides)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"hf_config_overrides is not JSON: {exc}") from None
+        if not isinstance(value, dict):
+            kind = type(value).__name__
+            raise ValueError(f"hf_config_overrides must be a JSON object, got {kind}")
+        return value
 
     @property
     def api_id(self) -> str:
@@ -258,6 +278,7 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         max_seq_len=values.get("max_seq_len"),
         max_seqs=values.get("max_seqs"),
         kv_cache_dtype=values.get("kv_cache_dtype"),
+        hf_config_overrides=values.get("hf_config_overrides"),
         tool_call_parser=values.get("tool_call_parser"),
         mmproj=values.get("mmproj"),
         lora=values.get("lora") or (),
@@ -318,6 +339,11 @@ def _setting(
         return None
     if name == "lora":
         return _adapters(value, base, path, problems)
+    if name == "hf_config_overrides":
+        if not isinstance(value, dict):
+            problems.append(f"{path}: expected an object (merged into config.json)")
+            return None
+        return json.dumps(value)
     if name in ("max_seq_len", "max_seqs"):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"{path}: expected a positive integer, got {_describe(value)}")

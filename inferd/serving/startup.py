@@ -43,6 +43,7 @@ def registry_from_args(
             chat_template=template,
             tool_call_parser=getattr(args, "tool_call_parser", None),
             mmproj=getattr(args, "mmproj", None),
+            hf_config_overrides=getattr(args, "hf_config_overrides", None),
         )
         model = load_spec(spec, cfg, progress=True, loop=loop)
         try:
@@ -171,7 +172,8 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         # One line for the engine's limits (the server's own are the "limits" line): the
         # context, the pool and why, lowered context included.
         f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "
-        f"{cfg.max_num_batched_tokens}, {sizing}",
+        f"{cfg.max_num_batched_tokens}, {sizing}"
+        f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}",
         _describe_memory(model),
     ]
 
