@@ -8,6 +8,8 @@
 - sse:        SseDecoder, the incremental bounded SSE decoder
 - stream:     StreamConsumer, the strict state machine, and its typed outcomes
 - client:     open_chat_stream, the httpx transport around StreamConsumer
+- retry:      retry_length_limited: a length-limited run again, larger budget, as the policy allows
+- admission:  AdmissionPool: weighted permits taken before a request reaches the server
 - receipts:   launch, request and stream receipts in canonical JSON
 - identity:   one digest per part of a model (weights, tokenizer, template, processor, quant)
 - gate:       the release gate: freeze a release's answers and speed, check a candidate
@@ -16,6 +18,7 @@
 
 from __future__ import annotations
 
+from inferd.contract.admission import AdmissionPool, PermitRefused, request_weight
 from inferd.contract.canonical import INTEGRATION_RELEASE, canonical_json, digest_of
 from inferd.contract.client import LiveStream, open_chat_stream
 from inferd.contract.plan import (
@@ -57,6 +60,12 @@ from inferd.contract.request import (
     TooManyMediaParts,
     build_chat_request,
 )
+from inferd.contract.retry import (
+    LengthRetryPolicy,
+    RetriedRun,
+    RetryError,
+    retry_length_limited,
+)
 from inferd.contract.sse import SseComment, SseDecoder, SseEvent
 from inferd.contract.staging import (
     CrossTenantError,
@@ -95,6 +104,7 @@ from inferd.contract.supervisor import (
 __all__ = [
     "INTEGRATION_RELEASE",
     "AccessLog",
+    "AdmissionPool",
     "Cancelled",
     "ChatRequest",
     "Complete",
@@ -111,6 +121,7 @@ __all__ = [
     "LaunchPlan",
     "LaunchReceipt",
     "Lease",
+    "LengthRetryPolicy",
     "Limits",
     "LiveStream",
     "MediaPart",
@@ -124,6 +135,7 @@ __all__ = [
     "OutcomeKind",
     "OutputTokensTooLarge",
     "PagedAttention",
+    "PermitRefused",
     "PlanError",
     "PromptTooLarge",
     "ProtocolError",
@@ -134,6 +146,8 @@ __all__ = [
     "RequestError",
     "RequestReceipt",
     "RestartPolicy",
+    "RetriedRun",
+    "RetryError",
     "Rule",
     "SseComment",
     "SseDecoder",
@@ -158,6 +172,8 @@ __all__ = [
     "open_chat_stream",
     "read_receipt",
     "request_receipt",
+    "request_weight",
+    "retry_length_limited",
     "sniff",
     "stream_receipt",
     "write_receipt",

@@ -41,6 +41,7 @@ from inferd.contract.request import (
     TextPart,
     build_chat_request,
 )
+from inferd.contract.retry import LengthRetryPolicy, retry_length_limited
 from inferd.contract.staging import EvidenceStore, Modality
 from inferd.contract.stream import (
     Cancelled,
@@ -51,6 +52,7 @@ from inferd.contract.stream import (
     Rule,
     StreamLimits,
     ToolCallsRequested,
+    outcome_text,
 )
 from inferd.contract.supervisor import (
     Executable,
@@ -157,7 +159,11 @@ def _record(
 
 
 def _send(gate: Gate, rid: str, prompt: str, max_tokens: int, pause_s: float = 0.0) -> Outcome:
-    request = _request(gate, rid, prompt, max_tokens)
+    return _send_request(gate, _request(gate, rid, prompt, max_tokens), pause_s)
+
+
+def _send_request(gate: Gate, request: ChatRequest, pause_s: float = 0.0) -> Outcome:
+    rid = request.request_id
     started = time.monotonic()
     with (
         gate.supervisor.track(rid),
@@ -265,6 +271,29 @@ def test_a_frozen_request_at_its_token_cap_is_length_limited(gate: Gate) -> None
     outcome = _send(gate, "gate-capped", LONG_PROMPT, 4)
     assert isinstance(outcome, IncompleteLengthLimited) and not outcome.ok
     assert outcome.usage is not None and outcome.usage.completion_tokens == 4 and outcome.text
+
+
+def test_a_length_limited_run_is_retried_as_new_runs_within_the_policy(gate: Gate) -> None:
+    """Greedy on the same input, each larger budget extends the same answer; the policy
+    stops at its ceiling and the outcome stays length-limited, never passed off as complete."""
+    policy = LengthRetryPolicy(allowed=True, ceiling=16, max_runs=3)
+    run = retry_length_limited(
+        lambda rid, budget: _request(gate, rid, LONG_PROMPT, budget),
+        lambda request: _send_request(gate, request),
+        request_id="gate-retry",
+        max_tokens=4,
+        policy=policy,
+    )
+    assert [(r.request_id, r.max_tokens) for r in run.runs] == [
+        ("gate-retry", 4),
+        ("gate-retry-r1", 8),
+        ("gate-retry-r2", 16),
+    ]
+    outcomes = [r.outcome for r in run.runs]
+    assert all(isinstance(o, IncompleteLengthLimited) for o in outcomes), outcomes
+    texts = [outcome_text(o) for o in outcomes]
+    assert texts[0] and texts[1].startswith(texts[0]) and texts[2].startswith(texts[1])
+    assert not run.outcome.ok
 
 
 def test_receipts_are_on_disk_and_verified(gate: Gate) -> None:
