@@ -23,9 +23,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput
-from inferd.engine.request import MediaInput
-from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.media.types import DecodedMedia
 from inferd.server import sse
 from inferd.server.anthropic_images import ImageSlots
@@ -57,6 +54,7 @@ from inferd.server.protocol import parse_body, whole_number
 from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter, followed
 from inferd.server.state import ServerState
 from inferd.server.thinking_signature import sign, verify
+from inferd.serving.interface import MediaInput, RequestOutput, SamplingParamError, SamplingParams
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
 from inferd.structured.tool_syntax import CallReader

@@ -26,11 +26,11 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferd.engine.outputs import RequestOutput
 from inferd.server import sse
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
 from inferd.server.envelope import error_response, header, stream_error_event
 from inferd.server.streams import close_stream
+from inferd.serving.interface import RequestOutput
 
 BACKSTOP_GRACE_SECONDS = 1.0
 DEADLINE_KEY = "inferd_deadline"

@@ -16,8 +16,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput, TokenLogprob
-from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
 from inferd.server.constraints import answer_schema, checked_constraint, compiled
@@ -42,6 +40,7 @@ from inferd.server.openai_tools import StreamedCalls, history_turn, message, off
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.reasoning import ReasoningSplit, followed, template_variables
 from inferd.server.state import ServerState
+from inferd.serving.interface import RequestOutput, SamplingParams, TokenLogprob
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
 
