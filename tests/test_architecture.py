@@ -1,6 +1,7 @@
 """The import graph of ``inferd`` against the layer table of ARCHITECTURE.md: no cycle, and no
 import a layer's row does not allow. Read with ``ast``, so every import counts: module-level,
-inside functions, and under ``TYPE_CHECKING``."""
+inside functions, under ``TYPE_CHECKING``, and ``importlib.import_module("inferd....")`` with a
+literal name."""
 
 from __future__ import annotations
 
@@ -54,7 +55,9 @@ def imports_of(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, 
     """
     is_package = path.name == "__init__.py"
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
+        if (dynamic := _dynamic_import(node)) is not None:
+            yield _nearest(dynamic, known), node.lineno
+        elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] == PACKAGE:
                     yield _nearest(alias.name, known), node.lineno
@@ -69,6 +72,20 @@ def imports_of(module: str, path: Path, known: set[str]) -> Iterator[tuple[str, 
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
                 yield (sub if sub in known else _nearest(base, known)), node.lineno
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The package module a call ``import_module("inferd.x")`` or ``__import__("inferd.x")``
+    names by a literal (a deferred import the statements above would miss); else None."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    func = node.func
+    name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+    first = node.args[0]
+    if name not in ("import_module", "__import__") or not isinstance(first, ast.Constant):
+        return None
+    target = first.value
+    return target if isinstance(target, str) and target.split(".")[0] == PACKAGE else None
 
 
 def _nearest(name: str, known: set[str]) -> str:
@@ -183,6 +200,40 @@ def test_the_table_names_real_layers_and_the_graph_is_read(
     # the walk sees function-level and TYPE_CHECKING imports, and resolves submodules
     assert "inferd.api" in graph["inferd"]  # inside the facade's __getattr__
     assert "inferd.server.sse" in graph["inferd.server.generation"]  # from inferd.server import sse
+
+
+def test_the_server_sees_the_engine_through_serving_only(layers: list[Layer]) -> None:
+    """The server's engine types come through ``serving/interface.py``; the layers below
+    serving are not the server's to import, however deferred the import."""
+    (server,) = (layer for layer in layers if layer.name == "server")
+    assert not server.may_import & {"engine", "loading", "models", "layers", "kernels"}
+
+
+def test_a_deferred_import_below_serving_is_caught(tmp_path: Path, layers: list[Layer]) -> None:
+    pkg = tmp_path / PACKAGE
+    for rel, text in {
+        "__init__.py": "",
+        "engine/__init__.py": "",
+        "engine/sampling.py": "",
+        "layers/__init__.py": "",
+        "layers/linear.py": "",
+        "loading/__init__.py": "",
+        "loading/lora.py": "",
+        "serving/__init__.py": "",
+        "serving/interface.py": "from inferd.engine.sampling import *\n",
+        "server/__init__.py": "",
+        "server/handler.py": "from inferd.serving.interface import *\n\n\n"
+        "def f():\n    from inferd.engine.sampling import SamplingParams\n\n\n"
+        "def g():\n    import importlib\n    importlib.import_module('inferd.loading.lora')\n"
+        "    return __import__('inferd.layers.linear')\n",
+    }.items():
+        (pkg / rel).parent.mkdir(parents=True, exist_ok=True)
+        (pkg / rel).write_text(text)
+    assert layer_violations(import_graph(pkg), layers) == [
+        "inferd.server.handler:5 (server) imports inferd.engine.sampling (engine)",
+        "inferd.server.handler:11 (server) imports inferd.layers.linear (layers)",
+        "inferd.server.handler:10 (server) imports inferd.loading.lora (loading)",
+    ]
 
 
 def test_a_cycle_and_an_upward_import_are_caught(tmp_path: Path, layers: list[Layer]) -> None:

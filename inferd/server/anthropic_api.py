@@ -24,8 +24,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput
-from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.server import sse
 from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
@@ -54,6 +52,7 @@ from inferd.server.protocol import parse_body, whole_number
 from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter
 from inferd.server.state import ServerState
 from inferd.server.thinking_signature import sign, verify
+from inferd.serving.interface import RequestOutput, SamplingParamError, SamplingParams
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader
 

@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from inferd.engine.sampling import SamplingParamError
 from inferd.server.errors import bad_request
+from inferd.serving.interface import SamplingParamError
 
 MAX_N = 16  # choices per prompt
 MAX_CHOICES = 64  # choices per request, over all prompts

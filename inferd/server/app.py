@@ -51,7 +51,7 @@ from inferd.version import __version__
 
 if TYPE_CHECKING:
     from inferd.api import Engine
-    from inferd.engine.embedding import EmbeddingModel
+    from inferd.serving.interface import EmbeddingModel
     from inferd.serving.registry import ModelRegistry, ModelSlot
     from inferd.serving.served import ServedModel
 

@@ -15,9 +15,9 @@ import re
 from dataclasses import replace
 from typing import Any
 
-from inferd.engine.sampling import SamplingParams
 from inferd.server.errors import bad_request
 from inferd.server.protocol import SamplingFields
+from inferd.serving.interface import SamplingParams
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError, ConstraintKind
 

@@ -18,13 +18,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
-from inferd.engine.lora_slots import ADAPTER_CHANGED, ADAPTER_UNAVAILABLE
-from inferd.engine.outputs import RequestOutput, TokenLogprob
-from inferd.engine.request import MediaInput
-from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.host_memory import release_free_heap
-from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
 from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia, DecodedVideo
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
@@ -32,6 +26,21 @@ from inferd.server.errors import APIError, bad_request
 from inferd.server.limits import request_deadline
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
+from inferd.serving.interface import (
+    ADAPTER_CHANGED,
+    ADAPTER_UNAVAILABLE,
+    AdmissionError,
+    ChatTemplateError,
+    EngineBusyError,
+    EngineStoppedError,
+    MediaInput,
+    NoChatTemplateError,
+    RenderedChat,
+    RequestOutput,
+    SamplingParamError,
+    SamplingParams,
+    TokenLogprob,
+)
 from inferd.serving.multimodal import ImageItem, MediaPromptError
 from inferd.serving.served import ServedModel
 

@@ -21,16 +21,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from inferd.engine.outputs import RequestOutput
-from inferd.server import sse
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
 from inferd.server.envelope import error_response, header, stream_error_event
+from inferd.server.response_tracker import ResponseTracker
 from inferd.server.streams import close_stream
+from inferd.serving.interface import RequestOutput
 
 BACKSTOP_GRACE_SECONDS = 1.0
 DEADLINE_KEY = "inferd_deadline"
@@ -101,10 +101,7 @@ class BodyTooLargeError(Exception):
 class _Progress:
     received: int = 0
     body_done: bool = False
-    started: bool = False
-    event_stream: bool = False
-    events: int = 0  # SSE events sent so far
-    finished: bool = False
+    response: ResponseTracker = field(default_factory=ResponseTracker)
 
 
 class LimitsMiddleware:
@@ -164,17 +161,7 @@ class LimitsMiddleware:
                     progress.body_done = True
             return message
 
-        async def tracked_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                progress.started = True
-                for key, value in message.get("headers", []):
-                    if key.lower() == b"content-type":
-                        progress.event_stream = value.startswith(b"text/event-stream")
-            elif message["type"] == "http.response.body":
-                progress.events += sse.count_events(message.get("body", b""))
-                progress.finished = not message.get("more_body", False)
-            await send(message)
-
+        tracked_send = progress.response.wrap(send)
         backstop = None
         if deadline is not None:
             backstop = asyncio.timeout_at(deadline.at + BACKSTOP_GRACE_SECONDS)
@@ -185,22 +172,22 @@ class LimitsMiddleware:
                 async with backstop:
                     await self.app(scope, limited_receive, tracked_send)
         except BodyTooLargeError as exc:
-            if progress.started:
+            if progress.response.started:
                 raise
             await error_response(scope, 413, str(exc), code="request_too_large")(
                 scope, receive, send
             )
         except RequestTimeoutError as exc:
-            await _answer_timeout(scope, receive, send, progress, exc)
+            await _answer_timeout(scope, receive, send, progress.response, exc)
         except TimeoutError:
             if backstop is None or deadline is None or not backstop.expired():
                 raise
             phase = "generation" if progress.body_done else "body"
-            await _answer_timeout(scope, receive, send, progress, deadline.expire(phase))
+            await _answer_timeout(scope, receive, send, progress.response, deadline.expire(phase))
 
 
 async def _answer_timeout(
-    scope: Scope, receive: Receive, send: Send, progress: _Progress, exc: RequestTimeoutError
+    scope: Scope, receive: Receive, send: Send, progress: ResponseTracker, exc: RequestTimeoutError
 ) -> None:
     if progress.finished:
         return

@@ -24,10 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.loading.lora import LoraError, check_name
 from inferd.server.errors import APIError
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState
+from inferd.serving.interface import LoraError, check_name
 from inferd.serving.lora import adapter_slot, serve_adapters, withdraw_adapter
 from inferd.serving.served import ServedModel
 

@@ -35,8 +35,8 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
-from inferd.engine.outputs import RequestOutput
 from inferd.server.streams import close_stream
+from inferd.serving.interface import RequestOutput
 from inferd.version import __version__
 
 if TYPE_CHECKING:

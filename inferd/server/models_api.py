@@ -21,12 +21,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.embedding import EmbeddingModel
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
 from inferd.server.media import TEXT_ONLY, model_modalities
 from inferd.server.protocol import load_json, parse_body
 from inferd.server.state import ServerState, lifecycle_error
+from inferd.serving.interface import EmbeddingModel
 from inferd.serving.registry import (
     ConflictError,
     ModelSlot,

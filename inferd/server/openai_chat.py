@@ -15,8 +15,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput, TokenLogprob
-from inferd.engine.sampling import SamplingParams
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
@@ -37,6 +35,7 @@ from inferd.server.pipeline import ChatJob, prepare, submit
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
+from inferd.serving.interface import RequestOutput, SamplingParams, TokenLogprob
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
 

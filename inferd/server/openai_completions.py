@@ -25,7 +25,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.server import sse
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size, check_n
 from inferd.server.constraints import checked_constraint, compiled
@@ -47,6 +46,7 @@ from inferd.server.generation import (
 )
 from inferd.server.protocol import CompletionRequest, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.interface import RequestOutput, TokenLogprob
 from inferd.serving.served import ServedModel
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint

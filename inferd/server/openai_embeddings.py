@@ -16,11 +16,11 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.engine.embedding import EmbeddingInputError, EmbeddingModel
 from inferd.server.errors import APIError, bad_request
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import WholeInt, parse_body
 from inferd.server.state import ServerState
+from inferd.serving.interface import EmbeddingInputError, EmbeddingModel
 
 MAX_INPUTS = 2048  # items in one request, as OpenAI allows
 MAX_TOTAL_TOKENS = 300_000  # tokens over all inputs of one request, as OpenAI allows

@@ -24,9 +24,6 @@ from typing import Any
 
 from starlette.requests import Request
 
-from inferd.engine.outputs import RequestOutput
-from inferd.engine.request import MediaInput
-from inferd.engine.sampling import SamplingParams
 from inferd.media.types import DecodedMedia
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size
 from inferd.server.constraints import compiled
@@ -43,6 +40,7 @@ from inferd.server.generation import (
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.reasoning import ReasoningSplit, followed
 from inferd.server.state import ServerState
+from inferd.serving.interface import MediaInput, RequestOutput, SamplingParams
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint
 

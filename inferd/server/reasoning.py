@@ -22,12 +22,12 @@ from dataclasses import dataclass, replace
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from inferd.engine.thinking import ThinkingSpec
+from inferd.serving.interface import ThinkingSpec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from inferd.engine.sampling import SamplingParams
+    from inferd.serving.interface import SamplingParams
     from inferd.serving.served import ServedModel
 
 AUTO = "auto"  # split when the chat template mentions the markers

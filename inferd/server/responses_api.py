@@ -22,7 +22,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.engine.outputs import RequestOutput
 from inferd.server import sse
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, checked_constraint
@@ -59,6 +58,7 @@ from inferd.server.responses_output import OutputBuilder
 from inferd.server.responses_store import ResponseStore
 from inferd.server.state import ServerState
 from inferd.server.streams import close_stream
+from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax.base import CallReader
 

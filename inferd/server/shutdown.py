@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import uvicorn
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from inferd.server import sse
 from inferd.server.envelope import app_path, error_response, stream_error_event
 from inferd.server.metrics import TIMER_KEY, RequestTimer
+from inferd.server.response_tracker import ResponseTracker
 
 log = logging.getLogger("inferd")
 
@@ -45,10 +45,7 @@ class _Running:
 
     scope: Scope
     cancel: asyncio.Timeout | None = None
-    started: bool = False
-    event_stream: bool = False
-    events: int = 0  # SSE events sent so far
-    finished: bool = False
+    response: ResponseTracker = field(default_factory=ResponseTracker)
     cut: bool = False
 
 
@@ -152,18 +149,7 @@ class DrainMiddleware:
             await response(scope, receive, send)
             return
         running = _Running(scope)
-
-        async def tracked_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                running.started = True
-                for key, value in message.get("headers", []):
-                    if key.lower() == b"content-type":
-                        running.event_stream = value.startswith(b"text/event-stream")
-            elif message["type"] == "http.response.body":
-                running.events += sse.count_events(message.get("body", b""))
-                running.finished = not message.get("more_body", False)
-            await send(message)
-
+        tracked_send = running.response.wrap(send)
         self.drain.add(running)
         try:
             async with asyncio.timeout(None) as running.cancel:
@@ -177,7 +163,8 @@ class DrainMiddleware:
 
 
 async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Receive) -> None:
-    if running.finished:
+    progress = running.response
+    if progress.finished:
         return
     scope = running.scope
     timer = (scope.get("state") or {}).get(TIMER_KEY)
@@ -191,7 +178,7 @@ async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Rece
             f"{drain.timeout:g}s drain (--drain-timeout)"
         )
     try:
-        if not running.started:
+        if not progress.started:
             response = error_response(
                 scope,
                 503,
@@ -200,9 +187,9 @@ async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Rece
                 headers={"Retry-After": RETRY_AFTER, "Connection": "close"},
             )
             await response(scope, receive, send)
-        elif running.event_stream:
+        elif progress.event_stream:
             event = stream_error_event(
-                scope, message, "server_shutting_down", status=503, events_sent=running.events
+                scope, message, "server_shutting_down", status=503, events_sent=progress.events
             )
             await send({"type": "http.response.body", "body": event, "more_body": False})
         else:

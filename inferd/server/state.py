@@ -6,11 +6,11 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from inferd.engine.embedding import EmbeddingModel
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
 from inferd.server.reasoning import ReasoningSplit, reasoning_split
 from inferd.server.responses_store import ResponseStore
+from inferd.serving.interface import EmbeddingModel
 from inferd.serving.loading import Servable
 from inferd.serving.registry import (
     ConflictError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from inferd.engine.outputs import RequestOutput
+from inferd.serving.interface import RequestOutput
 
 
 async def close_stream(outputs: AsyncIterator[RequestOutput]) -> None:

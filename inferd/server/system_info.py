@@ -10,8 +10,8 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from inferd.layers.linear import Linear, PackedKind
 from inferd.server.state import ServerState
+from inferd.serving.kernel_use import kernel_use
 from inferd.serving.registry import ModelSlot
 from inferd.serving.served import ServedModel
 
@@ -20,8 +20,6 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
     info: dict[str, Any] = {"id": slot.id, "kind": slot.kind, "status": str(slot.status)}
     model = slot.model
     if isinstance(model, ServedModel):
-        decoder = model.engine.engine.model
-        linears = [m for m in decoder.modules() if isinstance(m, Linear)]
         info |= {
             "architecture": model.config.architecture,
             "dtype": str(model.dtype).removeprefix("torch."),
@@ -32,18 +30,7 @@ def _model_info(slot: ModelSlot) -> dict[str, Any]:
             "kv_cache_dtype": model.kv_cache_dtype,
             "max_seqs": model.engine_config.max_num_seqs,
             "deterministic": model.engine_config.deterministic,
-            "kernels": {
-                "linear_layers": len(linears),
-                "packed_int4": sum(
-                    m.packed_kind in (PackedKind.INT4, PackedKind.INT4_ROWS, PackedKind.INT4_VNNI)
-                    for m in linears
-                ),
-                "packed_int8": sum(
-                    m.packed_kind in (PackedKind.INT8, PackedKind.INT8_VNNI) for m in linears
-                ),
-                "dense_dropped": sum(not m.dense for m in linears),
-                "fused": decoder.ops.description,
-            },
+            "kernels": kernel_use(model),
         }
     elif model is not None:
         info["digest"] = f"sha256:{model.source.digest}"

@@ -1,0 +1,36 @@
+"""The server's view of the engine: every engine and loading type (and the few helpers) that
+``inferd.server`` names, re-exported here so the server imports ``serving`` alone and the layers
+below it stay free to move. Names and objects are the originals; nothing is wrapped."""
+
+from __future__ import annotations
+
+from inferd.engine.async_engine import AdmissionError, EngineBusyError, EngineStoppedError
+from inferd.engine.embedding import EmbeddingInputError, EmbeddingModel
+from inferd.engine.lora_slots import ADAPTER_CHANGED, ADAPTER_UNAVAILABLE
+from inferd.engine.outputs import RequestOutput, TokenLogprob
+from inferd.engine.request import MediaInput
+from inferd.engine.sampling import SamplingParamError, SamplingParams
+from inferd.engine.thinking import ThinkingSpec
+from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
+from inferd.loading.lora import LoraError, check_name
+
+__all__ = [
+    "ADAPTER_CHANGED",
+    "ADAPTER_UNAVAILABLE",
+    "AdmissionError",
+    "ChatTemplateError",
+    "EmbeddingInputError",
+    "EmbeddingModel",
+    "EngineBusyError",
+    "EngineStoppedError",
+    "LoraError",
+    "MediaInput",
+    "NoChatTemplateError",
+    "RenderedChat",
+    "RequestOutput",
+    "SamplingParamError",
+    "SamplingParams",
+    "ThinkingSpec",
+    "TokenLogprob",
+    "check_name",
+]
