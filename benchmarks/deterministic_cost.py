@@ -22,7 +22,9 @@ TOKENS = 32
 
 def tokens_per_second(llm: LLM, streams: int) -> float:
     prompts = [
-        llm.model.chat_prompt([{"role": "user", "content": f"{PROMPT[0]['content']} Part {i}."}])
+        llm.model.chat_prompt(
+            [{"role": "user", "content": f"{PROMPT[0]['content']} Part {i}."}]
+        ).ids
         for i in range(streams)
     ]
     params = SamplingParams(max_tokens=TOKENS, temperature=0, ignore_eos=True)

@@ -32,7 +32,7 @@ def main() -> None:
         )
         engine = served.engine.engine  # this script steps the engine itself
         text = "Write a long story. " * repeat
-        prompt = served.chat_prompt([{"role": "user", "content": text}])
+        prompt = served.chat_prompt([{"role": "user", "content": text}]).ids
         params = SamplingParams(max_tokens=200, temperature=0, ignore_eos=True)
         for i in range(batch):
             engine.add_request(f"r{i}", prompt, params)

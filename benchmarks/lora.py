@@ -42,7 +42,7 @@ def random_adapter(model: LlamaForCausalLM, name: str, seed: int) -> LoraAdapter
 
 def tokens_per_second(llm: LLM, loras: list[str | None]) -> float:
     prompts = [
-        llm.model.chat_prompt([{"role": "user", "content": f"{PROMPT} Part {i}."}])
+        llm.model.chat_prompt([{"role": "user", "content": f"{PROMPT} Part {i}."}]).ids
         for i in range(len(loras))
     ]
     params = [

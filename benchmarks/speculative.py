@@ -53,7 +53,7 @@ def main(rounds: int = 3, *ks: int) -> None:
     engines = {name: LLM("smollm2", prefix_caching=False, **o) for name, o in settings.items()}
     first = next(iter(engines.values()))
     prompts = {
-        name: (first.model.chat_prompt([{"role": "user", "content": text}]), n)
+        name: (first.model.chat_prompt([{"role": "user", "content": text}]).ids, n)
         for name, (text, n) in WORKLOADS.items()
     }
     for llm in engines.values():

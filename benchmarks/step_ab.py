@@ -59,7 +59,7 @@ def start(served: ServedModel, tag: str, rows: int, tokens: int, context: int = 
     for i in range(rows):
         text = f"Write a story about topic {i}."
         try:
-            prompt = filler or served.chat_prompt([{"role": "user", "content": text}])
+            prompt = filler or served.chat_prompt([{"role": "user", "content": text}]).ids
         except NoChatTemplateError:  # a base model (Gemma 3 270M): the text as it is
             prompt = served.tokenizer.encode(text)
         engine.add_request(f"{tag}-{i}", prompt, params)

@@ -68,7 +68,7 @@ def start(served: Any, package: str, tag: str, rows: int, tokens: int) -> None:
     params = sampling.SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
     for i in range(rows):
         text = f"Write a story about topic {i}."
-        prompt = served.chat_prompt([{"role": "user", "content": text}])
+        prompt = served.chat_prompt([{"role": "user", "content": text}]).ids
         engine.add_request(f"{tag}-{i}", prompt, params)
     while any(not r.output_token_ids for r in engine._core.requests.values()):
         engine.step()

@@ -26,7 +26,7 @@ def main(batch: int) -> None:
         resolve_source("smollm2"), EngineConfig(dtype="bf16"), progress=False, loop=CallerLoop()
     )
     engine = served.engine.engine  # this script steps the engine itself
-    prompt = served.chat_prompt([{"role": "user", "content": "Write a long story."}])
+    prompt = served.chat_prompt([{"role": "user", "content": "Write a long story."}]).ids
     params = SamplingParams(max_tokens=500, temperature=0, ignore_eos=True)
     for i in range(batch):
         engine.add_request(f"r{i}", prompt, params)

@@ -40,7 +40,7 @@ def image(seed: int) -> tuple[Image.Image, str]:
 def ttft(served: ServedModel, engine: LLMEngine, rid: str, seed: int) -> float:
     """Seconds from the raw image to the first token (preprocessing included)."""
     started = time.perf_counter()
-    ids, media = served.prompt_with_images(f"<image>Question {rid}?", [image(seed)])
+    ids, media = served.prompt(f"<image>Question {rid}?", [image(seed)])
     engine.add_request(rid, ids, SamplingParams(max_tokens=1, temperature=0), media=media)
     while engine.has_unfinished():
         engine.step()
@@ -51,7 +51,7 @@ def throughput(served: ServedModel, engine: LLMEngine, new_tokens: int = 16) -> 
     """Generated tokens per second over STREAMS image requests admitted together."""
     started = time.perf_counter()
     for n in range(STREAMS):
-        ids, media = served.prompt_with_images(f"<image>Stream {n}.", [image(100 + n)])
+        ids, media = served.prompt(f"<image>Stream {n}.", [image(100 + n)])
         params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)
         engine.add_request(f"s{n}", ids, params, media=media)
     generated = 0

@@ -290,7 +290,8 @@ class Engine:
         if (messages is None) == (prompt is None):
             raise ValueError("give messages or prompt, not both or neither")
         if messages is not None:
-            return await asyncio.to_thread(model.chat_prompt, [dict(m) for m in messages])
+            chat = await asyncio.to_thread(model.chat_prompt, [dict(m) for m in messages])
+            return chat.ids
         if isinstance(prompt, str):
             return model.tokenizer.encode(prompt, add_special=True)
         assert prompt is not None

@@ -420,7 +420,7 @@ def _run(args: argparse.Namespace) -> int:
 
     async def answer(prompt: str) -> str:
         history.append({"role": "user", "content": prompt})
-        ids = served.chat_prompt(history)
+        ids = served.chat_prompt(history).ids
         parts = []
         async for out in served.engine.generate(ids, params):
             print(out.text, end="", flush=True)

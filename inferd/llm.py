@@ -174,10 +174,7 @@ class LLM:
         media: list[list[MediaInput]] = []
         for messages in batch:
             plain, images = split_image_parts(messages)
-            if images:
-                ids, with_images = self.model.chat_prompt_with_images(plain, images)
-            else:
-                ids, with_images = self.model.chat_prompt(plain), []
+            ids, with_images = self.model.chat_prompt(plain, images)
             encoded.append((self._text(ids), ids))
             media.append(with_images)
         return self._run(encoded, sampling_params, use_tqdm, media)

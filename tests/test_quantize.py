@@ -154,7 +154,7 @@ def test_isq_through_the_engine(tmp_path: Path) -> None:
 
         async def run() -> list[int]:
             params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
-            prompt = served.chat_prompt([{"role": "user", "content": "hello"}])
+            prompt = served.chat_prompt([{"role": "user", "content": "hello"}]).ids
             return [t async for o in served.engine.generate(prompt, params) for t in o.token_ids]
 
         assert len(asyncio.run(run())) == 6

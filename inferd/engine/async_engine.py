@@ -144,13 +144,14 @@ class AsyncEngine:
         return self.engine.stats()
 
     def shutdown(self, timeout: float = 10.0) -> None:
-        """End every request still here and leave the loop owner."""
+        """End every request still here, leave the loop owner and close the engine."""
         self._stopped.set()
         self._inbox.wake.set()
         if self._loop.on_loop_thread():
             self._retire()  # the loop runs on this thread, so no step can be in flight
         else:
             self._retired.wait(timeout)  # the loop retires it between two steps
+        self.engine.close()
 
     # -- the loop owner's thread -------------------------------------------------------------
     def run_once(self) -> bool:

@@ -310,6 +310,12 @@ class LLMEngine:
         """End every request with an error output (after a broken step, or at shutdown)."""
         return self._core.fail_all(message)
 
+    def close(self) -> None:
+        """Stop the grammar compiler's workers (compilations still queued are cancelled): the
+        model is going away."""
+        if self.grammars is not None:
+            self.grammars.shutdown()
+
     def has_unfinished(self) -> bool:
         return self._core.has_work
 

@@ -264,9 +264,7 @@ async def chat_prompt_with_media(
         if check_length:
             check_fits(model, len(rendered.text), "messages")
         try:
-            return model.prompt_with_media(
-                rendered.text, items, literal_spans=rendered.literal_spans
-            )
+            return model.prompt(rendered.text, items, literal_spans=rendered.literal_spans)
         except MediaPromptError as exc:
             raise bad_request(f"messages: {exc}", "messages") from None
 
@@ -321,7 +319,7 @@ def start(
     """One engine request per (prompt ids, params), admitted at once. Each stream is bounded
     by the request's deadline (--request-timeout) and observed by its timer (metrics, access
     log); closing it aborts the engine request. ``media``: the images of the prompt (from
-    ``ServedModel.chat_prompt_with_images``), shared by every job."""
+    ``ServedModel.prompt``), shared by every job."""
     tag = uuid.uuid4().hex[:8]
     deadline = request_deadline(request.scope)
     timer = request_timer(request)

@@ -22,7 +22,6 @@ from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
 from inferd.engine.lora_slots import LoraSlots
-from inferd.engine.request import MediaInput
 from inferd.engine.runner import ModelRunner
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import Scheduler, SchedulerConfig
@@ -35,20 +34,10 @@ from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_tex
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
-from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.config import ModelConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.draft import cover, drafter_for, weight_bytes
-from inferd.serving.multimodal import (
-    AudioPrompter,
-    GridPrompter,
-    ImageItem,
-    ImagePrompter,
-    ImagePromptError,
-    MediaPromptError,
-    VideoPrompter,
-    expand_markers,
-)
+from inferd.serving.prompter import MediaItem, Prompt, Prompter, prompter_for
 from inferd.serving.sizing import Sizing, decide, kv_shape
 from inferd.source import ModelSource
 from inferd.structured.compiler import GrammarCompiler
@@ -73,14 +62,11 @@ class ServedModel:
     engine_config: EngineConfig
     kv_cache_tokens: int
     created: int
+    prompter: Prompter  # how its prompts take media, chosen for the model (serving/prompter.py)
     kv_cache_dtype: str = ""  # how the pool stores K/V: bf16, f32, int8 (--kv-cache-dtype)
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     weight_bytes: int = 0  # the RAM its weights take (packed copies included)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
-    images: ImagePrompter | None = None  # how images enter prompts (vision models only)
-    audio: AudioPrompter | None = None  # how audio clips enter prompts (audio models only)
-    visuals: GridPrompter | None = None  # how images and videos enter prompts (Qwen2.5-VL)
-    videos: VideoPrompter | None = None  # how videos enter prompts (SmolVLM2)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
     # A LoRA adapter's view of a base model (``with_adapter``): its requests run with adapter
@@ -96,116 +82,53 @@ class ServedModel:
     @property
     def modalities(self) -> dict[str, list[str]]:
         """What it takes and gives (server/media.py ``model_modalities`` reads it)."""
-        taken = ["text"]
-        taken += ["image"] if self.images is not None else []
-        taken += ["audio"] if self.audio is not None else []
-        taken += ["image", "video"] if self.visuals is not None else []
-        taken += ["video"] if self.videos is not None else []
-        return {"input": taken, "output": ["text"]}
+        return {"input": list(self.prompter.modalities), "output": ["text"]}
 
     @property
     def audio_sample_rate(self) -> int | None:
         """The rate this model's audio features are computed at (decoders may resample to it
         once, ``decode_request_media(audio_rate=...)``); None for a model without audio."""
-        return self.audio.config.sampling_rate if self.audio is not None else None
+        return self.prompter.audio_sample_rate
 
     @property
     def video_sampling(self) -> SmolVLMVideoConfig | None:
         """Which frames of a video this model's processor keeps (the decoder samples them,
         ``decode_request_media(video_sampling=...)``); None for a model without video."""
-        return self.videos.config if self.videos is not None else None
+        return self.prompter.video_sampling
 
     def image_tokens(self, width: int, height: int) -> int | None:
         """The prompt tokens an image of this size costs on this model, upright or turned a
         quarter (its EXIF orientation is not read from the header), whichever is fewer: a
         lower bound known before decoding. None when the model takes no images.
         MediaPromptError for a size its processor refuses."""
-        prompter = self.images if self.images is not None else self.visuals
-        if prompter is None:
-            return None
-        return min(prompter.tokens_for(width, height), prompter.tokens_for(height, width))
+        return self.prompter.image_tokens(width, height)
 
-    def prompt_with_images(
+    def prompt(
         self,
         text: str,
-        images: Sequence[ImageItem],
+        media: Sequence[MediaItem] = (),
         *,
         literal_spans: Sequence[tuple[int, int]] = (),
-    ) -> tuple[list[int], list[MediaInput]]:
-        """Token ids of a rendered prompt whose image markers (``<image>``, one per image, in
-        order; none inside ``literal_spans``) stand for ``images`` (decoded RGB, digest), and
-        the media to submit with them: ``engine.submit(ids, params, media=media)``.
-        ImagePromptError when they disagree or the model takes no images."""
-        if self.images is None:
-            raise ImagePromptError(f"{self.id} takes no images")
-        return self.images.prepare(text, images, literal_spans=literal_spans)
-
-    def chat_prompt_with_images(
-        self,
-        messages: list[dict[str, Any]],
-        images: Sequence[ImageItem],
-        *,
-        special_in_content: bool = False,
-    ) -> tuple[list[int], list[MediaInput]]:
-        """``chat_prompt`` for a conversation whose rendered text carries one image marker per
-        image (the model's chat template writes them for its image parts)."""
-        rendered = self.render_chat(messages, special_in_content=special_in_content)
-        return self.prompt_with_images(rendered.text, images, literal_spans=rendered.literal_spans)
-
-    def prompt_with_media(
-        self,
-        text: str,
-        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
-        *,
-        literal_spans: Sequence[tuple[int, int]] = (),
-    ) -> tuple[list[int], list[MediaInput]]:
-        """``prompt_with_images`` for any modality the model takes: decoded images (RGB,
-        digest) or audio clips (``DecodedAudio``, any rate and channels), one marker each in
-        the text, in order. MediaPromptError when they disagree, when a modality is not the
-        model's, or when one prompt mixes modalities (no model here reads both)."""
-        if self.visuals is not None:
-            if any(isinstance(m, DecodedAudio) for m in media):
-                raise MediaPromptError(f"{self.id} takes no audio")
-            visual = [m for m in media if not isinstance(m, DecodedAudio)]
-            return self.visuals.prepare(text, visual, literal_spans=literal_spans)
-        clips = [m for m in media if isinstance(m, DecodedAudio)]
-        videos = [m for m in media if isinstance(m, DecodedVideo)]
-        images = [m for m in media if not isinstance(m, DecodedAudio | DecodedVideo)]
-        if videos:
-            if clips or self.videos is None or self.images is None:
-                raise MediaPromptError(f"{self.id} takes no video" + (" with audio" * bool(clips)))
-            groups = [self.images.group(images), self.videos.group(videos)]
-            return expand_markers(self.tokenizer, text, groups, literal_spans=literal_spans)
-        if clips and images:
-            raise MediaPromptError(f"{self.id} takes images or audio in a prompt, not both")
-        if not media and self.images is None and self.audio is None:
-            return self.tokenizer.encode(text, add_special=True, literal_spans=literal_spans), []
-        if images or (not media and self.audio is None):
-            return self.prompt_with_images(text, images, literal_spans=literal_spans)
-        if self.audio is None:
-            raise MediaPromptError(f"{self.id} takes no audio")
-        return self.audio.prepare(text, clips, literal_spans=literal_spans)
-
-    def chat_prompt_with_media(
-        self,
-        messages: list[dict[str, Any]],
-        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
-        *,
-        special_in_content: bool = False,
-    ) -> tuple[list[int], list[MediaInput]]:
-        """``chat_prompt`` for a conversation whose rendered text carries one marker per item
-        of ``media`` (the model's chat template writes them for its image and audio parts)."""
-        rendered = self.render_chat(messages, special_in_content=special_in_content)
-        return self.prompt_with_media(rendered.text, media, literal_spans=rendered.literal_spans)
+    ) -> Prompt:
+        """Token ids of rendered prompt text whose markers (one per item of ``media``, in
+        order; none inside ``literal_spans``) stand for ``media``: decoded images (RGB,
+        digest), audio clips (``DecodedAudio``, any rate and channels) or videos; and the media
+        to submit with them: ``engine.submit(ids, params, media=media)``. MediaPromptError when
+        they disagree or the model does not take one (serving/prompter.py says which)."""
+        return Prompt(*self.prompter.prepare(text, media, literal_spans=literal_spans))
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], *, special_in_content: bool = False
-    ) -> list[int]:
-        """Token ids of the conversation, ready for the assistant's turn."""
+        self,
+        messages: list[dict[str, Any]],
+        media: Sequence[MediaItem] = (),
+        *,
+        special_in_content: bool = False,
+    ) -> Prompt:
+        """``prompt`` for a conversation, ready for the assistant's turn; its rendered text
+        carries one marker per item of ``media`` (the template writes them for its media
+        parts)."""
         rendered = self.render_chat(messages, special_in_content=special_in_content)
-        return self.tokenizer.encode(
-            rendered.text, add_special=True, literal_spans=rendered.literal_spans
-        )
+        return self.prompt(rendered.text, media, literal_spans=rendered.literal_spans)
 
     def render_chat(
         self,
@@ -225,7 +148,7 @@ class ServedModel:
         "text", "text": ...}``): SmolVLM's iterates the parts of each message and would drop
         plain string content without a word."""
         special = None if special_in_content else self.tokenizer.special_token_pattern
-        if self.images is not None or self.audio is not None or self.visuals is not None:
+        if self.prompter.parts_content:
             messages = [_content_as_parts(m) for m in messages]
         rendered = self.chat_template.render_chat(
             messages,
@@ -240,7 +163,8 @@ class ServedModel:
         """This model served as ``name``, every request with the LoRA adapter ``key`` (already
         attached to the decoder: serving/lora.py), on the same engine."""
         source = dataclasses.replace(self.source, name=name)
-        return dataclasses.replace(self, source=source, lora=key, parent=self.id)
+        prompter = dataclasses.replace(self.prompter, model=name)  # its refusals name the view
+        return dataclasses.replace(self, source=source, prompter=prompter, lora=key, parent=self.id)
 
     def adapted(self, params: SamplingParams) -> SamplingParams:
         """``params`` with this view's adapter (unchanged for a base model)."""
@@ -250,8 +174,6 @@ class ServedModel:
         if self.lora is not None:
             return  # an adapter's view: the base model's slot owns the engine
         self.engine.shutdown()
-        if self.engine.engine.grammars is not None:
-            self.engine.engine.grammars.shutdown()
 
 
 def load_model(
@@ -383,13 +305,10 @@ def assemble(
         kv_cache_tokens=(num_blocks - 1) * cfg.block_size,
         kv_cache_dtype=dtype_name(kv_dtype),
         created=int(time.time()),
+        prompter=prompter_for(loaded),
         sizing=sizing,
         weight_bytes=resident_bytes(model),
         isq=isq.method if isq is not None else None,
-        images=_image_prompter(loaded),
-        audio=_audio_prompter(loaded),
-        visuals=_grid_prompter(loaded),
-        videos=_video_prompter(loaded),
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 
@@ -399,38 +318,3 @@ def _content_as_parts(message: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(content, str):
         return message
     return {**message, "content": [{"type": "text", "text": content}]}
-
-
-def _image_prompter(loaded: LoadedModel) -> ImagePrompter | None:
-    vision, config = loaded.config.vision, loaded.image_config
-    if vision is None or config is None:
-        return None
-    return ImagePrompter(config, loaded.tokenizer, vision.image_token_id)
-
-
-def _audio_prompter(loaded: LoadedModel) -> AudioPrompter | None:
-    audio, config = loaded.config.audio, loaded.audio_config
-    if audio is None or config is None:
-        return None
-    return AudioPrompter(config, loaded.tokenizer, audio.audio_token_id)
-
-
-def _grid_prompter(loaded: LoadedModel) -> GridPrompter | None:
-    vision, configs = loaded.config.qwen_vision, loaded.visual_configs
-    if vision is None or configs is None:
-        return None
-    return GridPrompter(
-        configs[0],
-        configs[1],
-        loaded.tokenizer,
-        vision.image_token_id,
-        vision.video_token_id,
-        vision.tokens_per_second,
-    )
-
-
-def _video_prompter(loaded: LoadedModel) -> VideoPrompter | None:
-    vision, config = loaded.config.vision, loaded.video_config
-    if vision is None or config is None:
-        return None
-    return VideoPrompter(config, vision.image_token_id)

@@ -21,6 +21,7 @@ from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.lora import adapter_slot, parse_lora_flags, serve_adapters
+from inferd.serving.prompter import ImageModelPrompter
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
@@ -118,9 +119,11 @@ def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
     """The projector line: which file gave the image encoder, and how it takes images."""
-    if spec.mmproj is None or not isinstance(model, ServedModel) or model.images is None:
+    if spec.mmproj is None or not isinstance(model, ServedModel):
         return []
-    vision, images = model.config.vision, model.images.config
+    if not isinstance(model.prompter, ImageModelPrompter):
+        return []
+    vision, images = model.config.vision, model.prompter.images.config
     assert vision is not None and isinstance(images, Idefics3ImageConfig)  # mmproj: idefics3 only
     split = f"long side {images.longest_edge} px, split" if images.splitting else "not split"
     return [

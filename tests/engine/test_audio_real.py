@@ -90,7 +90,7 @@ def test_greedy_equals_transformers_generate(
     served: ServedModel, tiny_qwen2_audio: Any, text: str, clips: list[DecodedAudio]
 ) -> None:
     _, hf, processor = tiny_qwen2_audio
-    ids, media = served.prompt_with_media(text, clips)
+    ids, media = served.prompt(text, clips)
     audio = [c.resampled(RATE).mono() for c in clips] or None
     assert ids == processor(text=[text], audio=audio, sampling_rate=RATE)["input_ids"][0]
     assert len(ids) > CHUNK or not clips  # the prefill runs in chunks that cut a clip
@@ -104,10 +104,10 @@ def test_a_repeated_clip_is_encoded_once(served: ServedModel) -> None:
     sound = clip(tone(0.8, 1000.0))
     before = model.encoder_calls
     for n, question in enumerate([f"{AUDIO}Where?", f"{AUDIO}And now, when?"]):
-        ids, media = served.prompt_with_media(question, [sound])
+        ids, media = served.prompt(question, [sound])
         run(engine, f"repeat-{n}", ids, media)
     assert model.encoder_calls - before == 1  # over several chunks and two requests
-    ids, media = served.prompt_with_media(f"{AUDIO}Where?", [clip(tone(0.8, 1001.0))])
+    ids, media = served.prompt(f"{AUDIO}Where?", [clip(tone(0.8, 1001.0))])
     run(engine, "repeat-other", ids, media)
     assert model.encoder_calls - before == 2
 
@@ -120,7 +120,7 @@ def test_prefix_cache_keys_blocks_by_audio(served: ServedModel, tiny_qwen2_audio
 
     def ask(rid: str, sound: DecodedAudio) -> tuple[list[int], list[int], int]:
         hits = engine.stats().prefix_cache_hits
-        ids, media = served.prompt_with_media(text, [sound])
+        ids, media = served.prompt(text, [sound])
         tokens = run(engine, rid, ids, media)
         return ids, tokens, engine.stats().prefix_cache_hits - hits
 
@@ -144,7 +144,7 @@ def test_chat_with_audio_parts_matches_transformers(
         {"role": "assistant", "content": "A fox."},
         {"role": "user", "content": [{"type": "audio"}, {"type": "text", "text": "And this?"}]},
     ]
-    ids, media = served.chat_prompt_with_media(messages, [BEEP, HISS])
+    ids, media = served.chat_prompt(messages, [BEEP, HISS])
     text = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     audio = [c.mono() for c in (BEEP, HISS)]
     assert ids == processor(text=[text], audio=audio, sampling_rate=RATE)["input_ids"][0]
@@ -155,7 +155,7 @@ def test_chat_with_audio_parts_matches_transformers(
 
 def test_audio_must_sit_on_its_placeholders(served: ServedModel) -> None:
     engine = served.engine.engine
-    ids, media = served.prompt_with_media(f"{AUDIO}Hi", [BEEP])
+    ids, media = served.prompt(f"{AUDIO}Hi", [BEEP])
     m = media[0]
     shifted = MediaInput(
         m.digest, tuple(p + 1 for p in m.positions), m.pixel_values, None, "audio", m.frames
@@ -174,27 +174,27 @@ def test_audio_must_sit_on_its_placeholders(served: ServedModel) -> None:
     with pytest.raises(AdmissionError, match="take no images"):
         engine.add_request("img", ids, SamplingParams(max_tokens=1), media=[as_image])
     with pytest.raises(MediaPromptError):
-        served.prompt_with_media(f"{AUDIO} and {AUDIO}", [BEEP])
+        served.prompt(f"{AUDIO} and {AUDIO}", [BEEP])
     assert served.modalities["input"] == ["text", "audio"]
 
 
 def test_a_text_model_refuses_audio(served_f32: ServedModel) -> None:
-    ids = served_f32.chat_prompt([{"role": "user", "content": "Hi"}])
+    ids = served_f32.chat_prompt([{"role": "user", "content": "Hi"}]).ids
     media = [MediaInput("d", (0,), torch.zeros(1, 32, 3000), modality="audio", frames=10)]
     with pytest.raises(AdmissionError, match="take no audio"):
         served_f32.engine.engine.add_request("aud", ids, SamplingParams(max_tokens=1), media=media)
     with pytest.raises(MediaPromptError, match="takes no audio"):
-        served_f32.prompt_with_media(f"{AUDIO}Hi", [BEEP])
+        served_f32.prompt(f"{AUDIO}Hi", [BEEP])
     assert served_f32.modalities["input"] == ["text"]
 
 
 def test_an_audio_marker_typed_by_the_user_stays_text(served: ServedModel) -> None:
     typed = {"type": "text", "text": "Is <|AUDIO|> a tag?"}
     messages = [{"role": "user", "content": [{"type": "audio"}, typed]}]
-    ids, media = served.chat_prompt_with_media(messages, [HISS])
+    ids, media = served.chat_prompt(messages, [HISS])
     assert len(media) == 1
     placeholders = sum(1 for t in ids if t == encoder(served).audio_token_id)
     assert placeholders == len(media[0].positions)  # the typed one is plain text
     with pytest.raises(MediaPromptError):  # it is no audio slot either
-        served.chat_prompt_with_media(messages, [HISS, BEEP])
+        served.chat_prompt(messages, [HISS, BEEP])
     assert served.audio_sample_rate == RATE

@@ -83,7 +83,7 @@ async def _run(served: ServedModel, prompt: list[int], params: SamplingParams) -
 def _sampled(
     served: ServedModel, ask: str, constraint: Constraint, **extra: Any
 ) -> list[RequestOutput]:
-    prompt = served.chat_prompt([{"role": "user", "content": ask}])
+    prompt = served.chat_prompt([{"role": "user", "content": ask}]).ids
 
     async def all_seeds() -> list[RequestOutput]:
         params = [
@@ -160,7 +160,7 @@ def test_preempted_constrained_requests_match_their_solo_output(smollm2_gguf: Pa
     tiny = load_model(resolve_source(str(smollm2_gguf)), cfg, progress=False)
     try:
         prompts = [
-            tiny.chat_prompt([{"role": "user", "content": f"Person number {k} as JSON."}])
+            tiny.chat_prompt([{"role": "user", "content": f"Person number {k} as JSON."}]).ids
             for k in range(4)
         ]
         params = SamplingParams(
@@ -187,7 +187,7 @@ def test_preempted_constrained_requests_match_their_solo_output(smollm2_gguf: Pa
 def test_a_prefix_cache_hit_keeps_the_constraint(served: ServedModel) -> None:
     """The second identical request reads its prompt from the prefix cache: the same greedy
     output, still valid (the matcher starts fresh whatever the KV holds)."""
-    prompt = served.chat_prompt([{"role": "user", "content": "One person, as JSON, please."}])
+    prompt = served.chat_prompt([{"role": "user", "content": "One person, as JSON, please."}]).ids
     params = SamplingParams(max_tokens=60, temperature=0, constraint=Constraint.json_schema(PERSON))
     first = asyncio.run(_run(served, prompt, params))
     hits = served.engine.stats().prefix_cache_hits
@@ -200,7 +200,7 @@ def test_a_prefix_cache_hit_keeps_the_constraint(served: ServedModel) -> None:
 def test_a_stop_string_cuts_the_constrained_output(served: ServedModel) -> None:
     """A stop string ends a constrained reply like any other: what came before it is the start
     of the same valid output the unstopped request writes."""
-    prompt = served.chat_prompt([{"role": "user", "content": "A person as JSON."}])
+    prompt = served.chat_prompt([{"role": "user", "content": "A person as JSON."}]).ids
     schema = Constraint.json_schema(PERSON)
     whole = asyncio.run(
         _run(served, prompt, SamplingParams(max_tokens=60, temperature=0, constraint=schema))

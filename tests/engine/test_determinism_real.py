@@ -30,7 +30,7 @@ SHORT = [{"role": "user", "content": "Tell me a story about a violin maker."}]
 def test_default_greedy_ignores_prefix_hits_and_chunking(smollm2_gguf: Path) -> None:
     greedy = SamplingParams(max_tokens=8, temperature=0, logprobs=1, ignore_eos=True)
     with LLM(str(smollm2_gguf), max_num_batched_tokens=512) as whole:
-        prompt = whole.model.chat_prompt(LONG_STORY)
+        prompt = whole.model.chat_prompt(LONG_STORY).ids
         assert 128 < len(prompt) <= 512  # one chunk here, several tiles
         first = run_bits(whole, [prompt], [greedy])[0]
         hits_before = whole.engine.stats().prefix_cache_hits
@@ -50,7 +50,10 @@ def test_deterministic_seeded_batch_equals_solo_and_restart(smollm2_gguf: Path) 
     # 16 new tokens cross into a block of their own and some are preempted and recomputed.
     options = {"deterministic": True, "max_num_batched_tokens": 96, "kv_cache_tokens": 320}
     with LLM(str(smollm2_gguf), **options) as llm:
-        prompt, long_prompt = llm.model.chat_prompt(SHORT), llm.model.chat_prompt(LONG_STORY)
+        prompt, long_prompt = (
+            llm.model.chat_prompt(SHORT).ids,
+            llm.model.chat_prompt(LONG_STORY).ids,
+        )
         solo = run_bits(llm, [prompt], [seeded])[0]
         # 16 copies beside a long prompt prefilled in chunks and another sampled request; the
         # copies hit the solo run's cached prefix.

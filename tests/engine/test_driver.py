@@ -24,7 +24,7 @@ async def _text(served: ServedModel, prompt: list[int]) -> str:
 def test_driver_steps_engines_on_the_main_thread_with_the_same_text(
     smollm2_gguf: Path, minilm_dir: Path, served_f32: ServedModel
 ) -> None:
-    prompt = served_f32.chat_prompt([{"role": "user", "content": "Name a color."}])
+    prompt = served_f32.chat_prompt([{"role": "user", "content": "Name a color."}]).ids
     expected = asyncio.run(_text(served_f32, prompt))  # a thread of its own
     engines = MainThreadDriver()
     served = load_model(
@@ -63,7 +63,7 @@ def test_driver_steps_engines_on_the_main_thread_with_the_same_text(
 def test_caller_loop_leaves_the_synchronous_engine_to_its_caller(
     smollm2_gguf: Path, served_f32: ServedModel
 ) -> None:
-    prompt = served_f32.chat_prompt([{"role": "user", "content": "Name a color."}])
+    prompt = served_f32.chat_prompt([{"role": "user", "content": "Name a color."}]).ids
     expected = asyncio.run(_text(served_f32, prompt))
     served = load_model(
         resolve_source(str(smollm2_gguf)),

@@ -48,7 +48,7 @@ def run(path: Path, encoder_tokens: int | None) -> Run:
     try:
         engine = served.engine.engine
         assert isinstance(engine.model, Idefics3ForCausalLM)
-        ids, media = served.prompt_with_images(TEXT, [(i, digest(i)) for i in IMAGES])
+        ids, media = served.prompt(TEXT, [(i, digest(i)) for i in IMAGES])
         params = SamplingParams(max_tokens=NEW, temperature=0)
         engine.add_request("four", ids, params, media=media)
         tokens: list[int] = []

@@ -42,7 +42,7 @@ async def _wait_idle(served: ServedModel) -> None:
 def test_greedy_32_tokens_equal_transformers(
     served_f32: ServedModel, hf_smollm2: Any, ops_name: str
 ) -> None:
-    prompt = served_f32.chat_prompt(STORY)
+    prompt = served_f32.chat_prompt(STORY).ids
     decoder = served_f32.engine.engine.model
     chosen = decoder.ops
     assert chosen.description == "fused CPU kernels"  # what the engine picked for f32
@@ -67,7 +67,7 @@ def test_greedy_32_tokens_equal_transformers(
 
 def test_eight_concurrent_requests_match_their_solo_runs(served_f32: ServedModel) -> None:
     questions = [f"Name {k} colors and say why you like them." for k in range(2, 10)]
-    prompts = [served_f32.chat_prompt([{"role": "user", "content": q}]) for q in questions]
+    prompts = [served_f32.chat_prompt([{"role": "user", "content": q}]).ids for q in questions]
     params = SamplingParams(max_tokens=24, temperature=0)
 
     async def solo() -> list[str]:
@@ -83,7 +83,7 @@ def test_eight_concurrent_requests_match_their_solo_runs(served_f32: ServedModel
 
 
 def test_seed_reproduces_sampled_text(served_f32: ServedModel) -> None:
-    prompt = served_f32.chat_prompt(STORY)
+    prompt = served_f32.chat_prompt(STORY).ids
 
     def run(seed: int) -> str:
         params = SamplingParams(
@@ -97,7 +97,7 @@ def test_seed_reproduces_sampled_text(served_f32: ServedModel) -> None:
 
 
 def test_stop_string_ends_generation_and_is_not_emitted(served_f32: ServedModel) -> None:
-    prompt = served_f32.chat_prompt(STORY)
+    prompt = served_f32.chat_prompt(STORY).ids
     greedy = _text(
         asyncio.run(_generate(served_f32, prompt, SamplingParams(max_tokens=40, temperature=0)))
     )
@@ -113,7 +113,7 @@ def test_stop_string_ends_generation_and_is_not_emitted(served_f32: ServedModel)
 
 
 def test_end_of_turn_token_stops_a_short_answer(served_f32: ServedModel) -> None:
-    prompt = served_f32.chat_prompt([{"role": "user", "content": "Say hi."}])
+    prompt = served_f32.chat_prompt([{"role": "user", "content": "Say hi."}]).ids
     outputs = asyncio.run(
         _generate(served_f32, prompt, SamplingParams(max_tokens=200, temperature=0))
     )
@@ -123,7 +123,7 @@ def test_end_of_turn_token_stops_a_short_answer(served_f32: ServedModel) -> None
 
 
 def test_abandoned_request_frees_its_blocks(served_f32: ServedModel) -> None:
-    prompt = served_f32.chat_prompt(STORY)
+    prompt = served_f32.chat_prompt(STORY).ids
 
     async def scenario() -> None:
         stream = served_f32.engine.generate(prompt, SamplingParams(max_tokens=500, temperature=0))
@@ -154,7 +154,7 @@ def test_prefix_cache_hit_gives_the_same_greedy_text(served_f32: ServedModel) ->
         {"role": "system", "content": system},
         {"role": "user", "content": "List three fruits."},
     ]
-    prompt = served_f32.chat_prompt(messages)
+    prompt = served_f32.chat_prompt(messages).ids
     params = SamplingParams(max_tokens=16, temperature=0)
 
     async def run(salt: str) -> str:

@@ -49,7 +49,7 @@ def test_f16_scores_the_f32_continuation_like_f32(
     served_f16: ServedModel, served_f32: ServedModel
 ) -> None:
     """The float32 engine's greedy reply, scored token by token by both engines."""
-    prompt = served_f32.chat_prompt(PROMPT)
+    prompt = served_f32.chat_prompt(PROMPT).ids
     greedy = _run(served_f32, prompt, SamplingParams(max_tokens=12, temperature=0.0))
     text = prompt + [t for o in greedy for t in o.token_ids]
     scoring = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0)
@@ -63,7 +63,7 @@ def test_f16_scores_the_f32_continuation_like_f32(
 
 
 def test_f16_samples_with_logprobs(served_f16: ServedModel) -> None:
-    prompt = served_f16.chat_prompt(PROMPT)
+    prompt = served_f16.chat_prompt(PROMPT).ids
     params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7, logprobs=3)
     outputs = _run(served_f16, prompt, params)
     lps = [lp for o in outputs for lp in (o.logprobs or ())]

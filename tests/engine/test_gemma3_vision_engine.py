@@ -88,7 +88,7 @@ def test_greedy_equals_transformers_generate(
 ) -> None:
     _, hf, processor = tiny_gemma3v
     text, images = CASES[case]
-    ids, media = served.prompt_with_images(text, [(i, image_digest(i)) for i in images])
+    ids, media = served.prompt(text, [(i, image_digest(i)) for i in images])
     assert ids == processor(text=[text], images=[images] if images else None)["input_ids"][0]
     got = run(served.engine.engine, f"greedy-{case}", ids, media)
     assert got == reference(processor, hf, case)
@@ -98,7 +98,7 @@ def test_an_image_whose_tokens_are_not_consecutive_is_refused(tiny_gemma3v: Any)
     served = served_with(tiny_gemma3v[0])
     try:
         text, images = CASES["one image"]
-        ids, media = served.prompt_with_images(text, [(images[0], "x")])
+        ids, media = served.prompt(text, [(images[0], "x")])
         m = media[0]
         split = list(m.positions)
         moved = split[-1] + 2  # a placeholder token past the end of the image
@@ -122,7 +122,7 @@ def test_deterministic_prompt_logprobs_do_not_depend_on_the_budget(tiny_gemma3v:
             tiny_gemma3v[0], max_num_batched_tokens=budget, deterministic=True, dtype="bf16"
         )
         try:
-            ids, media = served.prompt_with_images(text, [(i, image_digest(i)) for i in images])
+            ids, media = served.prompt(text, [(i, image_digest(i)) for i in images])
             engine = served.engine.engine
             params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=1)
             engine.add_request("det", ids, params, media=media)

@@ -58,7 +58,7 @@ def int8_engine(smollm2_gguf: Path) -> Iterator[LLM]:
 
 def test_deterministic_int8_bits_alone_and_in_a_preempting_batch(int8_engine: LLM) -> None:
     llm = int8_engine
-    prompt, long_prompt = llm.model.chat_prompt(STORY), llm.model.chat_prompt(LONG)
+    prompt, long_prompt = llm.model.chat_prompt(STORY).ids, llm.model.chat_prompt(LONG).ids
     solo = run_bits(llm, [prompt], [SEEDED])[0]
     before = llm.engine.stats()
     batch = run_bits(llm, [prompt] * 8 + [long_prompt], [SEEDED] * 8 + [OTHER])
@@ -71,7 +71,7 @@ def test_deterministic_int8_bits_alone_and_in_a_preempting_batch(int8_engine: LL
 def test_deterministic_int8_bits_with_speculation(smollm2_gguf: Path, int8_engine: LLM) -> None:
     """Drafts are written into int8 blocks and rejected ones truncated: the same bits as
     without speculation, alone and beside other requests."""
-    prompts = [int8_engine.model.chat_prompt(m) for m in (COPY, STORY)]
+    prompts = [int8_engine.model.chat_prompt(m).ids for m in (COPY, STORY)]
     params = [_greedy(32), SEEDED]
     alone = [run_bits(int8_engine, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     with LLM(str(smollm2_gguf), speculative="ngram", **OPTIONS) as spec:
@@ -88,7 +88,7 @@ def test_int8_greedy_text_is_the_bf16_models_top_choice(
     """Each token the int8-cache engine picks greedily, scored by the default-cache engine on
     the same text: its top-1 at >= 90% of the positions (a few near-ties may flip), and the
     chosen tokens' logprobs close."""
-    prompts = [int8_engine.model.chat_prompt(m) for m in (STORY, LONG)]
+    prompts = [int8_engine.model.chat_prompt(m).ids for m in (STORY, LONG)]
     outs = int8_engine.generate(prompts, _greedy(32), use_tqdm=False)
     with LLM(str(smollm2_gguf), speculative="off") as ref:
         assert ref.model.kv_cache_dtype in ("bf16", "f32")

@@ -81,7 +81,7 @@ def test_greedy_equals_transformers_generate(
     served: ServedModel, tiny_idefics3: Any, text: str, images: list[Image.Image]
 ) -> None:
     _, hf, processor = tiny_idefics3
-    ids, media = served.prompt_with_images(text, [(i, digest(i)) for i in images])
+    ids, media = served.prompt(text, [(i, digest(i)) for i in images])
     assert ids == processor(text=[text], images=[images] if images else None)["input_ids"][0]
     assert len(ids) > CHUNK or not images  # the prefill runs in chunks that cut an image
     assert run(served.engine.engine, f"greedy-{len(ids)}", ids, media) == reference(
@@ -94,7 +94,7 @@ def test_a_repeated_image_is_encoded_once(served: ServedModel) -> None:
     image = generated(64, 48, seed=11)
     before, stats = model.encoder_calls, engine.stats()
     for n, question in enumerate(["<image>Where?", "<image>And now, when?"]):
-        ids, media = served.prompt_with_images(question, [(image, digest(image))])
+        ids, media = served.prompt(question, [(image, digest(image))])
         run(engine, f"repeat-{n}", ids, media)
     assert model.encoder_calls - before == 1  # over several chunks and two requests
     after = engine.stats()
@@ -102,7 +102,7 @@ def test_a_repeated_image_is_encoded_once(served: ServedModel) -> None:
     # the first request's second chunk (the second finds the image's blocks in the prefix cache)
     assert after.encoder_cache_hits - stats.encoder_cache_hits >= 1
     other = generated(64, 48, seed=12)
-    ids, media = served.prompt_with_images("<image>Where?", [(other, digest(other))])
+    ids, media = served.prompt("<image>Where?", [(other, digest(other))])
     run(engine, "repeat-other", ids, media)
     assert model.encoder_calls - before == 2
 
@@ -115,7 +115,7 @@ def test_prefix_cache_keys_blocks_by_image(served: ServedModel, tiny_idefics3: A
 
     def ask(rid: str, image: Image.Image) -> tuple[list[int], int]:
         hits = engine.stats().prefix_cache_hits
-        ids, media = served.prompt_with_images(text, [(image, digest(image))])
+        ids, media = served.prompt(text, [(image, digest(image))])
         tokens = run(engine, rid, ids, media)
         return tokens, engine.stats().prefix_cache_hits - hits
 
@@ -130,7 +130,7 @@ def test_prefix_cache_keys_blocks_by_image(served: ServedModel, tiny_idefics3: A
 
 def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
     engine = served.engine.engine
-    ids, media = served.prompt_with_images("<image>Hi", [(CAT, digest(CAT))])
+    ids, media = served.prompt("<image>Hi", [(CAT, digest(CAT))])
     shifted = MediaInput(
         media[0].digest, tuple(p + 1 for p in media[0].positions), media[0].pixel_values
     )
@@ -141,7 +141,7 @@ def test_images_must_sit_on_their_placeholders(served: ServedModel) -> None:
     with pytest.raises(AdmissionError, match="placeholder tokens, not"):
         engine.add_request("bad", ids, SamplingParams(max_tokens=1), media=[one_tile_less])
     with pytest.raises(ImagePromptError):
-        served.prompt_with_images("<image> and <image>", [(CAT, digest(CAT))])
+        served.prompt("<image> and <image>", [(CAT, digest(CAT))])
     assert served.modalities["input"] == ["text", "image"]
 
 
@@ -152,7 +152,7 @@ def test_chat_with_image_parts_matches_transformers(
     messages = [
         {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is it?"}]}
     ]
-    ids, media = served.chat_prompt_with_images(messages, [(DOG, digest(DOG))])
+    ids, media = served.chat_prompt(messages, [(DOG, digest(DOG))])
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
     assert ids == processor(text=[text], images=[[DOG]])["input_ids"][0]
     assert run(served.engine.engine, "chat", ids, media) == reference(processor, hf, text, [DOG])
@@ -161,12 +161,12 @@ def test_chat_with_image_parts_matches_transformers(
 def test_an_image_marker_typed_by_the_user_stays_text(served: ServedModel) -> None:
     typed = {"type": "text", "text": "Is <image> a tag?"}
     messages = [{"role": "user", "content": [{"type": "image"}, typed]}]
-    ids, media = served.chat_prompt_with_images(messages, [(CAT, digest(CAT))])
+    ids, media = served.chat_prompt(messages, [(CAT, digest(CAT))])
     assert len(media) == 1
     placeholders = sum(1 for t in ids if t == encoder(served).image_token_id)
     assert placeholders == len(media[0].positions)  # the typed one is plain text
     with pytest.raises(ImagePromptError):  # it is no image slot either
-        served.chat_prompt_with_images(messages, [(CAT, digest(CAT)), (DOG, digest(DOG))])
+        served.chat_prompt(messages, [(CAT, digest(CAT)), (DOG, digest(DOG))])
 
 
 def test_images_of_one_step_are_encoded_in_one_batch(
@@ -179,7 +179,7 @@ def test_images_of_one_step_are_encoded_in_one_batch(
         engine, model = served.engine.engine, encoder(served)
         jobs = [("<image>Who?", DOG), ("<image>Where?", SMALL), ("<image>When?", DOG)]
         for n, (text, image) in enumerate(jobs):
-            ids, media = served.prompt_with_images(text, [(image, digest(image))])
+            ids, media = served.prompt(text, [(image, digest(image))])
             engine.add_request(
                 str(n), ids, SamplingParams(max_tokens=NEW, temperature=0), media=media
             )
@@ -199,12 +199,12 @@ def test_images_of_one_step_are_encoded_in_one_batch(
 
 
 def test_a_text_model_refuses_images(served_f32: ServedModel) -> None:
-    ids = served_f32.chat_prompt([{"role": "user", "content": "Hi"}])
+    ids = served_f32.chat_prompt([{"role": "user", "content": "Hi"}]).ids
     media = [MediaInput("d", (0,), torch.zeros(1, 3, 32, 32))]
     with pytest.raises(AdmissionError, match="take no images"):
         served_f32.engine.engine.add_request("img", ids, SamplingParams(max_tokens=1), media=media)
     with pytest.raises(ImagePromptError):
-        served_f32.prompt_with_images("<image>Hi", [(CAT, digest(CAT))])
+        served_f32.prompt("<image>Hi", [(CAT, digest(CAT))])
     assert served_f32.modalities["input"] == ["text"]
 
 
@@ -212,7 +212,7 @@ def test_plain_text_chat_reaches_a_parts_only_template(
     served: ServedModel, tiny_idefics3: Any
 ) -> None:
     processor = tiny_idefics3[2]
-    ids = served.chat_prompt([{"role": "user", "content": "The quick brown fox"}])
+    ids = served.chat_prompt([{"role": "user", "content": "The quick brown fox"}]).ids
     parts = [{"role": "user", "content": [{"type": "text", "text": "The quick brown fox"}]}]
     text = processor.apply_chat_template(parts, add_generation_prompt=True)
     assert ids == processor.tokenizer(text)["input_ids"]

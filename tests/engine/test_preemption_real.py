@@ -31,7 +31,7 @@ def test_preempted_requests_finish_with_their_solo_text_and_free_everything(
     tiny_pool: ServedModel,
 ) -> None:
     prompts = [
-        tiny_pool.chat_prompt([{"role": "user", "content": f"Describe the number {k}."}])
+        tiny_pool.chat_prompt([{"role": "user", "content": f"Describe the number {k}."}]).ids
         for k in range(4)
     ]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

@@ -123,7 +123,7 @@ def test_greedy_equals_transformers_generate(
     served: ServedModel, tiny_qwen2_5_vl: Any, text: str, media: list[Any]
 ) -> None:
     hf = tiny_qwen2_5_vl[1]
-    ids, inputs = served.prompt_with_media(text, media)
+    ids, inputs = served.prompt(text, media)
     assert [m.modality for m in inputs] == [
         "video" if isinstance(m, DecodedVideo) else "image" for m in media
     ]
@@ -134,7 +134,7 @@ def test_greedy_equals_transformers_generate(
 
 def test_sampled_fps_sets_the_temporal_step(served: ServedModel) -> None:
     assert sampled_fps(CLIP) == 2.0
-    _, inputs = served.prompt_with_media(VIDEO, [CLIP])
+    _, inputs = served.prompt(VIDEO, [CLIP])
     assert inputs[0].grid is not None and inputs[0].grid[0] == 2
     assert inputs[0].rope_step == 2.0  # 1 s a temporal patch at 2 tokens a second
 
@@ -144,7 +144,7 @@ def test_a_repeated_image_is_encoded_once(served: ServedModel) -> None:
     image = picture(80, 80, 7)
     before = model.encoder_calls
     for n, question in enumerate([f"{IMAGE}Where?", f"{IMAGE}And now, when?"]):
-        ids, media = served.prompt_with_media(question, [image])
+        ids, media = served.prompt(question, [image])
         run(engine, f"repeat-{n}", ids, media)
     assert model.encoder_calls - before == 1  # over several chunks and two requests
 
@@ -157,7 +157,7 @@ def test_prefix_cache_keys_blocks_by_media(served: ServedModel, tiny_qwen2_5_vl:
 
     def ask(rid: str, image: ImageItem) -> tuple[list[int], list[int], int, list[MediaInput]]:
         hits = engine.stats().prefix_cache_hits
-        ids, media = served.prompt_with_media(text, [image])
+        ids, media = served.prompt(text, [image])
         tokens = run(engine, rid, ids, media)
         return ids, tokens, engine.stats().prefix_cache_hits - hits, media
 
@@ -171,7 +171,7 @@ def test_prefix_cache_keys_blocks_by_media(served: ServedModel, tiny_qwen2_5_vl:
 
 def test_media_must_fill_their_placeholders(served: ServedModel) -> None:
     engine = served.engine.engine
-    ids, media = served.prompt_with_media(f"{IMAGE}Hi", [CAT])
+    ids, media = served.prompt(f"{IMAGE}Hi", [CAT])
     m = media[0]
     assert m.grid is not None
     t, h, w = m.grid
@@ -184,15 +184,15 @@ def test_media_must_fill_their_placeholders(served: ServedModel) -> None:
     with pytest.raises(AdmissionError, match="do not match its grid"):
         engine.add_request("cut", ids, SamplingParams(max_tokens=1), media=[cut])
     with pytest.raises(MediaPromptError):
-        served.prompt_with_media(f"{IMAGE} and {IMAGE}", [CAT])
+        served.prompt(f"{IMAGE} and {IMAGE}", [CAT])
     with pytest.raises(MediaPromptError):
-        served.prompt_with_media(f"{IMAGE}", [CLIP])  # a video for an image marker
+        served.prompt(f"{IMAGE}", [CLIP])  # a video for an image marker
     assert served.modalities["input"] == ["text", "image", "video"]
 
 
 def test_a_video_with_an_odd_frame_count_repeats_its_last(served: ServedModel) -> None:
     video = clip(3, 40, 40, 21)
-    _, media = served.prompt_with_media(VIDEO, [video])
+    _, media = served.prompt(VIDEO, [video])
     pixels = media[0].pixel_values
     assert media[0].grid is not None and media[0].grid[0] == 2
     assert torch.equal(pixels[3], pixels[2])
@@ -211,7 +211,7 @@ def test_requests_batched_together_keep_their_own_positions(
         (f"Watch {VIDEO} closely, then say it.", [clip(4, 40, 100, 31)]),
         ("Only words here, nothing else at all.", []),
     ]
-    jobs = [served.prompt_with_media(text, media) for text, media in prompts]
+    jobs = [served.prompt(text, media) for text, media in prompts]
     params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
     for n, (ids, media) in enumerate(jobs):
         engine.add_request(f"batch-{n}", ids, params, media=media)
@@ -221,3 +221,19 @@ def test_requests_batched_together_keep_their_own_positions(
             tokens[out.request_id] += out.token_ids
     for n, (ids, media) in enumerate(jobs):
         assert tokens[f"batch-{n}"] == reference(hf, ids, media)
+
+
+def test_llm_chat_takes_image_parts(served: ServedModel, tiny_qwen2_5_vl: Any) -> None:
+    """``LLM.chat`` with an image part on a grid model: the prompt ``ServedModel.chat_prompt``
+    makes of the same conversation, and transformers' greedy continuation of it."""
+    from inferd import LLM
+
+    question = {"type": "text", "text": "What is this?"}
+    params = SamplingParams(max_tokens=NEW, temperature=0, ignore_eos=True)
+    with LLM(tiny_qwen2_5_vl[0], dtype="f32", kv_cache_tokens=2048, max_model_len=1024) as llm:
+        parts = [{"type": "image", "image": CAT[0]}, question]
+        out = llm.chat([{"role": "user", "content": parts}], params)[0]
+    template = [{"role": "user", "content": [{"type": "image"}, question]}]
+    ids, inputs = served.chat_prompt(template, [CAT])
+    assert out.prompt_token_ids == ids
+    assert list(out.outputs[0].token_ids) == reference(tiny_qwen2_5_vl[1], ids, inputs)

@@ -32,7 +32,7 @@ def _thinking(llm: LLM, budget: int = BUDGET) -> ThinkingSpec:
 def test_a_thinking_budget_closes_at_the_same_token_with_drafts(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
     spec = _thinking(on)
-    prompt = on.model.chat_prompt(COPY)
+    prompt = on.model.chat_prompt(COPY).ids
     greedy = SamplingParams(max_tokens=72, temperature=0, ignore_eos=True, thinking=spec)
     before = on.engine.stats()
     fast = _run(on, [prompt], [greedy])[0]
@@ -69,7 +69,7 @@ def test_a_seeded_thinking_request_with_speculation_on_and_off(smollm2_gguf: Pat
     for mode in ("off", "ngram"):
         with LLM(str(smollm2_gguf), speculative=mode, deterministic=True) as llm:
             params = replace(_seeded(11, 64), thinking=_thinking(llm))
-            outputs.append(_run(llm, [llm.model.chat_prompt(TEXT_COPY)], [params])[0])
+            outputs.append(_run(llm, [llm.model.chat_prompt(TEXT_COPY).ids], [params])[0])
             accepted = _accepted(llm)
     assert outputs[0] == outputs[1]
     assert accepted > 5
@@ -91,7 +91,7 @@ def test_lazy_grammars_speculate_before_and_after_their_trigger(pair: tuple[LLM,
     as without speculation, alone and beside other requests; the tool-call grammar of
     ``tool_choice`` auto speculates over a reply that calls nothing."""
     on, off = pair
-    prompt = on.model.chat_prompt(COPY)
+    prompt = on.model.chat_prompt(COPY).ids
     midway = SamplingParams(max_tokens=80, temperature=0, constraint=MIDWAY)
     before = _accepted(on)
     fast = _run(on, [prompt], [midway])[0]
@@ -113,7 +113,7 @@ def test_lazy_grammars_speculate_before_and_after_their_trigger(pair: tuple[LLM,
     before = _accepted(on)
     assert _run(on, [prompt], [tools]) == _run(off, [prompt], [tools])
     assert _accepted(on) - before > 5
-    prompts = [prompt, prompt, on.model.chat_prompt(TEXT_COPY), prompt]
+    prompts = [prompt, prompt, on.model.chat_prompt(TEXT_COPY).ids, prompt]
     seeded = replace(_seeded(3, 80), constraint=MIDWAY)
     mixed = [midway, tools, SamplingParams(max_tokens=40, temperature=0), seeded]
     batch = _run(on, prompts, mixed)

@@ -78,7 +78,10 @@ def _accepted(llm: LLM) -> int:
 
 def test_constrained_greedy_output_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
-    json_prompt, text_prompt = on.model.chat_prompt(JSON_COPY), on.model.chat_prompt(TEXT_COPY)
+    json_prompt, text_prompt = (
+        on.model.chat_prompt(JSON_COPY).ids,
+        on.model.chat_prompt(TEXT_COPY).ids,
+    )
     cases = [
         (json_prompt, _greedy(Constraint.json_schema(SCHEMA), 80)),
         (text_prompt, _greedy(Constraint.regex(SENTENCE), 60)),
@@ -102,7 +105,10 @@ def test_constrained_batch_and_stop_string(pair: tuple[LLM, LLM]) -> None:
     """Constrained speculating requests beside free ones and each other, and a stop string
     inside the constrained text: the same outputs as without speculation."""
     on, off = pair
-    json_prompt, text_prompt = on.model.chat_prompt(JSON_COPY), on.model.chat_prompt(TEXT_COPY)
+    json_prompt, text_prompt = (
+        on.model.chat_prompt(JSON_COPY).ids,
+        on.model.chat_prompt(TEXT_COPY).ids,
+    )
     regex = _greedy(Constraint.regex(SENTENCE), 60)
     stopped = replace(regex, stop=("the colour",))
     free = SamplingParams(max_tokens=40, temperature=0, logprobs=1)
@@ -122,7 +128,10 @@ def test_seeded_sampled_text_is_the_same_again_and_in_a_batch(pair: tuple[LLM, L
     """Default mode: a seeded request speculates (drafts accepted) and a retry gives its text
     again; constrained seeded outputs validate."""
     on, _ = pair
-    text_prompt, json_prompt = on.model.chat_prompt(TEXT_COPY), on.model.chat_prompt(JSON_COPY)
+    text_prompt, json_prompt = (
+        on.model.chat_prompt(TEXT_COPY).ids,
+        on.model.chat_prompt(JSON_COPY).ids,
+    )
     # At temperature 0.5 a seed may wander off the passage (then nothing drafts): over a few
     # seeds most copy it.
     before = _accepted(on)
@@ -147,8 +156,8 @@ def test_deterministic_seeded_text_with_speculation_on_and_off(smollm2_gguf: Pat
     schema = Constraint.json_schema(SCHEMA)
     with LLM(str(smollm2_gguf), speculative="off", **options) as off:
         text_prompt, json_prompt = (
-            off.model.chat_prompt(TEXT_COPY),
-            off.model.chat_prompt(JSON_COPY),
+            off.model.chat_prompt(TEXT_COPY).ids,
+            off.model.chat_prompt(JSON_COPY).ids,
         )
         prompts = [text_prompt, json_prompt]
         params = [_seeded(5, 24), _seeded(7, 32, schema)]

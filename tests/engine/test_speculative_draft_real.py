@@ -57,7 +57,7 @@ def engines(smollm2_gguf: Path) -> Iterator[dict[str, LLM]]:
 
 def test_greedy_text_is_unchanged_by_a_draft_model(engines: dict[str, LLM]) -> None:
     off = engines["off"]
-    prompts = [off.model.chat_prompt(COPY), off.model.chat_prompt(FREE)]
+    prompts = [off.model.chat_prompt(COPY).ids, off.model.chat_prompt(FREE).ids]
     params = [_greedy(40), _greedy(32)]
     plain = run_bits(off, prompts, params)
     for mode in ("draft", "self"):
@@ -80,7 +80,7 @@ def test_greedy_text_is_unchanged_by_a_draft_model(engines: dict[str, LLM]) -> N
 
 def test_stop_strings_and_max_tokens_cut_at_the_same_token(engines: dict[str, LLM]) -> None:
     off, draft = engines["off"], engines["draft"]
-    prompt = off.model.chat_prompt(COPY)
+    prompt = off.model.chat_prompt(COPY).ids
     stop = SamplingParams(max_tokens=200, temperature=0, stop=("the names",), ignore_eos=True)
     cases = {"stop": stop, "length": _greedy(37)}  # 37: not a whole number of verify steps
     for reason, params in cases.items():
@@ -93,7 +93,7 @@ def test_stop_strings_and_max_tokens_cut_at_the_same_token(engines: dict[str, LL
 
 def test_sampled_requests_run_and_free_everything(engines: dict[str, LLM]) -> None:
     draft = engines["draft"]
-    prompt = draft.model.chat_prompt(FREE)
+    prompt = draft.model.chat_prompt(FREE).ids
     params = SamplingParams(max_tokens=24, temperature=0.8, top_p=0.95, ignore_eos=True)
     before = draft.engine.stats()
     outs = draft.generate([prompt, prompt], [params, params], use_tqdm=False)
@@ -111,7 +111,10 @@ def test_constrained_drafts_follow_the_constraint(engines: dict[str, LLM]) -> No
     as without speculation; the model drafting for itself has nearly every draft stand, a full
     draft each step. A sampled constrained request validates, its masked draws accepted."""
     off = engines["off"]
-    json_prompt, text_prompt = off.model.chat_prompt(JSON_COPY), off.model.chat_prompt(TEXT_COPY)
+    json_prompt, text_prompt = (
+        off.model.chat_prompt(JSON_COPY).ids,
+        off.model.chat_prompt(TEXT_COPY).ids,
+    )
     prompts = [json_prompt, text_prompt]
     params = [
         SamplingParams(max_tokens=80, temperature=0, constraint=Constraint.json_schema(SCHEMA)),
@@ -151,7 +154,7 @@ def test_self_drafts_from_the_served_models_kv(smollm2_gguf: Path) -> None:
     with LLM(str(smollm2_gguf), speculative="self", dtype="f32") as llm:
         engine, drafter = llm.engine, _drafter(llm)
         assert drafter.shared is not None
-        engine.add_request("r", llm.model.chat_prompt(FREE), _greedy(48))
+        engine.add_request("r", llm.model.chat_prompt(FREE).ids, _greedy(48))
         scheduler = engine._core.scheduler
         while not scheduler.running or len(scheduler.running[0].output_token_ids) < 20:
             engine.step()
@@ -177,7 +180,7 @@ def test_deterministic_bits_are_unchanged(smollm2_gguf: Path) -> None:
     )
     for mode, extra in modes:
         with LLM(model, speculative=mode, **options, **extra) as llm:
-            prompts = [llm.model.chat_prompt(m) for m in (COPY, FREE)]
+            prompts = [llm.model.chat_prompt(m).ids for m in (COPY, FREE)]
             results[mode] = run_bits(llm, prompts, params)  # both in one batch
             assert llm.engine.stats().kv_blocks_used == 0
             if mode != "off":

@@ -38,8 +38,8 @@ def _greedy(max_tokens: int) -> SamplingParams:
 
 def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
-    copy = on.model.chat_prompt(COPY)
-    prompts = [copy, on.model.chat_prompt(FREE), copy]
+    copy = on.model.chat_prompt(COPY).ids
+    prompts = [copy, on.model.chat_prompt(FREE).ids, copy]
     # The third: a repetition penalty, applied per verified position (drafts before it count).
     penalized = replace(_greedy(48), repetition_penalty=1.15)
     params = [_greedy(96), _greedy(48), penalized]
@@ -63,7 +63,7 @@ def test_greedy_text_is_unchanged_by_speculation(pair: tuple[LLM, LLM]) -> None:
 
 def test_stop_strings_and_max_tokens_cut_at_the_same_token(pair: tuple[LLM, LLM]) -> None:
     on, off = pair
-    prompt = on.model.chat_prompt(COPY)
+    prompt = on.model.chat_prompt(COPY).ids
 
     def both(params: SamplingParams) -> tuple[Any, Any]:
         fast = on.generate([prompt], [params], use_tqdm=False)[0].outputs[0]
@@ -89,7 +89,7 @@ def test_deterministic_bits_alone_and_in_a_mixed_batch(smollm2_gguf: Path) -> No
     seeded = SamplingParams(max_tokens=12, temperature=1.0, seed=99, logprobs=1, ignore_eos=True)
     options: dict[str, Any] = {"deterministic": True, "max_num_batched_tokens": 64}
     with LLM(str(smollm2_gguf), speculative="off", **options) as off:
-        prompts = [off.model.chat_prompt(m) for m in (COPY, FREE, LONG, FREE)]
+        prompts = [off.model.chat_prompt(m).ids for m in (COPY, FREE, LONG, FREE)]
         params = [greedy_copy, greedy_free, greedy_long, seeded]
         plain = [run_bits(off, [p], [s])[0] for p, s in zip(prompts, params, strict=True)]
     with LLM(str(smollm2_gguf), speculative="ngram", **options) as on:

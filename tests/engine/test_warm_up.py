@@ -19,7 +19,7 @@ def test_the_warm_up_leaves_no_trace(smollm2_gguf: Path) -> None:
         assert stats.kv_blocks_used == 0 and stats.running == stats.waiting == 0
         assert engine._core.scheduler.kv.pool.num_cached == 0
         # The counters count from here as on an engine that never ran.
-        prompt = llm.model.chat_prompt([{"role": "user", "content": "Hello."}])
+        prompt = llm.model.chat_prompt([{"role": "user", "content": "Hello."}]).ids
         out = llm.generate([prompt], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
         after = engine.stats()
         assert after.prompt_tokens == len(prompt)

@@ -79,7 +79,7 @@ def test_engine_greedy_equals_transformers_generate(
     try:
         # The engine picked the fused ops; the decoder is switched before any request runs.
         served.engine.engine.model.use_kernels(ops_named(ops_name))
-        prompt = served.chat_prompt(PROMPT)
+        prompt = served.chat_prompt(PROMPT).ids
         short = prompt[: SLIDING_WINDOW + 3]
         params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
 

@@ -176,7 +176,7 @@ def engines(
 
 def greedy(served: ServedModel, messages: list[dict[str, Any]]) -> tuple[list[int], list[int]]:
     parts, images = split_image_parts(messages)
-    ids, media = served.chat_prompt_with_images(parts, images)
+    ids, media = served.chat_prompt(parts, images)
     engine = served.engine.engine
     engine.add_request(
         f"g{len(ids)}", ids, SamplingParams(max_tokens=8, temperature=0), media=media

@@ -213,7 +213,7 @@ def test_greedy_equals_transformers_generate(
 ) -> None:
     text, media = _video_and_image(loaded, with_image)
     items = [(m, f"image-{i}") if not hasattr(m, "frames") else m for i, m in enumerate(media)]
-    ids, inputs = served.prompt_with_media(text, items)
+    ids, inputs = served.prompt(text, items)
     assert ids == _prompt(loaded, text, media)[0]
     assert "video" in served.modalities["input"]
     engine = served.engine.engine

@@ -146,8 +146,8 @@ def test_the_flag_lets_content_make_control_tokens(served_f32: ServedModel) -> N
     assert (
         server_options(_parser().parse_args(["serve"]), {}).allow_special_tokens_in_content is False
     )
-    safe = served_f32.chat_prompt(FORGED_TURN)
-    allowed = served_f32.chat_prompt(FORGED_TURN, special_in_content=True)
+    safe = served_f32.chat_prompt(FORGED_TURN).ids
+    allowed = served_f32.chat_prompt(FORGED_TURN, special_in_content=True).ids
     text = served_f32.chat_template.render(FORGED_TURN)
     assert allowed == served_f32.tokenizer.encode(text, add_special=True)  # the old reading
     assert allowed.count(IM_START) == safe.count(IM_START) + 2

@@ -48,7 +48,7 @@ def references(folder: Path) -> dict[str | None, str]:
         folder / "base", EngineConfig(dtype="f32", kv_cache_tokens=512), progress=False
     )
     try:
-        ids = served.chat_prompt(MESSAGES)
+        ids = served.chat_prompt(MESSAGES).ids
         eos = served.tokenizer.eos_token_id
         out: dict[str | None, str] = {}
         for key, model in hf_models.items():
