@@ -23,6 +23,7 @@ from inferd.engine.llm_engine import AdmissionError, LLMEngine, TextCodec
 from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
+from inferd.structured.compiler import GrammarCompiler
 
 __all__ = [
     "AdmissionError",
@@ -72,6 +73,11 @@ class AsyncEngine:
     @property
     def max_model_len(self) -> int:
         return self.engine.max_model_len
+
+    @property
+    def grammars(self) -> GrammarCompiler | None:
+        """Compiles this model's output constraints (None: constrained output unsupported)."""
+        return self.engine.grammars
 
     def room(self, num_prompt_tokens: int) -> int:
         """The most tokens a request with this prompt may generate (``LLMEngine.room``)."""

@@ -77,6 +77,9 @@ def decode_image(
             opened.load()  # the decoding; truncated or corrupt data fails here
             upright = ImageOps.exif_transpose(opened)
             rgb = upright.convert("RGB")
+            size = limits.fitted(*rgb.size)
+            if size != rgb.size:  # --max-edge: the long side scaled down, aspect kept
+                rgb = rgb.resize(size, Image.Resampling.BICUBIC)
     except MediaError:
         raise
     except (

@@ -49,14 +49,28 @@ class MediaLimits:
     max_video_frames: int = DEFAULT_MAX_VIDEO_FRAMES
     max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
     max_audio_sample_rate: int = DEFAULT_MAX_AUDIO_SAMPLE_RATE
+    # Images longer than this on their long side are scaled down to it, aspect kept, once
+    # decoded (--max-edge); None: as they come.
+    max_image_edge: int | None = None
 
     def __post_init__(self) -> None:
+        if self.max_image_edge is not None and self.max_image_edge < 1:
+            raise ValueError("--max-edge must be at least 1")
         for name in ("max_image_pixels", "max_video_frames", "max_audio_sample_rate"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
         for name in ("max_video_seconds", "max_audio_seconds"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"--{name.replace('_', '-')} must be positive")
+
+    def fitted(self, width: int, height: int) -> tuple[int, int]:
+        """The size an image of ``width`` x ``height`` is given to the model: scaled down so
+        its long side is at most ``max_image_edge``, aspect kept; unchanged when it fits."""
+        edge = self.max_image_edge
+        if edge is None or max(width, height) <= edge:
+            return width, height
+        scale = edge / max(width, height)
+        return max(1, round(width * scale)), max(1, round(height * scale))
 
     def check_pixels(self, width: int, height: int, what: str = "the image") -> None:
         if width < 1 or height < 1:

@@ -66,7 +66,7 @@ async def compiled(
     ``param``: the request field its errors name (by default, the one its kind comes from)."""
     if constraint is None:
         return params
-    grammars = model.engine.engine.grammars
+    grammars = model.engine.grammars
     if grammars is None:
         message = "this model does not support constrained output"
         raise bad_request(f"{param}: {message}" if param else message, param or "response_format")

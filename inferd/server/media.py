@@ -563,7 +563,8 @@ async def decode_request_media(
         for i, (ref, data) in enumerate(loaded)
         if ref.modality == "image"
     }
-    images = [(loaded[i][0], size) for i, size in sizes.items()]
+    # priced at the size the model gets (--max-edge scales the long side down)
+    images = [(loaded[i][0], policy.limits.fitted(*size)) for i, size in sizes.items()]
     check_image_tokens(model, images, text_chars(messages))
     budget = policy.pixel_budget
     pending = {i: w * h for i, (w, h) in sizes.items()}  # taken, not yet handed to an image

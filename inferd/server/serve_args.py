@@ -236,6 +236,17 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"before decoding (default: {DEFAULT_MAX_IMAGE_PIXELS})",
     )
     g.add_argument(
+        "--max-edge",
+        "--max-image-length",
+        dest="max_edge",
+        type=int,
+        default=None,
+        metavar="PX",
+        help="scale each decoded image down so its long side is at most PX pixels, aspect kept "
+        "(before the model's own processor; it also prices the image's prompt tokens at that "
+        "size) (default: images as they come)",
+    )
+    g.add_argument(
         "--max-decoded-pixels",
         type=int,
         default=DEFAULT_MAX_DECODED_PIXELS,
@@ -416,6 +427,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                     max_video_frames=args.max_video_frames,
                     max_audio_seconds=args.max_audio_seconds,
                     max_audio_sample_rate=args.max_audio_sample_rate,
+                    max_image_edge=args.max_edge,
                 ),
             ),
         }
@@ -458,11 +470,16 @@ def describe(options: ServerOptions) -> list[str]:
         f"media      {', '.join(media)}; at most {policy.max_num_images} images, "
         f"{policy.max_num_audios} audio clips, {policy.max_num_videos} videos, "
         f"{policy.max_media_bytes} bytes each",
-        f"decoding   images up to {lim.max_image_pixels} pixels; video up to "
+        f"decoding   images up to {lim.max_image_pixels} pixels{_edge(lim.max_image_edge)}; "
+        "video up to "
         f"{lim.max_video_seconds:g} s and {lim.max_video_frames} frames; audio up to "
         f"{lim.max_audio_seconds:g} s at {lim.max_audio_sample_rate} Hz",
         *_describe_agent(options),
     ]
+
+
+def _edge(max_edge: int | None) -> str:
+    return "" if max_edge is None else f", scaled to {max_edge} px on the long side (--max-edge)"
 
 
 def _describe_agent(options: ServerOptions) -> list[str]:

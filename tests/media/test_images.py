@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import io
 
 import numpy as np
 from PIL import Image
 from transformers.image_utils import load_image
 
 from inferd.media.image import decode_image
+from inferd.media.limits import MediaLimits
 from tests.media.corpus import Corpus
 
 
@@ -58,3 +60,27 @@ def test_a_declared_type_that_fits_passes(media_corpus: Corpus) -> None:
     data = media_corpus.images["rgb-photo-320x240.jpg"].read_bytes()
     for declared in ("image/jpeg", "image/jpg", "IMAGE/JPEG; q=1", "application/octet-stream"):
         assert decode_image(data, declared=declared).format == "JPEG"
+
+
+def _png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    gradient = np.linspace(0, 255, width * height * 3).reshape(height, width, 3)
+    Image.fromarray(gradient.astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def test_max_edge_scales_the_long_side_down_keeping_the_aspect() -> None:
+    """--max-edge: a 400x100 image reaches the model as 80x20, as Pillow's bicubic resize
+    of the decoded pixels gives it; one that fits is untouched; the digest stays the bytes'."""
+    data = _png(400, 100)
+    limits = MediaLimits(max_image_edge=80)
+    decoded = decode_image(data, limits)
+    assert decoded.image.size == (80, 20)
+    full = Image.open(io.BytesIO(data)).convert("RGB")
+    expected = np.asarray(full.resize((80, 20), Image.Resampling.BICUBIC))
+    assert np.array_equal(np.asarray(decoded.image), expected)
+    assert decoded.digest == decode_image(data).digest
+    small = _png(60, 30)
+    assert decode_image(small, limits).image.size == (60, 30)
+    assert limits.fitted(100, 400) == (20, 80) and limits.fitted(3, 1000) == (1, 80)
+    assert MediaLimits().fitted(4000, 3000) == (4000, 3000)

@@ -24,6 +24,7 @@ from inferd.models.idefics3_image import Idefics3ImageConfig, num_embeddings_for
 from inferd.models.qwen2_vl_image import QwenVisualConfig, image_tokens
 from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen
 from inferd.server.errors import APIError
+from inferd.server.media import MediaPolicy, Modalities, decode_request_media
 from inferd.server.media_budget import PixelBudget
 
 SIZES = [(60, 80), (364, 364), (365, 200), (1000, 300), (300, 1000), (1456, 1456), (17, 2)]
@@ -118,3 +119,35 @@ def test_a_budget_crosses_processes_as_its_limits() -> None:
     assert (copy.capacity, copy.wait_seconds, copy.used) == (1000, 2.5, 0)
     asyncio.run(copy.acquire(1000))
     assert copy.used == 1000 and budget.used == 600
+
+
+class _Seeing:
+    """The parts of a served model the pre-decode price reads: one prompt token per 100
+    pixels, a 100-token context."""
+
+    class engine:
+        max_model_len = 100
+
+    tokenizer = None
+    modalities = Modalities(("text", "image"))
+
+    @staticmethod
+    def image_tokens(width: int, height: int) -> int:
+        return width * height // 100
+
+
+def test_max_edge_prices_and_decodes_the_image_at_the_size_the_model_gets() -> None:
+    """A 400x100 image costs 400 tokens as sent (over the 100-token context: refused before
+    decoding); with --max-edge 80 it reaches the model as 80x20, 16 tokens, and is decoded."""
+    import base64
+
+    from inferd.media.limits import MediaLimits
+
+    url = "data:image/png;base64," + base64.b64encode(_png(400, 100)).decode()
+    messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+    plain = MediaPolicy.create()
+    with pytest.raises(APIError, match="take at least 400 prompt tokens"):
+        _run(decode_request_media(messages, plain, _Seeing()))
+    fitted = MediaPolicy.create(limits=MediaLimits(max_image_edge=80))
+    (image,) = _run(decode_request_media(messages, fitted, _Seeing()))  # type: ignore[misc]
+    assert image.image.size == (80, 20)

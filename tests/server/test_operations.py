@@ -173,6 +173,7 @@ def test_media_flags_reach_the_policy_and_the_startup_lines() -> None:
         *("serve", "--max-num-images", "3", "--max-num-audios", "2", "--max-num-videos", "0"),
         *("--max-image-pixels", "4000000", "--max-video-seconds", "30", "--max-video-frames"),
         *("900", "--max-audio-seconds", "45.5", "--max-audio-sample-rate", "48000"),
+        *("--max-edge", "1024"),
     ]
     options = server_options(_parser().parse_args(flags), {})
     policy = options.media_policy
@@ -183,14 +184,18 @@ def test_media_flags_reach_the_policy_and_the_startup_lines() -> None:
         max_video_frames=900,
         max_audio_seconds=45.5,
         max_audio_sample_rate=48_000,
+        max_image_edge=1024,
     )
     lines = describe(options)
     media = "media      data:; at most 3 images, 2 audio clips, 0 videos, 20971520 bytes each"
     assert media in lines
     assert (
-        "decoding   images up to 4000000 pixels; video up to 30 s and 900 frames; audio up to "
+        "decoding   images up to 4000000 pixels, scaled to 1024 px on the long side "
+        "(--max-edge); video up to 30 s and 900 frames; audio up to "
         "45.5 s at 48000 Hz"
     ) in lines
+    alias = server_options(_parser().parse_args(["serve", "--max-image-length", "512"]), {})
+    assert alias.media_policy.limits.max_image_edge == 512
     defaults = server_options(_parser().parse_args(["serve"]), {}).media_policy
     assert defaults.limits == MediaLimits() and defaults.max_num_videos == 2
 
