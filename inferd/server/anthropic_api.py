@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator, Callable, Generator, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
@@ -115,14 +115,19 @@ async def _create_message(request: Request) -> Response:
     # response_format beside tools); alone, it holds the whole reply.
     answer = fmt[1] if fmt else None
     tool_constraint = tools.constraint(model.tool_format, answer) if tools is not None else None
-    job = _job(model, body, tools)
-    job.params, job.max_tokens = params, body.max_tokens
-    if tool_constraint is not None:
-        job.constraint, job.constraint_param = tool_constraint, "tools"
-    elif fmt is not None:
-        job.constraint, job.constraint_param = fmt[0], fmt[2]
-    wants_thinking = body.thinking is not None and body.thinking.get("type") != "disabled"
-    job.reasoning, job.thinking_budget = wants_thinking, _budget(body)
+    field: str | None = "tools"
+    constraint = tool_constraint
+    if tool_constraint is None:
+        constraint, field = (fmt[0], fmt[2]) if fmt else (None, None)
+    job = replace(
+        _job(model, body, tools),
+        params=params,
+        max_tokens=body.max_tokens,
+        constraint=constraint,
+        constraint_param=field,
+        reasoning=body.thinking is not None and body.thinking.get("type") != "disabled",
+        thinking_budget=_budget(body),
+    )
     ready = await prepare(request, model, job)
     prompt, thinking = ready.prompt, ready.thinking
     message: dict[str, Any] = {
@@ -236,9 +241,9 @@ def _reject_unsupported(body: _Prompted) -> None:
 
 
 def _job(model: ServedModel, body: _Prompted, tools: ToolRequest | None) -> ChatJob:
-    """The conversation as a job (default sampling): its turns ending in the assistant's (or
-    its prefill), each image block an image part of the template (placed where the rendering
-    puts it)."""
+    """The conversation as a job with default sampling (the caller replaces it): its turns
+    ending in the assistant's (or its prefill), each image block an image part of the template
+    (placed where the rendering puts it)."""
     _reject_unsupported(body)
     messages: list[dict[str, Any]] = []
     known: dict[str, str] = {}  # tool_use ids so far, to their names

@@ -60,7 +60,7 @@ class ErrorNames:
     no_room: str = "shorten the prompt"  # what to do about a prompt that leaves no room
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class ChatJob:
     """A chat-shaped request in no protocol's terms, its cheap checks done."""
 
