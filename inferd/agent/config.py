@@ -46,6 +46,7 @@ from inferd.agent.tools import (
 from inferd.agent.url_policy import UrlPattern
 
 DEFAULT_MAX_TOOL_ROUNDS = 8
+DEFAULT_APPROVAL_TIMEOUT_S = 120.0
 # `ask`: a tool call is an action picked by a model that reads untrusted text (user input,
 # earlier tool output), so by default a person approves each one; an operator marks read-only
 # tools `allow` in the config file, or passes --agent-permission allow.
@@ -147,12 +148,15 @@ class AgentConfig:
     config_file: str | None = None  # where mcp_servers came from, for messages
     # the sandboxed `python` tool (agent/sandbox.py); off unless --enable-code-execution
     code_execution: bool = False
+    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S  # then a waiting call is denied
 
     def __post_init__(self) -> None:
         if self.permission not in PERMISSIONS:
             raise AgentConfigError("--agent-permission must be allow, ask or deny")
         if not 1 <= self.max_tool_rounds <= MAX_TOOL_ROUNDS_LIMIT:
             raise AgentConfigError(f"--max-tool-rounds must be 1 to {MAX_TOOL_ROUNDS_LIMIT}")
+        if not (0 < self.approval_timeout_s <= 86400):
+            raise AgentConfigError("--agent-approval-timeout must be over 0 and at most 86400 s")
         if self.dispatch_url is not None:
             try:
                 check_dispatch_url(self.dispatch_url)
@@ -294,6 +298,7 @@ def agent_config(
     permission: str,
     mcp_allow_urls: list[str] | tuple[str, ...],
     code_execution: bool = False,
+    approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S,
 ) -> AgentConfig:
     """The AgentConfig of `inferd serve`'s agent flags (the config file read and checked)."""
     servers: tuple[McpServerConfig, ...] = ()
@@ -313,4 +318,5 @@ def agent_config(
         max_output_bytes=max_output,
         config_file=mcp_config,
         code_execution=code_execution,
+        approval_timeout_s=approval_timeout_s,
     )

@@ -515,6 +515,10 @@ class CodeExecutionTools(ToolSource):
         self._table = SpecTable(name, default=permission)
         self.python = python
         self.kernel: PythonKernel | None = None
+        # listed before the session starts: the loop offers the tool to every request and
+        # starts a session only for one that calls it
+        spec = self._table.spec("python", _DESCRIPTION, _SCHEMA)
+        self._specs = {spec.name: spec}
 
     @property
     def kind(self) -> str:
@@ -530,8 +534,6 @@ class CodeExecutionTools(ToolSource):
             await self.kernel.start()
         except (SandboxUnavailable, ToolCallError) as exc:
             raise ToolSourceError(f"code execution is unavailable: {exc}") from None
-        spec = self._table.spec("python", _DESCRIPTION, _SCHEMA)
-        self._specs = {spec.name: spec}
 
     async def _invoke(self, tool: ToolSpec, arguments: dict[str, Any]) -> tuple[str, bool]:
         code = arguments.get("code")
@@ -541,8 +543,12 @@ class CodeExecutionTools(ToolSource):
             raise ToolCallError("the code is empty")
         if len(code.encode("utf-8", "replace")) > MAX_CODE_BYTES:
             raise ToolCallError(f"the code is over {MAX_CODE_BYTES} bytes")
-        if self.kernel is None:
-            raise ToolCallError("code execution has not been started")
+        if self.kernel is None:  # the session starts with its first call
+            try:
+                await self.start()
+            except ToolSourceError as exc:
+                raise ToolCallError(str(exc)) from None
+        assert self.kernel is not None
         started = time.monotonic()
         execution = await self.kernel.execute(code)
         log.debug("python tool: %.3f s, error=%s", time.monotonic() - started, execution.is_error)

@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.server import sse
+from inferd.server.agent_loop import generate
 from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
@@ -47,7 +48,7 @@ from inferd.server.generation import (
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.media import check_media_parts, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
-from inferd.server.pipeline import ChatJob, prepare, render, submit
+from inferd.server.pipeline import ChatJob, prepare, render
 from inferd.server.protocol import parse_body, whole_number
 from inferd.server.reasoning import ReasoningSplit, ReasoningSplitter
 from inferd.server.state import ServerState
@@ -107,13 +108,19 @@ async def _create_message(request: Request) -> Response:
     # The cheap checks (tools, sampling, the output format, the conversation), then the
     # pipeline's steps: media, prompt, constraint, admission.
     check_media_parts(body.messages, media_policy(request), model)  # nothing read yet
-    tools = parse_anthropic_tools(body.tools, body.tool_choice)
+    server = None
+    if body.max_tokens > 0:  # max_tokens 0 only counts the prompt: no round runs
+        server = await state.agent.server_tools(
+            body.max_tool_rounds, code_execution=body.enable_code_execution
+        )
+    tools = parse_anthropic_tools(body.tools, body.tool_choice, server.specs if server else ())
     params = _sampling_params(body, model)
     # checked on a worker thread, as chat's response_format is (server/constraints.py)
     fmt = await asyncio.to_thread(output_format, body.output_config, body.output_format)
     # With tools in use the format is the shape of a text answer beside the calls (as chat's
     # response_format beside tools); alone, it holds the whole reply.
     answer = fmt[1] if fmt else None
+    loop = server.loop(model, tools, answer) if server is not None else None
     tool_constraint = tools.constraint(model.tool_format, answer) if tools is not None else None
     field: str | None = "tools"
     constraint = tool_constraint
@@ -128,8 +135,6 @@ async def _create_message(request: Request) -> Response:
         reasoning=body.thinking is not None and body.thinking.get("type") != "disabled",
         thinking_budget=_budget(body),
     )
-    ready = await prepare(request, model, job)
-    prompt, thinking = ready.prompt, ready.thinking
     message: dict[str, Any] = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
@@ -139,14 +144,19 @@ async def _create_message(request: Request) -> Response:
         "container": None,
     }
     if body.max_tokens == 0:
-        return _empty_message(message, len(prompt), body.stream)
-    streams = submit(request, model, ready)
+        ready = await prepare(request, model, job)
+        return _empty_message(message, ready.prompt_tokens, body.stream)
+    started = await generate(request, model, job, loop)
+    if started is None:
+        return Response(status_code=499)  # the client left during the tool rounds
+    ready, streams = started
+    thinking = ready.thinking
     if body.stream:
         stream = _stream(
             request,
             message,
             streams[0],
-            len(prompt),
+            ready.prompt_tokens,
             state.keepalive_seconds,
             calls=tools.reader(model.tool_format) if tools and tool_constraint else None,
             thinking=thinking,
@@ -171,7 +181,7 @@ async def _create_message(request: Request) -> Response:
         "content": thought + content,
         "stop_reason": reason,
         "stop_sequence": sequence,
-        "usage": _usage(len(prompt), gen.final.num_output_tokens),
+        "usage": _usage(ready.prompt_tokens, gen.final.num_output_tokens),
     }
     return JSONResponse(message)
 

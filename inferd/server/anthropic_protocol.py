@@ -34,6 +34,9 @@ class _Prompted(_Lenient):
 
 class MessagesRequest(_Prompted):
     max_tokens: WholeInt
+    # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
+    max_tool_rounds: WholeInt | None = None
+    enable_code_execution: bool | None = None
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None

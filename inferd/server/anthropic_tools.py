@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,12 +23,14 @@ from inferd.server.openai_tools import (
     result_text,
     tool_result,
 )
-from inferd.structured.tool_syntax import CallReader, ToolFormat
+from inferd.structured.tool_syntax import CallReader, ToolFormat, ToolSpec
 
 _CHOICES = {"auto": "auto", "any": "required", "tool": "named", "none": "none"}
 
 
-def parse_anthropic_tools(tools: list[Any] | None, choice: Any) -> ToolRequest | None:
+def parse_anthropic_tools(
+    tools: list[Any] | None, choice: Any, server: Sequence[ToolSpec] = ()
+) -> ToolRequest | None:
     """Anthropic's tools and tool_choice as the shared ToolRequest (400s name the field)."""
     as_openai: list[Any] = []
     for i, tool in enumerate(tools or ()):
@@ -50,7 +52,7 @@ def parse_anthropic_tools(tools: list[Any] | None, choice: Any) -> ToolRequest |
         as_openai.append({"type": "function", "function": fn})
     mode, parallel = _choice(choice)
     try:
-        return parse_tools(as_openai, mode, parallel)
+        return parse_tools(as_openai, mode, parallel, server)
     except APIError as exc:  # OpenAI's field names, reworded into Anthropic's
         raise bad_request(_anthropic(exc.message), _anthropic(exc.param or "tools")) from None
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
@@ -12,7 +13,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.agent.tools import ToolSource
 from inferd.server.anthropic_api import count_tokens, create_message
+from inferd.server.approvals import answer_approval, list_approvals
 from inferd.server.chat_page import install_chat_page
 from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
@@ -64,6 +67,7 @@ def build_app(
     *,
     on_chunk: OnChunk | None = None,
     on_done: OnDone | None = None,
+    tools: Sequence[ToolSource] = (),
 ) -> FastAPI:
     """The server app, an ASGI app that may be mounted under any path of another app.
 
@@ -73,10 +77,20 @@ def build_app(
     code of the embedding app, not settings. The Host check (421) is off unless
     ``options.allowed_hosts`` is given, as the names an embedding app is reached under are its
     own; `inferd serve` always sets it. ``app.state.drain`` drains running requests for a
-    graceful stop (shutdown.py)."""
+    graceful stop (shutdown.py). ``tools``: tool sources of the embedding program (such as
+    ``inferd.agent.FunctionTools``) the agent loop runs beside the configured ones."""
     options = options or ServerOptions()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await app.state.inferd.agent.close()  # MCP sessions and their processes
+
     app = FastAPI(
-        title="inferd", version=__version__, **docs_urls(options.docs, options.docs_base_path)
+        title="inferd",
+        version=__version__,
+        lifespan=lifespan,
+        **docs_urls(options.docs, options.docs_base_path),
     )
     registry = registry_of(
         models,
@@ -84,7 +98,9 @@ def build_app(
         auto_reload=options.auto_reload,
         drain_timeout=options.drain_timeout,
     )
-    app.state.inferd = ServerState(registry=registry, options=options, started=time.time())
+    app.state.inferd = ServerState(
+        registry=registry, options=options, started=time.time(), tools=tools
+    )
     _routes(app, "/v1/chat/completions", model_ready(create_chat_completion, "chat"), ["POST"])
     _routes(app, "/v1/models", list_models, ["GET"])
     _routes(app, "/v1/models/{model_id:path}", retrieve_model, ["GET"])
@@ -106,6 +122,8 @@ def build_app(
     _routes(app, "/v1/tokenize", model_ready(tokenize, "chat"), ["POST"])
     _routes(app, "/v1/detokenize", model_ready(detokenize, "chat"), ["POST"])
     _routes(app, "/v1/system/info", system_info, ["GET"])
+    _routes(app, "/v1/agent/approvals", list_approvals, ["GET"])
+    _routes(app, "/v1/agent/approvals/{approval_id}", answer_approval, ["POST"])
     for path, what in UNSERVED.items():
         _routes(app, path, not_served(what), ["POST"], json=False)  # multipart or JSON alike
     app.add_api_route("/health", health, methods=["GET"])

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import math
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 
@@ -47,6 +47,7 @@ from inferd.serving.served import ServedModel
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
+T = TypeVar("T")
 _MASK64 = 2**64 - 1
 # Texts this long leave the allocator holding their tokenizer's scratch memory; it is given back.
 _TRIM_AFTER_CHARS = 1 << 20
@@ -343,8 +344,10 @@ class Generation:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: tuple[TokenLogprob | None, ...] | None = None
     last: RequestOutput | None = None
+    outputs: list[RequestOutput] = field(default_factory=list)  # as they came, to replay
 
     def add(self, out: RequestOutput) -> None:
+        self.outputs.append(out)
         self.text += out.text
         self.token_ids.extend(out.token_ids)
         self.logprobs.extend(visible_logprobs(out))
@@ -407,23 +410,31 @@ async def collect(
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
 
-    task = asyncio.ensure_future(every())
+    try:
+        gens = await unless_disconnected(request, every())
+    except ENGINE_ERRORS as exc:
+        raise engine_error(exc) from None
+    if gens is None:
+        return None
+    for gen in gens:
+        raise_for_failure(gen.final)
+    return gens
+
+
+async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
+    """``work``'s result; None when the client goes away first, and then ``work`` is cancelled
+    (as it is when this handler is: a timeout)."""
+    task = asyncio.ensure_future(work)
     try:
         while not task.done():
             await asyncio.wait({task}, timeout=0.5)
             if not task.done() and await request.is_disconnected():
                 return None
-    finally:  # disconnected, or this handler was cancelled (timeout): abort the generations
+    finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
-    try:
-        gens = task.result()
-    except ENGINE_ERRORS as exc:
-        raise engine_error(exc) from None
-    for gen in gens:
-        raise_for_failure(gen.final)
-    return gens
+    return task.result()
 
 
 async def interleave(

@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.server import sse
+from inferd.server.agent_loop import generate
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
@@ -31,7 +32,7 @@ from inferd.server.generation import (
 )
 from inferd.server.media import check_media_parts, media_policy
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
-from inferd.server.pipeline import ChatJob, prepare, submit
+from inferd.server.pipeline import ChatJob
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
@@ -49,12 +50,19 @@ async def create_chat_completion(request: Request) -> Response:
     # yet), fields, n, sampling and logprobs, tools, the output constraint.
     policy = media_policy(request)
     check_media_parts(body.messages, policy, model)
-    tools = parse_tools(body.tools, body.tool_choice, body.parallel_tool_calls)
-    fmt = model.tool_format
-    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
     n = check_n(body.n)
     params = _sampling_params(body, model)
-    tool_constraint = tools.constraint(fmt, answer_schema(body)) if tools is not None else None
+    server = await state.agent.server_tools(
+        body.max_tool_rounds, n=n, code_execution=body.enable_code_execution
+    )
+    tools = parse_tools(
+        body.tools, body.tool_choice, body.parallel_tool_calls, server.specs if server else ()
+    )
+    fmt = model.tool_format
+    answer = answer_schema(body)
+    loop = server.loop(model, tools, answer) if server is not None else None
+    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
+    tool_constraint = tools.constraint(fmt, answer) if tools is not None else None
     constraint = await checked_constraint(body, tool_constraint)
     # The reply may hold tool calls: a new reader of them per choice.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
@@ -78,24 +86,26 @@ async def create_chat_completion(request: Request) -> Response:
         n=n,
         logprobs=ask,
     )
-    ready = await prepare(request, model, job)
-    prompt, thinking = ready.prompt, ready.thinking
+    started = await generate(request, model, job, loop)  # n choices share the prompt
+    if started is None:
+        return Response(status_code=499)  # the client left during the tool rounds
+    ready, streams = started
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    streams = submit(request, model, ready)  # the n choices share the prompt and its media
+    thinking = ready.thinking
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
             completion,
             model,
             streams,
-            len(prompt),
+            ready.prompt_tokens,
             include_usage,
             state.keepalive_seconds,
             calls,
             thinking,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect(request, completion, model, streams, len(prompt), calls, thinking)
+    return await _collect(request, completion, model, streams, ready.prompt_tokens, calls, thinking)
 
 
 # Parameters OpenAI knows that this server does not support yet, with what to say about them.

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -74,23 +74,32 @@ class ToolRequest:
         return fmt.reader(self.callable, 1 if self.one_call else None)
 
 
-def parse_tools(tools: list[Any] | None, choice: Any, parallel: bool | None) -> ToolRequest | None:
-    """The request's tools and how they may be used; None when it offers none."""
-    if not tools:
+def parse_tools(
+    tools: list[Any] | None,
+    choice: Any,
+    parallel: bool | None,
+    server: Sequence[ToolSpec] = (),
+) -> ToolRequest | None:
+    """The request's tools and how they may be used; None when it offers none. ``server``:
+    the tools the server runs (agent_runtime.py), offered after the request's and open to
+    ``tool_choice`` like them."""
+    if not tools and not server:
         if choice not in (None, "none"):
             raise bad_request("tool_choice: the request offers no tools", "tool_choice")
         return None
+    tools = tools or []
     if len(tools) > MAX_TOOLS:
         raise bad_request(f"tools: at most {MAX_TOOLS} tools, got {len(tools)}", "tools")
     specs = tuple(_tool(i, t) for i, t in enumerate(tools))
-    seen: set[str] = set()
+    seen = {t.name for t in server}
     for i, spec in enumerate(specs):
         if spec.name in seen:
             param = f"tools.{i}.function.name"
-            raise bad_request(f"{param}: duplicate tool name {spec.name!r}", param)
+            whose = "a server-side tool's" if spec.name in {t.name for t in server} else "a"
+            raise bad_request(f"{param}: duplicate tool name {spec.name!r} ({whose})", param)
         seen.add(spec.name)
     mode, named = _choice(choice, seen)
-    return ToolRequest(specs, mode, named, True if parallel is None else parallel)
+    return ToolRequest(specs + tuple(server), mode, named, True if parallel is None else parallel)
 
 
 def _tool(index: int, tool: Any) -> ToolSpec:

@@ -92,12 +92,26 @@ class Prepared:
     params: SamplingParams  # constraint compiled, max_tokens settled, the think block followed
     thinking: ReasoningSplit | None  # how the reply splits, or None
     n: int = 1
+    decoded: list[DecodedMedia] = field(default_factory=list)  # step 1's media, for a next round
+    earlier_prompt_tokens: int = 0  # prompt tokens of the agent loop's earlier rounds
+
+    @property
+    def prompt_tokens(self) -> int:
+        """The prompt tokens the request is charged: this prompt's, and earlier rounds'."""
+        return len(self.prompt) + self.earlier_prompt_tokens
 
 
-async def prepare(request: Request, model: ServedModel, job: ChatJob) -> Prepared:
-    """The costly steps of ``job``, in the module's order; APIError in the caller's terms."""
+async def prepare(
+    request: Request,
+    model: ServedModel,
+    job: ChatJob,
+    decoded: list[DecodedMedia] | None = None,
+) -> Prepared:
+    """The costly steps of ``job``, in the module's order; APIError in the caller's terms.
+    ``decoded``: the job's media decoded already (an agent loop's next round), step 1 skipped."""
     state: ServerState = request.app.state.inferd
-    prompt, inputs = await render(request, model, job)
+    media = await _decoded(request, model, job) if decoded is None else decoded
+    prompt, inputs = await _prompt(model, job, state, media)
     try:
         params = await compiled(model, job.params, job.constraint, job.constraint_param)
     except APIError as exc:
@@ -106,7 +120,7 @@ async def prepare(request: Request, model: ServedModel, job: ChatJob) -> Prepare
     admit(model, len(prompt), params, job.names.prompt_param)
     thinking = state.reasoning(model, prompt) if job.reasoning else None
     params = followed(params, model, thinking, job.thinking_budget)
-    return Prepared(prompt, inputs, params, thinking, job.n)
+    return Prepared(prompt, inputs, params, thinking, job.n, media)
 
 
 async def render(
@@ -115,6 +129,11 @@ async def render(
     """Steps 1 and 2 alone: the prompt's token ids and the media to submit with them (what
     counting a request's tokens needs)."""
     state: ServerState = request.app.state.inferd
+    return await _prompt(model, job, state, await _decoded(request, model, job))
+
+
+async def _decoded(request: Request, model: ServedModel, job: ChatJob) -> list[DecodedMedia]:
+    """Step 1: the job's media fetched and decoded, in the rendered conversation's order."""
     try:
         media = await decode_request_media(
             job.media_parts,
@@ -127,7 +146,7 @@ async def render(
         raise job.names.media(exc) from None
     if job.in_prompt_order is not None:
         media = job.in_prompt_order(media)
-    return await _prompt(model, job, state, media)
+    return media
 
 
 def submit(

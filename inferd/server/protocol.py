@@ -115,6 +115,9 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[Any] | None = None  # checked by server/openai_tools.py
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
+    max_tool_rounds: WholeInt | None = None
+    enable_code_execution: bool | None = None
     # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
     functions: list[Any] | None = None
     function_call: Any = None

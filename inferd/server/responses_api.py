@@ -23,6 +23,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.server import sse
+from inferd.server.agent_loop import generate
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
@@ -36,7 +37,7 @@ from inferd.server.generation import (
 )
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import offer
-from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit, submit_detached
+from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit_detached
 from inferd.server.protocol import parse_body
 from inferd.server.reasoning import ReasoningSplit
 from inferd.server.responses_input import (
@@ -92,9 +93,15 @@ async def create_response(request: Request) -> Response:
     owner = _owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
-    tools = tool_request(body)
+    server = None
+    if not body.background:  # a background response runs one round
+        server = await state.agent.server_tools(
+            body.max_tool_rounds, code_execution=body.enable_code_execution
+        )
+    tools = tool_request(body, server.specs if server else ())
     fields = sampling_fields(body)
     fmt = model.tool_format
+    loop = server.loop(model, tools, answer_schema(fields)) if server is not None else None
     try:
         tool_constraint = (
             tools.constraint(fmt, answer_schema(fields)) if tools is not None else None
@@ -129,16 +136,20 @@ async def create_response(request: Request) -> Response:
             no_room="shorten the input or send truncation: auto",
         ),
     )
-    ready = await prepare(request, model, job)
-    prompt = ready.prompt
     response = _skeleton(body, model, tools is not None and tools.parallel)
     # The reply may hold tool calls: a reader of them, in the model's syntax.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
-    run = _Run(response, len(prompt), calls, body.store is not False)
-    run.thinking = ready.thinking
     if body.background:
+        ready = await prepare(request, model, job)
+        run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
+        run.thinking = ready.thinking
         return await _background(state, model, run, items, owner, ready)
-    streams = submit(request, model, ready)
+    started = await generate(request, model, job, loop)
+    if started is None:
+        return Response(status_code=499)  # the client left during the tool rounds
+    ready, streams = started
+    run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
+    run.thinking = ready.thinking
     if body.stream:
         events = _stream(state, run, items, owner, streams[0])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from pydantic import Field
@@ -19,7 +20,7 @@ from pydantic import Field
 from inferd.server.errors import APIError, bad_request
 from inferd.server.openai_tools import ToolRequest, history_turn, parse_tools
 from inferd.server.protocol import SamplingFields, WholeInt, _Lenient
-from inferd.structured.tool_syntax import ToolFormat
+from inferd.structured.tool_syntax import ToolFormat, ToolSpec
 
 MAX_METADATA_PAIRS = 16
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
@@ -51,6 +52,9 @@ class ResponsesRequest(_Lenient):
     background: bool | None = None
     include: list[str] | None = None
     reasoning: dict[str, Any] | None = None
+    # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
+    max_tool_rounds: WholeInt | None = None
+    enable_code_execution: bool | None = None
     # Known to OpenAI, not served here: a request that uses one gets a 400 naming it.
     conversation: Any = None
     prompt: Any = None
@@ -130,7 +134,7 @@ def renamed(err: APIError) -> APIError:
     return APIError(err.status, message, param or None, err.code, err.headers)
 
 
-def tool_request(body: ResponsesRequest) -> ToolRequest | None:
+def tool_request(body: ResponsesRequest, server: Sequence[ToolSpec] = ()) -> ToolRequest | None:
     """Responses' flat function tools as chat's, for the shared ToolRequest."""
     as_chat: list[Any] = []
     for i, tool in enumerate(body.tools or ()):
@@ -152,7 +156,7 @@ def tool_request(body: ResponsesRequest) -> ToolRequest | None:
             )
         choice = {"type": "function", "function": {"name": choice.get("name")}}
     try:
-        return parse_tools(as_chat, choice, body.parallel_tool_calls)
+        return parse_tools(as_chat, choice, body.parallel_tool_calls, server)
     except APIError as exc:
         message = exc.message.replace(".function.", ".")
         raise bad_request(message, (exc.param or "tools").replace(".function.", ".")) from None

@@ -9,7 +9,11 @@ from collections.abc import Mapping
 from dataclasses import fields
 from typing import TYPE_CHECKING
 
-from inferd.agent.config import DEFAULT_MAX_TOOL_ROUNDS, DEFAULT_PERMISSION
+from inferd.agent.config import (
+    DEFAULT_APPROVAL_TIMEOUT_S,
+    DEFAULT_MAX_TOOL_ROUNDS,
+    DEFAULT_PERMISSION,
+)
 from inferd.server.defaults import (
     ACCESS_LOG_FORMATS,
     ADMIN_KEYS_ENV,
@@ -339,6 +343,14 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         f"the MCP config says otherwise for the server or tool (default: {DEFAULT_PERMISSION})",
     )
     g.add_argument(
+        "--agent-approval-timeout",
+        type=float,
+        default=DEFAULT_APPROVAL_TIMEOUT_S,
+        metavar="SECONDS",
+        help="how long a call needing approval waits for POST /v1/agent/approvals/{id} before "
+        f"it is denied (default: {DEFAULT_APPROVAL_TIMEOUT_S:g})",
+    )
+    g.add_argument(
         "--mcp-allow-url",
         action="append",
         default=[],
@@ -408,6 +420,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 permission=args.agent_permission,
                 mcp_allow_urls=args.mcp_allow_url,
                 code_execution=args.enable_code_execution,
+                approval_timeout_s=args.agent_approval_timeout,
             ),
             "docs": not args.no_docs,
             "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),

@@ -6,6 +6,8 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from inferd.agent.tools import ToolSource
+from inferd.server.agent_runtime import AgentRuntime
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
 from inferd.server.reasoning import ReasoningSplit, reasoning_split
@@ -41,8 +43,11 @@ class ServerState:
     # Stored responses (/v1/responses; opened on first use) and the background ones running.
     responses: ResponseStore = field(init=False)
     background_jobs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
+    tools: Sequence[ToolSource] = ()  # the embedding program's own tool sources
+    agent: AgentRuntime = field(init=False)  # the agent loop's tools and approvals
 
     def __post_init__(self) -> None:
+        self.agent = AgentRuntime(self.options.agent, self.tools)
         self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
         self.responses.open_if_present()  # a dead server's unfinished responses: failed now
 

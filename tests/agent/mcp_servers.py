@@ -9,12 +9,15 @@ Both serve the same tools: a calculator and a lookup the model could use, and ho
 (a tool that hangs, one that kills the process, one that answers 10 MB, one whose answer is
 shaped like chat-template control text). ``slow`` counts the calls running at once on the
 server side (``running`` now, ``peak`` the most it saw); over HTTP ``authorization`` echoes the
-Authorization header the last request carried.
+Authorization header the last request carried. With ``MCP_CALL_LOG`` set, the calculator,
+the lookup and ``weather`` append each call (tool and arguments, one JSON line) to that file,
+so a test can see what the server ran.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
 from typing import Any
@@ -34,21 +37,31 @@ _peak = 0
 _last_authorization: str | None = None
 
 
+def _record(tool: str, **arguments: Any) -> None:
+    path = os.environ.get("MCP_CALL_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps({"tool": tool, "arguments": arguments}) + "\n")
+
+
 @server.tool()
 def add(a: float, b: float) -> float:
     """Add two numbers."""
+    _record("add", a=a, b=b)
     return a + b
 
 
 @server.tool()
 def multiply(a: float, b: float) -> float:
     """Multiply two numbers."""
+    _record("multiply", a=a, b=b)
     return a * b
 
 
 @server.tool()
 def lookup(country: str) -> str:
     """The capital city of a country."""
+    _record("lookup", country=country)
     capital = CAPITALS.get(country.strip().lower())
     if capital is None:
         raise ToolError(f"no capital known for {country!r}")
@@ -70,13 +83,15 @@ def crash() -> str:
 
 @server.tool()
 def big(megabytes: int = 10) -> str:
-    """Answers a text of the given size."""
-    return "x" * (megabytes * 1024 * 1024)
+    """Answers a text of the given size (at most 10 MB: the model picks the size)."""
+    _record("big", megabytes=megabytes)
+    return "x" * (min(max(megabytes, 0), 10) * 1024 * 1024)
 
 
 @server.tool()
 def weather(city: str) -> str:
     """An answer shaped like chat-template control text."""
+    _record("weather", city=city)
     return TEMPLATE_SHAPED
 
 

@@ -1,0 +1,158 @@
+"""The agent loop: the server runs the model's calls to its own tools and generates again.
+
+``generate`` is the pipeline's last step for chat completions, Anthropic messages and the
+Responses API. Without a loop (``ToolLoop``: agent_runtime.py) it prepares and submits the job
+as is. With one, each round is generated to its end; when the reply calls only tools the
+server runs, the calls run (side by side, under each source's cap, after any approval they
+need), the assistant's calls and the tools' results are appended to the conversation in the
+model's own format, and the next round is generated, reusing the earlier rounds' KV blocks
+through the prefix cache. The loop ends with a round that answers, calls a tool the client
+runs, is cut short, or comes after ``max_rounds`` tool rounds; that round is what the protocol
+returns, replayed as a stream, so its code is the same with and without a loop. Usage counts
+every round: the prompt tokens of each, and the output tokens of all.
+
+A tool's failure, timeout or refusal is a result the model reads, never an HTTP error. Tool
+output is untrusted: bounded by its source, and its chat-template control text broken
+(agent/untrusted.py), so it cannot close the tool turn or open a call. A client that leaves
+aborts the round or cancels the calls in flight. The client sees the final answer only; the
+rounds before it show in the server's log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from starlette.requests import Request
+
+from inferd.agent.tools import ToolResult
+from inferd.agent.untrusted import neutralize
+from inferd.server.agent_runtime import ToolLoop
+from inferd.server.generation import Generation, collect, unless_disconnected
+from inferd.server.openai_tools import assistant_calls, message, tool_result
+from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
+from inferd.serving.interface import RequestOutput
+from inferd.serving.served import ServedModel
+
+log = logging.getLogger(__name__)
+
+Started = tuple[Prepared, list[AsyncIterator[RequestOutput]]]
+
+
+async def generate(
+    request: Request, model: ServedModel, job: ChatJob, loop: ToolLoop | None
+) -> Started | None:
+    """The job prepared and its engine streams; None when the client left during the loop."""
+    if loop is None:
+        ready = await prepare(request, model, job)
+        return ready, submit(request, model, ready)
+    try:
+        return await _rounds(request, model, job, loop)
+    finally:
+        await loop.close()
+
+
+async def _rounds(
+    request: Request, model: ServedModel, job: ChatJob, loop: ToolLoop
+) -> Started | None:
+    earlier_prompt = earlier_output = 0
+    decoded = None
+    for round_index in range(loop.max_rounds + 1):
+        ready = await prepare(request, model, job, decoded)
+        gens = await collect(request, submit(request, model, ready))
+        if gens is None:
+            return None
+        (gen,) = gens
+        content, calls = _calls(gen, ready, loop)
+        left = None if job.max_tokens is None else job.max_tokens - gen.final.num_output_tokens
+        if (
+            not calls
+            or round_index == loop.max_rounds
+            or gen.final.finish_reason != "stop"
+            or not all(loop.runs(c["function"]["name"]) for c in calls)
+            or (left is not None and left < 1)
+        ):
+            final = replace(ready, earlier_prompt_tokens=earlier_prompt)
+            return final, [_replay(gen.outputs, earlier_output)]
+        earlier_prompt += len(ready.prompt)
+        earlier_output += gen.final.num_output_tokens
+        results = await unless_disconnected(request, _run(request, loop, calls))
+        if results is None:
+            return None
+        job = _next_round(job, loop, job.prefill + (content or ""), calls, results, left)
+        if round_index == 0:
+            job = replace(job, constraint=loop.later_constraint())
+        decoded = ready.decoded
+    raise AssertionError("the last round always returns")
+
+
+def _calls(
+    gen: Generation, ready: Prepared, loop: ToolLoop
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """A round's answer text and its calls (OpenAI's shape); reasoning is not kept."""
+    text = gen.text if ready.thinking is None else ready.thinking.split(gen.text)[1]
+    return message(text, loop.offered.reader(loop.fmt))
+
+
+async def _run(
+    request: Request, loop: ToolLoop, calls: Sequence[dict[str, Any]]
+) -> list[ToolResult]:
+    request_id = str(getattr(request.state, "request_id", ""))
+    return list(await asyncio.gather(*(_call(loop, c, request_id) for c in calls)))
+
+
+async def _call(loop: ToolLoop, call: Mapping[str, Any], request_id: str) -> ToolResult:
+    name = call["function"]["name"]
+    try:
+        arguments = json.loads(call["function"]["arguments"] or "{}")
+    except ValueError:
+        return ToolResult(f"the arguments of {name} are not valid JSON", True)
+    if not isinstance(arguments, dict):
+        return ToolResult(f"the arguments of {name} must be a JSON object", True)
+    spec = loop.box.spec(name)
+    if spec is not None and spec.permission == "ask" and name in loop.allowed:
+        decision = await loop.broker.ask(name, arguments, request_id)
+        if decision != "approved":
+            log.info("tool %s: %s (request %s)", name, decision, request_id)
+            return ToolResult(f"the call to {name} was not approved ({decision})", True)
+    result = await loop.box.call(name, arguments, allowed=loop.allowed)
+    log.info(
+        "tool %s: %.3f s%s (request %s)",
+        name,
+        result.duration_s,
+        ", error" if result.is_error else "",
+        request_id,
+    )
+    return result
+
+
+def _next_round(
+    job: ChatJob,
+    loop: ToolLoop,
+    content: str,
+    calls: Sequence[dict[str, Any]],
+    results: Sequence[ToolResult],
+    left: int | None,
+) -> ChatJob:
+    """The job of the next round: the calls and their results appended, the output budget
+    what the earlier rounds left of ``max_tokens``."""
+    fmt = loop.fmt
+    made = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    turns = [assistant_calls(content, made, fmt)]
+    for (call_id, name, _), result in zip(made, results, strict=True):
+        text = neutralize(result.content, loop.control)
+        turns.append(tool_result(call_id, name, f"error: {text}" if result.is_error else text, fmt))
+    job = replace(job, messages=[*job.messages, *turns], prefill="")
+    if left is not None:
+        job = replace(job, max_tokens=left, params=replace(job.params, max_tokens=left))
+    return job
+
+
+async def _replay(outputs: list[RequestOutput], earlier: int) -> AsyncIterator[RequestOutput]:
+    """A round's outputs again, counting the output tokens of the rounds before it."""
+    for out in outputs:
+        yield replace(out, num_output_tokens=out.num_output_tokens + earlier) if earlier else out

@@ -1,0 +1,187 @@
+"""The server's side of the agent loop: its tools, started once, and each request's loop.
+
+``AgentRuntime`` holds the tool sources the server was given (``--mcp-config``,
+``--tool-dispatch-url``, ``--enable-code-execution``, functions of an embedding program) in one
+``ToolBox``, started on the first request that could use it (in the serving loop, where the
+MCP sessions live), and the broker of approvals. ``tool_loop`` decides, per request, whether
+the loop runs and what the model is offered: the request's own tools and the server's, under
+one tool choice.
+
+The loop runs for a request when the server has tools, the request asks for one choice, its
+``tool_choice`` is not ``none`` and its ``max_tool_rounds`` (at most the server's
+``--max-tool-rounds``) is not 0. With code execution on, each request gets its own sandboxed
+Python session, started only when the model first calls ``python`` and closed when the loop
+ends, so no state passes between requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from inferd.agent.config import AgentConfig
+from inferd.agent.sandbox import CodeExecutionTools
+from inferd.agent.toolbox import ToolBox
+from inferd.agent.tools import ToolSource
+from inferd.agent.tools import ToolSpec as ServerTool
+from inferd.agent.untrusted import control_pattern
+from inferd.server.approvals import ApprovalBroker
+from inferd.server.errors import bad_request
+from inferd.server.openai_tools import ToolRequest
+from inferd.serving.served import ServedModel
+from inferd.structured.constraint import Constraint, ConstraintError
+from inferd.structured.tool_syntax import ToolFormat, ToolSpec
+
+log = logging.getLogger(__name__)
+
+_RESULT_MARKERS = ("<tool_response>", "</tool_response>")  # what wraps a result in the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class ToolLoop:
+    """How one request's loop runs: the tools it may call and its bounds."""
+
+    box: ToolBox  # the server's sources, and this request's own code session
+    offered: ToolRequest  # the request's tools and the server's, as the model sees them
+    fmt: ToolFormat
+    max_rounds: int  # tool rounds before the reply is returned as it is
+    answer: Any  # the JSON schema of a text answer beside the calls (response_format), or None
+    broker: ApprovalBroker
+    control: re.Pattern[str] | None  # chat-template control text, broken in tool output
+    owned: tuple[ToolSource, ...] = ()  # sources made for this request, closed after it
+
+    def runs(self, name: str) -> bool:
+        """Whether the server runs calls to ``name`` (else the client does)."""
+        return self.box.spec(name) is not None
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        return frozenset(t.name for t in self.offered.callable)
+
+    def later_constraint(self) -> Constraint | None:
+        """The constraint of the rounds after the first: a forced tool choice holds for the
+        first round only (as the openai-agents SDK resets it), so the model can then answer."""
+        return replace(self.offered, choice="auto", named=None).constraint(self.fmt, self.answer)
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.owned), return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class ServerTools:
+    """The server's tools for one request, before its own are known."""
+
+    box: ToolBox
+    specs: tuple[ToolSpec, ...]  # as the model is offered them
+    max_rounds: int
+    broker: ApprovalBroker
+    owned: tuple[ToolSource, ...] = ()
+
+    def loop(
+        self, model: ServedModel, tools: ToolRequest | None, answer: Any = None
+    ) -> ToolLoop | None:
+        """The request's loop over ``tools`` (the request's and the server's, parsed
+        together), or None when tool use is off (``tool_choice: none``) or nothing runs here."""
+        if tools is None or not tools.active:
+            return None
+        if not any(self.box.spec(t.name) is not None for t in tools.callable):
+            return None
+        fmt = model.tool_format
+        markers = (*fmt.syntax.starts, *_RESULT_MARKERS)
+        return ToolLoop(
+            self.box,
+            tools,
+            fmt,
+            self.max_rounds,
+            answer,
+            self.broker,
+            control_pattern(model.tokenizer.special_token_pattern, markers),
+            self.owned,
+        )
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.owned), return_exceptions=True)
+
+
+class AgentRuntime:
+    def __init__(self, config: AgentConfig, extra: Sequence[ToolSource] = ()) -> None:
+        self.config = config
+        self.extra = list(extra)
+        self.broker = ApprovalBroker(config.approval_timeout_s)
+        self._box: ToolBox | None = None
+        self._lock: asyncio.Lock | None = None
+        self._schemas: dict[str, bool] = {}  # a tool's schema text -> whether it compiles
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.has_sources or bool(self.extra)
+
+    async def toolbox(self) -> ToolBox:
+        """The server's sources, started on first use; sources that failed are tried again."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self._box is None:
+                shared = replace(self.config, code_execution=False)  # per request instead
+                box = ToolBox.from_config(shared, self.extra)
+                await box.start()
+                self._box = box
+            elif self._box.failures:
+                await self._box.refresh()
+            return self._box
+
+    async def close(self) -> None:
+        if self._box is not None:
+            await self._box.close()
+
+    async def server_tools(
+        self,
+        max_tool_rounds: int | None,
+        *,
+        n: int = 1,
+        code_execution: bool | None = None,
+    ) -> ServerTools | None:
+        """The tools the server runs for one request, or None when the loop does not run for
+        it (see the module docstring); 400s for ``max_tool_rounds`` beyond the server's bound
+        and for code execution asked of a server without it."""
+        limit = self.config.max_tool_rounds
+        if max_tool_rounds is not None and not 0 <= max_tool_rounds <= limit:
+            raise bad_request(
+                f"max_tool_rounds must be 0 to {limit} on this server (--max-tool-rounds)",
+                "max_tool_rounds",
+            )
+        try:
+            wants_code = self.config.code_execution_for(code_execution)
+        except ValueError as exc:
+            raise bad_request(str(exc), "enable_code_execution") from None
+        if not self.enabled or n != 1 or max_tool_rounds == 0:
+            return None
+        shared = await self.toolbox()
+        owned: tuple[ToolSource, ...] = ()
+        if wants_code:
+            owned = (CodeExecutionTools(permission=self.config.permission),)
+        box = ToolBox([*shared.sources, *owned]) if owned else shared
+        specs = tuple(
+            ToolSpec(t.name, t.description, dict(t.input_schema))
+            for t in box.tools()
+            if t.permission != "deny" and self._usable(t)  # a denied tool is never offered
+        )
+        rounds = max_tool_rounds if max_tool_rounds is not None else limit
+        return ServerTools(box, specs, rounds, self.broker, owned)
+
+    def _usable(self, tool: ServerTool) -> bool:
+        """Whether the tool's input schema can hold its arguments (a grammar is built from
+        it); a tool whose schema cannot is left out, once logged."""
+        key = repr(sorted(tool.input_schema.items()))
+        if key not in self._schemas:
+            try:
+                Constraint.json_schema(dict(tool.input_schema), param=tool.name)
+                self._schemas[key] = True
+            except ConstraintError as exc:
+                log.warning("tool %s is not offered: its input schema: %s", tool.name, exc)
+                self._schemas[key] = False
+        return self._schemas[key]

@@ -1,0 +1,322 @@
+"""The agent loop through the real CLI (`inferd serve --mcp-config ...`) on the default model:
+a real MCP server (tests/agent/mcp_servers.py, over stdio) whose calls are logged to a file,
+official SDKs with strict response validation, greedy decoding so each answer reproduces.
+
+The model is forced to call a server tool in the first round (``tool_choice`` naming it); the
+server runs the call and generates again with ``auto``, and the client sees the answer only.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import openai
+import pytest
+
+from tests.agent.conftest import SERVER_SCRIPT
+from tests.agent.mcp_servers import CAPITALS
+from tests.server.live import LiveServer, live_server
+
+PERU = [{"role": "user", "content": "What is the capital of Peru?"}]
+LOOKUP = {"type": "function", "function": {"name": "lookup"}}
+APPROVAL_TIMEOUT_S = 3
+TOOL_TIMEOUT_S = 10
+
+
+@pytest.fixture(scope="module")
+def calls_log(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("agent-calls") / "calls.jsonl"
+
+
+@pytest.fixture(scope="module")
+def server(
+    smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory, calls_log: Path
+) -> Iterator[LiveServer]:
+    folder = tmp_path_factory.mktemp("agent-loop")
+    config = {
+        "mcpServers": {
+            "calc": {
+                "command": sys.executable,
+                "args": [str(SERVER_SCRIPT), "stdio"],
+                "env": {"MCP_CALL_LOG": str(calls_log)},
+                "permission": "allow",
+                "timeout_s": TOOL_TIMEOUT_S,
+                "tools": {
+                    "multiply": {"permission": "ask"},
+                    "authorization": {"permission": "deny"},
+                },
+            }
+        },
+        "max_output_bytes": 4096,
+    }
+    (folder / "mcp.json").write_text(json.dumps(config))
+    args = [
+        "-m",
+        str(smollm2_gguf),
+        "--mcp-config",
+        str(folder / "mcp.json"),
+        "--agent-approval-timeout",
+        str(APPROVAL_TIMEOUT_S),
+        "--max-tool-rounds",
+        "3",
+    ]
+    with live_server(args, folder / "serve.log") as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def client(server: LiveServer) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
+    )
+
+
+def _calls(log: Path) -> list[dict[str, Any]]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines()]
+
+
+def _new_calls(log: Path, before: int) -> list[dict[str, Any]]:
+    return _calls(log)[before:]
+
+
+def _lookup_answer(call: dict[str, Any]) -> str:
+    """What the test server's lookup answers to ``call`` (the model picks the argument)."""
+    country = call["arguments"]["country"]
+    return CAPITALS.get(country.strip().lower(), f"no capital known for {country!r}")
+
+
+def _chat(client: openai.OpenAI, **extra: Any) -> Any:
+    ask: dict[str, Any] = {"model": "default", "messages": PERU, "temperature": 0}
+    return client.chat.completions.create(**(ask | extra))
+
+
+def test_the_startup_lines_list_the_servers_tools(server: LiveServer) -> None:
+    text = server.log.read_text()
+    assert "inferd  tools      mcp calc" in text
+    assert "lookup [allow]" in text and "multiply [ask]" in text
+
+
+def test_chat_runs_the_tool_and_answers_with_its_result(
+    client: openai.OpenAI, calls_log: Path
+) -> None:
+    before = len(_calls(calls_log))
+    reply = _chat(client, tool_choice=LOOKUP, extra_body={"max_tool_rounds": 1})
+    choice = reply.choices[0]
+    (call,) = _new_calls(calls_log, before)
+    assert call["tool"] == "lookup"
+    assert choice.finish_reason == "stop" and not choice.message.tool_calls
+    assert _lookup_answer(call) in (choice.message.content or "")  # the model read the result
+
+
+def test_usage_counts_every_round(client: openai.OpenAI, calls_log: Path) -> None:
+    """A reply cut at one token ends the loop in its first round: its prompt is the first
+    round's. The loop's usage holds that prompt and the longer second one."""
+    before = len(_calls(calls_log))
+    first_round = _chat(client, tool_choice=LOOKUP, max_tokens=1).usage
+    assert first_round is not None and _new_calls(calls_log, before) == []
+    looped = _chat(client, tool_choice=LOOKUP, extra_body={"max_tool_rounds": 1}).usage
+    assert looped is not None
+    assert looped.prompt_tokens > 2 * first_round.prompt_tokens
+    assert looped.total_tokens == looped.prompt_tokens + looped.completion_tokens
+
+
+def test_a_stream_carries_the_final_answer_only(client: openai.OpenAI) -> None:
+    whole = _chat(client, tool_choice=LOOKUP, extra_body={"max_tool_rounds": 1})
+    stream = _chat(
+        client,
+        tool_choice=LOOKUP,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"max_tool_rounds": 1},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert not any(c.choices and c.choices[0].delta.tool_calls for c in chunks)
+    assert text == whole.choices[0].message.content  # the same greedy answer
+    assert chunks[-1].usage is not None and whole.usage is not None
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+
+
+def test_anthropic_messages_run_the_loop(server: LiveServer, calls_log: Path) -> None:
+    sdk = anthropic.Anthropic(
+        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
+    )
+    ask: dict[str, Any] = {
+        "model": "default",
+        "max_tokens": 100,
+        "messages": PERU,
+        "extra_body": {"temperature": 0},  # this SDK version takes no temperature argument
+        "tool_choice": {"type": "tool", "name": "lookup"},
+    }
+    before = len(_calls(calls_log))
+    message = sdk.messages.create(**ask)
+    (call,) = _new_calls(calls_log, before)
+    assert call["tool"] == "lookup" and message.stop_reason == "end_turn"
+    text = "".join(b.text for b in message.content if b.type == "text")
+    assert _lookup_answer(call) in text
+    with sdk.messages.stream(**ask) as stream:
+        streamed = stream.get_final_message()
+    assert "".join(b.text for b in streamed.content if b.type == "text") == text
+    assert streamed.usage.input_tokens == message.usage.input_tokens
+
+
+def test_the_responses_api_runs_the_loop(client: openai.OpenAI, calls_log: Path) -> None:
+    ask: dict[str, Any] = {
+        "model": "default",
+        "input": "What is the capital of Peru?",
+        "temperature": 0,
+        "tool_choice": {"type": "function", "name": "lookup"},
+        "extra_body": {"max_tool_rounds": 1},
+    }
+    before = len(_calls(calls_log))
+    response = client.responses.create(**ask)
+    (call,) = _new_calls(calls_log, before)
+    assert call["tool"] == "lookup" and response.status == "completed"
+    assert _lookup_answer(call) in response.output_text
+    assert all(item.type == "message" for item in response.output)
+    events = list(client.responses.create(**ask, stream=True))
+    done = [e for e in events if e.type == "response.completed"]
+    assert len(done) == 1 and done[0].response.output_text == response.output_text
+
+
+def test_a_clients_own_tool_is_returned_to_it(client: openai.OpenAI, calls_log: Path) -> None:
+    own = {
+        "type": "function",
+        "function": {
+            "name": "local_clock",
+            "description": "The time on the user's machine.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    before = len(_calls(calls_log))
+    reply = _chat(
+        client, tools=[own], tool_choice={"type": "function", "function": {"name": "local_clock"}}
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [c.function.name for c in choice.message.tool_calls or []] == ["local_clock"]
+    assert _new_calls(calls_log, before) == []
+
+
+def test_zero_rounds_offers_no_server_tool(client: openai.OpenAI) -> None:
+    plain = _chat(client, max_tokens=4, extra_body={"max_tool_rounds": 0}).usage
+    offered = _chat(client, max_tokens=4).usage
+    assert plain is not None and offered is not None
+    assert plain.prompt_tokens < 100 < offered.prompt_tokens  # the tools' descriptions
+
+
+def test_bad_agent_fields_are_400s(server: LiveServer) -> None:
+    base = {"messages": PERU, "max_tokens": 4}
+    too_many = httpx.post(server.api + "/chat/completions", json=base | {"max_tool_rounds": 4})
+    assert too_many.status_code == 400 and too_many.json()["error"]["param"] == "max_tool_rounds"
+    clash = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+    named = httpx.post(server.api + "/chat/completions", json=base | {"tools": [clash]})
+    assert named.status_code == 400, named.text
+    assert "server-side" in named.json()["error"]["message"]
+    code = httpx.post(server.api + "/chat/completions", json=base | {"enable_code_execution": True})
+    assert code.status_code == 400 and "--enable-code-execution" in code.text
+    denied = {"type": "function", "function": {"name": "authorization"}}  # deny: never offered
+    forced = httpx.post(server.api + "/chat/completions", json=base | {"tool_choice": denied})
+    assert forced.status_code == 400 and forced.json()["error"]["param"] == "tool_choice"
+
+
+# -- approvals ---------------------------------------------------------------------------------
+
+
+def _answer_first_approval(server: LiveServer, approve: bool, seen: list[dict[str, Any]]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        waiting = httpx.get(server.api + "/agent/approvals").json()["data"]
+        if waiting:
+            seen.extend(waiting)
+            url = f"{server.api}/agent/approvals/{waiting[0]['id']}"
+            httpx.post(url, json={"approve": approve}).raise_for_status()
+            return
+        time.sleep(0.05)
+
+
+def _multiply(client: openai.OpenAI) -> Any:
+    return client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": "What is 6 times 7?"}],
+        temperature=0,
+        tool_choice={"type": "function", "function": {"name": "multiply"}},
+        extra_body={"max_tool_rounds": 1},
+    )
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_an_ask_tool_waits_for_its_approval(
+    server: LiveServer, client: openai.OpenAI, calls_log: Path, approve: bool
+) -> None:
+    seen: list[dict[str, Any]] = []
+    answerer = threading.Thread(target=_answer_first_approval, args=(server, approve, seen))
+    answerer.start()
+    before = len(_calls(calls_log))
+    reply = _multiply(client)
+    answerer.join()
+    assert [(a["tool"], a["arguments"]) for a in seen] == [("multiply", {"a": 6, "b": 7})]
+    ran = _new_calls(calls_log, before)
+    if approve:
+        assert ran == [{"tool": "multiply", "arguments": {"a": 6.0, "b": 7.0}}]
+        assert "42" in (reply.choices[0].message.content or "")
+    else:
+        assert ran == []
+    assert reply.choices[0].finish_reason == "stop"
+
+
+def test_an_unanswered_approval_times_out_as_denied(
+    server: LiveServer, client: openai.OpenAI, calls_log: Path
+) -> None:
+    before = len(_calls(calls_log))
+    started = time.monotonic()
+    reply = _multiply(client)
+    assert time.monotonic() - started >= APPROVAL_TIMEOUT_S
+    assert _new_calls(calls_log, before) == []
+    assert reply.choices[0].finish_reason == "stop"
+    assert httpx.get(server.api + "/agent/approvals").json()["data"] == []
+
+
+def test_answering_no_waiting_call_is_a_404_and_a_bad_body_a_400(server: LiveServer) -> None:
+    missing = httpx.post(server.api + "/agent/approvals/apr_nothing", json={"approve": True})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "approval_not_found"
+    bad = httpx.post(server.api + "/agent/approvals/apr_nothing", json={"approve": "yes"})
+    assert bad.status_code == 400
+
+
+# -- hostile tools -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tool", ["hang", "crash", "big", "weather"])
+def test_a_hostile_tool_becomes_a_result_and_the_request_completes(
+    server: LiveServer, client: openai.OpenAI, calls_log: Path, tool: str
+) -> None:
+    """A tool that hangs (past its 10 s timeout), kills its server, answers 10 MB (bounded to
+    4 KiB) or answers text shaped like chat-template control tokens: the request
+    ends with the model's answer, and the server's tools work again afterwards."""
+    started = time.monotonic()
+    reply = _chat(
+        client,
+        max_tokens=48,
+        tool_choice={"type": "function", "function": {"name": tool}},
+        extra_body={"max_tool_rounds": 1},
+    )
+    assert time.monotonic() - started < 60
+    assert reply.choices[0].finish_reason in ("stop", "length")
+    assert not reply.choices[0].message.tool_calls
+    before = len(_calls(calls_log))
+    again = _chat(client, tool_choice=LOOKUP, extra_body={"max_tool_rounds": 1})
+    (call,) = _new_calls(calls_log, before)
+    assert call["tool"] == "lookup"
+    assert _lookup_answer(call) in (again.choices[0].message.content or "")
