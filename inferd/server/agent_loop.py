@@ -23,8 +23,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from starlette.requests import Request
@@ -33,14 +34,41 @@ from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
 from inferd.server.agent_runtime import ToolLoop
 from inferd.server.generation import Generation, collect, unless_disconnected
-from inferd.server.openai_tools import assistant_calls, message, tool_result
+from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
 from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
 
 log = logging.getLogger(__name__)
 
-Started = tuple[Prepared, list[AsyncIterator[RequestOutput]]]
+
+@dataclass(frozen=True, slots=True)
+class RanCall:
+    """A call the loop ran: what the model asked and what the tool answered."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+    result: ToolResult
+    source: str  # the tool source's name (an MCP server's label)
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A job's last round started: its prepared form, its engine streams, and the calls the
+    loop ran before it (in order)."""
+
+    ready: Prepared
+    streams: list[AsyncIterator[RequestOutput]]
+    ran: tuple[RanCall, ...] = ()
+    # The last round ran without the server's tools (``max_tool_rounds`` reached): what it
+    # could call instead (the client's tools, or None).
+    narrowed: bool = False
+    final_tools: ToolRequest | None = None
+
+    def tools(self, offered: ToolRequest | None) -> ToolRequest | None:
+        """The tools whose calls the reply may hold, given those the request offered."""
+        return self.final_tools if self.narrowed else offered
 
 
 async def generate(
@@ -49,7 +77,7 @@ async def generate(
     """The job prepared and its engine streams; None when the client left during the loop."""
     if loop is None:
         ready = await prepare(request, model, job)
-        return ready, submit(request, model, ready)
+        return Started(ready, submit(request, model, ready))
     try:
         return await _rounds(request, model, job, loop)
     finally:
@@ -61,9 +89,12 @@ async def _rounds(
 ) -> Started | None:
     earlier_prompt = earlier_output = 0
     decoded = None
+    ran: list[RanCall] = []
+    clock = _Clock()
     for round_index in range(loop.max_rounds + 1):
         ready = await prepare(request, model, job, decoded)
         gens = await collect(request, submit(request, model, ready))
+        clock.lap("model")
         if gens is None:
             return None
         (gen,) = gens
@@ -77,14 +108,32 @@ async def _rounds(
             or (left is not None and left < 1)
         ):
             final = replace(ready, earlier_prompt_tokens=earlier_prompt)
-            return final, [_replay(gen.outputs, earlier_output)]
+            narrowed = round_index == loop.max_rounds and round_index > 0
+            if ran:
+                log.info(
+                    "agent loop: %d tool round(s), %d call(s); model %.3f s, tools %.3f s, "
+                    "total %.3f s (request %s)",
+                    round_index,
+                    len(ran),
+                    clock.spent["model"],
+                    clock.spent["tools"],
+                    clock.total,
+                    _request_id(request),
+                )
+            outputs = [_replay(gen.outputs, earlier_output)]
+            return Started(final, outputs, tuple(ran), narrowed, loop.final_tools())
         earlier_prompt += len(ready.prompt)
         earlier_output += gen.final.num_output_tokens
+        clock.lap("model")  # reading the calls
         results = await unless_disconnected(request, _run(request, loop, calls))
+        clock.lap("tools")
         if results is None:
             return None
+        ran += [_ran(loop, c, r) for c, r in zip(calls, results, strict=True)]
         job = _next_round(job, loop, job.prefill + (content or ""), calls, results, left)
-        if round_index == 0:
+        if round_index + 1 == loop.max_rounds:  # the last round: the server runs no more
+            job = replace(job, constraint=loop.final_constraint())
+        elif round_index == 0:
             job = replace(job, constraint=loop.later_constraint())
         decoded = ready.decoded
     raise AssertionError("the last round always returns")
@@ -101,7 +150,7 @@ def _calls(
 async def _run(
     request: Request, loop: ToolLoop, calls: Sequence[dict[str, Any]]
 ) -> list[ToolResult]:
-    request_id = str(getattr(request.state, "request_id", ""))
+    request_id = _request_id(request)
     return list(await asyncio.gather(*(_call(loop, c, request_id) for c in calls)))
 
 
@@ -128,6 +177,35 @@ async def _call(loop: ToolLoop, call: Mapping[str, Any], request_id: str) -> Too
         request_id,
     )
     return result
+
+
+def _request_id(request: Request) -> str:
+    return str(getattr(request.state, "request_id", ""))
+
+
+class _Clock:
+    """Where a loop's time went: the model's rounds (prompt, generation), the tools' calls,
+    and in total (the rest is assembling the next round)."""
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.spent = {"model": 0.0, "tools": 0.0}
+
+    def lap(self, what: str) -> None:
+        now = time.perf_counter()
+        self.spent[what] += now - self.last
+        self.last = now
+
+    @property
+    def total(self) -> float:
+        return time.perf_counter() - self.start
+
+
+def _ran(loop: ToolLoop, call: Mapping[str, Any], result: ToolResult) -> RanCall:
+    name = call["function"]["name"]
+    spec = loop.box.spec(name)
+    source = spec.source if spec is not None else ""
+    return RanCall(call["id"], name, call["function"]["arguments"], result, source)
 
 
 def _next_round(

@@ -19,18 +19,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from inferd.agent.config import AgentConfig
+from inferd.agent.config import AgentConfig, AgentConfigError, McpServerConfig
+from inferd.agent.mcp_tools import McpTools
 from inferd.agent.sandbox import CodeExecutionTools
 from inferd.agent.toolbox import ToolBox
-from inferd.agent.tools import ToolSource
+from inferd.agent.tools import ToolSource, ToolSourceError
 from inferd.agent.tools import ToolSpec as ServerTool
 from inferd.agent.untrusted import control_pattern
+from inferd.agent.url_policy import McpUrlPolicy, OutboundUrlRefused
 from inferd.server.approvals import ApprovalBroker
-from inferd.server.errors import bad_request
+from inferd.server.errors import APIError, bad_request
 from inferd.server.openai_tools import ToolRequest
 from inferd.serving.served import ServedModel
 from inferd.structured.constraint import Constraint, ConstraintError
@@ -67,8 +69,38 @@ class ToolLoop:
         first round only (as the openai-agents SDK resets it), so the model can then answer."""
         return replace(self.offered, choice="auto", named=None).constraint(self.fmt, self.answer)
 
+    def final_tools(self) -> ToolRequest | None:
+        """What the last round a loop allows may call: the client's own tools (the server
+        runs no more), or None when the request has none."""
+        own = tuple(t for t in self.offered.tools if not self.runs(t.name))
+        if not own:
+            return None
+        return replace(self.offered, tools=own, choice="auto", named=None)
+
+    def final_constraint(self) -> Constraint | None:
+        """The last round's constraint: calls to the client's tools only, or the answer's
+        shape (response_format), or nothing."""
+        tools = self.final_tools()
+        if tools is not None:
+            return tools.constraint(self.fmt, self.answer)
+        return None if self.answer is None else Constraint.json_schema(self.answer)
+
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self.owned), return_exceptions=True)
+
+
+@dataclass(frozen=True, slots=True)
+class HostedSource:
+    """A request's own MCP server, connected, and the tools the request lets the model see."""
+
+    source: McpTools
+    allowed: frozenset[str] | None  # None: all of them
+
+    def listed(self) -> list[ServerTool]:
+        return [t for t in self.source.tools() if self.allowed is None or t.name in self.allowed]
+
+    def hidden(self) -> list[str]:
+        return [t.name for t in self.source.tools() if t not in self.listed()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,16 +170,53 @@ class AgentRuntime:
         if self._box is not None:
             await self._box.close()
 
+    async def connect(
+        self,
+        label: str,
+        url: str,
+        headers: Mapping[str, str],
+        *,
+        allowed: frozenset[str] | None,
+        never_ask: frozenset[str] | None,
+        param: str,
+    ) -> HostedSource:
+        """A request-named MCP server (the Responses ``mcp`` tool), connected and its tools
+        listed: a 400 naming ``param`` when ``--mcp-allow-url`` does not allow the URL or it
+        resolves to an address never reached, a 424 when the server cannot be reached."""
+        try:
+            await McpUrlPolicy(self.config.mcp_allow_urls).check(url)
+        except OutboundUrlRefused as exc:
+            raise bad_request(str(exc), param, code="mcp_server_url_refused") from None
+        try:
+            config = McpServerConfig(
+                label,
+                url=url,
+                headers=dict(headers),
+                permission="allow" if never_ask is None else "ask",
+                tool_permissions=dict.fromkeys(never_ask or (), "allow"),
+            )
+        except AgentConfigError as exc:
+            raise bad_request(str(exc), param) from None
+        source = McpTools(config, max_output_bytes=self.config.max_output_bytes, permission="ask")
+        try:
+            await source.start()
+        except ToolSourceError as exc:
+            await source.close()
+            raise APIError(424, str(exc), param, "mcp_server_unavailable") from None
+        return HostedSource(source, allowed)
+
     async def server_tools(
         self,
         max_tool_rounds: int | None,
         *,
         n: int = 1,
         code_execution: bool | None = None,
+        hosted: Sequence[HostedSource] = (),
     ) -> ServerTools | None:
         """The tools the server runs for one request, or None when the loop does not run for
         it (see the module docstring); 400s for ``max_tool_rounds`` beyond the server's bound
-        and for code execution asked of a server without it."""
+        and for code execution asked of a server without it. ``hosted``: the request's own
+        MCP servers (``connect``), closed with the loop."""
         limit = self.config.max_tool_rounds
         if max_tool_rounds is not None and not 0 <= max_tool_rounds <= limit:
             raise bad_request(
@@ -158,16 +227,27 @@ class AgentRuntime:
             wants_code = self.config.code_execution_for(code_execution)
         except ValueError as exc:
             raise bad_request(str(exc), "enable_code_execution") from None
-        if not self.enabled or n != 1 or max_tool_rounds == 0:
+        if hosted and max_tool_rounds == 0:
+            raise bad_request(
+                "max_tool_rounds: 0 runs no tool, and the request names mcp servers",
+                "max_tool_rounds",
+            )
+        if not (self.enabled or hosted) or n != 1 or max_tool_rounds == 0:
             return None
-        shared = await self.toolbox()
-        owned: tuple[ToolSource, ...] = ()
+        shared = await self.toolbox() if self.enabled else ToolBox()
+        owned: tuple[ToolSource, ...] = tuple(h.source for h in hosted)
         if wants_code:
-            owned = (CodeExecutionTools(permission=self.config.permission),)
+            owned += (CodeExecutionTools(permission=self.config.permission),)
         box = ToolBox([*shared.sources, *owned]) if owned else shared
+        hidden = {name for h in hosted for name in h.hidden()}
+        listed = [t for t in box.tools() if t.name not in hidden]
+        names = [t.name for t in listed]
+        clash = next((n for n in names if names.count(n) > 1), None)
+        if clash is not None:
+            raise bad_request(f"tools: two tool sources offer a tool named {clash!r}", "tools")
         specs = tuple(
             ToolSpec(t.name, t.description, dict(t.input_schema))
-            for t in box.tools()
+            for t in listed
             if t.permission != "deny" and self._usable(t)  # a denied tool is never offered
         )
         rounds = max_tool_rounds if max_tool_rounds is not None else limit

@@ -149,7 +149,11 @@ async def _create_message(request: Request) -> Response:
     started = await generate(request, model, job, loop)
     if started is None:
         return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started
+    ready, streams = started.ready, started.streams
+    reads_calls = tools is not None and tool_constraint is not None
+    if started.narrowed:  # the loop's last round could call the client's tools only
+        tools = started.final_tools
+        reads_calls = tools is not None
     thinking = ready.thinking
     if body.stream:
         stream = _stream(
@@ -158,7 +162,7 @@ async def _create_message(request: Request) -> Response:
             streams[0],
             ready.prompt_tokens,
             state.keepalive_seconds,
-            calls=tools.reader(model.tool_format) if tools and tool_constraint else None,
+            calls=tools.reader(model.tool_format) if tools and reads_calls else None,
             thinking=thinking,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -172,7 +176,7 @@ async def _create_message(request: Request) -> Response:
         reasoning, text = thinking.split(text)
         thought = [_thinking_block(reasoning, model.id)] if reasoning else []
     content = [_text_block(text)]
-    if tool_constraint is not None:
+    if reads_calls:
         assert tools is not None
         content, called = reply_blocks(text, tools.reader(model.tool_format))
         content = [b | {"citations": None} if b["type"] == "text" else b for b in content]

@@ -89,7 +89,10 @@ async def create_chat_completion(request: Request) -> Response:
     started = await generate(request, model, job, loop)  # n choices share the prompt
     if started is None:
         return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started
+    ready, streams = started.ready, started.streams
+    if started.narrowed:  # the loop's last round could call the client's tools only
+        tools = started.final_tools
+        calls = partial(tools.reader, fmt) if tools is not None else None
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     thinking = ready.thinking
     if body.stream:

@@ -95,8 +95,8 @@ def parse_tools(
     for i, spec in enumerate(specs):
         if spec.name in seen:
             param = f"tools.{i}.function.name"
-            whose = "a server-side tool's" if spec.name in {t.name for t in server} else "a"
-            raise bad_request(f"{param}: duplicate tool name {spec.name!r} ({whose})", param)
+            own = " (a server-side tool's name)" if spec.name in {t.name for t in server} else ""
+            raise bad_request(f"{param}: duplicate tool name {spec.name!r}{own}", param)
         seen.add(spec.name)
     mode, named = _choice(choice, seen)
     return ToolRequest(specs + tuple(server), mode, named, True if parallel is None else parallel)

@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.server import sse
 from inferd.server.agent_loop import generate
+from inferd.server.agent_runtime import HostedSource
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
@@ -46,6 +47,7 @@ from inferd.server.responses_input import (
     chat_messages,
     check_request,
     echo_tools,
+    hosted_mcp,
     input_items,
     media_messages,
     new_id,
@@ -55,7 +57,12 @@ from inferd.server.responses_input import (
     text_config,
     tool_request,
 )
-from inferd.server.responses_output import OutputBuilder
+from inferd.server.responses_output import (
+    OutputBuilder,
+    mcp_call_item,
+    mcp_list_tools_item,
+    ran_events,
+)
 from inferd.server.responses_store import ResponseStore
 from inferd.server.state import ServerState
 from inferd.server.streams import close_stream
@@ -93,10 +100,40 @@ async def create_response(request: Request) -> Response:
     owner = _owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
+    hosted = hosted_mcp(body)
+    if hosted and body.background:
+        raise bad_request("background: mcp tools are run in the foreground only", "background")
+    sources: list[HostedSource] = []
+    try:  # the request's MCP servers are closed when it is answered
+        for h in hosted:
+            source = await state.agent.connect(
+                h.server_label,
+                h.server_url,
+                h.headers,
+                allowed=h.allowed_tools,
+                never_ask=h.never_ask,
+                param=f"tools.{h.index}.server_url",
+            )
+            sources.append(source)
+        return await _respond(request, state, body, model, owner, history, items, sources)
+    finally:
+        await asyncio.gather(*(s.source.close() for s in sources), return_exceptions=True)
+
+
+async def _respond(
+    request: Request,
+    state: ServerState,
+    body: ResponsesRequest,
+    model: ServedModel,
+    owner: str | None,
+    history: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    hosted: list[HostedSource],
+) -> Response:
     server = None
     if not body.background:  # a background response runs one round
         server = await state.agent.server_tools(
-            body.max_tool_rounds, code_execution=body.enable_code_execution
+            body.max_tool_rounds, code_execution=body.enable_code_execution, hosted=hosted
         )
     tools = tool_request(body, server.specs if server else ())
     fields = sampling_fields(body)
@@ -147,9 +184,14 @@ async def create_response(request: Request) -> Response:
     started = await generate(request, model, job, loop)
     if started is None:
         return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started
+    ready, streams = started.ready, started.streams
+    if started.narrowed:  # the loop's last round could call the client's tools only
+        tools = started.final_tools
+        calls = partial(tools.reader, fmt) if tools is not None else None
     run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
     run.thinking = ready.thinking
+    # the request's MCP servers' tools, then the calls the loop ran, before the answer
+    run.ran = [mcp_list_tools_item(h) for h in hosted] + [mcp_call_item(c) for c in started.ran]
     if body.stream:
         events = _stream(state, run, items, owner, streams[0])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
@@ -279,10 +321,11 @@ class _Run:
         self.calls = calls  # a new reader of the reply's tool calls; None when it holds none
         self.store = store
         self.thinking: ReasoningSplit | None = None  # how to split the reasoning off, if at all
+        self.ran: list[dict[str, Any]] = []  # mcp_call items of the tools the server ran
 
     def builder(self) -> OutputBuilder:
         splitter = self.thinking.splitter() if self.thinking is not None else None
-        return OutputBuilder(self.reader(), thinking=splitter)
+        return OutputBuilder(self.reader(), items=[dict(i) for i in self.ran], thinking=splitter)
 
     def reader(self) -> CallReader | None:
         return self.calls() if self.calls is not None else None
@@ -343,7 +386,7 @@ async def _stream(
         {"type": "response.created", "response": run.snapshot("in_progress")},
         {"type": "response.in_progress", "response": run.snapshot("in_progress")},
     ]
-    for chunk in send(opening):
+    for chunk in send([*opening, *ran_events(run.ran)]):
         yield chunk
     builder = run.builder()
     last: RequestOutput | None = None

@@ -11,8 +11,10 @@ turn rebuilds the conversation from.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import Field
@@ -58,6 +60,9 @@ class ResponsesRequest(_Lenient):
     # Known to OpenAI, not served here: a request that uses one gets a 400 naming it.
     conversation: Any = None
     prompt: Any = None
+
+
+_LABEL = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_request(body: ResponsesRequest) -> None:
@@ -134,20 +139,103 @@ def renamed(err: APIError) -> APIError:
     return APIError(err.status, message, param or None, err.code, err.headers)
 
 
+@dataclass(frozen=True, slots=True)
+class HostedMcp:
+    """A request's ``mcp`` tool: a remote MCP server the server connects to for it."""
+
+    index: int  # where it is in ``tools``, for errors
+    server_label: str
+    server_url: str
+    headers: dict[str, str]
+    allowed_tools: frozenset[str] | None  # None: all its tools
+    never_ask: frozenset[str] | None  # tools that run without approval (None: all of them)
+
+
+def hosted_mcp(body: ResponsesRequest) -> list[HostedMcp]:
+    """The request's ``mcp`` tools, their fields checked (the URL policy comes later)."""
+    hosted = [
+        _hosted(i, t)
+        for i, t in enumerate(body.tools or ())
+        if isinstance(t, dict) and t.get("type") == "mcp"
+    ]
+    labels = [h.server_label for h in hosted]
+    if len(set(labels)) != len(labels):
+        raise bad_request("tools: two mcp tools have the same server_label", "tools")
+    return hosted
+
+
+def _hosted(index: int, tool: dict[str, Any]) -> HostedMcp:
+    where = f"tools.{index}"
+    label = tool.get("server_label")
+    if not isinstance(label, str) or not _LABEL.fullmatch(label):
+        raise bad_request(
+            f"{where}.server_label must be 1 to 64 letters, digits, _ or -", f"{where}.server_label"
+        )
+    if tool.get("connector_id") is not None:
+        raise bad_request(f"{where}.connector_id: connectors are not supported", where)
+    url = tool.get("server_url")
+    if not isinstance(url, str) or not url:
+        raise bad_request(f"{where}.server_url is required", f"{where}.server_url")
+    headers = tool.get("headers") or {}
+    if not isinstance(headers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+    ):
+        raise bad_request(f"{where}.headers must map names to strings", f"{where}.headers")
+    allowed = tool.get("allowed_tools")
+    if isinstance(allowed, dict):
+        allowed = allowed.get("tool_names")
+    if allowed is not None and not (
+        isinstance(allowed, list) and all(isinstance(n, str) for n in allowed)
+    ):
+        raise bad_request(
+            f"{where}.allowed_tools must be a list of tool names", f"{where}.allowed_tools"
+        )
+    return HostedMcp(
+        index,
+        label,
+        url,
+        headers,
+        None if allowed is None else frozenset(allowed),
+        _never_ask(tool.get("require_approval"), where),
+    )
+
+
+def _never_ask(value: Any, where: str) -> frozenset[str] | None:
+    """``require_approval`` as the tools that need none: ``never`` (None: all), ``always`` or
+    absent (OpenAI's default: every call approved), or ``{"never": {"tool_names": [...]}}``."""
+    if value == "never":
+        return None
+    if value is None or value == "always":
+        return frozenset()
+    names = value.get("never", {}).get("tool_names") if isinstance(value, dict) else None
+    if isinstance(value, dict) and set(value) <= {"never", "always"} and isinstance(names, list):
+        return frozenset(n for n in names if isinstance(n, str))
+    raise bad_request(
+        f"{where}.require_approval must be always, never or {{never: {{tool_names: [...]}}}}",
+        f"{where}.require_approval",
+    )
+
+
 def tool_request(body: ResponsesRequest, server: Sequence[ToolSpec] = ()) -> ToolRequest | None:
-    """Responses' flat function tools as chat's, for the shared ToolRequest."""
+    """Responses' flat function tools as chat's, for the shared ToolRequest; ``server``: the
+    tools the server runs (its own and the request's ``mcp`` servers')."""
     as_chat: list[Any] = []
     for i, tool in enumerate(body.tools or ()):
+        if isinstance(tool, dict) and tool.get("type") == "mcp":
+            continue  # hosted_mcp's; its tools come in ``server``
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise bad_request(
-                f"tools.{i}: only function tools are supported, not {kind!r}", f"tools.{i}.type"
+                f"tools.{i}: only function and mcp tools are supported, not {kind!r}",
+                f"tools.{i}.type",
             )
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
         if fn.get("parameters") is None:
             fn.pop("parameters", None)
         as_chat.append({"type": "function", "function": fn})
     choice = body.tool_choice
+    if isinstance(choice, dict) and choice.get("type") == "mcp":  # one tool of an mcp server
+        choice = {"type": "function", "name": choice.get("name")}
     if isinstance(choice, dict):
         if choice.get("type") != "function":
             raise bad_request(
@@ -163,17 +251,28 @@ def tool_request(body: ResponsesRequest, server: Sequence[ToolSpec] = ()) -> Too
 
 
 def echo_tools(tools: list[Any] | None) -> list[dict[str, Any]]:
-    """The request's tools as the response object lists them."""
-    return [
-        {
-            "type": "function",
-            "name": t["name"],
-            "description": t.get("description"),
-            "parameters": t.get("parameters"),
-            "strict": t.get("strict", True),
+    """The request's tools as the response object lists them (an mcp tool's headers, which
+    may hold credentials, are not repeated)."""
+    return [_echo(t) for t in tools or ()]
+
+
+def _echo(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") == "mcp":
+        return {
+            "type": "mcp",
+            "server_label": tool["server_label"],
+            "server_url": tool.get("server_url"),
+            "allowed_tools": tool.get("allowed_tools"),
+            "require_approval": tool.get("require_approval", "always"),
+            "headers": None,
         }
-        for t in tools or ()
-    ]
+    return {
+        "type": "function",
+        "name": tool["name"],
+        "description": tool.get("description"),
+        "parameters": tool.get("parameters"),
+        "strict": tool.get("strict", True),
+    }
 
 
 # -- input items ------------------------------------------------------------------------------
@@ -235,13 +334,29 @@ def _item(index: int, item: Any, known_calls: set[str]) -> dict[str, Any]:
             "output": output,
             "status": "completed",
         }
-    if kind == "reasoning":  # a reasoning model's item sent back: kept, not rendered
+    if kind == "mcp_call":  # a call the server ran, sent back: rendered as a call and result
+        return _mcp_call(where, item)
+    if kind in ("reasoning", "mcp_list_tools"):  # an item sent back: kept, not rendered
         return dict(item) | {"id": item.get("id") or new_id("rs")}
     raise bad_request(
-        f"{where}.type: unsupported input item type {kind!r}; expected message, function_call "
-        "or function_call_output",
+        f"{where}.type: unsupported input item type {kind!r}; expected message, function_call, "
+        "function_call_output or mcp_call",
         f"{where}.type",
     )
+
+
+def _mcp_call(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    fields = {k: item.get(k) for k in ("server_label", "name", "arguments")}
+    for key, value in fields.items():
+        if not isinstance(value, str) or (key == "name" and not value):
+            raise bad_request(f"{where}.{key}: a string is required", f"{where}.{key}")
+    result = {k: item.get(k) for k in ("output", "error")}
+    for key, value in result.items():
+        if value is not None and not isinstance(value, str):
+            raise bad_request(f"{where}.{key} must be a string or null", f"{where}.{key}")
+    item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("mcp")
+    status = "failed" if result["error"] is not None else "completed"
+    return {"id": item_id, "type": "mcp_call"} | fields | result | {"status": status}
 
 
 def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -378,6 +493,15 @@ def chat_messages(
             turn = turn or {"text": "", "calls": []}
             fn = {"name": item["name"], "arguments": item["arguments"]}
             turn["calls"].append({"id": item["call_id"], "function": fn})
+        elif kind == "mcp_call":  # the call and its result, as a function call's would read
+            turn = turn or {"text": "", "calls": []}
+            fn = {"name": item["name"], "arguments": item["arguments"]}
+            turn["calls"].append({"id": item["id"], "function": fn})
+            flush()
+            result = item["output"] if item["error"] is None else f"error: {item['error']}"
+            messages.append(
+                history_turn(len(messages), "tool", result or "", None, item["id"], known, fmt)
+            )
         elif kind == "function_call_output":
             flush()
             messages.append(

@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.server.agent_loop import RanCall
+from inferd.server.agent_runtime import HostedSource
 from inferd.server.openai_tools import new_call_id
 from inferd.server.reasoning import ReasoningSplitter
 from inferd.server.responses_input import new_id
@@ -199,6 +201,62 @@ class OutputBuilder:
             "output_index": index if index is not None else len(self.items) - 1,
             "content_index": 0,
         }
+
+
+def mcp_call_item(call: RanCall) -> dict[str, Any]:
+    """A call the agent loop ran, as OpenAI's ``mcp_call`` item (``server_label``: its tool
+    source, the MCP server's name in the config)."""
+    failed = call.result.is_error
+    return {
+        "id": new_id("mcp"),
+        "type": "mcp_call",
+        "server_label": call.source,
+        "name": call.name,
+        "arguments": call.arguments,
+        "output": None if failed else call.result.content,
+        "error": call.result.content if failed else None,
+        "status": "failed" if failed else "completed",
+        "approval_request_id": None,
+    }
+
+
+def mcp_list_tools_item(hosted: HostedSource) -> dict[str, Any]:
+    """A request's MCP server's tools, as OpenAI's ``mcp_list_tools`` item."""
+    tools = [
+        {
+            "name": t.remote_name,
+            "description": t.description,
+            "input_schema": dict(t.input_schema),
+            "annotations": None,
+        }
+        for t in hosted.listed()
+    ]
+    label = hosted.source.name
+    return {"id": new_id("mcpl"), "type": "mcp_list_tools", "server_label": label} | {
+        "tools": tools,
+        "error": None,
+    }
+
+
+def ran_events(items: list[dict[str, Any]]) -> list[Event]:
+    """The events of items the agent loop finished before the answer (``mcp_list_tools``,
+    ``mcp_call``), first in a stream: each item added, in progress, completed (or failed),
+    done."""
+    events: list[Event] = []
+    for index, item in enumerate(items):
+        kind = item["type"]
+        where = {"output_index": index, "item_id": item["id"]}
+        running = dict(item)
+        if kind == "mcp_call":
+            running |= {"output": None, "error": None, "status": "in_progress"}
+        ended = "failed" if item.get("status") == "failed" else "completed"
+        events += [
+            {"type": "response.output_item.added", "output_index": index, "item": running},
+            {"type": f"response.{kind}.in_progress"} | where,
+            {"type": f"response.{kind}.{ended}"} | where,
+            {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
+        ]
+    return events
 
 
 def _copy(item: dict[str, Any]) -> dict[str, Any]:

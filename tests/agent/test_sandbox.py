@@ -147,7 +147,9 @@ def test_a_host_without_the_sandbox_leaves_the_tool_unavailable() -> None:
         "code_execution": "code execution is unavailable: no interpreter at "
         "/usr/bin/no-such-python (the sandbox shows only /usr)"
     }
-    assert res.is_error and res.content == "unknown tool 'python'"
+    # the tool stays listed (a request's session starts on its first call), and a call says
+    # why it cannot run
+    assert res.is_error and res.content == failures["code_execution"]
 
 
 # --- escapes that must fail ----------------------------------------------------------------

@@ -24,6 +24,7 @@ import pytest
 from tests.agent.conftest import SERVER_SCRIPT
 from tests.agent.mcp_servers import CAPITALS
 from tests.server.live import LiveServer, live_server
+from tests.server.spec_check import check_openai, check_responses_event, parse_sse
 
 PERU = [{"role": "user", "content": "What is the capital of Peru?"}]
 LOOKUP = {"type": "function", "function": {"name": "lookup"}}
@@ -171,23 +172,60 @@ def test_anthropic_messages_run_the_loop(server: LiveServer, calls_log: Path) ->
     assert streamed.usage.input_tokens == message.usage.input_tokens
 
 
-def test_the_responses_api_runs_the_loop(client: openai.OpenAI, calls_log: Path) -> None:
+def test_the_responses_api_runs_the_loop(
+    server: LiveServer, client: openai.OpenAI, calls_log: Path
+) -> None:
+    """The call the server ran is an ``mcp_call`` item before the answer, in the reply, in
+    the stream's events (each checked against OpenAI's spec) and in the stored history a
+    follow-up builds on."""
     ask: dict[str, Any] = {
         "model": "default",
         "input": "What is the capital of Peru?",
         "temperature": 0,
         "tool_choice": {"type": "function", "name": "lookup"},
-        "extra_body": {"max_tool_rounds": 1},
+        "max_tool_rounds": 1,
     }
     before = len(_calls(calls_log))
-    response = client.responses.create(**ask)
+    raw = httpx.post(server.api + "/responses", json=ask, timeout=120).json()
+    check_openai("Response", raw)
+    response = client.responses.retrieve(raw["id"])
     (call,) = _new_calls(calls_log, before)
     assert call["tool"] == "lookup" and response.status == "completed"
+    mcp, answer = response.output
+    assert mcp.type == "mcp_call" and answer.type == "message"
+    assert (mcp.name, mcp.server_label) == ("lookup", "calc")
+    assert json.loads(mcp.arguments) == call["arguments"]
+    assert _lookup_answer(call) in (mcp.output or mcp.error or "")
     assert _lookup_answer(call) in response.output_text
-    assert all(item.type == "message" for item in response.output)
-    events = list(client.responses.create(**ask, stream=True))
-    done = [e for e in events if e.type == "response.completed"]
-    assert len(done) == 1 and done[0].response.output_text == response.output_text
+
+    body = httpx.post(server.api + "/responses", json=ask | {"stream": True}, timeout=120).text
+    events = [json.loads(e.data) for e in parse_sse(body)]
+    for event in events:
+        check_responses_event(event)
+    kinds = [e["type"] for e in events]
+    ended = "failed" if mcp.error is not None else "completed"
+    assert kinds[:6] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.mcp_call.in_progress",
+        f"response.mcp_call.{ended}",
+        "response.output_item.done",
+    ]
+    final = events[-1]["response"]
+    assert [i["type"] for i in final["output"]] == ["mcp_call", "message"]
+    assert final["output"][1]["content"][0]["text"] == response.output_text
+
+    follow = client.responses.create(
+        model="default",
+        previous_response_id=response.id,
+        input="Thank you.",
+        max_output_tokens=8,
+        extra_body={"max_tool_rounds": 0},
+    )
+    assert follow.status in ("completed", "incomplete")
+    assert follow.usage is not None and response.usage is not None
+    assert follow.usage.input_tokens > 0
 
 
 def test_a_clients_own_tool_is_returned_to_it(client: openai.OpenAI, calls_log: Path) -> None:
@@ -207,6 +245,29 @@ def test_a_clients_own_tool_is_returned_to_it(client: openai.OpenAI, calls_log: 
     assert choice.finish_reason == "tool_calls"
     assert [c.function.name for c in choice.message.tool_calls or []] == ["local_clock"]
     assert _new_calls(calls_log, before) == []
+
+
+def test_the_last_round_calls_no_server_tool(client: openai.OpenAI) -> None:
+    """With the client's own tool beside the server's, forced into ``required`` calls: after
+    the one tool round allowed, the last round may call only the client's tool."""
+    own = {
+        "type": "function",
+        "function": {
+            "name": "local_clock",
+            "description": "The time on the user's machine.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    }
+    ask: dict[str, Any] = {"tools": [own], "tool_choice": "required", "parallel_tool_calls": False}
+    first_round = _chat(client, **ask, max_tokens=1).usage
+    reply = _chat(client, **ask, max_tokens=64, extra_body={"max_tool_rounds": 1})
+    choice = reply.choices[0]
+    called = [c.function.name for c in choice.message.tool_calls or []]
+    assert set(called) <= {"local_clock"}, called
+    if not called:  # a server tool was called first (required), then the model answered
+        assert reply.usage is not None and first_round is not None
+        assert reply.usage.prompt_tokens > 2 * first_round.prompt_tokens
+        assert choice.finish_reason in ("stop", "length")
 
 
 def test_zero_rounds_offers_no_server_tool(client: openai.OpenAI) -> None:
