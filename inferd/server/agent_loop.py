@@ -51,6 +51,7 @@ class RanCall:
     arguments: str  # JSON text, as the model wrote it
     result: ToolResult
     source: str  # the tool source's name (an MCP server's label)
+    round: int = 0  # the loop's round that made it, from 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,7 +130,7 @@ async def _rounds(
         clock.lap("tools")
         if results is None:
             return None
-        ran += [_ran(loop, c, r) for c, r in zip(calls, results, strict=True)]
+        ran += [_ran(loop, c, r, round_index) for c, r in zip(calls, results, strict=True)]
         job = _next_round(job, loop, job.prefill + (content or ""), calls, results, left)
         if round_index + 1 == loop.max_rounds:  # the last round: the server runs no more
             job = replace(job, constraint=loop.final_constraint())
@@ -201,11 +202,11 @@ class _Clock:
         return time.perf_counter() - self.start
 
 
-def _ran(loop: ToolLoop, call: Mapping[str, Any], result: ToolResult) -> RanCall:
+def _ran(loop: ToolLoop, call: Mapping[str, Any], result: ToolResult, number: int) -> RanCall:
     name = call["function"]["name"]
     spec = loop.box.spec(name)
     source = spec.source if spec is not None else ""
-    return RanCall(call["id"], name, call["function"]["arguments"], result, source)
+    return RanCall(call["id"], name, call["function"]["arguments"], result, source, number)
 
 
 def _next_round(

@@ -14,6 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.agent.tools import ToolSource
+from inferd.server.agent_sessions import delete_session, get_session, list_sessions
 from inferd.server.anthropic_api import count_tokens, create_message
 from inferd.server.approvals import answer_approval, list_approvals
 from inferd.server.chat_page import install_chat_page
@@ -124,6 +125,9 @@ def build_app(
     _routes(app, "/v1/system/info", system_info, ["GET"])
     _routes(app, "/v1/agent/approvals", list_approvals, ["GET"])
     _routes(app, "/v1/agent/approvals/{approval_id}", answer_approval, ["POST"])
+    _routes(app, "/v1/agent/sessions", list_sessions, ["GET"])
+    _routes(app, "/v1/agent/sessions/{session_id}", get_session, ["GET"])
+    _routes(app, "/v1/agent/sessions/{session_id}", delete_session, ["DELETE"])
     for path, what in UNSERVED.items():
         _routes(app, path, not_served(what), ["POST"], json=False)  # multipart or JSON alike
     app.add_api_route("/health", health, methods=["GET"])

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from inferd.server import sse
 from inferd.server.agent_loop import generate
+from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
@@ -52,6 +53,11 @@ async def create_chat_completion(request: Request) -> Response:
     check_media_parts(body.messages, policy, model)
     n = check_n(body.n)
     params = _sampling_params(body, model)
+    conversation, session = body.messages, None
+    if body.session_id is not None:  # the kept conversation, then the request's messages
+        session = await open_session(request, body.session_id, _dumped(body.messages), n)
+        stored = [ChatMessage.model_validate(m) for m in session.messages]
+        conversation = stored + body.messages
     server = await state.agent.server_tools(
         body.max_tool_rounds, n=n, code_execution=body.enable_code_execution
     )
@@ -61,7 +67,7 @@ async def create_chat_completion(request: Request) -> Response:
     fmt = model.tool_format
     answer = answer_schema(body)
     loop = server.loop(model, tools, answer) if server is not None else None
-    messages, template_tools = offer(_messages(body.messages, fmt), tools, fmt)
+    messages, template_tools = offer(_messages(conversation, fmt), tools, fmt)
     tool_constraint = tools.constraint(fmt, answer) if tools is not None else None
     constraint = await checked_constraint(body, tool_constraint)
     # The reply may hold tool calls: a new reader of them per choice.
@@ -77,7 +83,7 @@ async def create_chat_completion(request: Request) -> Response:
     given = body.max_tokens is not None or body.max_completion_tokens is not None
     job = ChatJob(
         messages,
-        body.messages,
+        conversation,
         params,
         params.max_tokens if given else None,
         constraint,
@@ -95,6 +101,9 @@ async def create_chat_completion(request: Request) -> Response:
         calls = partial(tools.reader, fmt) if tools is not None else None
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     thinking = ready.thinking
+    kept = None
+    if session is not None:  # the reply's turns join the session once it is whole
+        kept = partial(keep, request, session, _dumped(body.messages), started.ran)
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         stream = _stream(
@@ -106,9 +115,21 @@ async def create_chat_completion(request: Request) -> Response:
             state.keepalive_seconds,
             calls,
             thinking,
+            kept,
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
-    return await _collect(request, completion, model, streams, ready.prompt_tokens, calls, thinking)
+    reply = await _collect(
+        request, completion, model, streams, ready.prompt_tokens, calls, thinking
+    )
+    if reply is None:
+        return Response(status_code=499)
+    if kept is not None:
+        await kept(reply["choices"][0]["message"])
+    return JSONResponse(reply)
+
+
+def _dumped(messages: list[ChatMessage]) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True) for m in messages]
 
 
 # Parameters OpenAI knows that this server does not support yet, with what to say about them.
@@ -283,11 +304,11 @@ async def _collect(
     num_prompt_tokens: int,
     calls: Callable[[], CallReader] | None,
     thinking: ReasoningSplit | None,
-) -> Response:
-    """Gather every choice, aborting them all if the client goes away first."""
+) -> dict[str, Any] | None:
+    """Gather every choice, aborting them all if the client goes away first (None)."""
     gens = await collect(request, streams)
     if gens is None:
-        return Response(status_code=499)
+        return None
     want_logprobs = gens[0].final.logprobs is not None or any(g.logprobs for g in gens)
     body = completion.envelope("chat.completion")
     body["choices"] = [
@@ -297,7 +318,7 @@ async def _collect(
     body["usage"] = _usage(
         num_prompt_tokens, sum(g.final.num_output_tokens for g in gens), reasoning
     )
-    return JSONResponse(body)
+    return body
 
 
 def _choice(
@@ -308,25 +329,33 @@ def _choice(
     calls: Callable[[], CallReader] | None,
     thinking: ReasoningSplit | None,
 ) -> dict[str, Any]:
-    text = gen.text
-    reply: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
-    if thinking is not None:  # the answer is what follows the reasoning
-        reasoning, text = thinking.split(text)
-        reply |= {"content": text, "reasoning_content": reasoning or None}
+    reply = _reply(gen.text, calls, thinking)
     finish = gen.final.finish_reason
-    if calls is not None:
-        content, tool_calls = message(text, calls())
-        if tool_calls:
-            reply |= {"content": content, "tool_calls": tool_calls}
-            finish = "tool_calls" if finish == "stop" else finish
-        else:  # a call cut short by max_tokens is dropped, not left in the text as its syntax
-            reply["content"] = content
+    if reply.get("tool_calls"):
+        finish = "tool_calls" if finish == "stop" else finish
     return {
         "index": index,
         "message": reply,
         "finish_reason": finish,
         "logprobs": _logprobs(model, gen.logprobs) if want_logprobs else None,
     }
+
+
+def _reply(
+    text: str, calls: Callable[[], CallReader] | None, thinking: ReasoningSplit | None
+) -> dict[str, Any]:
+    """A whole reply's message: its reasoning split off, its calls read."""
+    reply: dict[str, Any] = {"role": "assistant", "content": text, "refusal": None}
+    if thinking is not None:  # the answer is what follows the reasoning
+        reasoning, text = thinking.split(text)
+        reply |= {"content": text, "reasoning_content": reasoning or None}
+    if calls is not None:
+        content, tool_calls = message(text, calls())
+        if tool_calls:
+            reply |= {"content": content, "tool_calls": tool_calls}
+        else:  # a call cut short by max_tokens is dropped, not left in the text as its syntax
+            reply["content"] = content
+    return reply
 
 
 async def _stream(
@@ -338,8 +367,12 @@ async def _stream(
     keepalive: float,
     calls: Callable[[], CallReader] | None,
     thinking: ReasoningSplit | None,
+    kept: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
 ) -> AsyncIterator[bytes]:
+    """``kept``: given the first choice's message once it has finished (a session's)."""
     readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
+    texts = [""] * len(streams)  # each choice's whole text, for ``kept``
+    finished = [False] * len(streams)
     splitters = [thinking.splitter() for _ in streams] if thinking is not None else None
     reasoning_tokens = [0] * len(streams)  # each choice's, as its outputs come
 
@@ -355,6 +388,8 @@ async def _stream(
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
         text = out.text
+        texts[index] += text
+        finished[index] = out.finished
         reasoning_tokens[index] = out.reasoning_tokens
         if splitters is not None:  # reasoning first, as its own delta
             reasoning, text = splitters[index].feed(text)
@@ -400,3 +435,9 @@ async def _stream(
         streams, keepalive, on_output, usage if include_usage else None
     ):
         yield event
+    if kept is not None and finished[0]:
+        reply = _reply(texts[0], calls, thinking)
+        sent = readers[0].ids if readers else []
+        for call, call_id in zip(reply.get("tool_calls") or (), sent, strict=False):
+            call["id"] = call_id  # the ids the stream sent
+        await kept(reply)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from inferd.agent.tools import ToolSource
 from inferd.server.agent_runtime import AgentRuntime
+from inferd.server.agent_sessions import SessionStore
 from inferd.server.errors import APIError
 from inferd.server.options import ServerOptions
 from inferd.server.reasoning import ReasoningSplit, reasoning_split
@@ -45,9 +46,11 @@ class ServerState:
     background_jobs: dict[str, asyncio.Task[None]] = field(default_factory=dict)
     tools: Sequence[ToolSource] = ()  # the embedding program's own tool sources
     agent: AgentRuntime = field(init=False)  # the agent loop's tools and approvals
+    sessions: SessionStore = field(init=False)  # agent sessions, beside the stored responses
 
     def __post_init__(self) -> None:
         self.agent = AgentRuntime(self.options.agent, self.tools)
+        self.sessions = SessionStore(self.options.responses_store)
         self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
         self.responses.open_if_present()  # a dead server's unfinished responses: failed now
 

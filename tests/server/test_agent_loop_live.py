@@ -381,3 +381,27 @@ def test_a_hostile_tool_becomes_a_result_and_the_request_completes(
     (call,) = _new_calls(calls_log, before)
     assert call["tool"] == "lookup"
     assert _lookup_answer(call) in (again.choices[0].message.content or "")
+
+
+def test_a_session_keeps_the_tool_rounds(server: LiveServer, client: openai.OpenAI) -> None:
+    """The loop's calls and results join the session as chat turns, so the next request's
+    prompt holds them: its prompt is the stateless request's that sends them itself."""
+    session = f"tools-{time.time_ns()}"
+    first = _chat(
+        client, tool_choice=LOOKUP, extra_body={"max_tool_rounds": 1, "session_id": session}
+    )
+    kept = httpx.get(f"{server.api}/agent/sessions/{session}").json()["messages"]
+    assert [m["role"] for m in kept] == ["user", "assistant", "tool", "assistant"]
+    (call,) = kept[1]["tool_calls"]
+    assert call["function"]["name"] == "lookup" and kept[2]["tool_call_id"] == call["id"]
+    assert kept[3]["content"] == first.choices[0].message.content
+    follow = {"role": "user", "content": "Thanks."}
+    ask: dict[str, Any] = {"max_tokens": 4, "extra_body": {"max_tool_rounds": 0}}
+    inside = _chat(
+        client,
+        messages=[follow],
+        **ask | {"extra_body": ask["extra_body"] | {"session_id": session}},
+    )
+    outside = _chat(client, messages=[*kept, follow], **ask)
+    assert inside.usage is not None and outside.usage is not None
+    assert inside.usage.prompt_tokens == outside.usage.prompt_tokens
