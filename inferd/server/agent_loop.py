@@ -66,6 +66,9 @@ class Started:
     # could call instead (the client's tools, or None).
     narrowed: bool = False
     final_tools: ToolRequest | None = None
+    # Calls waiting for approval (``ToolLoop.defer_approvals``): the loop stopped before them,
+    # and the last round's stream holds no text.
+    awaiting: tuple[RanCall, ...] = ()
 
     def tools(self, offered: ToolRequest | None) -> ToolRequest | None:
         """The tools whose calls the reply may hold, given those the request offered."""
@@ -123,6 +126,8 @@ async def _rounds(
                 )
             outputs = [_replay(gen.outputs, earlier_output)]
             return Started(final, outputs, tuple(ran), narrowed, loop.final_tools())
+        asking = [c for c in calls if loop.defer_approvals and loop.asks(c["function"]["name"])]
+        calls = [c for c in calls if c not in asking]  # the others run now
         earlier_prompt += len(ready.prompt)
         earlier_output += gen.final.num_output_tokens
         clock.lap("model")  # reading the calls
@@ -131,6 +136,12 @@ async def _rounds(
         if results is None:
             return None
         ran += [_ran(loop, c, r, round_index) for c, r in zip(calls, results, strict=True)]
+        if asking:  # the reply asks for approval; a next request answers and goes on
+            pending = tuple(_ran(loop, c, ToolResult(""), round_index) for c in asking)
+            silent = replace(gen.final, text="", token_ids=(), logprobs=None)
+            final = replace(ready, earlier_prompt_tokens=earlier_prompt - len(ready.prompt))
+            replay = [_replay([silent], earlier_output - gen.final.num_output_tokens)]
+            return Started(final, replay, tuple(ran), awaiting=pending)
         job = _next_round(job, loop, job.prefill + (content or ""), calls, results, left)
         if round_index + 1 == loop.max_rounds:  # the last round: the server runs no more
             job = replace(job, constraint=loop.final_constraint())

@@ -55,6 +55,9 @@ class ToolLoop:
     broker: ApprovalBroker
     control: re.Pattern[str] | None  # chat-template control text, broken in tool output
     owned: tuple[ToolSource, ...] = ()  # sources made for this request, closed after it
+    # A call needing approval ends the loop (the Responses API: the reply asks, and a next
+    # request answers) rather than waiting at /v1/agent/approvals.
+    defer_approvals: bool = False
 
     def runs(self, name: str) -> bool:
         """Whether the server runs calls to ``name`` (else the client does)."""
@@ -63,6 +66,11 @@ class ToolLoop:
     @property
     def allowed(self) -> frozenset[str]:
         return frozenset(t.name for t in self.offered.callable)
+
+    def asks(self, name: str) -> bool:
+        """Whether a call of ``name`` waits for a person's approval."""
+        spec = self.box.spec(name)
+        return spec is not None and spec.permission == "ask" and name in self.allowed
 
     def later_constraint(self) -> Constraint | None:
         """The constraint of the rounds after the first: a forced tool choice holds for the
@@ -114,7 +122,12 @@ class ServerTools:
     owned: tuple[ToolSource, ...] = ()
 
     def loop(
-        self, model: ServedModel, tools: ToolRequest | None, answer: Any = None
+        self,
+        model: ServedModel,
+        tools: ToolRequest | None,
+        answer: Any = None,
+        *,
+        defer_approvals: bool = False,
     ) -> ToolLoop | None:
         """The request's loop over ``tools`` (the request's and the server's, parsed
         together), or None when tool use is off (``tool_choice: none``) or nothing runs here."""
@@ -133,6 +146,7 @@ class ServerTools:
             self.broker,
             control_pattern(model.tokenizer.special_token_pattern, markers),
             self.owned,
+            defer_approvals,
         )
 
     async def close(self) -> None:

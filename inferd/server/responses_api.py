@@ -16,6 +16,7 @@ import itertools
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -59,6 +60,8 @@ from inferd.server.responses_input import (
 )
 from inferd.server.responses_output import (
     OutputBuilder,
+    answered_calls,
+    mcp_approval_request_item,
     mcp_call_item,
     mcp_list_tools_item,
     ran_events,
@@ -138,7 +141,10 @@ async def _respond(
     tools = tool_request(body, server.specs if server else ())
     fields = sampling_fields(body)
     fmt = model.tool_format
-    loop = server.loop(model, tools, answer_schema(fields)) if server is not None else None
+    loop = None
+    if server is not None:  # a call needing approval is asked in the reply, answered in input
+        loop = server.loop(model, tools, answer_schema(fields), defer_approvals=True)
+    answered = await answered_calls(loop, history, items)  # approvals this request answers
     try:
         tool_constraint = (
             tools.constraint(fmt, answer_schema(fields)) if tools is not None else None
@@ -154,7 +160,7 @@ async def _respond(
     except APIError as exc:
         raise renamed(exc) from None
     messages, template_tools = offer(
-        chat_messages(body.instructions, history + items, fmt), tools, fmt
+        chat_messages(body.instructions, history + items + answered, fmt), tools, fmt
     )
     job = ChatJob(
         messages,
@@ -173,6 +179,8 @@ async def _respond(
             no_room="shorten the input or send truncation: auto",
         ),
     )
+    if answered and loop is not None:  # the approved calls answered a forced tool choice
+        job = replace(job, constraint=loop.later_constraint())
     response = _skeleton(body, model, tools is not None and tools.parallel)
     # The reply may hold tool calls: a reader of them, in the model's syntax.
     calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
@@ -191,7 +199,12 @@ async def _respond(
     run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
     run.thinking = ready.thinking
     # the request's MCP servers' tools, then the calls the loop ran, before the answer
-    run.ran = [mcp_list_tools_item(h) for h in hosted] + [mcp_call_item(c) for c in started.ran]
+    run.ran = [
+        *(mcp_list_tools_item(h) for h in hosted),
+        *answered,
+        *(mcp_call_item(c) for c in started.ran),
+        *(mcp_approval_request_item(c) for c in started.awaiting),
+    ]
     if body.stream:
         events = _stream(state, run, items, owner, streams[0])
         return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)

@@ -336,13 +336,33 @@ def _item(index: int, item: Any, known_calls: set[str]) -> dict[str, Any]:
         }
     if kind == "mcp_call":  # a call the server ran, sent back: rendered as a call and result
         return _mcp_call(where, item)
-    if kind in ("reasoning", "mcp_list_tools"):  # an item sent back: kept, not rendered
+    if kind == "mcp_approval_response":
+        return _approval_response(where, item)
+    if kind in ("reasoning", "mcp_list_tools", "mcp_approval_request"):  # kept, not rendered
         return dict(item) | {"id": item.get("id") or new_id("rs")}
     raise bad_request(
         f"{where}.type: unsupported input item type {kind!r}; expected message, function_call, "
         "function_call_output or mcp_call",
         f"{where}.type",
     )
+
+
+def _approval_response(where: str, item: dict[str, Any]) -> dict[str, Any]:
+    request_id = item.get("approval_request_id")
+    if not isinstance(request_id, str) or not request_id:
+        raise bad_request(
+            f"{where}.approval_request_id: a string is required", f"{where}.approval_request_id"
+        )
+    if not isinstance(item.get("approve"), bool):
+        raise bad_request(f"{where}.approve must be true or false", f"{where}.approve")
+    item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("mcpa")
+    return {
+        "id": item_id,
+        "type": "mcp_approval_response",
+        "approval_request_id": request_id,
+        "approve": item["approve"],
+        "reason": item.get("reason") if isinstance(item.get("reason"), str) else None,
+    }
 
 
 def _mcp_call(where: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -355,8 +375,13 @@ def _mcp_call(where: str, item: dict[str, Any]) -> dict[str, Any]:
         if value is not None and not isinstance(value, str):
             raise bad_request(f"{where}.{key} must be a string or null", f"{where}.{key}")
     item_id = item.get("id") if isinstance(item.get("id"), str) else new_id("mcp")
-    status = "failed" if result["error"] is not None else "completed"
-    return {"id": item_id, "type": "mcp_call"} | fields | result | {"status": status}
+    given = item.get("status")
+    status = given if given in ("completed", "failed") else "completed"
+    if result["error"] is not None:
+        status = "failed"
+    approval = item.get("approval_request_id")  # the approval it carried out, if any
+    extra = {"approval_request_id": approval if isinstance(approval, str) else None}
+    return {"id": item_id, "type": "mcp_call"} | fields | result | {"status": status} | extra
 
 
 def _message(where: str, item: dict[str, Any]) -> dict[str, Any]:
@@ -498,7 +523,9 @@ def chat_messages(
             fn = {"name": item["name"], "arguments": item["arguments"]}
             turn["calls"].append({"id": item["id"], "function": fn})
             flush()
-            result = item["output"] if item["error"] is None else f"error: {item['error']}"
+            result = item["output"] or item["error"] or ""
+            if item["status"] == "failed":
+                result = f"error: {result}"
             messages.append(
                 history_turn(len(messages), "tool", result or "", None, item["id"], known, fmt)
             )

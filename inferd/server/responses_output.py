@@ -13,11 +13,14 @@ comes first, as a ``reasoning`` item whose ``reasoning_text`` part streams as
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferd.agent.tools import ToolResult
 from inferd.server.agent_loop import RanCall
-from inferd.server.agent_runtime import HostedSource
+from inferd.server.agent_runtime import HostedSource, ToolLoop
+from inferd.server.errors import bad_request
 from inferd.server.openai_tools import new_call_id
 from inferd.server.reasoning import ReasoningSplitter
 from inferd.server.responses_input import new_id
@@ -213,11 +216,70 @@ def mcp_call_item(call: RanCall) -> dict[str, Any]:
         "server_label": call.source,
         "name": call.name,
         "arguments": call.arguments,
-        "output": None if failed else call.result.content,
-        "error": call.result.content if failed else None,
+        # A tool's failure is a result the model read: its text is the output, and the status
+        # says it failed. (``error`` is left null: it is a string in the pinned OpenAPI
+        # document and an object in the current SDK, and a tool's text is neither's.)
+        "output": call.result.content,
+        "error": None,
         "status": "failed" if failed else "completed",
         "approval_request_id": None,
     }
+
+
+def mcp_approval_request_item(call: RanCall) -> dict[str, Any]:
+    """A call waiting for approval, as OpenAI's ``mcp_approval_request`` item: a next request
+    answers it with an ``mcp_approval_response`` input item naming its id."""
+    return {
+        "id": new_id("mcpr"),
+        "type": "mcp_approval_request",
+        "server_label": call.source,
+        "name": call.name,
+        "arguments": call.arguments,
+    }
+
+
+async def answered_calls(
+    loop: ToolLoop | None, history: list[dict[str, Any]], items: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """The ``mcp_call`` items of the approvals ``items`` answer: an approved call runs now, a
+    denied one is a result saying so. An answer already acted on (a client sending the whole
+    conversation again) is not run twice; one naming no request, or a tool this request does
+    not offer, is a 400."""
+    earlier = history + items
+    asked = {i["id"]: i for i in earlier if i["type"] == "mcp_approval_request"}
+    done = {i.get("approval_request_id") for i in earlier if i["type"] == "mcp_call"}
+    calls = []
+    for index, answer in enumerate(items):
+        if answer["type"] != "mcp_approval_response" or answer["approval_request_id"] in done:
+            continue
+        where = f"input.{index}.approval_request_id"
+        asking = asked.get(answer["approval_request_id"])
+        if asking is None:
+            raise bad_request(f"{where}: no mcp_approval_request with this id comes before", where)
+        name = asking["name"]
+        if loop is None or name not in loop.allowed or not loop.runs(name):
+            raise bad_request(
+                f"{where}: the tool {name!r} is not offered in this request; send its mcp tool "
+                "again",
+                where,
+            )
+        if answer["approve"]:
+            result = await loop.box.call(
+                name, _arguments(asking["arguments"]), allowed=loop.allowed
+            )
+        else:
+            result = ToolResult("the user did not approve this call", is_error=True)
+        call = RanCall(asking["id"], name, asking["arguments"], result, asking["server_label"])
+        calls.append(mcp_call_item(call) | {"approval_request_id": asking["id"]})
+    return calls
+
+
+def _arguments(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def mcp_list_tools_item(hosted: HostedSource) -> dict[str, Any]:
@@ -250,10 +312,13 @@ def ran_events(items: list[dict[str, Any]]) -> list[Event]:
         if kind == "mcp_call":
             running |= {"output": None, "error": None, "status": "in_progress"}
         ended = "failed" if item.get("status") == "failed" else "completed"
-        events += [
-            {"type": "response.output_item.added", "output_index": index, "item": running},
+        progress = [  # an approval request has no progress of its own
             {"type": f"response.{kind}.in_progress"} | where,
             {"type": f"response.{kind}.{ended}"} | where,
+        ]
+        events += [
+            {"type": "response.output_item.added", "output_index": index, "item": running},
+            *(progress if kind != "mcp_approval_request" else []),
             {"type": "response.output_item.done", "output_index": index, "item": dict(item)},
         ]
     return events

@@ -201,3 +201,102 @@ def test_bad_mcp_fields_are_400s(server: LiveServer, mcp_url: str) -> None:
     for tool in bad:
         reply = httpx.post(server.api + "/responses", json={"input": "hi", "tools": [tool]})
         assert reply.status_code == 400, (tool, reply.text)
+
+
+# -- approvals: asked in the reply, answered in the next request -----------------------------
+
+
+def _asking(url: str) -> dict[str, Any]:
+    return _ask(url) | {"tools": [_tool(url, allowed_tools=["lookup"])]}  # always: the default
+
+
+@pytest.mark.parametrize("approve", [True, False])
+def test_a_call_needing_approval_is_asked_then_answered(
+    server: LiveServer, mcp_url: str, calls_log: Path, approve: bool
+) -> None:
+    before = len(_calls(calls_log))
+    asked = httpx.post(server.api + "/responses", json=_asking(mcp_url), timeout=120).json()
+    check_openai("Response", asked)
+    assert [i["type"] for i in asked["output"]] == ["mcp_list_tools", "mcp_approval_request"]
+    request = asked["output"][1]
+    assert (request["name"], request["server_label"]) == ("lookup", "calc")
+    assert _calls(calls_log)[before:] == []  # nothing ran yet
+
+    answer = {"type": "mcp_approval_response", "approval_request_id": request["id"]}
+    follow = {
+        "model": "default",
+        "previous_response_id": asked["id"],
+        "input": [answer | {"approve": approve}],
+        "temperature": 0,
+        "max_output_tokens": 40,
+        "tools": [_tool(mcp_url, allowed_tools=["lookup"], require_approval="never")],
+        "max_tool_rounds": 1,
+    }
+    done = httpx.post(server.api + "/responses", json=follow, timeout=120).json()
+    check_openai("Response", done)
+    call = done["output"][1]
+    assert call["type"] == "mcp_call" and call["approval_request_id"] == request["id"]
+    assert call["arguments"] == request["arguments"] and done["output"][-1]["type"] == "message"
+    ran = [c["tool"] for c in _calls(calls_log)[before:]]
+    if approve:
+        assert ran[:1] == ["lookup"] and call["output"]
+    else:
+        assert "lookup" not in ran[:1] and call["status"] == "failed"
+        assert "did not approve" in call["output"]
+
+    again = httpx.post(
+        server.api + "/responses",
+        json=follow | {"input": [answer | {"approve": True, "approval_request_id": "mcpr_none"}]},
+        timeout=60,
+    )
+    assert again.status_code == 400 and "approval_request_id" in again.json()["error"]["param"]
+
+
+def test_the_agents_sdk_approves_a_hosted_mcp_call(
+    server: LiveServer, mcp_url: str, calls_log: Path
+) -> None:
+    from agents import Agent, HostedMCPTool, ModelSettings, Runner, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    client = openai.AsyncOpenAI(base_url=server.api, api_key="unused", max_retries=0)
+    asked: list[str] = []
+
+    def approve(request: Any) -> Any:
+        asked.append(request.data.name)
+        return {"approve": True}
+
+    tool = HostedMCPTool(
+        tool_config={  # type: ignore[typeddict-item]
+            "type": "mcp",
+            "server_label": "calc",
+            "server_url": mcp_url,
+            "require_approval": "always",
+            "allowed_tools": ["lookup"],
+        },
+        on_approval_request=approve,
+    )
+    agent = Agent(
+        name="capitals",
+        instructions="Answer with the lookup tool.",
+        tools=[tool],
+        model=OpenAIResponsesModel(model="default", openai_client=client),
+        model_settings=ModelSettings(
+            tool_choice="required",
+            parallel_tool_calls=False,
+            temperature=0,
+            extra_body={"max_tool_rounds": 1},
+        ),
+    )
+    before = len(_calls(calls_log))
+
+    async def run() -> Any:
+        try:
+            return await Runner.run(agent, QUESTION, max_turns=4)
+        finally:
+            await client.close()
+
+    result = asyncio.run(run())
+    assert asked and set(asked) == {"lookup"}
+    assert [c["tool"] for c in _calls(calls_log)[before:]] == ["lookup"] * len(asked)
+    assert isinstance(result.final_output, str)
