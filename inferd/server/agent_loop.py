@@ -24,8 +24,9 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
 from starlette.requests import Request
@@ -38,6 +39,7 @@ from inferd.server.openai_tools import ToolRequest, assistant_calls, message, to
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
 from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
+from inferd.structured.tool_syntax import CallReader, ToolFormat
 
 log = logging.getLogger(__name__)
 
@@ -70,9 +72,14 @@ class Started:
     # and the last round's stream holds no text.
     awaiting: tuple[RanCall, ...] = ()
 
-    def tools(self, offered: ToolRequest | None) -> ToolRequest | None:
-        """The tools whose calls the reply may hold, given those the request offered."""
-        return self.final_tools if self.narrowed else offered
+    def calls(
+        self, fmt: ToolFormat, offered: Callable[[], CallReader] | None
+    ) -> Callable[[], CallReader] | None:
+        """What makes a reader of the reply's calls: ``offered`` (the request's), unless the
+        last round could call the client's tools only."""
+        if not self.narrowed:
+            return offered
+        return partial(self.final_tools.reader, fmt) if self.final_tools is not None else None
 
 
 async def generate(

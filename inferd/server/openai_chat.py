@@ -71,7 +71,9 @@ async def create_chat_completion(request: Request) -> Response:
     tool_constraint = tools.constraint(fmt, answer) if tools is not None else None
     constraint = await checked_constraint(body, tool_constraint)
     # The reply may hold tool calls: a new reader of them per choice.
-    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    calls: Callable[[], CallReader] | None = (
+        partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    )
     try:
         variables = template_variables(body.chat_template_kwargs)
     except ValueError as exc:
@@ -96,9 +98,7 @@ async def create_chat_completion(request: Request) -> Response:
     if started is None:
         return Response(status_code=499)  # the client left during the tool rounds
     ready, streams = started.ready, started.streams
-    if started.narrowed:  # the loop's last round could call the client's tools only
-        tools = started.final_tools
-        calls = partial(tools.reader, fmt) if tools is not None else None
+    calls = started.calls(fmt, calls)  # the loop's last round may call fewer tools
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
     thinking = ready.thinking
     kept = None

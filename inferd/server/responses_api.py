@@ -183,7 +183,9 @@ async def _respond(
         job = replace(job, constraint=loop.later_constraint())
     response = _skeleton(body, model, tools is not None and tools.parallel)
     # The reply may hold tool calls: a reader of them, in the model's syntax.
-    calls = partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    calls: Callable[[], CallReader] | None = (
+        partial(tools.reader, fmt) if tools is not None and tool_constraint else None
+    )
     if body.background:
         ready = await prepare(request, model, job)
         run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
@@ -193,9 +195,7 @@ async def _respond(
     if started is None:
         return Response(status_code=499)  # the client left during the tool rounds
     ready, streams = started.ready, started.streams
-    if started.narrowed:  # the loop's last round could call the client's tools only
-        tools = started.final_tools
-        calls = partial(tools.reader, fmt) if tools is not None else None
+    calls = started.calls(fmt, calls)  # the loop's last round may call fewer tools
     run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
     run.thinking = ready.thinking
     # the request's MCP servers' tools, then the calls the loop ran, before the answer

@@ -29,6 +29,14 @@ from tests.server.spec_check import check_openai, check_responses_event, parse_s
 PERU = [{"role": "user", "content": "What is the capital of Peru?"}]
 LOOKUP = {"type": "function", "function": {"name": "lookup"}}
 APPROVAL_TIMEOUT_S = 3
+OWN_TOOL = {  # a tool the client runs
+    "type": "function",
+    "function": {
+        "name": "local_clock",
+        "description": "The time on the user's machine.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
 TOOL_TIMEOUT_S = 10
 
 
@@ -230,17 +238,11 @@ def test_the_responses_api_runs_the_loop(
 
 
 def test_a_clients_own_tool_is_returned_to_it(client: openai.OpenAI, calls_log: Path) -> None:
-    own = {
-        "type": "function",
-        "function": {
-            "name": "local_clock",
-            "description": "The time on the user's machine.",
-            "parameters": {"type": "object", "properties": {}},
-        },
-    }
     before = len(_calls(calls_log))
     reply = _chat(
-        client, tools=[own], tool_choice={"type": "function", "function": {"name": "local_clock"}}
+        client,
+        tools=[OWN_TOOL],
+        tool_choice={"type": "function", "function": {"name": "local_clock"}},
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
@@ -251,15 +253,11 @@ def test_a_clients_own_tool_is_returned_to_it(client: openai.OpenAI, calls_log: 
 def test_the_last_round_calls_no_server_tool(client: openai.OpenAI) -> None:
     """With the client's own tool beside the server's, forced into ``required`` calls: after
     the one tool round allowed, the last round may call only the client's tool."""
-    own = {
-        "type": "function",
-        "function": {
-            "name": "local_clock",
-            "description": "The time on the user's machine.",
-            "parameters": {"type": "object", "properties": {}},
-        },
+    ask: dict[str, Any] = {
+        "tools": [OWN_TOOL],
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
     }
-    ask: dict[str, Any] = {"tools": [own], "tool_choice": "required", "parallel_tool_calls": False}
     first_round = _chat(client, **ask, max_tokens=1).usage
     reply = _chat(client, **ask, max_tokens=64, extra_body={"max_tool_rounds": 1})
     choice = reply.choices[0]

@@ -122,27 +122,18 @@ def test_a_request_named_server_is_listed_called_and_answered(
     assert final["output"][2] == raw["output"][2] | {"id": final["output"][2]["id"]}
 
 
-def test_the_agents_sdk_drives_a_hosted_mcp_tool(
-    server: LiveServer, mcp_url: str, calls_log: Path
-) -> None:
+def _run_agent(server: LiveServer, tool_config: dict[str, Any], **tool: Any) -> Any:
+    """An openai-agents run over the Responses API with one HostedMCPTool, the first call
+    forced (the 135M model answers without it otherwise), one call at a time."""
     from agents import Agent, HostedMCPTool, ModelSettings, Runner, set_tracing_disabled
     from agents.models.openai_responses import OpenAIResponsesModel
 
     set_tracing_disabled(True)
     client = openai.AsyncOpenAI(base_url=server.api, api_key="unused", max_retries=0)
-    tool = HostedMCPTool(
-        tool_config={  # type: ignore[typeddict-item]
-            "type": "mcp",
-            "server_label": "calc",
-            "server_url": mcp_url,
-            "require_approval": "never",
-            "allowed_tools": ["lookup"],
-        }
-    )
     agent = Agent(
         name="capitals",
         instructions="Answer with the lookup tool.",
-        tools=[tool],
+        tools=[HostedMCPTool(tool_config=tool_config, **tool)],  # type: ignore[arg-type]
         model=OpenAIResponsesModel(model="default", openai_client=client),
         model_settings=ModelSettings(
             tool_choice="required",
@@ -151,15 +142,21 @@ def test_the_agents_sdk_drives_a_hosted_mcp_tool(
             extra_body={"max_tool_rounds": 1},
         ),
     )
-    before = len(_calls(calls_log))
 
     async def run() -> Any:
         try:
-            return await Runner.run(agent, QUESTION, max_turns=2)
+            return await Runner.run(agent, QUESTION, max_turns=4)
         finally:
             await client.close()
 
-    result = asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_the_agents_sdk_drives_a_hosted_mcp_tool(
+    server: LiveServer, mcp_url: str, calls_log: Path
+) -> None:
+    before = len(_calls(calls_log))
+    result = _run_agent(server, _tool(mcp_url, require_approval="never", allowed_tools=["lookup"]))
     assert [c["tool"] for c in _calls(calls_log)[before:]] == ["lookup"]
     kinds = [item.type for item in result.new_items]
     assert "mcp_list_tools_item" in kinds and "message_output_item" in kinds
@@ -255,48 +252,15 @@ def test_a_call_needing_approval_is_asked_then_answered(
 def test_the_agents_sdk_approves_a_hosted_mcp_call(
     server: LiveServer, mcp_url: str, calls_log: Path
 ) -> None:
-    from agents import Agent, HostedMCPTool, ModelSettings, Runner, set_tracing_disabled
-    from agents.models.openai_responses import OpenAIResponsesModel
-
-    set_tracing_disabled(True)
-    client = openai.AsyncOpenAI(base_url=server.api, api_key="unused", max_retries=0)
     asked: list[str] = []
 
     def approve(request: Any) -> Any:
         asked.append(request.data.name)
         return {"approve": True}
 
-    tool = HostedMCPTool(
-        tool_config={  # type: ignore[typeddict-item]
-            "type": "mcp",
-            "server_label": "calc",
-            "server_url": mcp_url,
-            "require_approval": "always",
-            "allowed_tools": ["lookup"],
-        },
-        on_approval_request=approve,
-    )
-    agent = Agent(
-        name="capitals",
-        instructions="Answer with the lookup tool.",
-        tools=[tool],
-        model=OpenAIResponsesModel(model="default", openai_client=client),
-        model_settings=ModelSettings(
-            tool_choice="required",
-            parallel_tool_calls=False,
-            temperature=0,
-            extra_body={"max_tool_rounds": 1},
-        ),
-    )
     before = len(_calls(calls_log))
-
-    async def run() -> Any:
-        try:
-            return await Runner.run(agent, QUESTION, max_turns=4)
-        finally:
-            await client.close()
-
-    result = asyncio.run(run())
+    config = _tool(mcp_url, require_approval="always", allowed_tools=["lookup"])
+    result = _run_agent(server, config, on_approval_request=approve)
     assert asked and set(asked) == {"lookup"}
     assert [c["tool"] for c in _calls(calls_log)[before:]] == ["lookup"] * len(asked)
     assert isinstance(result.final_output, str)
