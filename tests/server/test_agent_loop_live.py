@@ -404,3 +404,34 @@ def test_a_session_keeps_the_tool_rounds(server: LiveServer, client: openai.Open
     outside = _chat(client, messages=[*kept, follow], **ask)
     assert inside.usage is not None and outside.usage is not None
     assert inside.usage.prompt_tokens == outside.usage.prompt_tokens
+
+
+def test_a_client_that_leaves_cancels_the_call_in_flight(server: LiveServer) -> None:
+    """A client gone during a call that would hang for the tool's 10 s timeout: the request
+    ends within about a second of the disconnect (the call is cancelled, not waited for)."""
+    request_id = f"leaves-{time.time_ns()}"
+    body = {
+        "messages": PERU,
+        "tool_choice": {"type": "function", "function": {"name": "hang"}},
+        "max_tool_rounds": 1,
+        "temperature": 0,
+    }
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(
+            server.api + "/chat/completions",
+            json=body,
+            headers={"x-request-id": request_id},
+            timeout=httpx.Timeout(10, read=3),
+        )
+    deadline = time.monotonic() + 30
+    line = ""
+    while time.monotonic() < deadline and not line:
+        ended = [ln for ln in server.log.read_text().splitlines() if "request_end" in ln]
+        line = next((ln for ln in ended if f"request_id={request_id} " in ln), "")
+        time.sleep(0.2)
+    assert "outcome=client_disconnected" in line, line
+    duration_ms = float(line.split("duration_ms=")[1].split()[0])
+    assert duration_ms < TOOL_TIMEOUT_S * 1000 - 3000, line  # not the tool's whole timeout
+    assert "tool hang: " not in "\n".join(
+        ln for ln in server.log.read_text().splitlines() if request_id in ln
+    )
