@@ -33,7 +33,7 @@ from starlette.requests import Request
 
 from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
-from inferd.server.agent_runtime import ToolLoop
+from inferd.server.agent_runtime import RanCall, ToolLoop
 from inferd.server.generation import Generation, collect, unless_disconnected
 from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
@@ -42,18 +42,6 @@ from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class RanCall:
-    """A call the loop ran: what the model asked and what the tool answered."""
-
-    call_id: str
-    name: str
-    arguments: str  # JSON text, as the model wrote it
-    result: ToolResult
-    source: str  # the tool source's name (an MCP server's label)
-    round: int = 0  # the loop's round that made it, from 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from inferd.agent.config import AgentConfig, AgentConfigError, McpServerConfig
 from inferd.agent.mcp_tools import McpTools
 from inferd.agent.sandbox import CodeExecutionTools
 from inferd.agent.toolbox import ToolBox
-from inferd.agent.tools import ToolSource, ToolSourceError
+from inferd.agent.tools import ToolResult, ToolSource, ToolSourceError
 from inferd.agent.tools import ToolSpec as ServerTool
 from inferd.agent.untrusted import control_pattern
 from inferd.agent.url_policy import McpUrlPolicy, OutboundUrlRefused
@@ -41,6 +41,18 @@ from inferd.structured.tool_syntax import ToolFormat, ToolSpec
 log = logging.getLogger(__name__)
 
 _RESULT_MARKERS = ("<tool_response>", "</tool_response>")  # what wraps a result in the prompt
+
+
+@dataclass(frozen=True, slots=True)
+class RanCall:
+    """A call the loop ran: what the model asked and what the tool answered."""
+
+    call_id: str
+    name: str
+    arguments: str  # JSON text, as the model wrote it
+    result: ToolResult
+    source: str  # the tool source's name (an MCP server's label)
+    round: int = 0  # the loop's round that made it, from 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,16 +26,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.server.agent_runtime import RanCall
 from inferd.server.auth import key_owner
 from inferd.server.errors import APIError, bad_request
-
-if TYPE_CHECKING:  # the loop imports the pipeline, which imports the state holding the store
-    from inferd.server.agent_loop import RanCall
 
 MEMORY = ":memory:"
 MAX_MESSAGES = 2000

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.agent.tools import ToolResult
-from inferd.server.agent_loop import RanCall
-from inferd.server.agent_runtime import HostedSource, ToolLoop
+from inferd.server.agent_runtime import HostedSource, RanCall, ToolLoop
 from inferd.server.errors import bad_request
 from inferd.server.openai_tools import new_call_id
 from inferd.server.reasoning import ReasoningSplitter
