@@ -388,8 +388,9 @@ async def _stream(
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
         text = out.text
-        texts[index] += text
-        finished[index] = out.finished
+        if kept is not None:
+            texts[index] += text
+            finished[index] = out.finished
         reasoning_tokens[index] = out.reasoning_tokens
         if splitters is not None:  # reasoning first, as its own delta
             reasoning, text = splitters[index].feed(text)
