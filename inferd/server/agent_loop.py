@@ -7,9 +7,11 @@ server runs, the calls run (side by side, under each source's cap, after any app
 need), the assistant's calls and the tools' results are appended to the conversation in the
 model's own format, and the next round is generated, reusing the earlier rounds' KV blocks
 through the prefix cache. The loop ends with a round that answers, calls a tool the client
-runs, is cut short, or comes after ``max_rounds`` tool rounds; that round is what the protocol
-returns, replayed as a stream, so its code is the same with and without a loop. Usage counts
-every round: the prompt tokens of each, and the output tokens of all.
+runs, is cut short, or comes after ``max_rounds`` tool rounds (run without the server's tools);
+that round is what the protocol returns, replayed as a stream, so its code is the same with
+and without a loop. On the Responses API a call that needs approval ends the loop instead
+(``Started.awaiting``): the reply asks, and a next request answers. Usage counts every round:
+the prompt tokens of each, and the output tokens of all.
 
 A tool's failure, timeout or refusal is a result the model reads, never an HTTP error. Tool
 output is untrusted: bounded by its source, and its chat-template control text broken
@@ -169,8 +171,7 @@ async def _call(loop: ToolLoop, call: Mapping[str, Any], request_id: str) -> Too
         return ToolResult(f"the arguments of {name} are not valid JSON", True)
     if not isinstance(arguments, dict):
         return ToolResult(f"the arguments of {name} must be a JSON object", True)
-    spec = loop.box.spec(name)
-    if spec is not None and spec.permission == "ask" and name in loop.allowed:
+    if loop.asks(name):
         decision = await loop.broker.ask(name, arguments, request_id)
         if decision != "approved":
             log.info("tool %s: %s (request %s)", name, decision, request_id)

@@ -3,9 +3,10 @@
 ``AgentRuntime`` holds the tool sources the server was given (``--mcp-config``,
 ``--tool-dispatch-url``, ``--enable-code-execution``, functions of an embedding program) in one
 ``ToolBox``, started on the first request that could use it (in the serving loop, where the
-MCP sessions live), and the broker of approvals. ``tool_loop`` decides, per request, whether
-the loop runs and what the model is offered: the request's own tools and the server's, under
-one tool choice.
+MCP sessions live), and the broker of approvals. Per request, ``server_tools`` gives the
+server's tools (``ServerTools``: with the request's own MCP servers, ``connect``ed for the
+Responses ``mcp`` tool) and ``ServerTools.loop`` the loop over them and the request's tools,
+parsed together under one tool choice (``ToolLoop``), or None when no loop runs.
 
 The loop runs for a request when the server has tools, the request asks for one choice, its
 ``tool_choice`` is not ``none`` and its ``max_tool_rounds`` (at most the server's
@@ -62,7 +63,7 @@ class ToolLoop:
     box: ToolBox  # the server's sources, and this request's own code session
     offered: ToolRequest  # the request's tools and the server's, as the model sees them
     fmt: ToolFormat
-    max_rounds: int  # tool rounds before the reply is returned as it is
+    max_rounds: int  # tool rounds the server runs, at most
     answer: Any  # the JSON schema of a text answer beside the calls (response_format), or None
     broker: ApprovalBroker
     control: re.Pattern[str] | None  # chat-template control text, broken in tool output

@@ -144,7 +144,6 @@ async def _respond(
     loop = None
     if server is not None:  # a call needing approval is asked in the reply, answered in input
         loop = server.loop(model, tools, answer_schema(fields), defer_approvals=True)
-    answered = await answered_calls(loop, history, items)  # approvals this request answers
     try:
         tool_constraint = (
             tools.constraint(fmt, answer_schema(fields)) if tools is not None else None
@@ -159,6 +158,8 @@ async def _respond(
         constraint = await checked_constraint(fields, tool_constraint)
     except APIError as exc:
         raise renamed(exc) from None
+    # the approvals this request answers: the calls run (or are refused) once every check passed
+    answered = await answered_calls(loop, history, items)
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items + answered, fmt), tools, fmt
     )
