@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +43,7 @@ from inferd.structured.tool_syntax import ToolFormat, ToolSpec
 log = logging.getLogger(__name__)
 
 _RESULT_MARKERS = ("<tool_response>", "</tool_response>")  # what wraps a result in the prompt
+RETRY_S = 30.0  # how often sources that did not start are tried again
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,6 +175,7 @@ class AgentRuntime:
         self.broker = ApprovalBroker(config.approval_timeout_s)
         self._box: ToolBox | None = None
         self._lock: asyncio.Lock | None = None
+        self._tried = 0.0  # when the sources were last started or retried (time.monotonic)
         self._schemas: dict[str, bool] = {}  # a tool's schema text -> whether it compiles
 
     @property
@@ -180,16 +183,20 @@ class AgentRuntime:
         return self.config.has_sources or bool(self.extra)
 
     async def toolbox(self) -> ToolBox:
-        """The server's sources, started on first use; sources that failed are tried again."""
+        """The server's sources, started on first use; sources that failed are tried again,
+        at most every ``RETRY_S`` seconds (a server that is down must not cost every request
+        a connection attempt)."""
         if self._lock is None:
             self._lock = asyncio.Lock()
         async with self._lock:
+            now = time.monotonic()
             if self._box is None:
                 shared = replace(self.config, code_execution=False)  # per request instead
                 box = ToolBox.from_config(shared, self.extra)
                 await box.start()
-                self._box = box
-            elif self._box.failures:
+                self._box, self._tried = box, now
+            elif self._box.failures and now - self._tried >= RETRY_S:
+                self._tried = now
                 await self._box.refresh()
             return self._box
 
