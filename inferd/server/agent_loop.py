@@ -26,17 +26,20 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
 
 from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
+from inferd.server import sse
 from inferd.server.agent_runtime import RanCall, ToolLoop
-from inferd.server.generation import Generation, collect, unless_disconnected
+from inferd.server.errors import APIError
+from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
 from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
 from inferd.serving.interface import RequestOutput
@@ -73,27 +76,95 @@ class Started:
 
 
 async def generate(
-    request: Request, model: ServedModel, job: ChatJob, loop: ToolLoop | None
+    request: Request,
+    model: ServedModel,
+    job: ChatJob,
+    loop: ToolLoop | None,
+    first: Prepared | None = None,
 ) -> Started | None:
-    """The job prepared and its engine streams; None when the client left during the loop."""
+    """The job prepared and its engine streams; None when the client left during the loop.
+    ``first``: the job prepared already (``after_rounds``)."""
     if loop is None:
-        ready = await prepare(request, model, job)
+        ready = first or await prepare(request, model, job)
         return Started(ready, submit(request, model, ready))
     try:
-        return await _rounds(request, model, job, loop)
+        return await _rounds(request, model, job, loop, first)
     finally:
         await loop.close()
 
 
+async def start_reply(
+    request: Request,
+    model: ServedModel,
+    job: ChatJob,
+    loop: ToolLoop | None,
+    stream: bool | None,
+    stream_of: Callable[[Started], AsyncIterator[bytes]],
+    error: Callable[[APIError], Iterable[bytes]],
+) -> Started | Response:
+    """The job started, for a protocol to collect; or, for a streamed reply, the response
+    (``stream_of`` frames the last round, ``error`` a round's failure). A 499 when the client
+    left during the rounds."""
+    if stream and loop is not None:  # the rounds run inside the stream
+        first = await prepare(request, model, job)
+        rounds = partial(generate, request, model, job, loop, first)
+        keepalive = request.app.state.inferd.keepalive_seconds
+        frames = after_rounds(rounds, keepalive, error, stream_of)
+        return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    started = await generate(request, model, job, loop)
+    if started is None:
+        return Response(status_code=499)  # the client left during the tool rounds
+    if stream:
+        frames = stream_of(started)
+        return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
+    return started
+
+
+async def after_rounds(
+    rounds: Callable[[], Awaitable[Started | None]],
+    keepalive: float,
+    error: Callable[[APIError], Iterable[bytes]],
+    then: Callable[[Started], AsyncIterator[bytes]],
+) -> AsyncIterator[bytes]:
+    """A streamed reply whose tool rounds run inside the stream: keep-alive comments while
+    they run (a long tool call or approval must not look like a dead connection), then the
+    last round's stream (``then``). A round's error is the stream's (``error``: the
+    protocol's frames for it); so the first round is prepared before the stream starts, and
+    what is wrong with the request itself is still its HTTP status."""
+    task = asyncio.ensure_future(rounds())
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=keepalive)
+            if not task.done():
+                yield sse.KEEPALIVE
+        started = task.result()
+    except APIError as err:
+        for frame in error(err):
+            yield frame
+        return
+    finally:  # the client left (the stream is closed): the rounds stop
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+    if started is not None:
+        async for frame in then(started):
+            yield frame
+
+
 async def _rounds(
-    request: Request, model: ServedModel, job: ChatJob, loop: ToolLoop
+    request: Request,
+    model: ServedModel,
+    job: ChatJob,
+    loop: ToolLoop,
+    first: Prepared | None,
 ) -> Started | None:
     earlier_prompt = earlier_output = 0
     decoded = None
     ran: list[RanCall] = []
     clock = _Clock()
     for round_index in range(loop.max_rounds + 1):
-        ready = await prepare(request, model, job, decoded)
+        ready = first if round_index == 0 and first is not None else None
+        ready = ready or await prepare(request, model, job, decoded)
         gens = await collect(request, submit(request, model, ready))
         clock.lap("model")
         if gens is None:

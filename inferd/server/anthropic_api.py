@@ -22,10 +22,10 @@ from functools import partial
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
-from inferd.server.agent_loop import generate
+from inferd.server.agent_loop import Started, start_reply
 from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
@@ -146,26 +146,28 @@ async def _create_message(request: Request) -> Response:
     if body.max_tokens == 0:
         ready = await prepare(request, model, job)
         return _empty_message(message, ready.prompt_tokens, body.stream)
-    started = await generate(request, model, job, loop)
-    if started is None:
-        return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started.ready, started.streams
-    reads_calls = tools is not None and tool_constraint is not None
-    if started.narrowed:  # the loop's last round could call the client's tools only
-        tools = started.final_tools
-        reads_calls = tools is not None
-    thinking = ready.thinking
-    if body.stream:
-        stream = _stream(
+    offered = tools if tool_constraint is not None else None  # whose calls the reply may hold
+
+    def stream_of(started: Started) -> AsyncIterator[bytes]:
+        reply_tools = started.final_tools if started.narrowed else offered
+        return _stream(
             request,
             message,
-            streams[0],
-            ready.prompt_tokens,
+            started.streams[0],
+            started.ready.prompt_tokens,
             state.keepalive_seconds,
-            calls=tools.reader(model.tool_format) if tools and reads_calls else None,
-            thinking=thinking,
+            calls=reply_tools.reader(model.tool_format) if reply_tools is not None else None,
+            thinking=started.ready.thinking,
         )
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    started = await start_reply(
+        request, model, job, loop, body.stream, stream_of, partial(_round_error, request)
+    )
+    if isinstance(started, Response):
+        return started
+    ready, streams = started.ready, started.streams
+    tools = started.final_tools if started.narrowed else offered
+    thinking = ready.thinking
     gens = await collect(request, streams)
     if gens is None:
         return Response(status_code=499)
@@ -176,8 +178,7 @@ async def _create_message(request: Request) -> Response:
         reasoning, text = thinking.split(text)
         thought = [_thinking_block(reasoning, model.id)] if reasoning else []
     content = [_text_block(text)]
-    if reads_calls:
-        assert tools is not None
+    if tools is not None:
         content, called = reply_blocks(text, tools.reader(model.tool_format))
         content = [b | {"citations": None} if b["type"] == "text" else b for b in content]
         reason = "tool_use" if called and reason == "end_turn" else reason
@@ -188,6 +189,11 @@ async def _create_message(request: Request) -> Response:
         "usage": _usage(ready.prompt_tokens, gen.final.num_output_tokens),
     }
     return JSONResponse(message)
+
+
+def _round_error(request: Request, err: APIError) -> list[bytes]:
+    """A stream's end when a tool round fails (the prompt grew past the context, ...)."""
+    return [sse.named_event("error", error_body(request.scope, err.status, err.message))]
 
 
 def _usage(input_tokens: int, output_tokens: int) -> dict[str, Any]:

@@ -13,16 +13,15 @@ from functools import partial
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
-from inferd.server.agent_loop import generate
+from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
-from inferd.server.errors import bad_request
+from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
-    SSE_HEADERS,
     Generation,
     clamp,
     collect,
@@ -94,38 +93,53 @@ async def create_chat_completion(request: Request) -> Response:
         n=n,
         logprobs=ask,
     )
-    started = await generate(request, model, job, loop)  # n choices share the prompt
-    if started is None:
-        return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started.ready, started.streams
-    calls = started.calls(fmt, calls)  # the loop's last round may call fewer tools
     completion = _Completion(f"chatcmpl-{uuid.uuid4().hex}", int(time.time()), model.id)
-    thinking = ready.thinking
-    kept = None
-    if session is not None:  # the reply's turns join the session once it is whole
-        kept = partial(keep, request, session, _dumped(body.messages), started.ran)
-    if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        stream = _stream(
+    include_usage = bool(body.stream_options and body.stream_options.include_usage)
+    new = _dumped(body.messages)
+
+    def kept_by(started: Started) -> Callable[[dict[str, Any]], Awaitable[None]] | None:
+        """What keeps the reply's turns in the session once the reply is whole."""
+        return partial(keep, request, session, new, started.ran) if session is not None else None
+
+    def stream_of(started: Started) -> AsyncIterator[bytes]:
+        ready = started.ready
+        return _stream(
             completion,
             model,
-            streams,
+            started.streams,
             ready.prompt_tokens,
             include_usage,
             state.keepalive_seconds,
-            calls,
-            thinking,
-            kept,
+            started.calls(fmt, calls),  # the loop's last round may call fewer tools
+            ready.thinking,
+            kept_by(started),
         )
-        return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
+
+    # the n choices share the prompt
+    started = await start_reply(request, model, job, loop, body.stream, stream_of, _stream_error)
+    if isinstance(started, Response):
+        return started
+    ready = started.ready
     reply = await _collect(
-        request, completion, model, streams, ready.prompt_tokens, calls, thinking
+        request,
+        completion,
+        model,
+        started.streams,
+        ready.prompt_tokens,
+        started.calls(fmt, calls),
+        ready.thinking,
     )
     if reply is None:
         return Response(status_code=499)
+    kept = kept_by(started)
     if kept is not None:
         await kept(reply["choices"][0]["message"])
     return JSONResponse(reply)
+
+
+def _stream_error(err: APIError) -> list[bytes]:
+    """A stream's end when a tool round fails (the prompt grew past the context, ...)."""
+    return [sse.event(err.body()), sse.DONE]
 
 
 def _dumped(messages: list[ChatMessage]) -> list[dict[str, Any]]:

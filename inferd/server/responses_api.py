@@ -21,17 +21,16 @@ from functools import partial
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
-from inferd.server.agent_loop import generate
+from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_runtime import HostedSource
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
 from inferd.server.generation import (
     ENGINE_ERRORS,
-    SSE_HEADERS,
     collect,
     engine_error,
     output_error,
@@ -107,7 +106,7 @@ async def create_response(request: Request) -> Response:
     if hosted and body.background:
         raise bad_request("background: mcp tools are run in the foreground only", "background")
     sources: list[HostedSource] = []
-    try:  # the request's MCP servers are closed when it is answered
+    try:  # the request's MCP servers: its loop closes them, or a failure here does
         for h in hosted:
             source = await state.agent.connect(
                 h.server_label,
@@ -119,8 +118,9 @@ async def create_response(request: Request) -> Response:
             )
             sources.append(source)
         return await _respond(request, state, body, model, owner, history, items, sources)
-    finally:
+    except BaseException:
         await asyncio.gather(*(s.source.close() for s in sources), return_exceptions=True)
+        raise
 
 
 async def _respond(
@@ -192,24 +192,31 @@ async def _respond(
         run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
         run.thinking = ready.thinking
         return await _background(state, model, run, items, owner, ready)
-    started = await generate(request, model, job, loop)
-    if started is None:
-        return Response(status_code=499)  # the client left during the tool rounds
-    ready, streams = started.ready, started.streams
-    calls = started.calls(fmt, calls)  # the loop's last round may call fewer tools
-    run = _Run(response, ready.prompt_tokens, calls, body.store is not False)
-    run.thinking = ready.thinking
-    # the request's MCP servers' tools, then the calls the loop ran, before the answer
-    run.ran = [
-        *(mcp_list_tools_item(h) for h in hosted),
-        *answered,
-        *(mcp_call_item(c) for c in started.ran),
-        *(mcp_approval_request_item(c) for c in started.awaiting),
-    ]
-    if body.stream:
-        events = _stream(state, run, items, owner, streams[0])
-        return StreamingResponse(events, media_type="text/event-stream", headers=SSE_HEADERS)
-    gens = await collect(request, streams)
+
+    def run_of(started: Started) -> _Run:
+        ready = started.ready
+        calls_now = started.calls(fmt, calls)  # the loop's last round may call fewer tools
+        run = _Run(response, ready.prompt_tokens, calls_now, body.store is not False)
+        run.thinking = ready.thinking
+        # the request's MCP servers' tools, then the calls the loop ran, before the answer
+        run.ran = [
+            *(mcp_list_tools_item(h) for h in hosted),
+            *answered,
+            *(mcp_call_item(c) for c in started.ran),
+            *(mcp_approval_request_item(c) for c in started.awaiting),
+        ]
+        return run
+
+    def stream_of(started: Started) -> AsyncIterator[bytes]:
+        return _stream(state, run_of(started), items, owner, started.streams[0])
+
+    if loop is None and server is not None:
+        await server.close()  # the request's MCP servers, which no loop will use
+    started = await start_reply(request, model, job, loop, body.stream, stream_of, _round_error)
+    if isinstance(started, Response):
+        return started
+    run = run_of(started)
+    gens = await collect(request, started.streams)
     if gens is None:
         return Response(status_code=499)
     (gen,) = gens
@@ -376,6 +383,13 @@ class _Run:
 
 
 # -- streaming --------------------------------------------------------------------------------
+
+
+def _round_error(err: APIError) -> list[bytes]:
+    """A stream's end when a tool round fails, before the response was created."""
+    code = err.code or "server_error"
+    event = {"type": "error", "code": code, "message": err.message, "param": err.param}
+    return [sse.named_event("error", event | {"sequence_number": 0})]
 
 
 async def _stream(

@@ -435,3 +435,22 @@ def test_a_client_that_leaves_cancels_the_call_in_flight(server: LiveServer) -> 
     assert "tool hang: " not in "\n".join(
         ln for ln in server.log.read_text().splitlines() if request_id in ln
     )
+
+
+def test_a_stream_is_kept_alive_while_a_tool_runs(server: LiveServer) -> None:
+    """The rounds run inside a streamed reply: while a call hangs (to its 10 s timeout) the
+    client gets keep-alive comments (every 5 s), then the answer and [DONE]."""
+    body = {
+        "messages": PERU,
+        "tool_choice": {"type": "function", "function": {"name": "hang"}},
+        "max_tool_rounds": 1,
+        "temperature": 0,
+        "max_tokens": 64,  # room for the call and a short answer
+        "stream": True,
+    }
+    with httpx.stream("POST", server.api + "/chat/completions", json=body, timeout=60) as reply:
+        assert reply.status_code == 200
+        lines = [line for line in reply.iter_lines() if line]
+    first_data = next(i for i, line in enumerate(lines) if line.startswith("data:"))
+    assert first_data >= 1 and all(line.startswith(":") for line in lines[:first_data])
+    assert lines[-1] == "data: [DONE]"
