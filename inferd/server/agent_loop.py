@@ -40,6 +40,7 @@ from inferd.server import sse
 from inferd.server.agent_runtime import RanCall, ToolLoop
 from inferd.server.errors import APIError
 from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
+from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
 from inferd.serving.interface import RequestOutput
@@ -138,7 +139,8 @@ async def after_rounds(
             if not task.done():
                 yield sse.KEEPALIVE
         started = task.result()
-    except APIError as err:
+    except (APIError, RequestTimeoutError) as exc:
+        err = exc if isinstance(exc, APIError) else APIError(504, str(exc), code="timeout")
         for frame in error(err):
             yield frame
         return

@@ -1,13 +1,21 @@
 """The server's agent runtime without a model: sources that did not start are retried at most
-every RETRY_S seconds, not on every request."""
+every RETRY_S seconds, not on every request; a streamed reply's rounds are kept alive and
+their failures framed by the protocol."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
 
 from inferd.agent.config import AgentConfig, McpServerConfig
-from inferd.server import agent_runtime
+from inferd.server import agent_runtime, sse
+from inferd.server.agent_loop import after_rounds
 from inferd.server.agent_runtime import AgentRuntime
+from inferd.server.errors import APIError
+from inferd.server.limits import RequestTimeoutError
 
 
 def test_a_source_that_is_down_is_retried_now_and_then() -> None:
@@ -34,3 +42,42 @@ def test_a_source_that_is_down_is_retried_now_and_then() -> None:
         await runtime.close()
 
     asyncio.run(main())
+
+
+async def _frames(rounds: Any, keepalive: float = 0.01) -> list[bytes]:
+    def error(err: APIError) -> list[bytes]:
+        return [f"error {err.status} {err.code}".encode()]
+
+    async def then(started: Any) -> AsyncIterator[bytes]:
+        yield b"answer"
+
+    return [frame async for frame in after_rounds(rounds, keepalive, error, then)]
+
+
+def test_a_stream_runs_its_rounds_with_keep_alives_then_answers() -> None:
+    async def rounds() -> Any:
+        await asyncio.sleep(0.08)
+        return object()
+
+    frames = asyncio.run(_frames(rounds))
+    assert frames[-1] == b"answer" and len(frames) >= 3
+    assert set(frames[:-1]) == {sse.KEEPALIVE}
+
+
+@pytest.mark.parametrize(
+    ("failure", "framed"),
+    [
+        (
+            APIError(400, "the prompt grew past the context", code="context_length_exceeded"),
+            b"error 400 context_length_exceeded",
+        ),
+        (RequestTimeoutError(1.0), b"error 504 timeout"),
+    ],
+)
+def test_a_failed_round_ends_the_stream_in_its_protocols_frames(
+    failure: Exception, framed: bytes
+) -> None:
+    async def rounds() -> Any:
+        raise failure
+
+    assert asyncio.run(_frames(rounds)) == [framed]
