@@ -233,18 +233,22 @@ async def _run(
     request: Request, loop: ToolLoop, calls: Sequence[dict[str, Any]]
 ) -> list[ToolResult]:
     request_id = _request_id(request)
-    return list(await asyncio.gather(*(_call(loop, c, request_id) for c in calls)))
+    made = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    return list(await asyncio.gather(*(call_tool(loop, n, a, request_id) for n, a in made)))
 
 
-async def _call(loop: ToolLoop, call: Mapping[str, Any], request_id: str) -> ToolResult:
-    name = call["function"]["name"]
+async def call_tool(
+    loop: ToolLoop, name: str, arguments_json: str, request_id: str, *, approved: bool = False
+) -> ToolResult:
+    """One call of the loop, its arguments as the model wrote them; a call that needs
+    approval waits for it first, unless ``approved`` already (the Responses API's flow)."""
     try:
-        arguments = json.loads(call["function"]["arguments"] or "{}")
+        arguments = json.loads(arguments_json or "{}")
     except ValueError:
         return ToolResult(f"the arguments of {name} are not valid JSON", True)
     if not isinstance(arguments, dict):
         return ToolResult(f"the arguments of {name} must be a JSON object", True)
-    if loop.asks(name):
+    if not approved and loop.asks(name):
         decision = await loop.broker.ask(name, arguments, request_id)
         if decision != "approved":
             log.info("tool %s: %s (request %s)", name, decision, request_id)

@@ -159,7 +159,8 @@ async def _respond(
     except APIError as exc:
         raise renamed(exc) from None
     # the approvals this request answers: the calls run (or are refused) once every check passed
-    answered = await answered_calls(loop, history, items)
+    request_id = str(getattr(request.state, "request_id", ""))
+    answered = await answered_calls(loop, history, items, request_id)
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items + answered, fmt), tools, fmt
     )

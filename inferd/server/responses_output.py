@@ -13,11 +13,12 @@ comes first, as a ``reasoning`` item whose ``reasoning_text`` part streams as
 
 from __future__ import annotations
 
-import json
+import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferd.agent.tools import ToolResult
+from inferd.server.agent_loop import call_tool
 from inferd.server.agent_runtime import HostedSource, RanCall, ToolLoop
 from inferd.server.errors import bad_request
 from inferd.server.openai_tools import new_call_id
@@ -238,16 +239,19 @@ def mcp_approval_request_item(call: RanCall) -> dict[str, Any]:
 
 
 async def answered_calls(
-    loop: ToolLoop | None, history: list[dict[str, Any]], items: list[dict[str, Any]]
+    loop: ToolLoop | None,
+    history: list[dict[str, Any]],
+    items: list[dict[str, Any]],
+    request_id: str,
 ) -> list[dict[str, Any]]:
-    """The ``mcp_call`` items of the approvals ``items`` answer: an approved call runs now, a
-    denied one is a result saying so. An answer already acted on (a client sending the whole
-    conversation again) is not run twice; one naming no request, or a tool this request does
-    not offer, is a 400."""
+    """The ``mcp_call`` items of the approvals ``items`` answer: the approved calls run now,
+    side by side, a denied one is a result saying so. An answer already acted on (a client
+    sending the whole conversation again) is not run twice; one naming no request, or a tool
+    this request does not offer, is a 400."""
     earlier = history + items
     asked = {i["id"]: i for i in earlier if i["type"] == "mcp_approval_request"}
     done = {i.get("approval_request_id") for i in earlier if i["type"] == "mcp_call"}
-    calls = []
+    answers: list[tuple[dict[str, Any], bool]] = []  # the request each answers, approved
     for index, answer in enumerate(items):
         if answer["type"] != "mcp_approval_response" or answer["approval_request_id"] in done:
             continue
@@ -262,23 +266,22 @@ async def answered_calls(
                 "again",
                 where,
             )
-        if answer["approve"]:
-            result = await loop.box.call(
-                name, _arguments(asking["arguments"]), allowed=loop.allowed
-            )
-        else:
-            result = ToolResult("the user did not approve this call", is_error=True)
-        call = RanCall(asking["id"], name, asking["arguments"], result, asking["server_label"])
-        calls.append(mcp_call_item(call) | {"approval_request_id": asking["id"]})
-    return calls
+        answers.append((asking, answer["approve"]))
+    if not answers:
+        return []
+    assert loop is not None
 
+    async def outcome(asking: dict[str, Any], approve: bool) -> ToolResult:
+        if not approve:
+            return ToolResult("the user did not approve this call", is_error=True)
+        return await call_tool(loop, asking["name"], asking["arguments"], request_id, approved=True)
 
-def _arguments(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
+    results = await asyncio.gather(*(outcome(a, approve) for a, approve in answers))
+    return [
+        mcp_call_item(RanCall(a["id"], a["name"], a["arguments"], result, a["server_label"]))
+        | {"approval_request_id": a["id"]}
+        for (a, _), result in zip(answers, results, strict=True)
+    ]
 
 
 def mcp_list_tools_item(hosted: HostedSource) -> dict[str, Any]:
