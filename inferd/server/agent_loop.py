@@ -39,6 +39,7 @@ from inferd.agent.untrusted import neutralize
 from inferd.server import sse
 from inferd.server.agent_runtime import RanCall, ToolLoop
 from inferd.server.errors import APIError
+from inferd.server.events import Failure, failure_of
 from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
 from inferd.server.limits import RequestTimeoutError
 from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
@@ -101,7 +102,7 @@ async def start_reply(
     loop: ToolLoop | None,
     stream: bool | None,
     stream_of: Callable[[Started], AsyncIterator[bytes]],
-    error: Callable[[APIError], Iterable[bytes]],
+    error: Callable[[Failure], Iterable[bytes]],
 ) -> Started | Response:
     """The job started, for a protocol to collect; or, for a streamed reply, the response
     (``stream_of`` frames the last round, ``error`` a round's failure). A 499 when the client
@@ -124,7 +125,7 @@ async def start_reply(
 async def after_rounds(
     rounds: Callable[[], Awaitable[Started | None]],
     keepalive: float,
-    error: Callable[[APIError], Iterable[bytes]],
+    error: Callable[[Failure], Iterable[bytes]],
     then: Callable[[Started], AsyncIterator[bytes]],
 ) -> AsyncIterator[bytes]:
     """A streamed reply whose tool rounds run inside the stream: keep-alive comments while
@@ -139,9 +140,10 @@ async def after_rounds(
             if not task.done():
                 yield sse.KEEPALIVE
         started = task.result()
-    except (APIError, RequestTimeoutError) as exc:
-        err = exc if isinstance(exc, APIError) else APIError(504, str(exc), code="timeout")
-        for frame in error(err):
+    except Exception as exc:
+        if not isinstance(exc, (APIError, RequestTimeoutError)):
+            log.exception("a tool round failed")
+        for frame in error(failure_of(exc)):
             yield frame
         return
     finally:  # the client left (the stream is closed): the rounds stop

@@ -38,14 +38,8 @@ from inferd.server.anthropic_tools import (
 from inferd.server.api_limits import check_sampling_limits
 from inferd.server.envelope import error_body, error_response
 from inferd.server.errors import APIError, bad_request
-from inferd.server.generation import (
-    ENGINE_ERRORS,
-    SSE_HEADERS,
-    collect,
-    engine_error,
-    output_error,
-)
-from inferd.server.limits import RequestTimeoutError
+from inferd.server.events import End, Failure, KeepAlive, events
+from inferd.server.generation import SSE_HEADERS, collect
 from inferd.server.media import check_media_parts, media_policy
 from inferd.server.openai_tools import ToolRequest, offer
 from inferd.server.pipeline import ChatJob, prepare, render
@@ -161,7 +155,7 @@ async def _create_message(request: Request) -> Response:
         )
 
     started = await start_reply(
-        request, model, job, loop, body.stream, stream_of, partial(_round_error, request)
+        request, model, job, loop, body.stream, stream_of, partial(_failure_events, request)
     )
     if isinstance(started, Response):
         return started
@@ -191,8 +185,9 @@ async def _create_message(request: Request) -> Response:
     return JSONResponse(message)
 
 
-def _round_error(request: Request, err: APIError) -> list[bytes]:
-    """A stream's end when a tool round fails (the prompt grew past the context, ...)."""
+def _failure_events(request: Request, failure: Failure) -> list[bytes]:
+    """The event that ends a stream which failed after it started."""
+    err = failure.error
     return [sse.named_event("error", error_body(request.scope, err.status, err.message))]
 
 
@@ -243,13 +238,13 @@ def _empty_message(message: dict[str, Any], num_prompt_tokens: int, stream: bool
     if not stream:
         message |= {"stop_reason": "max_tokens", "usage": usage}
         return JSONResponse(message)
-    events = [
+    frames = [
         _event("message_start", {"message": message | {"usage": usage}}),
         _event("ping", {}),
         _message_delta("max_tokens", None, num_prompt_tokens, 0),
         _event("message_stop", {}),
     ]
-    return Response(b"".join(events), media_type="text/event-stream", headers=SSE_HEADERS)
+    return Response(b"".join(frames), media_type="text/event-stream", headers=SSE_HEADERS)
 
 
 def _reject_unsupported(body: _Prompted) -> None:
@@ -419,9 +414,6 @@ async def _stream(
     calls: CallReader | None = None,
     thinking: ReasoningSplit | None = None,
 ) -> AsyncIterator[bytes]:
-    def failure(status: int, text: str) -> bytes:
-        return sse.named_event("error", error_body(request.scope, status, text))
-
     start_message = message | {
         "content": [],
         "stop_reason": None,
@@ -455,51 +447,39 @@ async def _stream(
             yield _event("content_block_delta", {"index": text_index, "delta": delta})
 
     if thought is None:
-        for event in text_delta(""):  # the text block opens at once, as before
-            yield event
+        for frame in text_delta(""):  # the text block opens at once, as before
+            yield frame
     yield _event("ping", {})
     last: RequestOutput | None = None
-    try:
-        async for out in sse.with_heartbeat(outputs, keepalive):
-            if out is None:
-                yield _event("ping", {})
-                continue
-            if out.finish_reason in ("error", "abort"):
-                err = output_error(out)
-                yield failure(err.status, err.message)
-                return
-            last = out
-            text = out.text
+    async for event in events([outputs], keepalive):
+        if isinstance(event, KeepAlive):
+            yield _event("ping", {})
+        elif isinstance(event, Failure):
+            for frame in _failure_events(request, event):
+                yield frame
+            return
+        elif isinstance(event, End):
+            (last,) = event.finals
+        else:
+            text = event.output.text
             if thought is not None:
-                events, text = thought.feed(text, out.finished)
-                for event in events:
-                    yield event
-            for event in text_delta(text):
-                yield event
-    except ENGINE_ERRORS as exc:
-        err = engine_error(exc)
-        yield failure(err.status, err.message)
-        return
-    except RequestTimeoutError as exc:  # the deadline has aborted the generation
-        yield failure(504, str(exc))
-        return
-    except Exception as exc:
-        yield failure(500, str(exc))
-        return
-    if last is None:
-        yield failure(500, "the engine returned no output")
-        return
+                frames, text = thought.feed(text, event.output.finished)
+                for frame in frames:
+                    yield frame
+            for frame in text_delta(text):
+                yield frame
+    assert last is not None
     reason, sequence = _stop(last)
     if blocks is None:
         if text_index is None:  # all thinking: an empty text block still ends the reply
-            for event in text_delta("", force=True):
-                yield event
+            for frame in text_delta("", force=True):
+                yield frame
         yield _event("content_block_stop", {"index": text_index})
     else:
-        for event in text_delta("", force=True):  # closes a thinking block nothing followed
-            yield event
-        for event in blocks.finish():
-            yield event
+        for frame in text_delta("", force=True):  # closes a thinking block nothing followed
+            yield frame
+        for frame in blocks.finish():
+            yield frame
         reason = "tool_use" if blocks.calls and reason == "end_turn" else reason
     yield _message_delta(reason, sequence, num_prompt_tokens, last.num_output_tokens)
     yield _event("message_stop", {})

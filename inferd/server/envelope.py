@@ -35,8 +35,6 @@ _ANTHROPIC_TYPES = {
     504: "timeout_error",
 }
 
-_OPENAI_TYPES = {408: "timeout_error", 504: "timeout_error"}
-
 
 def header(scope: Mapping[str, Any], name: bytes) -> str | None:
     """The first value of header ``name`` (lower-case bytes), or None."""
@@ -79,10 +77,7 @@ def error_body(
             "error": {"type": kind, "message": clip_message(message)},
             "request_id": request_id,
         }
-    body = APIError(status, message, param=param, code=code).body()
-    if status in _OPENAI_TYPES:
-        body["error"]["type"] = _OPENAI_TYPES[status]
-    return body
+    return APIError(status, message, param=param, code=code).body()
 
 
 def error_response(

@@ -2,9 +2,9 @@
 
 A request for ``n`` choices (or several prompts) becomes independent engine requests sharing
 the prompt; ``collect`` gathers them all (aborting every one if the client leaves) and
-``interleave`` merges their output streams for SSE and ``stream_events`` frames them the way
-every OpenAI-style stream ends. Either way, leaving early aborts every engine request, which
-frees its KV blocks at the next step.
+``stream_events`` frames their merged events (events.py) the way every OpenAI-style stream
+ends. Either way, leaving early aborts every engine request, which frees its KV blocks at the
+next step.
 """
 
 from __future__ import annotations
@@ -22,17 +22,22 @@ from inferd.host_memory import release_free_heap
 from inferd.media.types import DecodedAudio, DecodedImage, DecodedMedia, DecodedVideo
 from inferd.server import sse
 from inferd.server.api_limits import check_sampling_limits
-from inferd.server.errors import APIError, bad_request
+from inferd.server.errors import bad_request
+from inferd.server.events import (
+    ENGINE_ERRORS,
+    Failure,
+    KeepAlive,
+    Piece,
+    engine_error,
+    events,
+    failed,
+    output_error,
+)
 from inferd.server.limits import request_deadline
 from inferd.server.metrics import request_timer
 from inferd.server.protocol import SamplingFields
 from inferd.serving.interface import (
-    ADAPTER_CHANGED,
-    ADAPTER_UNAVAILABLE,
-    AdmissionError,
     ChatTemplateError,
-    EngineBusyError,
-    EngineStoppedError,
     MediaInput,
     NoChatTemplateError,
     RenderedChat,
@@ -139,7 +144,7 @@ def admit(
         raise bad_request(f"{prompt_param}: the prompt is empty after tokenization", prompt_param)
     try:
         model.engine.check_admission(num_prompt_tokens, params)
-    except (AdmissionError, EngineBusyError, EngineStoppedError) as exc:
+    except ENGINE_ERRORS as exc:
         raise engine_error(exc) from None
 
 
@@ -300,17 +305,6 @@ def _render(
         raise bad_request(message, "messages") from None
 
 
-def engine_error(exc: Exception) -> APIError:
-    if isinstance(exc, AdmissionError):
-        return bad_request(str(exc), exc.param, code=exc.code)
-    if isinstance(exc, EngineBusyError):
-        return APIError(503, str(exc), headers={"Retry-After": "1"})
-    return APIError(503, str(exc))
-
-
-ENGINE_ERRORS = (AdmissionError, EngineBusyError, EngineStoppedError)
-
-
 def start(
     request: Request,
     model: ServedModel,
@@ -370,26 +364,6 @@ def visible_logprobs(out: RequestOutput) -> list[TokenLogprob]:
     return lps
 
 
-# Failures the engine reports that are not its own: a LoRA adapter whose files changed on disk
-# is the operator's to fix (409: loading it again is the way out), one that cannot be read now
-# may come back (503).
-_OUTPUT_ERROR_STATUS = {ADAPTER_CHANGED: 409, ADAPTER_UNAVAILABLE: 503}
-
-
-def output_error(out: RequestOutput) -> APIError:
-    """The HTTP error for a failed ("error") or aborted output."""
-    if out.finish_reason == "abort":
-        return APIError(503, out.error or "the request was aborted")
-    status = _OUTPUT_ERROR_STATUS.get(out.error_code or "", 500)
-    param = "model" if out.error_code is not None else None
-    return APIError(status, out.error or "the engine failed", param, out.error_code)
-
-
-def raise_for_failure(out: RequestOutput) -> None:
-    if out.finish_reason in ("error", "abort"):
-        raise output_error(out)
-
-
 async def collect(
     request: Request, streams: Sequence[AsyncIterator[RequestOutput]]
 ) -> list[Generation] | None:
@@ -417,7 +391,8 @@ async def collect(
     if gens is None:
         return None
     for gen in gens:
-        raise_for_failure(gen.final)
+        if failed(gen.final):
+            raise output_error(gen.final)
     return gens
 
 
@@ -437,38 +412,6 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T | None:
     return task.result()
 
 
-async def interleave(
-    streams: Sequence[AsyncIterator[RequestOutput]],
-) -> AsyncIterator[tuple[int, RequestOutput]]:
-    """(stream index, output) from all streams as they come; closing it aborts them all."""
-    queue: asyncio.Queue[tuple[int, RequestOutput | Exception | None]] = asyncio.Queue()
-
-    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
-        try:
-            async for out in stream:
-                queue.put_nowait((index, out))
-        except Exception as exc:
-            queue.put_nowait((index, exc))
-        else:
-            queue.put_nowait((index, None))
-
-    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
-    try:
-        remaining = len(tasks)
-        while remaining:
-            index, item = await queue.get()
-            if item is None:
-                remaining -= 1
-            elif isinstance(item, Exception):
-                raise item
-            else:
-                yield index, item
-    finally:
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-
 async def stream_events(
     streams: Sequence[AsyncIterator[RequestOutput]],
     keepalive: float,
@@ -477,46 +420,32 @@ async def stream_events(
 ) -> AsyncIterator[bytes]:
     """The body of an OpenAI-style SSE stream over every choice's engine stream.
 
-    Outputs of all streams interleave as they come, with a keep-alive comment whenever
-    ``keepalive`` seconds pass without one; ``on_output(choice index, output)`` turns each into
-    events. A failed or aborted generation, or an exception (a timeout, an engine error), ends
-    the stream with an error event and ``[DONE]``. Otherwise, after the last output,
-    ``usage(total output tokens)`` gives the usage event when the caller asked for one, then
-    ``[DONE]``.
+    ``on_output(choice index, output)`` turns each output into events, with a keep-alive
+    comment whenever ``keepalive`` seconds pass without one. A failure ends the stream with
+    an error event and ``[DONE]``; otherwise, after the last output, ``usage(total output
+    tokens)`` gives the usage event when the caller asked for one, then ``[DONE]``.
     """
-    output_tokens = [0] * len(streams)
-    try:
-        async for item in sse.with_heartbeat(interleave(streams), keepalive):
-            if item is None:
-                yield sse.KEEPALIVE
-                continue
-            index, out = item
-            if out.finish_reason in ("error", "abort"):
-                yield sse.event(error_payload(out))
-                yield sse.DONE
-                return
-            output_tokens[index] = out.num_output_tokens
-            for event in on_output(index, out):
-                yield event
-    except Exception as exc:
-        yield sse.event(error_payload(exc))
-        yield sse.DONE
-        return
-    if usage is not None:
-        yield usage(sum(output_tokens))
+    async for event in events(streams, keepalive):
+        if isinstance(event, Piece):
+            for frame in on_output(event.index, event.output):
+                yield frame
+        elif isinstance(event, KeepAlive):
+            yield sse.KEEPALIVE
+        elif isinstance(event, Failure):
+            yield sse.event(openai_error(event))
+            yield sse.DONE
+            return
+        elif usage is not None:
+            yield usage(event.output_tokens)
     yield sse.DONE
 
 
-def error_payload(exc: Exception | RequestOutput) -> dict[str, object]:
+def openai_error(failure: Failure) -> dict[str, object]:
     """The OpenAI-style body of an error that happens after a stream has started."""
-    if isinstance(exc, RequestOutput):
-        err = output_error(exc)
-        if exc.error_code is None:  # the engine's own failure, or an abort
-            err = APIError(err.status, err.message, code=exc.finish_reason)
-            return {"error": err.body()["error"] | {"type": "server_error"}}
-    else:
-        err = engine_error(exc) if isinstance(exc, ENGINE_ERRORS) else APIError(500, str(exc))
-    return err.body()
+    body = failure.error.body()
+    if failure.engine_fault:
+        body["error"] |= {"type": "server_error"}
+    return body
 
 
 def token_piece(model: ServedModel, token_id: int) -> str:

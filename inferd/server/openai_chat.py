@@ -20,11 +20,13 @@ from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
-from inferd.server.errors import APIError, bad_request
+from inferd.server.errors import bad_request
+from inferd.server.events import Failure
 from inferd.server.generation import (
     Generation,
     clamp,
     collect,
+    openai_error,
     sampling_params,
     stream_events,
     token_piece,
@@ -137,9 +139,9 @@ async def create_chat_completion(request: Request) -> Response:
     return JSONResponse(reply)
 
 
-def _stream_error(err: APIError) -> list[bytes]:
+def _stream_error(failure: Failure) -> list[bytes]:
     """A stream's end when a tool round fails (the prompt grew past the context, ...)."""
-    return [sse.event(err.body()), sse.DONE]
+    return [sse.event(openai_error(failure)), sse.DONE]
 
 
 def _dumped(messages: list[ChatMessage]) -> list[dict[str, Any]]:

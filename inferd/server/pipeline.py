@@ -28,15 +28,8 @@ from inferd.media.types import DecodedMedia
 from inferd.server.api_limits import LogprobsAsk, check_logprobs_size
 from inferd.server.constraints import compiled
 from inferd.server.errors import APIError
-from inferd.server.generation import (
-    ENGINE_ERRORS,
-    admit,
-    chat_prompt_with_media,
-    engine_error,
-    for_choice,
-    room_for,
-    start,
-)
+from inferd.server.events import ENGINE_ERRORS, engine_error
+from inferd.server.generation import admit, chat_prompt_with_media, for_choice, room_for, start
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.reasoning import ReasoningSplit, followed
 from inferd.server.state import ServerState

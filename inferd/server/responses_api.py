@@ -29,14 +29,8 @@ from inferd.server.agent_runtime import HostedSource
 from inferd.server.auth import key_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
-from inferd.server.generation import (
-    ENGINE_ERRORS,
-    collect,
-    engine_error,
-    output_error,
-    sampling_params,
-)
-from inferd.server.limits import RequestTimeoutError
+from inferd.server.events import End, Failure, KeepAlive, Piece, events
+from inferd.server.generation import collect, sampling_params
 from inferd.server.openai_tools import offer
 from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit_detached
 from inferd.server.protocol import parse_body
@@ -386,11 +380,20 @@ class _Run:
 # -- streaming --------------------------------------------------------------------------------
 
 
-def _round_error(err: APIError) -> list[bytes]:
+def _error_event(failure: Failure) -> dict[str, Any]:
+    """The ``error`` event that ends a stream which failed (its sequence number to be set)."""
+    err = failure.error
+    return {
+        "type": "error",
+        "code": err.code or "server_error",
+        "message": err.message,
+        "param": err.param,
+    }
+
+
+def _round_error(failure: Failure) -> list[bytes]:
     """A stream's end when a tool round fails, before the response was created."""
-    code = err.code or "server_error"
-    event = {"type": "error", "code": code, "message": err.message, "param": err.param}
-    return [sse.named_event("error", event | {"sequence_number": 0})]
+    return [sse.named_event("error", _error_event(failure) | {"sequence_number": 0})]
 
 
 async def _stream(
@@ -402,14 +405,10 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     counter = itertools.count()
 
-    def send(events: list[dict[str, Any]]) -> Iterator[bytes]:
-        for payload in events:
+    def send(payloads: list[dict[str, Any]]) -> Iterator[bytes]:
+        for payload in payloads:
             payload["sequence_number"] = next(counter)
             yield sse.named_event(payload["type"], payload)
-
-    def fail(status: int, message: str, code: str | None) -> Iterator[bytes]:
-        err = {"type": "error", "code": code or "server_error", "message": message, "param": None}
-        return send([err])
 
     opening = [
         {"type": "response.created", "response": run.snapshot("in_progress")},
@@ -418,45 +417,27 @@ async def _stream(
     for chunk in send([*opening, *ran_events(run.ran)]):
         yield chunk
     builder = run.builder()
-    last: RequestOutput | None = None
-    failure: tuple[int, str, str | None] | None = None
-    try:
-        async for out in sse.with_heartbeat(outputs, state.keepalive_seconds):
-            if out is None:
-                yield sse.KEEPALIVE
-                continue
-            if out.finish_reason in ("error", "abort"):
-                err = output_error(out)  # a 4xx/503 when a LoRA adapter's files are why
-                status = err.status if out.error_code is not None else 500
-                failure = (status, err.message, out.error_code or out.finish_reason)
-                break
-            last = out
-            for chunk in send(builder.feed(out.text)):
+    async for event in events([outputs], state.keepalive_seconds):
+        if isinstance(event, KeepAlive):
+            yield sse.KEEPALIVE
+        elif isinstance(event, Piece):
+            for chunk in send(builder.feed(event.output.text)):
                 yield chunk
-    except ENGINE_ERRORS as exc:
-        err = engine_error(exc)
-        failure = (err.status, err.message, err.code)
-    except RequestTimeoutError as exc:
-        failure = (504, str(exc), "timeout")
-    except Exception as exc:
-        failure = (500, str(exc), None)
-    if failure is None and last is None:
-        failure = (500, "the engine returned no output", None)
-    if failure is not None or last is None:
-        assert failure is not None
-        if run.store:
-            failed = run.failed(failure[1], last.num_output_tokens if last else 0)
-            await asyncio.to_thread(state.responses.put, failed, items, owner=owner)
-        for chunk in fail(*failure):
-            yield chunk
-        return
-    tail = builder.finish(last.finish_reason != "length")
-    final = run.finished(builder, last)
-    if run.store:
-        await asyncio.to_thread(state.responses.put, final, items, owner=owner)
-    kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
-    for chunk in send([*tail, {"type": kind, "response": final}]):
-        yield chunk
+        elif isinstance(event, Failure):
+            if run.store:
+                failed = run.failed(event.error.message, event.output_tokens)
+                await asyncio.to_thread(state.responses.put, failed, items, owner=owner)
+            for chunk in send([_error_event(event)]):
+                yield chunk
+        else:
+            (last,) = event.finals
+            tail = builder.finish(last.finish_reason != "length")
+            final = run.finished(builder, last)
+            if run.store:
+                await asyncio.to_thread(state.responses.put, final, items, owner=owner)
+            kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+            for chunk in send([*tail, {"type": kind, "response": final}]):
+                yield chunk
 
 
 # -- background -------------------------------------------------------------------------------
@@ -492,26 +473,21 @@ async def _generate_in_background(
 ) -> None:
     store = state.responses
     builder = run.builder()
-    last: RequestOutput | None = None
     await asyncio.to_thread(store.update, run.snapshot("in_progress"), unless_status=_TERMINAL)
+    final: dict[str, Any] = run.failed("the engine returned no output")
     try:
-        async for out in outputs:
-            if out.finish_reason in ("error", "abort"):
-                final = run.failed(out.error or "the request was aborted", out.num_output_tokens)
-                break
-            builder.feed(out.text)
-            last = out
-        else:
-            if last is None:
-                final = run.failed("the engine returned no output")
-            else:
+        async for event in events([outputs], None):
+            if isinstance(event, Piece):
+                builder.feed(event.output.text)
+            elif isinstance(event, Failure):
+                final = run.failed(event.error.message, event.output_tokens)
+            elif isinstance(event, End):
+                (last,) = event.finals
                 builder.finish(last.finish_reason != "length")
                 final = run.finished(builder, last)
     except asyncio.CancelledError:  # cancelled: the route has stored it so
         await close_stream(outputs)
         raise
-    except Exception as exc:
-        final = run.failed(str(exc))
     await asyncio.to_thread(store.update, final, unless_status=("cancelled",))
 
 

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
-from inferd.serving.interface import RequestOutput
 
-
-async def close_stream(outputs: AsyncIterator[RequestOutput]) -> None:
+async def close_stream(outputs: AsyncIterator[Any]) -> None:
     """Close an async generator (aclose) or an engine ``RequestStream`` (close)."""
     aclose = getattr(outputs, "aclose", None)
     if aclose is not None:

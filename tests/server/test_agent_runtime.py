@@ -15,6 +15,7 @@ from inferd.server import agent_runtime, sse
 from inferd.server.agent_loop import after_rounds
 from inferd.server.agent_runtime import AgentRuntime
 from inferd.server.errors import APIError
+from inferd.server.events import Failure
 from inferd.server.limits import RequestTimeoutError
 
 
@@ -45,7 +46,8 @@ def test_a_source_that_is_down_is_retried_now_and_then() -> None:
 
 
 async def _frames(rounds: Any, keepalive: float = 0.01) -> list[bytes]:
-    def error(err: APIError) -> list[bytes]:
+    def error(failure: Failure) -> list[bytes]:
+        err = failure.error
         return [f"error {err.status} {err.code}".encode()]
 
     async def then(started: Any) -> AsyncIterator[bytes]:
@@ -71,7 +73,8 @@ def test_a_stream_runs_its_rounds_with_keep_alives_then_answers() -> None:
             APIError(400, "the prompt grew past the context", code="context_length_exceeded"),
             b"error 400 context_length_exceeded",
         ),
-        (RequestTimeoutError(1.0), b"error 504 timeout"),
+        (RequestTimeoutError(1.0), b"error 504 request_timeout"),
+        (RuntimeError("a bug"), b"error 500 None"),  # still framed: the stream is not cut
     ],
 )
 def test_a_failed_round_ends_the_stream_in_its_protocols_frames(

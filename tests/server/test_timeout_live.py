@@ -158,6 +158,8 @@ def test_a_stream_past_the_deadline_ends_with_an_error_event_then_done(
     assert events[-1] == "data: [DONE]"
     error = json.loads(events[-2].removeprefix("data: "))["error"]
     assert error["message"] == TIMEOUT_MESSAGE
+    # typed as the same request's 504 is when it is not streamed
+    assert (error["type"], error["code"]) == ("timeout_error", "request_timeout")
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
     assert chunks and all(c["object"] == "chat.completion.chunk" for c in chunks)
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
@@ -231,7 +233,12 @@ def test_a_completion_past_the_deadline_gets_504_or_an_error_event(
         assert resp.status_code == 200
         events = [line for line in resp.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2].removeprefix("data: "))["error"]["message"] == TIMEOUT_MESSAGE
+    error = json.loads(events[-2].removeprefix("data: "))["error"]
+    assert (error["message"], error["type"], error["code"]) == (
+        TIMEOUT_MESSAGE,
+        "timeout_error",
+        "request_timeout",
+    )
     chunks = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
     assert chunks and all(c["object"] == "text_completion" for c in chunks)
     assert not any(c["choices"][0]["finish_reason"] for c in chunks)  # it never finished
