@@ -17,7 +17,9 @@ A tool's failure, timeout or refusal is a result the model reads, never an HTTP 
 output is untrusted: bounded by its source, and its chat-template control text broken
 (agent/untrusted.py), so it cannot close the tool turn or open a call. A client that leaves
 aborts the round or cancels the calls in flight. The client sees the final answer only; the
-rounds before it show in the server's log.
+rounds before it show in the server's log, and, in a stream that asks for them
+(``agent_progress``: chat completions and Anthropic messages), as ``agent_*`` events
+(``Progress``) before the answer.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
@@ -38,6 +40,7 @@ from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
 from inferd.server import sse
 from inferd.server.agent_runtime import RanCall, ToolLoop
+from inferd.server.approvals import PendingApproval
 from inferd.server.errors import APIError
 from inferd.server.events import Failure, failure_of
 from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
@@ -77,12 +80,40 @@ class Started:
         return partial(self.final_tools.reader, fmt) if self.final_tools is not None else None
 
 
+# A result's text in a progress event is cut to this many characters (the model reads it whole).
+PROGRESS_OUTPUT_CHARS = 4096
+
+
+@dataclass(slots=True)
+class Progress:
+    """What the rounds do, for a stream that asked to see it (``agent_progress``): notes the
+    stream sends, in order, as server-sent events named by their ``type``: ``agent_tool_call``
+    when a call starts, ``agent_approval_request`` when it waits for a person (its
+    ``approval_id`` is the one to answer at /v1/agent/approvals/{id}), ``agent_tool_result``
+    when it has its result."""
+
+    notes: asyncio.Queue[dict[str, Any]] = field(default_factory=asyncio.Queue)
+
+    def note(self, kind: str, **fields: Any) -> None:
+        self.notes.put_nowait({"type": f"agent_{kind}", **fields})
+
+    def frames(self) -> Iterable[bytes]:
+        """The notes not sent yet, as events."""
+        while not self.notes.empty():
+            yield _note_frame(self.notes.get_nowait())
+
+
+def _note_frame(note: dict[str, Any]) -> bytes:
+    return sse.named_event(note["type"], note)
+
+
 async def generate(
     request: Request,
     model: ServedModel,
     job: ChatJob,
     loop: ToolLoop | None,
     first: Prepared | None = None,
+    progress: Progress | None = None,
 ) -> Started | None:
     """The job prepared and its engine streams; None when the client left during the loop.
     ``first``: the job prepared already (``after_rounds``)."""
@@ -90,7 +121,7 @@ async def generate(
         ready = first or await prepare(request, model, job)
         return Started(ready, submit(request, model, ready))
     try:
-        return await _rounds(request, model, job, loop, first)
+        return await _rounds(request, model, job, loop, first, progress)
     finally:
         await loop.close()
 
@@ -103,15 +134,17 @@ async def start_reply(
     stream: bool | None,
     stream_of: Callable[[Started], AsyncIterator[bytes]],
     error: Callable[[Failure], Iterable[bytes]],
+    progress: bool = False,
 ) -> Started | Response:
     """The job started, for a protocol to collect; or, for a streamed reply, the response
-    (``stream_of`` frames the last round, ``error`` a round's failure). A 499 when the client
-    left during the rounds."""
+    (``stream_of`` frames the last round, ``error`` a round's failure; ``progress``: the
+    rounds' progress events first). A 499 when the client left during the rounds."""
     if stream and loop is not None:  # the rounds run inside the stream
         first = await prepare(request, model, job)
-        rounds = partial(generate, request, model, job, loop, first)
+        notes = Progress() if progress else None
+        rounds = partial(generate, request, model, job, loop, first, notes)
         keepalive = request.app.state.inferd.keepalive_seconds
-        frames = after_rounds(rounds, keepalive, error, stream_of)
+        frames = after_rounds(rounds, keepalive, error, stream_of, notes)
         return StreamingResponse(frames, media_type="text/event-stream", headers=SSE_HEADERS)
     started = await generate(request, model, job, loop)
     if started is None:
@@ -127,18 +160,31 @@ async def after_rounds(
     keepalive: float,
     error: Callable[[Failure], Iterable[bytes]],
     then: Callable[[Started], AsyncIterator[bytes]],
+    progress: Progress | None = None,
 ) -> AsyncIterator[bytes]:
     """A streamed reply whose tool rounds run inside the stream: keep-alive comments while
-    they run (a long tool call or approval must not look like a dead connection), then the
-    last round's stream (``then``). A round's error is the stream's (``error``: the
-    protocol's frames for it); so the first round is prepared before the stream starts, and
-    what is wrong with the request itself is still its HTTP status."""
+    they run (a long tool call or approval must not look like a dead connection), or the
+    ``progress`` events as they come, then the last round's stream (``then``). A round's
+    error is the stream's (``error``: the protocol's frames for it); so the first round is
+    prepared before the stream starts, and what is wrong with the request itself is still
+    its HTTP status."""
     task = asyncio.ensure_future(rounds())
     try:
         while not task.done():
-            await asyncio.wait({task}, timeout=keepalive)
-            if not task.done():
+            note = asyncio.ensure_future(progress.notes.get()) if progress else None
+            await asyncio.wait(
+                {task} | ({note} if note else set()),
+                timeout=keepalive,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            if note is not None and note.done():
+                yield _note_frame(note.result())
+            elif note is not None:
+                note.cancel()  # nothing taken from the queue: a cancelled get loses no note
+            if not task.done() and (note is None or not note.done()):
                 yield sse.KEEPALIVE
+        for frame in progress.frames() if progress else ():
+            yield frame
         started = task.result()
     except Exception as exc:
         if not isinstance(exc, (APIError, RequestTimeoutError)):
@@ -161,6 +207,7 @@ async def _rounds(
     job: ChatJob,
     loop: ToolLoop,
     first: Prepared | None,
+    progress: Progress | None,
 ) -> Started | None:
     earlier_prompt = earlier_output = 0
     decoded = None
@@ -203,7 +250,8 @@ async def _rounds(
         earlier_prompt += len(ready.prompt)
         earlier_output += gen.final.num_output_tokens
         clock.lap("model")  # reading the calls
-        results = await unless_disconnected(request, _run(request, loop, calls))
+        run = _run(request, loop, calls, round_index, progress)
+        results = await unless_disconnected(request, run)
         clock.lap("tools")
         if results is None:
             return None
@@ -232,18 +280,54 @@ def _calls(
 
 
 async def _run(
-    request: Request, loop: ToolLoop, calls: Sequence[dict[str, Any]]
+    request: Request,
+    loop: ToolLoop,
+    calls: Sequence[dict[str, Any]],
+    round_index: int,
+    progress: Progress | None,
 ) -> list[ToolResult]:
+    """A round's calls, side by side; each one's start, approval and result noted in
+    ``progress``."""
     request_id = _request_id(request)
-    made = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
-    return list(await asyncio.gather(*(call_tool(loop, n, a, request_id) for n, a in made)))
+
+    async def one(call: Mapping[str, Any]) -> ToolResult:
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        if progress is None:
+            return await call_tool(loop, name, arguments, request_id)
+        about = {"round": round_index + 1, "call_id": call["id"], "name": name}
+        progress.note("tool_call", **about, arguments=arguments)
+
+        def waiting(pending: PendingApproval) -> None:
+            expires = round(pending.expires)
+            progress.note("approval_request", **about, approval_id=pending.id, expires=expires)
+
+        result = await call_tool(loop, name, arguments, request_id, on_pending=waiting)
+        output = result.content[:PROGRESS_OUTPUT_CHARS]
+        progress.note(
+            "tool_result",
+            **about,
+            is_error=result.is_error,
+            output=output,
+            output_truncated=len(output) < len(result.content),
+            duration_ms=round(result.duration_s * 1000, 1),
+        )
+        return result
+
+    return list(await asyncio.gather(*(one(c) for c in calls)))
 
 
 async def call_tool(
-    loop: ToolLoop, name: str, arguments_json: str, request_id: str, *, approved: bool = False
+    loop: ToolLoop,
+    name: str,
+    arguments_json: str,
+    request_id: str,
+    *,
+    approved: bool = False,
+    on_pending: Callable[[PendingApproval], None] | None = None,
 ) -> ToolResult:
     """One call of the loop, its arguments as the model wrote them; a call that needs
-    approval waits for it first, unless ``approved`` already (the Responses API's flow)."""
+    approval waits for it first (``on_pending`` told of it), unless ``approved`` already
+    (the Responses API's flow)."""
     try:
         arguments = json.loads(arguments_json or "{}")
     except ValueError:
@@ -251,7 +335,7 @@ async def call_tool(
     if not isinstance(arguments, dict):
         return ToolResult(f"the arguments of {name} must be a JSON object", True)
     if not approved and loop.asks(name):
-        decision = await loop.broker.ask(name, arguments, request_id)
+        decision = await loop.broker.ask(name, arguments, request_id, on_pending)
         if decision != "approved":
             log.info("tool %s: %s (request %s)", name, decision, request_id)
             return ToolResult(f"the call to {name} was not approved ({decision})", True)

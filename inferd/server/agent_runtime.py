@@ -168,6 +168,17 @@ class ServerTools:
         await asyncio.gather(*(s.close() for s in self.owned), return_exceptions=True)
 
 
+def progress_asked(agent_progress: bool | None, stream: bool | None) -> bool:
+    """Whether a chat or Anthropic request asks for the loop's progress events: a 400 unless
+    it streams (the events are a stream's)."""
+    if agent_progress and not stream:
+        raise bad_request(
+            "agent_progress: the loop's progress comes as events of a stream; send stream: true",
+            "agent_progress",
+        )
+    return bool(agent_progress)
+
+
 class AgentRuntime:
     def __init__(self, config: AgentConfig, extra: Sequence[ToolSource] = ()) -> None:
         self.config = config

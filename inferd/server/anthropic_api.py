@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
 from inferd.server.agent_loop import Started, start_reply
+from inferd.server.agent_runtime import progress_asked
 from inferd.server.anthropic_images import ImageSlots
 from inferd.server.anthropic_output import output_format
 from inferd.server.anthropic_protocol import CountTokensRequest, MessagesRequest, _Prompted
@@ -102,6 +103,7 @@ async def _create_message(request: Request) -> Response:
     # The cheap checks (tools, sampling, the output format, the conversation), then the
     # pipeline's steps: media, prompt, constraint, admission.
     check_media_parts(body.messages, media_policy(request), model)  # nothing read yet
+    progress = progress_asked(body.agent_progress, body.stream)
     server = None
     if body.max_tokens > 0:  # max_tokens 0 only counts the prompt: no round runs
         server = await state.agent.server_tools(
@@ -155,7 +157,14 @@ async def _create_message(request: Request) -> Response:
         )
 
     started = await start_reply(
-        request, model, job, loop, body.stream, stream_of, partial(_failure_events, request)
+        request,
+        model,
+        job,
+        loop,
+        body.stream,
+        stream_of,
+        partial(_failure_events, request),
+        progress,
     )
     if isinstance(started, Response):
         return started

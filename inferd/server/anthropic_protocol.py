@@ -37,6 +37,7 @@ class MessagesRequest(_Prompted):
     # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
     max_tool_rounds: WholeInt | None = None
     enable_code_execution: bool | None = None
+    agent_progress: bool | None = None  # the loop's agent_* events in the stream
     stop_sequences: list[str] | None = None
     temperature: float | None = None
     top_p: float | None = None

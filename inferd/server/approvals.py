@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -59,9 +59,15 @@ class ApprovalBroker:
         self.timeout_s = timeout_s
         self.pending: dict[str, PendingApproval] = {}
 
-    async def ask(self, tool: str, arguments: Mapping[str, Any], request_id: str) -> Decision:
+    async def ask(
+        self,
+        tool: str,
+        arguments: Mapping[str, Any],
+        request_id: str,
+        on_pending: Callable[[PendingApproval], None] | None = None,
+    ) -> Decision:
         """Wait for an answer to a call of ``tool``; a cancelled wait (the client left) is
-        withdrawn."""
+        withdrawn. ``on_pending``: told of the waiting call (its id) once it can be answered."""
         now = time.time()
         pending = PendingApproval(
             f"apr_{uuid.uuid4().hex[:24]}",
@@ -73,6 +79,8 @@ class ApprovalBroker:
             asyncio.get_running_loop().create_future(),
         )
         self.pending[pending.id] = pending
+        if on_pending is not None:
+            on_pending(pending)
         try:
             async with asyncio.timeout(self.timeout_s):
                 return "approved" if await pending.answer else "denied"

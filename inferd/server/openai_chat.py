@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
 from inferd.server.agent_loop import Started, start_reply
+from inferd.server.agent_runtime import progress_asked
 from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
@@ -59,6 +60,7 @@ async def create_chat_completion(request: Request) -> Response:
         session = await open_session(request, body.session_id, _dumped(body.messages), n)
         stored = [ChatMessage.model_validate(m) for m in session.messages]
         conversation = stored + body.messages
+    progress = progress_asked(body.agent_progress, body.stream)
     server = await state.agent.server_tools(
         body.max_tool_rounds, n=n, code_execution=body.enable_code_execution
     )
@@ -118,7 +120,9 @@ async def create_chat_completion(request: Request) -> Response:
         )
 
     # the n choices share the prompt
-    started = await start_reply(request, model, job, loop, body.stream, stream_of, _stream_error)
+    started = await start_reply(
+        request, model, job, loop, body.stream, stream_of, _stream_error, progress
+    )
     if isinstance(started, Response):
         return started
     ready = started.ready

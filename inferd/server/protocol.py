@@ -118,6 +118,7 @@ class ChatCompletionRequest(SamplingFields):
     # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
     max_tool_rounds: WholeInt | None = None
     enable_code_execution: bool | None = None
+    agent_progress: bool | None = None  # the loop's agent_* events in the stream
     session_id: str | None = None  # a conversation the server keeps (server/agent_sessions.py)
     # Known to OpenAI, not supported here: a request that uses one gets a 400 naming it.
     functions: list[Any] | None = None

@@ -157,6 +157,47 @@ def test_a_stream_carries_the_final_answer_only(client: openai.OpenAI) -> None:
     assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
 
 
+def _agent_events(events: list[Any]) -> list[dict[str, Any]]:
+    """The progress events of a stream, each checked to be named by its type."""
+    notes = [e for e in events if e.name and e.name.startswith("agent_")]
+    for note in notes:
+        assert json.loads(note.data)["type"] == note.name
+    return [json.loads(note.data) for note in notes]
+
+
+def test_a_stream_that_asks_shows_each_call_and_result_before_the_answer(
+    server: LiveServer, client: openai.OpenAI, calls_log: Path
+) -> None:
+    """``agent_progress``: the rounds' ``agent_tool_call`` and ``agent_tool_result`` events
+    come first, naming the call the server ran and its result; the answer after them is the
+    one a stream without them gives."""
+    ask = {"model": "default", "messages": PERU, "temperature": 0, "tool_choice": LOOKUP}
+    ask |= {"max_tool_rounds": 1, "stream": True}
+    plain = httpx.post(server.api + "/chat/completions", json=ask, timeout=120)
+    assert _agent_events(parse_sse(plain.text)) == []  # not asked: none
+    before = len(_calls(calls_log))
+    shown = httpx.post(
+        server.api + "/chat/completions", json=ask | {"agent_progress": True}, timeout=120
+    )
+    assert shown.status_code == 200
+    events = parse_sse(shown.text)
+    (call,) = _new_calls(calls_log, before)
+    started, result = _agent_events(events)
+    assert events[:2] == [e for e in events if e.name]  # before the answer's first chunk
+    assert started["type"] == "agent_tool_call" and started["name"] == "lookup"
+    assert json.loads(started["arguments"]) == call["arguments"]
+    assert result["type"] == "agent_tool_result" and result["call_id"] == started["call_id"]
+    assert (result["round"], result["is_error"]) == (1, False)
+    assert result["output"] == _lookup_answer(call) and not result["output_truncated"]
+    assert [e.data for e in events[2:]] != [] and events[-1].data == "[DONE]"
+
+    def answer(events: list[Any]) -> str:
+        chunks = [json.loads(e.data) for e in events if not e.name and e.data != "[DONE]"]
+        return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+
+    assert answer(events) == answer(parse_sse(plain.text)) != ""
+
+
 def test_anthropic_messages_run_the_loop(server: LiveServer, calls_log: Path) -> None:
     sdk = anthropic.Anthropic(
         base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
@@ -178,6 +219,17 @@ def test_anthropic_messages_run_the_loop(server: LiveServer, calls_log: Path) ->
         streamed = stream.get_final_message()
     assert "".join(b.text for b in streamed.content if b.type == "text") == text
     assert streamed.usage.input_tokens == message.usage.input_tokens
+    # Asked for (never by the SDK, whose strict parser knows no such event), the progress
+    # events come first, then the same message.
+    raw = ask | {"stream": True, "temperature": 0, "agent_progress": True}
+    del raw["extra_body"]
+    events = parse_sse(httpx.post(server.url + "/v1/messages", json=raw, timeout=120).text)
+    names = [e.name for e in events]
+    assert names[:3] == ["agent_tool_call", "agent_tool_result", "message_start"]
+    assert names[-1] == "message_stop"
+    assert [n["name"] for n in _agent_events(events)] == ["lookup", "lookup"]
+    deltas = [e.json()["delta"] for e in events if e.name == "content_block_delta"]
+    assert "".join(d.get("text", "") for d in deltas) == text
 
 
 def test_the_responses_api_runs_the_loop(
@@ -289,6 +341,12 @@ def test_bad_agent_fields_are_400s(server: LiveServer) -> None:
     denied = {"type": "function", "function": {"name": "authorization"}}  # deny: never offered
     forced = httpx.post(server.api + "/chat/completions", json=base | {"tool_choice": denied})
     assert forced.status_code == 400 and forced.json()["error"]["param"] == "tool_choice"
+    unstreamed = httpx.post(server.api + "/chat/completions", json=base | {"agent_progress": True})
+    assert unstreamed.status_code == 400
+    assert unstreamed.json()["error"]["param"] == "agent_progress"
+    message = {"model": "default", "max_tokens": 4, "messages": PERU, "agent_progress": True}
+    anthropic_unstreamed = httpx.post(server.url + "/v1/messages", json=message)
+    assert anthropic_unstreamed.status_code == 400, anthropic_unstreamed.text
 
 
 # -- approvals ---------------------------------------------------------------------------------
@@ -334,6 +392,42 @@ def test_an_ask_tool_waits_for_its_approval(
     else:
         assert ran == []
     assert reply.choices[0].finish_reason == "stop"
+
+
+def test_a_stream_that_asks_names_the_approval_to_answer(
+    server: LiveServer, calls_log: Path
+) -> None:
+    """With ``agent_progress`` a call waiting for approval is announced in the stream with
+    its approval id; the client answers it from there, and sees the call's result."""
+    body = {
+        "messages": [{"role": "user", "content": "What is 6 times 7?"}],
+        "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "multiply"}},
+        "max_tool_rounds": 1,
+        "stream": True,
+        "agent_progress": True,
+    }
+    before, asked_at = len(_calls(calls_log)), time.time()
+    notes: list[dict[str, Any]] = []
+    with httpx.stream("POST", server.api + "/chat/completions", json=body, timeout=60) as reply:
+        name = None
+        for line in reply.iter_lines():
+            if line.startswith("event: "):
+                name = line.removeprefix("event: ")
+            elif line.startswith("data: ") and name is not None:
+                notes.append(json.loads(line.removeprefix("data: ")))
+                if name == "agent_approval_request":
+                    url = f"{server.api}/agent/approvals/{notes[-1]['approval_id']}"
+                    httpx.post(url, json={"approve": True}).raise_for_status()
+                name = None
+    kinds = [n["type"] for n in notes]
+    assert kinds == ["agent_tool_call", "agent_approval_request", "agent_tool_result"]
+    assert notes[1]["expires"] >= asked_at + APPROVAL_TIMEOUT_S - 1  # when it would be denied
+    assert notes[0]["call_id"] == notes[1]["call_id"] == notes[2]["call_id"]
+    assert "42" in notes[2]["output"] and not notes[2]["is_error"]
+    assert _new_calls(calls_log, before) == [
+        {"tool": "multiply", "arguments": {"a": 6.0, "b": 7.0}}
+    ]
 
 
 def test_an_unanswered_approval_times_out_as_denied(

@@ -12,7 +12,7 @@ import pytest
 
 from inferd.agent.config import AgentConfig, McpServerConfig
 from inferd.server import agent_runtime, sse
-from inferd.server.agent_loop import after_rounds
+from inferd.server.agent_loop import Progress, after_rounds
 from inferd.server.agent_runtime import AgentRuntime
 from inferd.server.errors import APIError
 from inferd.server.events import Failure
@@ -45,7 +45,9 @@ def test_a_source_that_is_down_is_retried_now_and_then() -> None:
     asyncio.run(main())
 
 
-async def _frames(rounds: Any, keepalive: float = 0.01) -> list[bytes]:
+async def _frames(
+    rounds: Any, keepalive: float = 0.01, progress: Progress | None = None
+) -> list[bytes]:
     def error(failure: Failure) -> list[bytes]:
         err = failure.error
         return [f"error {err.status} {err.code}".encode()]
@@ -53,7 +55,7 @@ async def _frames(rounds: Any, keepalive: float = 0.01) -> list[bytes]:
     async def then(started: Any) -> AsyncIterator[bytes]:
         yield b"answer"
 
-    return [frame async for frame in after_rounds(rounds, keepalive, error, then)]
+    return [frame async for frame in after_rounds(rounds, keepalive, error, then, progress)]
 
 
 def test_a_stream_runs_its_rounds_with_keep_alives_then_answers() -> None:
@@ -84,3 +86,27 @@ def test_a_failed_round_ends_the_stream_in_its_protocols_frames(
         raise failure
 
     assert asyncio.run(_frames(rounds)) == [framed]
+
+
+def test_progress_events_come_as_the_rounds_note_them_then_the_answer() -> None:
+    """Each note is sent when it is made (no keep-alive needed meanwhile), a note made just
+    before the rounds end is not lost, and keep-alives still fill a silent wait."""
+    progress = Progress()
+
+    async def rounds() -> Any:
+        progress.note("tool_call", call_id="c1")
+        await asyncio.sleep(0.05)  # a silent tool: keep-alives
+        progress.note("tool_result", call_id="c1")
+        progress.note("tool_call", call_id="c2")  # the last note, right before the end
+        return object()
+
+    frames = asyncio.run(_frames(rounds, keepalive=0.01, progress=progress))
+    notes = [f for f in frames if f.startswith(b"event:")]
+    assert [f.split(b"\n")[0] for f in notes] == [
+        b"event: agent_tool_call",
+        b"event: agent_tool_result",
+        b"event: agent_tool_call",
+    ]
+    assert b'"call_id":"c2"' in notes[-1]
+    assert frames[-1] == b"answer" and sse.KEEPALIVE in frames
+    assert frames.index(notes[0]) == 0  # sent at once, not after a keep-alive interval
