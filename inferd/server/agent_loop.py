@@ -40,7 +40,8 @@ from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
 from inferd.server import sse
 from inferd.server.agent_runtime import RanCall, ToolLoop
-from inferd.server.approvals import PendingApproval
+from inferd.server.approvals import CallOrigin, PendingApproval
+from inferd.server.auth import request_owner
 from inferd.server.errors import APIError
 from inferd.server.events import Failure, failure_of
 from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
@@ -288,20 +289,24 @@ async def _run(
 ) -> list[ToolResult]:
     """A round's calls, side by side; each one's start, approval and result noted in
     ``progress``."""
-    request_id = _request_id(request)
+    origin = CallOrigin(
+        _request_id(request),
+        request_owner(request),
+        getattr(request.state, "agent_session", None),  # set by a request continuing one
+    )
 
     async def one(call: Mapping[str, Any]) -> ToolResult:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
         if progress is None:
-            return await call_tool(loop, name, arguments, request_id)
+            return await call_tool(loop, name, arguments, origin)
         about = {"round": round_index + 1, "call_id": call["id"], "name": name}
         progress.note("tool_call", **about, arguments=arguments)
 
         def waiting(pending: PendingApproval) -> None:
-            expires = round(pending.expires)
-            progress.note("approval_request", **about, approval_id=pending.id, expires=expires)
+            expires = int(pending.expires)
+            progress.note("approval_request", **about, approval_id=pending.id, expires_at=expires)
 
-        result = await call_tool(loop, name, arguments, request_id, on_pending=waiting)
+        result = await call_tool(loop, name, arguments, origin, on_pending=waiting)
         output = result.content[:PROGRESS_OUTPUT_CHARS]
         progress.note(
             "tool_result",
@@ -320,7 +325,7 @@ async def call_tool(
     loop: ToolLoop,
     name: str,
     arguments_json: str,
-    request_id: str,
+    origin: CallOrigin,
     *,
     approved: bool = False,
     on_pending: Callable[[PendingApproval], None] | None = None,
@@ -335,9 +340,9 @@ async def call_tool(
     if not isinstance(arguments, dict):
         return ToolResult(f"the arguments of {name} must be a JSON object", True)
     if not approved and loop.asks(name):
-        decision = await loop.broker.ask(name, arguments, request_id, on_pending)
+        decision = await loop.broker.ask(name, arguments, origin, on_pending)
         if decision != "approved":
-            log.info("tool %s: %s (request %s)", name, decision, request_id)
+            log.info("tool %s: %s (request %s)", name, decision, origin.request_id)
             return ToolResult(f"the call to {name} was not approved ({decision})", True)
     result = await loop.box.call(name, arguments, allowed=loop.allowed)
     log.info(
@@ -345,7 +350,7 @@ async def call_tool(
         name,
         result.duration_s,
         ", error" if result.is_error else "",
-        request_id,
+        origin.request_id,
     )
     return result
 

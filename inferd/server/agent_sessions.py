@@ -4,11 +4,14 @@ A chat completion with ``session_id`` is answered as if the session's stored mes
 before its own; afterwards its messages, the tool rounds the agent loop ran (each an assistant
 turn with its calls and the tools' results) and the reply are appended to the session. The
 messages are kept in chat completions' own shape, in SQLite (the file of ``--responses-store``,
-a table of its own), so a session survives a restart. With API keys a session belongs to the
+a table of its own), so a session survives a restart. A request's turns are kept once it has
+its reply: one cut short (the client left, the server stopped) leaves the session as it was,
+and its calls that waited for approval with it. With API keys a session belongs to the
 key that made it: another key's session of the same id is another session.
 
     GET    /v1/agent/sessions          the caller's sessions: id, message count, times
-    GET    /v1/agent/sessions/{id}     one session and its messages
+    GET    /v1/agent/sessions/{id}     one session: its messages, and the calls of its request
+                                       in flight that wait for approval
     DELETE /v1/agent/sessions/{id}     forget it
 
 Bounds: a session holds at most ``MAX_MESSAGES`` messages and ``MAX_BYTES`` of JSON; a request
@@ -32,7 +35,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.server.agent_runtime import RanCall
-from inferd.server.auth import key_owner
+from inferd.server.approvals import ApprovalBroker
+from inferd.server.auth import request_owner
 from inferd.server.errors import APIError, bad_request
 
 MEMORY = ":memory:"
@@ -137,7 +141,8 @@ def _summary(session_id: str, created: float, updated: float, count: int) -> dic
 
 
 def owner_of(request: Request) -> str:
-    return key_owner(request.scope, request.app.state.inferd.options.api_keys) or ""
+    """The session's owner column: the key's owner, "" without keys."""
+    return request_owner(request) or ""
 
 
 async def open_session(
@@ -157,6 +162,7 @@ async def open_session(
         )
     store = _store(request)
     session = await asyncio.to_thread(store.load, session_id, owner_of(request))
+    request.state.agent_session = session_id  # its calls waiting for approval name it
     size = len(json.dumps([*session.messages, *new], ensure_ascii=False).encode())
     if len(session.messages) + len(new) >= MAX_MESSAGES or size >= MAX_BYTES:
         raise bad_request(
@@ -229,9 +235,16 @@ async def list_sessions(request: Request) -> Response:
 async def get_session(request: Request) -> Response:
     session_id = request.path_params["session_id"]
     session = await asyncio.to_thread(_store(request).load, session_id, owner_of(request))
-    if not session.messages:
+    broker: ApprovalBroker = request.app.state.inferd.agent.broker
+    waiting = [p.listing() for p in broker.waiting(request_owner(request), session_id)]
+    if not session.messages and not waiting:
         raise _not_found(session_id)
-    body = {"id": session_id, "object": "agent.session", "messages": session.messages}
+    body = {
+        "id": session_id,
+        "object": "agent.session",
+        "messages": session.messages,
+        "pending_approvals": waiting,
+    }
     return JSONResponse(body)
 
 

@@ -3,10 +3,13 @@
 A call that needs approval waits here, under an id, until someone answers it or the wait
 times out (``--agent-approval-timeout``), when it counts as denied: the model reads that the
 call was not approved, and the request completes. The waiting calls are listed and answered
-over HTTP, under the API's own keys:
+over HTTP, under the API's own keys; with keys, a caller sees and answers only the calls of
+requests made with its own key:
 
-    GET  /v1/agent/approvals        the calls waiting: id, tool, arguments, request id, expiry
-    POST /v1/agent/approvals/{id}   {"approve": true | false}; 404 when no call waits under id
+    GET  /v1/agent/approvals        the calls waiting: id, tool, arguments, request id, session,
+                                    expiry
+    POST /v1/agent/approvals/{id}   {"approve": true | false}; 404 when no call of the caller's
+                                    waits under id
 
 Pending approvals live in memory: a restart denies them (their requests end with the server).
 """
@@ -24,10 +27,21 @@ from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.server.auth import request_owner
 from inferd.server.errors import APIError
 from inferd.server.protocol import parse_body
 
 Decision = Literal["approved", "denied", "expired"]
+
+
+@dataclass(frozen=True, slots=True)
+class CallOrigin:
+    """Whom a tool call is made for: its request, the key's owner (None without keys), and
+    the agent session the request continues, if any."""
+
+    request_id: str
+    owner: str | None = None
+    session_id: str | None = None
 
 
 @dataclass(slots=True)
@@ -35,7 +49,7 @@ class PendingApproval:
     id: str
     tool: str
     arguments: Mapping[str, Any]
-    request_id: str
+    origin: CallOrigin
     created: float  # time.time()
     expires: float  # time.time()
     answer: asyncio.Future[bool]
@@ -46,7 +60,8 @@ class PendingApproval:
             "object": "agent.approval",
             "tool": self.tool,
             "arguments": dict(self.arguments),
-            "request_id": self.request_id,
+            "request_id": self.origin.request_id,
+            "session_id": self.origin.session_id,
             "created_at": int(self.created),
             "expires_at": int(self.expires),
         }
@@ -63,7 +78,7 @@ class ApprovalBroker:
         self,
         tool: str,
         arguments: Mapping[str, Any],
-        request_id: str,
+        origin: CallOrigin,
         on_pending: Callable[[PendingApproval], None] | None = None,
     ) -> Decision:
         """Wait for an answer to a call of ``tool``; a cancelled wait (the client left) is
@@ -73,7 +88,7 @@ class ApprovalBroker:
             f"apr_{uuid.uuid4().hex[:24]}",
             tool,
             arguments,
-            request_id,
+            origin,
             now,
             now + self.timeout_s,
             asyncio.get_running_loop().create_future(),
@@ -89,10 +104,18 @@ class ApprovalBroker:
         finally:
             self.pending.pop(pending.id, None)
 
-    def answer(self, approval_id: str, approve: bool) -> bool:
-        """Settle a waiting call; False when none waits under ``approval_id``."""
+    def waiting(self, owner: str | None, session_id: str | None = None) -> list[PendingApproval]:
+        """The calls of ``owner``'s requests waiting (those of one session, if given)."""
+        return [
+            p
+            for p in self.pending.values()
+            if p.origin.owner == owner and (session_id is None or p.origin.session_id == session_id)
+        ]
+
+    def answer(self, approval_id: str, approve: bool, owner: str | None) -> bool:
+        """Settle a waiting call of ``owner``'s; False when none waits under ``approval_id``."""
         pending = self.pending.get(approval_id)
-        if pending is None or pending.answer.done():
+        if pending is None or pending.answer.done() or pending.origin.owner != owner:
             return False
         pending.answer.set_result(approve)
         return True
@@ -109,14 +132,14 @@ def _broker(request: Request) -> ApprovalBroker:
 
 
 async def list_approvals(request: Request) -> Response:
-    waiting = [p.listing() for p in _broker(request).pending.values()]
+    waiting = [p.listing() for p in _broker(request).waiting(request_owner(request))]
     return JSONResponse({"object": "list", "data": waiting})
 
 
 async def answer_approval(request: Request) -> Response:
     approval_id = request.path_params["approval_id"]
     body = parse_body(await request.body(), _Answer)
-    if not _broker(request).answer(approval_id, body.approve):
+    if not _broker(request).answer(approval_id, body.approve, request_owner(request)):
         raise APIError(
             404,
             f"no tool call waits for approval under {approval_id!r} (it was answered, "

@@ -12,6 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Iterable, Mapping, Sequence
 
+from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.server.defaults import API_KEYS_ENV
@@ -113,6 +114,11 @@ def _offered_keys(scope: Scope) -> list[str]:
     if api_key is not None and api_key.strip():
         offered.append(api_key.strip())
     return offered
+
+
+def request_owner(request: Request) -> str | None:
+    """Who owns what a request stores or waits on (``key_owner`` under the server's keys)."""
+    return key_owner(request.scope, request.app.state.inferd.options.api_keys)
 
 
 def key_owner(scope: Scope, keys: Sequence[str]) -> str | None:

@@ -26,7 +26,7 @@ from starlette.responses import JSONResponse, Response
 from inferd.server import sse
 from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_runtime import HostedSource
-from inferd.server.auth import key_owner
+from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
 from inferd.server.events import End, Failure, KeepAlive, Piece, events
@@ -75,10 +75,6 @@ def _state(request: Request) -> ServerState:
     return state
 
 
-def _owner(request: Request) -> str | None:
-    return key_owner(request.scope, _state(request).options.api_keys)
-
-
 def _not_found(response_id: str) -> APIError:
     return APIError(
         404, f"no response with id {response_id!r}", param="response_id", code="not_found"
@@ -93,7 +89,7 @@ async def create_response(request: Request) -> Response:
     body = parse_body(await request.body(), ResponsesRequest)
     check_request(body)
     model = state.resolve_model(body.model)
-    owner = _owner(request)
+    owner = request_owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
     hosted = hosted_mcp(body)
@@ -496,7 +492,9 @@ async def _generate_in_background(
 
 async def retrieve_response(request: Request) -> Response:
     response_id = request.path_params["response_id"]
-    stored = await asyncio.to_thread(_state(request).responses.get, response_id, _owner(request))
+    stored = await asyncio.to_thread(
+        _state(request).responses.get, response_id, request_owner(request)
+    )
     if stored is None:
         raise _not_found(response_id)
     return JSONResponse(stored.body)
@@ -504,7 +502,7 @@ async def retrieve_response(request: Request) -> Response:
 
 async def delete_response(request: Request) -> Response:
     state, response_id = _state(request), request.path_params["response_id"]
-    deleted = await asyncio.to_thread(state.responses.delete, response_id, _owner(request))
+    deleted = await asyncio.to_thread(state.responses.delete, response_id, request_owner(request))
     if not deleted:
         raise _not_found(response_id)
     job = state.background_jobs.get(response_id)
@@ -516,7 +514,7 @@ async def delete_response(request: Request) -> Response:
 async def cancel_response(request: Request) -> Response:
     state, response_id = _state(request), request.path_params["response_id"]
     store = state.responses
-    stored = await asyncio.to_thread(store.get, response_id, _owner(request))
+    stored = await asyncio.to_thread(store.get, response_id, request_owner(request))
     if stored is None:
         raise _not_found(response_id)
     if not stored.background:
@@ -527,7 +525,7 @@ async def cancel_response(request: Request) -> Response:
         return JSONResponse(stored.body)
     cancelled = stored.body | {"status": "cancelled"}
     if not await asyncio.to_thread(store.update, cancelled, unless_status=_TERMINAL):
-        current = await asyncio.to_thread(store.get, response_id, _owner(request))
+        current = await asyncio.to_thread(store.get, response_id, request_owner(request))
         if current is None:
             raise _not_found(response_id)
         return JSONResponse(current.body)  # it finished meanwhile
@@ -545,7 +543,7 @@ async def list_input_items(request: Request) -> Response:
     if order not in ("asc", "desc"):
         raise bad_request("order must be asc or desc", "order")
     store = state.responses
-    stored = await asyncio.to_thread(store.get, response_id, _owner(request))
+    stored = await asyncio.to_thread(store.get, response_id, request_owner(request))
     if stored is None:
         raise _not_found(response_id)
     page = await asyncio.to_thread(

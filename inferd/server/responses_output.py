@@ -20,6 +20,7 @@ from typing import Any
 from inferd.agent.tools import ToolResult
 from inferd.server.agent_loop import call_tool
 from inferd.server.agent_runtime import HostedSource, RanCall, ToolLoop
+from inferd.server.approvals import CallOrigin
 from inferd.server.errors import bad_request
 from inferd.server.openai_tools import new_call_id
 from inferd.server.reasoning import ReasoningSplitter
@@ -274,7 +275,8 @@ async def answered_calls(
     async def outcome(asking: dict[str, Any], approve: bool) -> ToolResult:
         if not approve:
             return ToolResult("the user did not approve this call", is_error=True)
-        return await call_tool(loop, asking["name"], asking["arguments"], request_id, approved=True)
+        name, arguments = asking["name"], asking["arguments"]
+        return await call_tool(loop, name, arguments, CallOrigin(request_id), approved=True)
 
     results = await asyncio.gather(*(outcome(a, approve) for a, approve in answers))
     return [

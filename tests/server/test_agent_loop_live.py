@@ -422,7 +422,7 @@ def test_a_stream_that_asks_names_the_approval_to_answer(
                 name = None
     kinds = [n["type"] for n in notes]
     assert kinds == ["agent_tool_call", "agent_approval_request", "agent_tool_result"]
-    assert notes[1]["expires"] >= asked_at + APPROVAL_TIMEOUT_S - 1  # when it would be denied
+    assert notes[1]["expires_at"] >= asked_at + APPROVAL_TIMEOUT_S - 1  # when it would be denied
     assert notes[0]["call_id"] == notes[1]["call_id"] == notes[2]["call_id"]
     assert "42" in notes[2]["output"] and not notes[2]["is_error"]
     assert _new_calls(calls_log, before) == [
@@ -498,6 +498,48 @@ def test_a_session_keeps_the_tool_rounds(server: LiveServer, client: openai.Open
     outside = _chat(client, messages=[*kept, follow], **ask)
     assert inside.usage is not None and outside.usage is not None
     assert inside.usage.prompt_tokens == outside.usage.prompt_tokens
+
+
+def test_a_session_shows_the_call_that_waits_for_approval(
+    server: LiveServer, client: openai.OpenAI
+) -> None:
+    """While a session's request waits for an approval, the session shows the waiting call
+    (even before it holds a message); answered, the call and the reply join the session."""
+    session = f"ask-{time.time_ns()}"
+    url = f"{server.api}/agent/sessions/{session}"
+    replies: list[Any] = []
+
+    def ask() -> None:
+        replies.append(
+            client.chat.completions.create(
+                model="default",
+                messages=[{"role": "user", "content": "What is 6 times 7?"}],
+                temperature=0,
+                tool_choice={"type": "function", "function": {"name": "multiply"}},
+                extra_body={"max_tool_rounds": 1, "session_id": session},
+            )
+        )
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    waiting: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 60
+    while not waiting and time.monotonic() < deadline:
+        shown = httpx.get(url)
+        if shown.status_code == 200:
+            assert shown.json()["messages"] == []  # kept once the reply is whole
+            waiting = shown.json()["pending_approvals"]
+        time.sleep(0.05)
+    (call,) = waiting
+    assert (call["tool"], call["session_id"]) == ("multiply", session)
+    answer = httpx.post(f"{server.api}/agent/approvals/{call['id']}", json={"approve": True})
+    answer.raise_for_status()
+    asking.join()
+    kept = httpx.get(url).json()
+    assert kept["pending_approvals"] == []
+    assert [m["role"] for m in kept["messages"]] == ["user", "assistant", "tool", "assistant"]
+    assert "42" in kept["messages"][2]["content"]
+    assert kept["messages"][3]["content"] == replies[0].choices[0].message.content
 
 
 def test_a_client_that_leaves_cancels_the_call_in_flight(server: LiveServer) -> None:
