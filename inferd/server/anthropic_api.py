@@ -81,7 +81,12 @@ async def count_tokens(request: Request) -> Response:
         state: ServerState = request.app.state.inferd
         body = parse_body(await request.body(), CountTokensRequest)
         model = state.resolve_model(body.model)
-        tools = parse_anthropic_tools(body.tools, body.tool_choice)
+        # the server's tools are in the prompt as /v1/messages renders its first round
+        server = await state.agent.server_tools(
+            body.max_tool_rounds, code_execution=body.enable_code_execution
+        )
+        specs = server.specs if server is not None else ()
+        tools = parse_anthropic_tools(body.tools, body.tool_choice, specs)
         output_format(body.output_config, body.output_format)  # checked, though not counted
         # images are decoded and tiled: their placeholder tokens count like the text's; bounded
         # as /v1/messages is: a prompt that cannot fit is refused before tokenizing

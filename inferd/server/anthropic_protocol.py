@@ -30,13 +30,13 @@ class _Prompted(_Lenient):
     # Known to Anthropic, not supported here: a request that uses one gets a 400 naming it.
     thinking: dict[str, Any] | None = None
     mcp_servers: list[Any] | None = None
+    # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
+    max_tool_rounds: WholeInt | None = None
+    enable_code_execution: bool | None = None
 
 
 class MessagesRequest(_Prompted):
     max_tokens: WholeInt
-    # inferd's agent loop (server/agent_loop.py): 0 rounds runs none of the server's tools
-    max_tool_rounds: WholeInt | None = None
-    enable_code_execution: bool | None = None
     agent_progress: bool | None = None  # the loop's agent_* events in the stream
     stop_sequences: list[str] | None = None
     temperature: float | None = None

@@ -232,6 +232,29 @@ def test_anthropic_messages_run_the_loop(server: LiveServer, calls_log: Path) ->
     assert "".join(d.get("text", "") for d in deltas) == text
 
 
+def test_anthropic_count_tokens_counts_the_server_tools_as_the_prompt_holds_them(
+    server: LiveServer, calls_log: Path
+) -> None:
+    """The server's tools are in a message's prompt; counting its tokens counts them too. A
+    reply cut at one token ends the loop in its first round, so its usage is that prompt's."""
+    body: dict[str, Any] = {"model": "default", "messages": PERU}
+    body |= {"tool_choice": {"type": "tool", "name": "lookup"}, "temperature": 0}
+    before = len(_calls(calls_log))
+    message = httpx.post(server.url + "/v1/messages", json=body | {"max_tokens": 1}, timeout=120)
+    assert message.status_code == 200 and _new_calls(calls_log, before) == []
+    counted = httpx.post(server.url + "/v1/messages/count_tokens", json=body, timeout=60)
+    assert counted.json()["input_tokens"] == message.json()["usage"]["input_tokens"]
+    bare = httpx.post(
+        server.url + "/v1/messages/count_tokens", json=body | {"max_tool_rounds": 0}, timeout=60
+    )
+    assert bare.status_code == 400  # the forced tool is a server tool, not offered with 0
+    unforced = {"model": "default", "messages": PERU}
+    without = httpx.post(
+        server.url + "/v1/messages/count_tokens", json=unforced | {"max_tool_rounds": 0}
+    )
+    assert without.json()["input_tokens"] < counted.json()["input_tokens"]
+
+
 def test_the_responses_api_runs_the_loop(
     server: LiveServer, client: openai.OpenAI, calls_log: Path
 ) -> None:
