@@ -21,6 +21,7 @@ from inferd.loading.hf_processor import (
     ImageConfig,
     read_audio_config,
     read_image_config,
+    read_qwen3_video_config,
     read_video_config,
     read_visual_configs,
 )
@@ -31,6 +32,7 @@ from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
+from inferd.models.qwen3_vl_video import Qwen3VideoConfig
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.models.whisper_features import WhisperFeatureConfig
 from inferd.source import ModelSource, resolve_source
@@ -58,6 +60,7 @@ class LoadedModel:
     # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).
     visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
     video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
+    qwen3_video: Qwen3VideoConfig | None = None  # Qwen3-VL: how to sample and prepare videos
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -185,4 +188,5 @@ def _load_hf(
         audio_config=audio,
         visual_configs=visual,
         video_config=video,
+        qwen3_video=read_qwen3_video_config(directory, cfg),
     )

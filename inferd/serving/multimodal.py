@@ -15,6 +15,7 @@ import hashlib
 from bisect import bisect_left
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -43,6 +44,8 @@ from inferd.models.qwen2_vl_image import (
 )
 from inferd.models.qwen2_vl_image import prepare_image as prepare_qwen_image
 from inferd.models.qwen2_vl_image import prepare_video as prepare_qwen_video
+from inferd.models.qwen3_vl_video import Qwen3VideoConfig
+from inferd.models.qwen3_vl_video import prepare_video as prepare_qwen3_video
 from inferd.models.smolvlm_video import VIDEO_TOKEN, SmolVLMVideoConfig, prepare_video
 from inferd.models.whisper_features import WhisperFeatureConfig
 
@@ -94,11 +97,12 @@ def split_image_parts(
 @dataclass(frozen=True, slots=True)
 class Expansion:
     """One item ready for the prompt: the text standing for it, how many placeholder tokens
-    that text holds, and its MediaInput once their positions are known."""
+    that text holds, and its MediaInputs once their positions are known (one, or one per run
+    of placeholders: Qwen3-VL's video frames)."""
 
     text: str
     num_embeddings: int
-    media: Callable[[tuple[int, ...]], MediaInput]
+    media: Callable[[tuple[int, ...]], tuple[MediaInput, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +152,7 @@ def expand_markers(
             raise MediaPromptError(
                 f"the tokenizer does not keep the {group.modality} placeholder as one token"
             )
-        media.append(item.media(positions))
+        media += item.media(positions)
         start = cut + len(group.marker)
     ids += _encode(tokenizer, text, start, len(text), literal_spans, add_special and start == 0)
     return ids, media
@@ -262,8 +266,8 @@ class ImagePrompter:
         except ImageConfigError as exc:  # e.g. more tiles than the tokenizer can mark
             raise ImagePromptError(str(exc)) from None
 
-        def media(positions: tuple[int, ...]) -> MediaInput:
-            return MediaInput(digest, positions, prepared.tiles, prepared.normalizer)
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            return (MediaInput(digest, positions, prepared.tiles, prepared.normalizer),)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
 
@@ -309,10 +313,11 @@ class AudioPrompter:
     def _expansion(self, clip: DecodedAudio) -> Expansion:
         prepared = prepare_audio(clip, self.config)
 
-        def media(positions: tuple[int, ...]) -> MediaInput:
-            return MediaInput(
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            made = MediaInput(
                 clip.digest, positions, prepared.features, modality="audio", frames=prepared.frames
             )
+            return (made,)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
 
@@ -337,19 +342,24 @@ class VideoPrompter:
             video.frames, video.frame_indices, video.fps, video.total_frames, self.config
         )
 
-        def media(positions: tuple[int, ...]) -> MediaInput:
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
             # the frames are tiles for the image encoder: modality "image" to the runner
-            return MediaInput(video.digest, positions, prepared.tiles, prepared.normalizer)
+            return (MediaInput(video.digest, positions, prepared.tiles, prepared.normalizer),)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
 
 
 @dataclass(frozen=True, slots=True)
 class GridPrompter:
-    """Images and videos for Qwen2.5-VL: each ``<|image_pad|>`` (``<|video_pad|>``) the chat
-    template writes becomes one placeholder per encoder row of the next image (video), and
-    each item a MediaInput with its patch grid (which also sets its M-RoPE positions). Images
-    and videos may mix in one prompt; each kind is matched to its markers in order."""
+    """Images and videos for Qwen2.5-VL and Qwen3-VL: each ``<|image_pad|>`` (``<|video_pad|>``)
+    the chat template writes becomes one placeholder per encoder row of the next image (video),
+    and each item a MediaInput with its patch grid (which also sets its M-RoPE positions).
+    Images and videos may mix in one prompt; each kind is matched to its markers in order.
+
+    Qwen3-VL's videos (``qwen3_video``: its video processor's settings) are sampled its own
+    way and stand in the prompt as one run of placeholders per temporal patch, each after its
+    timestamp (models/qwen3_vl_video.py); each run is a MediaInput of its own (grid t = 1),
+    which the encoder gives the same rows as the whole video and its cache keeps apart."""
 
     image_config: QwenVisualConfig
     video_config: QwenVisualConfig
@@ -357,6 +367,7 @@ class GridPrompter:
     image_token_id: int
     video_token_id: int
     tokens_per_second: float
+    qwen3_video: Qwen3VideoConfig | None = None
 
     def prepare(
         self,
@@ -369,7 +380,8 @@ class GridPrompter:
         """Token ids of ``text`` with its image and video markers expanded, and one MediaInput
         per item, in prompt order."""
         images = [self._expansion(m) for m in media if not isinstance(m, DecodedVideo)]
-        videos = [self._expansion(m) for m in media if isinstance(m, DecodedVideo)]
+        video = self._expansion if self.qwen3_video is None else self._qwen3_video
+        videos = [video(m) for m in media if isinstance(m, DecodedVideo)]
         groups = [
             MarkerGroup(IMAGE_PAD, self.image_token_id, "image", images),
             MarkerGroup(VIDEO_PAD, self.video_token_id, "video", videos),
@@ -393,8 +405,8 @@ class GridPrompter:
         def expand(pixels: torch.Tensor) -> torch.Tensor:
             return visual_patches(pixels, cfg, modality)
 
-        def media(positions: tuple[int, ...]) -> MediaInput:
-            return MediaInput(
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            made = MediaInput(
                 digest,
                 positions,
                 prepared.pixels,
@@ -403,8 +415,34 @@ class GridPrompter:
                 grid=prepared.grid,
                 rope_step=prepared.seconds_per_grid * self.tokens_per_second,
             )
+            return (made,)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+    def _qwen3_video(self, video: DecodedVideo) -> Expansion:
+        assert self.qwen3_video is not None
+        try:
+            prepared = prepare_qwen3_video(
+                video.frames, video.frame_indices, video.fps, self.qwen3_video
+            )
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
+        runs, size = prepared.runs(), prepared.frame_tokens
+
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            return tuple(
+                MediaInput(
+                    f"{video.digest}:{i}",  # the encoder cache keeps each temporal patch
+                    positions[i * size : (i + 1) * size],
+                    run.pixels,
+                    partial(visual_patches, cfg=run.cfg, modality="video"),
+                    modality="video",
+                    grid=run.grid,
+                )
+                for i, run in enumerate(runs)
+            )
+
+        return Expansion(prepared.prompt_text(), size * len(runs), media)
 
     def _prepare(self, item: ImageItem | DecodedVideo) -> tuple[PreparedVisual, str]:
         try:

@@ -21,6 +21,7 @@ from inferd.engine.request import MediaInput
 from inferd.loading.model import LoadedModel
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
+from inferd.media.video import FrameSampling
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
@@ -85,8 +86,8 @@ class Prompter(ABC):
         return None
 
     @property
-    def video_sampling(self) -> SmolVLMVideoConfig | None:
-        """Which frames of a video its processor keeps; None where the decoder picks none."""
+    def video_sampling(self) -> FrameSampling | None:
+        """Which frames of a video its processor keeps; None where the decoder picks them."""
         return None
 
     def image_tokens(self, width: int, height: int) -> int | None:
@@ -205,6 +206,10 @@ class GridModelPrompter(Prompter):
     def modalities(self) -> tuple[str, ...]:
         return ("text", "image", "video")
 
+    @property
+    def video_sampling(self) -> FrameSampling | None:
+        return self.grid.qwen3_video  # Qwen3-VL's processor samples its own way
+
     def image_tokens(self, width: int, height: int) -> int | None:
         return min(self.grid.tokens_for(width, height), self.grid.tokens_for(height, width))
 
@@ -237,6 +242,7 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
             q.image_token_id,
             q.video_token_id,
             q.tokens_per_second,
+            loaded.qwen3_video,
         )
         return GridModelPrompter(name, tokenizer, grid)
     return TextPrompter(name, tokenizer)

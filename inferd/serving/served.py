@@ -34,8 +34,8 @@ from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_tex
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.tokenizer import TokenizerBundle
+from inferd.media.video import FrameSampling
 from inferd.models.config import ModelConfig
-from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.draft import cover, drafter_for, weight_bytes
 from inferd.serving.prompter import MediaItem, Prompt, Prompter, prompter_for
 from inferd.serving.sizing import Sizing, decide, kv_shape
@@ -91,7 +91,7 @@ class ServedModel:
         return self.prompter.audio_sample_rate
 
     @property
-    def video_sampling(self) -> SmolVLMVideoConfig | None:
+    def video_sampling(self) -> FrameSampling | None:
         """Which frames of a video this model's processor keeps (the decoder samples them,
         ``decode_request_media(video_sampling=...)``); None for a model without video."""
         return self.prompter.video_sampling

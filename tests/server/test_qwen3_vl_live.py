@@ -1,0 +1,155 @@
+"""`inferd serve` on a tiny random Qwen3-VL directory: /v1/models says it takes images and
+videos, and an image and a video (MP4, ``video_url``) sent through the OpenAI SDK (strict) reach
+the model as transformers' Qwen3-VL takes them: the video's frames sampled by its video
+processor's settings, one run of placeholders per temporal patch after its timestamp. The
+oracle: usage equal to transformers' prompt length and the greedy reply equal to its generate
+on the same pixels, streamed and not; the same video twice is encoded once (its temporal
+patches kept in the encoder cache)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import torch
+
+from inferd.loading.hf_processor import read_qwen3_video_config, read_visual_configs
+from inferd.media.video import decode_video
+from inferd.models.config import config_from_hf
+from inferd.models.qwen2_vl_image import prepare_image
+from inferd.models.qwen3_vl_video import PreparedQwen3Video, Qwen3VideoConfig
+from inferd.models.qwen3_vl_video import prepare_video as prepare_qwen3_video
+from tests.media.corpus import Clip, _mp4
+from tests.models.test_idefics3_processor import generated
+from tests.models.test_qwen3_vl_parity import Media, expand_all, reference
+from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
+from tests.server.live import LiveServer, live_server
+from tests.server.test_vision_live import data_url, png_bytes
+
+NEW = 8
+QUESTION = "What do the picture and the clip show?"
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    directory = tmp_path_factory.mktemp("qwen3_vl_live")
+    model, processor = save_tiny_qwen3_vl(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="module")
+def server(
+    tiny: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveServer]:
+    log = tmp_path_factory.mktemp("qwen3-vl-serve") / "serve.log"
+    with live_server(["-m", str(tiny[0]), "--dtype", "f32"], log) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def oai(server: LiveServer) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def video_cfg(tiny: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
+    cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
+    found = read_qwen3_video_config(tiny[0], cfg)
+    assert found is not None
+    return found
+
+
+def _video_bytes() -> bytes:
+    # 20 frames at 8 fps (2.5 s): 5 kept at 2 fps, padded to three temporal patches
+    return _mp4(Clip(fps=Fraction(8), frames=20, size=(96, 64)), None)
+
+
+def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
+    """The frames transformers' video processor keeps, prepared as it prepares them (each
+    step checked against its own code in tests/models/test_qwen3_vl_parity.py)."""
+    decoded = decode_video(data, sampling=cfg)
+    return prepare_qwen3_video(decoded.frames, decoded.frame_indices, decoded.fps, cfg)
+
+
+def _reference(tiny: tuple[Path, Any, Any], prepared: list[Media]) -> tuple[int, str, str]:
+    """transformers' prompt length, prompt text and greedy reply for the turn."""
+    _, hf, processor = tiny
+    tok = processor.tokenizer
+    parts = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": QUESTION}]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
+    )
+    expanded = expand_all(text, prepared)
+    ids = tok(expanded)["input_ids"]
+    inputs = reference(hf, ids, prepared) | {"attention_mask": torch.ones(1, len(ids))}
+    with torch.inference_mode():
+        out = hf.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+    return len(ids), expanded, tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+
+
+def _ask(oai: openai.OpenAI, image: bytes, video: bytes, **more: Any) -> Any:
+    parts: Any = [
+        {"type": "image_url", "image_url": {"url": data_url(image)}},
+        {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
+        {"type": "text", "text": QUESTION},
+    ]
+    return oai.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=NEW,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **more,
+    )
+
+
+def test_models_lists_image_and_video_input(server: LiveServer) -> None:
+    card = httpx.get(server.api + "/models", timeout=10).json()["data"][0]
+    assert card["modalities"]["input"] == ["text", "image", "video"]
+
+
+def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
+    oai: openai.OpenAI,
+    tiny: tuple[Path, Any, Any],
+    video_cfg: Qwen3VideoConfig,
+    server: LiveServer,
+) -> None:
+    directory = tiny[0]
+    cfg = config_from_hf(json.loads((directory / "config.json").read_text()))
+    configs = read_visual_configs(directory, cfg)
+    assert configs is not None
+    image = generated(90, 120, seed=41)
+    video = _video_bytes()
+    prepared: list[Media] = [prepare_image(image, configs[0]), _prepared_video(video, video_cfg)]
+    assert len(prepared[1].seconds) == 3  # type: ignore[union-attr]
+    prompt_tokens, expanded, text = _reference(tiny, prepared)
+    assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
+
+    reply = _ask(oai, png_bytes(image), video)
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == prompt_tokens  # every run's placeholders, timestamps
+    assert reply.choices[0].message.content == text
+
+    calls_before = _encoder_calls(server)
+    chunks = list(_ask(oai, png_bytes(image), video, stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert _encoder_calls(server) == calls_before  # each temporal patch came from the cache
+
+
+def _encoder_calls(server: LiveServer) -> float:
+    """Encoder runs so far (images and video runs the encoder cache did not hold)."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    found = re.search(r"^inferd_images_encoded_total(?:\{[^}]*\})? ([\d.e+]+)$", text, re.M)
+    assert found is not None, "no encoder counter in /metrics"
+    return float(found.group(1))
