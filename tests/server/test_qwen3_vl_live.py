@@ -4,7 +4,8 @@ the model as transformers' Qwen3-VL takes them: the video's frames sampled by it
 processor's settings, one run of placeholders per temporal patch after its timestamp. The
 oracle: usage equal to transformers' prompt length and the greedy reply equal to its generate
 on the same pixels, streamed and not; the same video twice is encoded once (its temporal
-patches kept in the encoder cache)."""
+patches kept in the encoder cache). An image likewise through the Anthropic and Responses
+APIs (neither has a video part)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
@@ -81,11 +83,15 @@ def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
     return prepare_qwen3_video(decoded.frames, decoded.frame_indices, decoded.fps, cfg)
 
 
-def _reference(tiny: tuple[Path, Any, Any], prepared: list[Media]) -> tuple[int, str, str]:
-    """transformers' prompt length, prompt text and greedy reply for the turn."""
+def _reference(
+    tiny: tuple[Path, Any, Any], prepared: list[Media], question: str = QUESTION
+) -> tuple[int, str, str]:
+    """transformers' prompt length, prompt text and greedy reply for the turn: the media
+    (an image, then a video if given), then ``question``."""
     _, hf, processor = tiny
     tok = processor.tokenizer
-    parts = [{"type": "image"}, {"type": "video"}, {"type": "text", "text": QUESTION}]
+    kinds = ["image", "video"][: len(prepared)]
+    parts = [{"type": kind} for kind in kinds] + [{"type": "text", "text": question}]
     text = tok.apply_chat_template(
         [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
     )
@@ -145,6 +151,51 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert _encoder_calls(server) == calls_before  # each temporal patch came from the cache
+
+
+def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
+    server: LiveServer, tiny: tuple[Path, Any, Any]
+) -> None:
+    cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
+    configs = read_visual_configs(tiny[0], cfg)
+    assert configs is not None
+    image = generated(70, 130, seed=43)
+    question = "Describe it."
+    prompt_tokens, _, text = _reference(tiny, [prepare_image(image, configs[0])], question)
+    url = data_url(png_bytes(image))
+    source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
+    content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
+    with anthropic.Anthropic(
+        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as claude:
+        message = claude.messages.create(
+            model="default",
+            max_tokens=NEW,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"temperature": 0, "ignore_eos": True},
+        )
+    assert message.usage.input_tokens == prompt_tokens
+    assert "".join(b.text for b in message.content if b.type == "text") == text
+    with openai.OpenAI(
+        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as client:
+        response = client.responses.create(
+            model="default",
+            input=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "input_image", "image_url": url, "detail": "auto"},
+                        {"type": "input_text", "text": question},
+                    ],
+                }
+            ],
+            max_output_tokens=NEW,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    assert response.usage is not None and response.usage.input_tokens == prompt_tokens
+    assert response.output_text == text
 
 
 def _encoder_calls(server: LiveServer) -> float:
