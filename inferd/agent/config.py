@@ -44,6 +44,7 @@ from inferd.agent.tools import (
     Permission,
 )
 from inferd.agent.url_policy import UrlPattern
+from inferd.net import IPAddress
 
 DEFAULT_MAX_TOOL_ROUNDS = 8
 DEFAULT_APPROVAL_TIMEOUT_S = 120.0
@@ -92,6 +93,9 @@ class McpServerConfig:
     max_concurrent: int = DEFAULT_MAX_CONCURRENT
     permission: Permission | None = None  # None: --agent-permission
     tool_permissions: Mapping[str, Permission] = field(default_factory=dict)
+    # A request-named server: the addresses its URL's host was checked at, the only ones it is
+    # reached at (agent/pinned.py). Empty: the host is resolved as usual (the operator's).
+    addresses: tuple[IPAddress, ...] = ()
 
     def __post_init__(self) -> None:
         where = f"MCP server {self.name!r}"

@@ -18,6 +18,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import urlsplit
 
 from inferd.agent.config import McpServerConfig
 from inferd.agent.tools import (
@@ -192,14 +193,27 @@ class McpTools(ToolSource):
                 command=cfg.command, args=list(cfg.args), env=dict(cfg.env) or None, cwd=cfg.cwd
             )
             return Client(params, client_info=info)
+        import httpx2
         from mcp.client.streamable_http import streamable_http_client
-        from mcp.shared._httpx_utils import create_mcp_http_client
+        from mcp.shared._httpx_utils import (
+            MCP_DEFAULT_SSE_READ_TIMEOUT,
+            MCP_DEFAULT_TIMEOUT,
+            create_mcp_http_client,
+        )
+
+        from inferd.agent.pinned import pinned_client
 
         headers = dict(cfg.headers)
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
-        http = await stack.enter_async_context(create_mcp_http_client(headers=headers))
         assert cfg.url is not None
+        if cfg.addresses:  # a request-named server: reached only where its URL was checked
+            timeout = httpx2.Timeout(MCP_DEFAULT_TIMEOUT, read=MCP_DEFAULT_SSE_READ_TIMEOUT)
+            host = urlsplit(cfg.url).hostname or ""
+            client = pinned_client(host, cfg.addresses, headers, timeout)
+        else:
+            client = create_mcp_http_client(headers=headers)
+        http = await stack.enter_async_context(client)
         return Client(streamable_http_client(cfg.url, http_client=http), client_info=info)
 
     async def _discover(self, client: Any) -> list[ToolSpec]:

@@ -8,7 +8,9 @@ when given, a prefix on a ``/`` boundary. After a URL matches, its host is resol
 address that is link-local (169.254.0.0/16, fe80::/10), a cloud metadata endpoint,
 unspecified or multicast is refused whatever the patterns say (``inferd/net.py``, the policy
 remote media uses too). Loopback and private addresses are reachable only when a pattern names
-them, as the operator meant.
+them, as the operator meant. The connection then goes to the addresses checked here and no
+other (agent/pinned.py): the name is not looked up twice, so a DNS answer that changes in
+between cannot move it.
 """
 
 from __future__ import annotations

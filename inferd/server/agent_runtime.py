@@ -229,7 +229,7 @@ class AgentRuntime:
         listed: a 400 naming ``param`` when ``--mcp-allow-url`` does not allow the URL or it
         resolves to an address never reached, a 424 when the server cannot be reached."""
         try:
-            await McpUrlPolicy(self.config.mcp_allow_urls).check(url)
+            checked = await McpUrlPolicy(self.config.mcp_allow_urls).check(url)
         except OutboundUrlRefused as exc:
             raise bad_request(str(exc), param, code="mcp_server_url_refused") from None
         try:
@@ -239,6 +239,7 @@ class AgentRuntime:
                 headers=dict(headers),
                 permission="allow" if never_ask is None else "ask",
                 tool_permissions=dict.fromkeys(never_ask or (), "allow"),
+                addresses=checked.addresses,  # no second lookup: no rebinding
             )
         except AgentConfigError as exc:
             raise bad_request(str(exc), param) from None

@@ -146,7 +146,17 @@ def main() -> None:
     import uvicorn
 
     port = int(sys.argv[2])
-    app = _recording_auth(server.streamable_http_app(json_response=True, stateless_http=True))
+    security = None
+    if extra := os.environ.get("MCP_ALLOWED_HOSTS"):  # names beside the loopback ones
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        hosts = ["127.0.0.1:*", "localhost:*", *extra.split(",")]
+        security = TransportSecuritySettings(allowed_hosts=hosts)
+    app = _recording_auth(
+        server.streamable_http_app(
+            json_response=True, stateless_http=True, transport_security=security
+        )
+    )
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
