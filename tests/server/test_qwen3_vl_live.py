@@ -31,7 +31,6 @@ from inferd.models.qwen3_vl_video import prepare_video as prepare_qwen3_video
 from tests.media.corpus import Clip, _mp4
 from tests.models.test_idefics3_processor import generated
 from tests.models.test_qwen3_vl_parity import Media, expand_all, reference
-from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
 from tests.server.live import LiveServer, live_server
 from tests.server.test_vision_live import data_url, png_bytes
 
@@ -40,18 +39,11 @@ QUESTION = "What do the picture and the clip show?"
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
-    directory = tmp_path_factory.mktemp("qwen3_vl_live")
-    model, processor = save_tiny_qwen3_vl(directory)
-    return directory, model, processor
-
-
-@pytest.fixture(scope="module")
 def server(
-    tiny: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
+    tiny_qwen3_vl: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     log = tmp_path_factory.mktemp("qwen3-vl-serve") / "serve.log"
-    with live_server(["-m", str(tiny[0]), "--dtype", "f32"], log) as live:
+    with live_server(["-m", str(tiny_qwen3_vl[0]), "--dtype", "f32"], log) as live:
         yield live
 
 
@@ -64,9 +56,9 @@ def oai(server: LiveServer) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture(scope="module")
-def video_cfg(tiny: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
-    cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
-    found = read_qwen3_video_config(tiny[0], cfg)
+def video_cfg(tiny_qwen3_vl: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
+    cfg = config_from_hf(json.loads((tiny_qwen3_vl[0] / "config.json").read_text()))
+    found = read_qwen3_video_config(tiny_qwen3_vl[0], cfg)
     assert found is not None
     return found
 
@@ -84,11 +76,11 @@ def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
 
 
 def _reference(
-    tiny: tuple[Path, Any, Any], prepared: list[Media], question: str = QUESTION
+    tiny_qwen3_vl: tuple[Path, Any, Any], prepared: list[Media], question: str = QUESTION
 ) -> tuple[int, str, str]:
     """transformers' prompt length, prompt text and greedy reply for the turn: the media
     (an image, then a video if given), then ``question``."""
-    _, hf, processor = tiny
+    _, hf, processor = tiny_qwen3_vl
     tok = processor.tokenizer
     kinds = ["image", "video"][: len(prepared)]
     parts = [{"type": kind} for kind in kinds] + [{"type": "text", "text": question}]
@@ -126,11 +118,11 @@ def test_models_lists_image_and_video_input(server: LiveServer) -> None:
 
 def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     oai: openai.OpenAI,
-    tiny: tuple[Path, Any, Any],
+    tiny_qwen3_vl: tuple[Path, Any, Any],
     video_cfg: Qwen3VideoConfig,
     server: LiveServer,
 ) -> None:
-    directory = tiny[0]
+    directory = tiny_qwen3_vl[0]
     cfg = config_from_hf(json.loads((directory / "config.json").read_text()))
     configs = read_visual_configs(directory, cfg)
     assert configs is not None
@@ -138,7 +130,7 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     video = _video_bytes()
     prepared: list[Media] = [prepare_image(image, configs[0]), _prepared_video(video, video_cfg)]
     assert len(prepared[1].seconds) == 3  # type: ignore[union-attr]
-    prompt_tokens, expanded, text = _reference(tiny, prepared)
+    prompt_tokens, expanded, text = _reference(tiny_qwen3_vl, prepared)
     assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
 
     reply = _ask(oai, png_bytes(image), video)
@@ -154,14 +146,14 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
 
 
 def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
-    server: LiveServer, tiny: tuple[Path, Any, Any]
+    server: LiveServer, tiny_qwen3_vl: tuple[Path, Any, Any]
 ) -> None:
-    cfg = config_from_hf(json.loads((tiny[0] / "config.json").read_text()))
-    configs = read_visual_configs(tiny[0], cfg)
+    cfg = config_from_hf(json.loads((tiny_qwen3_vl[0] / "config.json").read_text()))
+    configs = read_visual_configs(tiny_qwen3_vl[0], cfg)
     assert configs is not None
     image = generated(70, 130, seed=43)
     question = "Describe it."
-    prompt_tokens, _, text = _reference(tiny, [prepare_image(image, configs[0])], question)
+    prompt_tokens, _, text = _reference(tiny_qwen3_vl, [prepare_image(image, configs[0])], question)
     url = data_url(png_bytes(image))
     source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
     content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
