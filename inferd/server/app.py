@@ -47,7 +47,7 @@ from inferd.server.responses_api import (
 )
 from inferd.server.responses_store import StoreError
 from inferd.server.state import ServerState
-from inferd.server.system_info import system_info
+from inferd.server.system_info import system_info, system_tune
 from inferd.server.tokenize import detokenize, tokenize
 from inferd.server.unserved import UNSERVED, not_served
 from inferd.serving.registry import registry_of
@@ -123,6 +123,7 @@ def build_app(
     _routes(app, "/v1/tokenize", model_ready(tokenize, "chat"), ["POST"])
     _routes(app, "/v1/detokenize", model_ready(detokenize, "chat"), ["POST"])
     _routes(app, "/v1/system/info", system_info, ["GET"])
+    _routes(app, "/v1/system/tune", system_tune, ["GET"])
     _routes(app, "/v1/agent/approvals", list_approvals, ["GET"])
     _routes(app, "/v1/agent/approvals/{approval_id}", answer_approval, ["POST"])
     _routes(app, "/v1/agent/sessions", list_sessions, ["GET"])

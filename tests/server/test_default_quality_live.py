@@ -14,7 +14,10 @@ Every other live test that reads text serves ``--dtype f32``; these check what u
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -126,6 +129,41 @@ def test_the_default_server_runs_the_packed_kernels(default_server: LiveServer) 
     packed = kernels["packed_int4"] + kernels["packed_int8"]
     lean = vnni_missing() is None and info["choices"]["dtype"] == "bf16"
     assert kernels["dense_dropped"] == (packed if lean else 0)
+
+
+def test_tune_over_http_is_the_clis_estimate_beside_the_running_settings(
+    default_server: LiveServer, smollm2_gguf: Path
+) -> None:
+    """``GET /v1/system/tune``: what ``inferd tune --json`` prints for the served file (the
+    model's shape and the recommendation's dtype and quantization; the memory figures move
+    with the host's free memory), the file named by its id only, and the settings it runs
+    under now (as /v1/system/info reports them)."""
+    tuned = httpx.get(default_server.api + "/system/tune", timeout=60)
+    assert tuned.status_code == 200, tuned.text
+    route = tuned.json()
+    cli = subprocess.run(
+        [sys.executable, "-m", "inferd", "tune", "-m", str(smollm2_gguf), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    printed = json.loads(cli.stdout)
+    assert route["model"] == printed["model"] | {"source": route["model"]["source"]}
+    assert str(smollm2_gguf) not in tuned.text  # no path of this host
+    for key in ("dtype", "isq", "max_seq_len", "kv_cache_dtype", "block_size"):
+        assert route["recommended"][key] == printed["recommended"][key], key
+    (model,) = httpx.get(default_server.api + "/system/info", timeout=30).json()["server"]["models"]
+    running = route["running"]
+    assert route["model"]["source"] == model["id"]
+    assert (running["dtype"], running["kv_cache_tokens"], running["max_seqs"]) == (
+        model["dtype"],
+        model["kv_cache_tokens"],
+        model["max_seqs"],
+    )
+    assert running["max_seq_len"] == 2048  # as served (--max-seq-len)
+    missing = httpx.get(default_server.api + "/system/tune", params={"model": "nope"})
+    assert missing.status_code == 404
 
 
 def test_prompt_perplexity_is_within_2_percent_of_float32(
