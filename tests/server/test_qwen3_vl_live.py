@@ -48,14 +48,6 @@ def server(
 
 
 @pytest.fixture(scope="module")
-def oai(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
 def video_cfg(tiny_qwen3_vl: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
     cfg = config_from_hf(json.loads((tiny_qwen3_vl[0] / "config.json").read_text()))
     found = read_qwen3_video_config(tiny_qwen3_vl[0], cfg)
@@ -95,13 +87,13 @@ def _reference(
     return len(ids), expanded, tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
 
 
-def _ask(oai: openai.OpenAI, image: bytes, video: bytes, **more: Any) -> Any:
+def _ask(client: openai.OpenAI, image: bytes, video: bytes, **more: Any) -> Any:
     parts: Any = [
         {"type": "image_url", "image_url": {"url": data_url(image)}},
         {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
         {"type": "text", "text": QUESTION},
     ]
-    return oai.chat.completions.create(
+    return client.chat.completions.create(
         model="default",
         messages=[{"role": "user", "content": parts}],
         max_tokens=NEW,
@@ -117,7 +109,7 @@ def test_models_lists_image_and_video_input(server: LiveServer) -> None:
 
 
 def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
-    oai: openai.OpenAI,
+    client: openai.OpenAI,
     tiny_qwen3_vl: tuple[Path, Any, Any],
     video_cfg: Qwen3VideoConfig,
     server: LiveServer,
@@ -133,20 +125,20 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     prompt_tokens, expanded, text = _reference(tiny_qwen3_vl, prepared)
     assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
 
-    reply = _ask(oai, png_bytes(image), video)
+    reply = _ask(client, png_bytes(image), video)
     assert reply.usage is not None
     assert reply.usage.prompt_tokens == prompt_tokens  # every run's placeholders, timestamps
     assert reply.choices[0].message.content == text
 
     calls_before = _encoder_calls(server)
-    chunks = list(_ask(oai, png_bytes(image), video, stream=True))
+    chunks = list(_ask(client, png_bytes(image), video, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
     assert _encoder_calls(server) == calls_before  # each temporal patch came from the cache
 
 
 def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
-    server: LiveServer, tiny_qwen3_vl: tuple[Path, Any, Any]
+    server: LiveServer, client: openai.OpenAI, tiny_qwen3_vl: tuple[Path, Any, Any]
 ) -> None:
     cfg = config_from_hf(json.loads((tiny_qwen3_vl[0] / "config.json").read_text()))
     configs = read_visual_configs(tiny_qwen3_vl[0], cfg)
@@ -168,24 +160,21 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
         )
     assert message.usage.input_tokens == prompt_tokens
     assert "".join(b.text for b in message.content if b.type == "text") == text
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as client:
-        response = client.responses.create(
-            model="default",
-            input=[
-                {
-                    "role": "user",
-                    "content": [
-                        {"type": "input_image", "image_url": url, "detail": "auto"},
-                        {"type": "input_text", "text": question},
-                    ],
-                }
-            ],
-            max_output_tokens=NEW,
-            temperature=0,
-            extra_body={"ignore_eos": True},
-        )
+    response = client.responses.create(
+        model="default",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": url, "detail": "auto"},
+                    {"type": "input_text", "text": question},
+                ],
+            }
+        ],
+        max_output_tokens=NEW,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert response.usage is not None and response.usage.input_tokens == prompt_tokens
     assert response.output_text == text
 
