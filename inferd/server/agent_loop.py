@@ -173,16 +173,14 @@ async def after_rounds(
     try:
         while not task.done():
             note = asyncio.ensure_future(progress.notes.get()) if progress else None
-            await asyncio.wait(
-                {task} | ({note} if note else set()),
-                timeout=keepalive,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            waited = {task, note} if note is not None else {task}
+            await asyncio.wait(waited, timeout=keepalive, return_when=asyncio.FIRST_COMPLETED)
             if note is not None and note.done():
                 yield _note_frame(note.result())
-            elif note is not None:
+                continue
+            if note is not None:
                 note.cancel()  # nothing taken from the queue: a cancelled get loses no note
-            if not task.done() and (note is None or not note.done()):
+            if not task.done():
                 yield sse.KEEPALIVE
         for frame in progress.frames() if progress else ():
             yield frame
@@ -215,8 +213,10 @@ async def _rounds(
     ran: list[RanCall] = []
     clock = _Clock()
     for round_index in range(loop.max_rounds + 1):
-        ready = first if round_index == 0 and first is not None else None
-        ready = ready or await prepare(request, model, job, decoded)
+        if round_index == 0 and first is not None:
+            ready = first
+        else:
+            ready = await prepare(request, model, job, decoded)
         gens = await collect(request, submit(request, model, ready))
         clock.lap("model")
         if gens is None:
@@ -289,11 +289,7 @@ async def _run(
 ) -> list[ToolResult]:
     """A round's calls, side by side; each one's start, approval and result noted in
     ``progress``."""
-    origin = CallOrigin(
-        _request_id(request),
-        request_owner(request),
-        getattr(request.state, "agent_session", None),  # set by a request continuing one
-    )
+    origin = call_origin(request)
 
     async def one(call: Mapping[str, Any]) -> ToolResult:
         name, arguments = call["function"]["name"], call["function"]["arguments"]
@@ -357,6 +353,15 @@ async def call_tool(
 
 def _request_id(request: Request) -> str:
     return str(getattr(request.state, "request_id", ""))
+
+
+def call_origin(request: Request) -> CallOrigin:
+    """Whom ``request``'s tool calls are made for: it, its key's owner, its session."""
+    return CallOrigin(
+        _request_id(request),
+        request_owner(request),
+        getattr(request.state, "agent_session", None),  # set by a request continuing one
+    )
 
 
 class _Clock:

@@ -24,7 +24,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from inferd.server import sse
-from inferd.server.agent_loop import Started, start_reply
+from inferd.server.agent_loop import Started, call_origin, start_reply
 from inferd.server.agent_runtime import HostedSource
 from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
@@ -149,8 +149,7 @@ async def _respond(
     except APIError as exc:
         raise renamed(exc) from None
     # the approvals this request answers: the calls run (or are refused) once every check passed
-    request_id = str(getattr(request.state, "request_id", ""))
-    answered = await answered_calls(loop, history, items, request_id)
+    answered = await answered_calls(loop, history, items, call_origin(request))
     messages, template_tools = offer(
         chat_messages(body.instructions, history + items + answered, fmt), tools, fmt
     )

@@ -243,7 +243,7 @@ async def answered_calls(
     loop: ToolLoop | None,
     history: list[dict[str, Any]],
     items: list[dict[str, Any]],
-    request_id: str,
+    origin: CallOrigin,
 ) -> list[dict[str, Any]]:
     """The ``mcp_call`` items of the approvals ``items`` answer: the approved calls run now,
     side by side, a denied one is a result saying so. An answer already acted on (a client
@@ -276,7 +276,7 @@ async def answered_calls(
         if not approve:
             return ToolResult("the user did not approve this call", is_error=True)
         name, arguments = asking["name"], asking["arguments"]
-        return await call_tool(loop, name, arguments, CallOrigin(request_id), approved=True)
+        return await call_tool(loop, name, arguments, origin, approved=True)
 
     results = await asyncio.gather(*(outcome(a, approve) for a, approve in answers))
     return [
