@@ -19,7 +19,7 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from starlette.requests import Request
@@ -35,7 +35,6 @@ from inferd.server.generation import (
     check_fits,
     clamp,
     collect,
-    encode_text,
     for_choice,
     room_for,
     sampling_params,
@@ -44,6 +43,7 @@ from inferd.server.generation import (
     token_piece,
     visible_logprobs,
 )
+from inferd.server.pipeline import RawPrompt, tokenize_prompts
 from inferd.server.protocol import CompletionRequest, parse_body
 from inferd.server.state import ServerState
 from inferd.serving.interface import RequestOutput, TokenLogprob
@@ -52,12 +52,6 @@ from inferd.serving.served import ServedModel
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for this endpoint
 
 _PROMPT_SHAPES = "a string, a list of strings, a list of token ids or a list of token-id lists"
-
-
-@dataclass(frozen=True, slots=True)
-class _Prompt:
-    token_ids: list[int]
-    text: str  # what `echo` repeats: the string as sent, or the decoded token ids
 
 
 async def create_completion(request: Request) -> Response:
@@ -78,7 +72,7 @@ async def create_completion(request: Request) -> Response:
         body, model, max_tokens=1 if asked is None else asked, logprobs=body.logprobs
     )
     constraint = await checked_constraint(body)
-    prompts = await asyncio.to_thread(_tokenized, raw, model)
+    prompts = await asyncio.to_thread(tokenize_prompts, raw, model)
     params = await compiled(model, params, constraint)
     max_tokens = asked
     if max_tokens is None:  # OpenAI's default, within what the longest prompt leaves
@@ -204,20 +198,8 @@ def _check_token_ids(ids: list[int], model: ServedModel, param: str) -> None:
             )
 
 
-def _tokenized(raw: list[tuple[str | list[int], str]], model: ServedModel) -> list[_Prompt]:
-    """Each prompt's token ids (call off the event loop). A text prompt is the raw prompt as
-    the caller wrote it: special-token text in it is read as such (the caller owns the whole
-    prompt); token ids are decoded for ``echo``."""
-    return [
-        _Prompt(encode_text(model, p), p)
-        if isinstance(p, str)
-        else _Prompt(list(p), model.tokenizer.decode(p))
-        for p, _ in raw
-    ]
-
-
 def _check_response_size(
-    limit: int, prompts: Sequence[_Prompt], n: int, max_tokens: int, k: int, echo: bool
+    limit: int, prompts: Sequence[RawPrompt], n: int, max_tokens: int, k: int, echo: bool
 ) -> None:
     """400 when the logprobs this request asks for could exceed ``limit`` pairs."""
     scored = sum((len(p.token_ids) if echo else 0) + max_tokens for p in prompts)

@@ -12,8 +12,9 @@ then runs the costly steps, in this order for all of them:
 5. admission: the engine's own limits;
 6. reasoning: how the reply splits into reasoning and answer.
 
-``submit`` starts the engine streams. A protocol names its own fields in errors: a job carries
-how (``ErrorNames``), so every step raises in the caller's terms.
+``submit`` starts the engine streams. Text completions' raw prompts take the same order
+without a conversation: ``tokenize_prompts`` is their step 2. A protocol names its own fields
+in errors: a job carries how (``ErrorNames``), so every step raises in the caller's terms.
 """
 
 from __future__ import annotations
@@ -29,7 +30,14 @@ from inferd.server.api_limits import LogprobsAsk, check_logprobs_size
 from inferd.server.constraints import compiled
 from inferd.server.errors import APIError
 from inferd.server.events import ENGINE_ERRORS, engine_error
-from inferd.server.generation import admit, chat_prompt_with_media, for_choice, room_for, start
+from inferd.server.generation import (
+    admit,
+    chat_prompt_with_media,
+    encode_text,
+    for_choice,
+    room_for,
+    start,
+)
 from inferd.server.media import decode_request_media, media_policy
 from inferd.server.reasoning import ReasoningSplit, followed
 from inferd.server.state import ServerState
@@ -161,6 +169,29 @@ def submit_detached(
         )
     except ENGINE_ERRORS as exc:
         raise engine_error(exc) from None
+
+
+@dataclass(frozen=True, slots=True)
+class RawPrompt:
+    """A text completion's prompt: its token ids, and what ``echo`` repeats (the string as
+    sent, or the token ids sent, decoded)."""
+
+    token_ids: list[int]
+    text: str
+
+
+def tokenize_prompts(
+    raw: Sequence[tuple[str | list[int], str]], model: ServedModel
+) -> list[RawPrompt]:
+    """Each raw prompt's token ids (call off the event loop). A text prompt is the prompt as
+    the caller wrote it: special-token text in it is read as such (the caller owns the whole
+    prompt); token ids are decoded for ``echo``."""
+    return [
+        RawPrompt(encode_text(model, p), p)
+        if isinstance(p, str)
+        else RawPrompt(list(p), model.tokenizer.decode(p))
+        for p, _ in raw
+    ]
 
 
 async def _prompt(
