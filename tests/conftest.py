@@ -139,6 +139,17 @@ def tiny_qwen2_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, An
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Gemma 4 directory (image, video and audio), its transformers model and
+    processor."""
+    from tests.models.tiny_gemma4 import save_tiny_gemma4
+
+    directory = tmp_path_factory.mktemp("gemma4")
+    model, processor = save_tiny_gemma4(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Qwen3-VL directory, its transformers model and processor parts."""
     from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl

@@ -7,9 +7,9 @@ order, and validates a realistic SSE fixture into a Complete outcome with usage
 128 + 9 = 137. It proves the integration protocol, not that any model wrote the sentence:
 the digests of the binary and the bundle are placeholders, and no process is started.
 
-``--live`` runs the scenario for real instead (``contract/live.py``): ``inferd serve`` on two
-tiny random models in one config, the image and video to SmolVLM2, the audio to Qwen2-Audio
-(no model inferd has takes all three), each a strict stream to Complete. ``--build-tiny DIR``
+``--live`` runs the scenario for real instead (``contract/live.py``): ``inferd serve`` on tiny
+random models in one config, the PNG, WAV and MP4 with the text to one model (Gemma 4), then
+by modality to two (SmolVLM2, Qwen2-Audio), each a strict stream to Complete. ``--build-tiny DIR``
 builds the checkpoints there first (from a source checkout, transformers needed; the default
 is a temporary folder); ``--checkpoints DIR`` uses ones already built.
 """

@@ -1,12 +1,14 @@
 """The worked example run for real: ``python -m inferd.contract.example --live``.
 
-No architecture inferd serves takes an image, audio and a video at once, so the scenario runs
-on **two models in one ``inferd serve --config``**: a tiny random SmolVLM2 (images and video)
-answers the PNG and the MP4 in one request, a tiny random Qwen2-Audio answers the WAV in a
-second; each is a strict stream read to a ``Complete`` outcome whose usage counts the media's
-tokens. Both checkpoints and the config form one digest-addressed bundle; the supervisor
-launches ``inferd serve`` on it, checks both routes' readiness, and the evidence is staged
-by digest and sent as file:// URLs under the store's published root (``--allowed-media-root``).
+``inferd serve --config`` on a bundle of tiny random models, launched by the supervisor. The
+scenario the seed writes: **one model** (a tiny Gemma 4, which reads images, audio and video)
+gets the PNG, the WAV and the MP4 with the text in one request. The second scenario routes the
+same evidence by modality instead, over two models: a tiny SmolVLM2 answers the PNG and the MP4
+in one request, a tiny Qwen2-Audio the WAV in another. Each request is a strict stream read to a
+``Complete`` outcome whose usage counts the media's tokens. The checkpoints and the config form
+one digest-addressed bundle; the supervisor checks every route's readiness, and the evidence is
+staged by digest and sent as file:// URLs under the store's published root
+(``--allowed-media-root``).
 
 The checkpoints have random weights, so the replies mean nothing: the run proves the protocol
 and that each piece of media reaches its model (the media's tokens in the usage; see
@@ -54,17 +56,19 @@ from inferd.contract.staging import EvidenceStore, Lease, Modality
 from inferd.contract.stream import Finished, Outcome, StreamLimits, outcome_text
 from inferd.contract.supervisor import Executable, Supervisor, probe_readiness
 
+ONE_MODEL_ROUTE = "gemma4"  # the tiny Gemma 4: the PNG, the WAV and the MP4 together
 VISION_ROUTE = "vision"  # the tiny SmolVLM2: the PNG and the MP4
 AUDIO_ROUTE = "audio"  # the tiny Qwen2-Audio: the WAV
-CHECKPOINTS = {VISION_ROUTE: "smolvlm2", AUDIO_ROUTE: "qwen2-audio"}  # build_tiny's folders
+# each route's folder as build_tiny writes it
+CHECKPOINTS = {ONE_MODEL_ROUTE: "gemma4", VISION_ROUTE: "smolvlm2", AUDIO_ROUTE: "qwen2-audio"}
 CONFIG = "models.json"
 TENANT = "tenant-a"
 PROMPT = "Explain the same cancellation event across all evidence."
 NOTE = (
-    "no model inferd serves takes image, audio and video together: two models in one "
-    "`inferd serve --config`; the image and the video go to the vision model (SmolVLM2) in one "
-    "request, the audio to the audio model (Qwen2-Audio) in another, each a strict stream to "
-    "Complete. Tiny random checkpoints: the text means nothing, the usage counts the media."
+    "three tiny random models in one `inferd serve --config`: the PNG, the WAV and the MP4 go "
+    "with the text to one model (Gemma 4) in one request; then, routed by modality, the image "
+    "and the video to SmolVLM2 and the audio to Qwen2-Audio. Each is a strict stream to "
+    "Complete. The text means nothing; the usage counts the media."
 )
 LIVE_BOUNDS = RequestBounds(
     max_prompt_bytes=4096,
@@ -162,7 +166,7 @@ def live_plan(bundle: Path, artifact: str, port: int, media_root: str, route: st
     return LaunchPlan(
         engine=EngineRelease(EngineKind.INFERD, inferd.__version__, artifact, Device.CPU),
         model=ModelSource(
-            public_id="inferd/tiny-smolvlm2-qwen2-audio",
+            public_id="inferd/tiny-gemma4-smolvlm2-qwen2-audio",
             revision="sha256:" + bundle.name,
             bundle_sha256=bundle.name,
             local_dir=str(bundle),
@@ -221,7 +225,7 @@ class LiveScenario:
             route: live_plan(self.bundle, artifact, port, self.store.published_root, route)
             for route in CHECKPOINTS
         }
-        self.supervisor = Supervisor(self.plans[VISION_ROUTE], exe, log_path=work / "serve.log")
+        self.supervisor = Supervisor(self.plans[ONE_MODEL_ROUTE], exe, log_path=work / "serve.log")
         self.client = httpx.Client(trust_env=False, timeout=30)
         self.startup_s = 0.0
         self._asked = 0
@@ -229,7 +233,8 @@ class LiveScenario:
     def __enter__(self) -> LiveScenario:
         try:
             self.startup_s = self.supervisor.start().startup_s
-            _wait_route(self.client, self.plans[AUDIO_ROUTE], self.supervisor)
+            for route in (VISION_ROUTE, AUDIO_ROUTE):
+                _wait_route(self.client, self.plans[route], self.supervisor)
         except BaseException:
             self.close()
             raise
@@ -256,22 +261,18 @@ class LiveScenario:
 
 
 def run_live(work: Path, checkpoints: Path, media: Evidence | None = None) -> dict[str, Any]:
-    """Launch, send the worked example's parts, read both streams; the report as JSON data."""
+    """Launch, send the worked example's parts to one model, then by modality to two; the
+    report as JSON data."""
     media = media or evidence()
+    png = (media.png, "evidence://case-17/camera-2/frame-0412.png")
+    wav = (media.wav, "evidence://case-17/radio/clip-0007.wav")
+    mp4 = (media.mp4, "evidence://case-17/camera-2/segment-0003.mp4")
     with LiveScenario(work, checkpoints) as live:
-        answers = [
-            live.ask(
-                VISION_ROUTE,
-                [
-                    (media.png, "evidence://case-17/camera-2/frame-0412.png"),
-                    (media.mp4, "evidence://case-17/camera-2/segment-0003.mp4"),
-                ],
-            ),
-            live.ask(AUDIO_ROUTE, [(media.wav, "evidence://case-17/radio/clip-0007.wav")]),
-        ]
+        one = live.ask(ONE_MODEL_ROUTE, [png, wav, mp4])
+        two = [live.ask(VISION_ROUTE, [png, mp4]), live.ask(AUDIO_ROUTE, [wav])]
         stopped = live.supervisor.stop()
         launch = {
-            "argv": list(live.plans[VISION_ROUTE].launch_args()),
+            "argv": list(live.plans[ONE_MODEL_ROUTE].launch_args()),
             "routes": list(live.plans),
             "bundle_sha256": live.bundle.name,
             "startup_s": round(live.startup_s, 2),
@@ -280,8 +281,9 @@ def run_live(work: Path, checkpoints: Path, media: Evidence | None = None) -> di
     return {
         "note": NOTE,
         "launch": launch,
-        "answers": [asdict(a) for a in answers],
-        "success": all(a.outcome == "complete" for a in answers),
+        "one_model": asdict(one),
+        "two_models": [asdict(a) for a in two],
+        "success": all(a.outcome == "complete" for a in (one, *two)),
     }
 
 

@@ -23,7 +23,7 @@ from inferd.engine.outputs import EngineStats, RequestOutput
 from inferd.engine.request import MediaInput, Request
 from inferd.engine.sampling import SamplingParams
 from inferd.engine.scheduler import SchedulerConfig
-from inferd.models.config import AudioConfig, ModelConfig
+from inferd.models.config import AudioConfig, Gemma4AudioConfig, ModelConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.structured.compiler import GrammarCompiler
 
@@ -154,8 +154,12 @@ class LLMEngine:
                 raise _media_error("media overlap or lie outside the prompt")
             if any(prompt_token_ids[p] != placeholder for p in m.positions):
                 raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
-            if m.modality == "audio":
+            if m.modality == "audio" and self.model_config.gemma4_audio is not None:
+                self._check_gemma4_clip(m)
+            elif m.modality == "audio":
                 self._check_clip(m)
+            elif self.model_config.gemma4_vision is not None:
+                self._check_placed_patches(m)
             elif self.model_config.qwen_vision is not None:
                 self._check_grid(m)
             else:
@@ -179,12 +183,55 @@ class LLMEngine:
             raise _media_error("an image's placeholder tokens must be consecutive")
 
     def _bidirectional_spans(self, media: Sequence[MediaInput]) -> tuple[tuple[int, int], ...]:
-        """Each image's placeholder range, for a model whose image tokens see each other both
-        ways (Gemma 3); none otherwise."""
-        vision = self.model_config.vision
-        if vision is None or not vision.bidirectional:
+        """Each image's (Gemma 4: and video frame's) placeholder range, for a model whose
+        image tokens see each other both ways (Gemma 3, Gemma 4); none otherwise."""
+        vision, gemma4 = self.model_config.vision, self.model_config.gemma4_vision
+        visual: tuple[str, ...]
+        if gemma4 is not None and gemma4.bidirectional:
+            visual = ("image", "video")
+        elif vision is not None and vision.bidirectional:
+            visual = ("image",)
+        else:
             return ()
-        return tuple((m.positions[0], m.positions[-1] + 1) for m in media if m.modality == "image")
+        return tuple((m.positions[0], m.positions[-1] + 1) for m in media if m.modality in visual)
+
+    def _check_placed_patches(self, m: MediaInput) -> None:
+        """Gemma 4: an image's (a video frame's) patches and their places agree, fill its
+        placeholders exactly (one per ``pooling^2`` patches) and lie in the position table;
+        its placeholders run unbroken (they see each other both ways)."""
+        g = self.model_config.gemma4_vision
+        assert g is not None  # placeholder_token said so
+        places, n = m.places, int(m.pixel_values.shape[0])
+        if (
+            places is None
+            or tuple(m.pixel_values.shape) != (n, g.patch_dim)
+            or tuple(places.shape) != (n, 2)
+        ):
+            raise _media_error(
+                f"an {m.modality}'s patches must be [patches, {g.patch_dim}] with their places"
+            )
+        if n % g.pooling**2 or n // g.pooling**2 != len(m.positions):
+            raise _media_error(
+                f"an {m.modality} of {n} patches does not fill {len(m.positions)} placeholder "
+                "tokens"
+            )
+        if n and (int(places.min()) < 0 or int(places.max()) >= g.position_table_size):
+            raise _media_error(f"an {m.modality}'s patch places lie outside the position table")
+        if m.positions[-1] - m.positions[0] + 1 != len(m.positions):
+            raise _media_error(f"an {m.modality}'s placeholder tokens must be consecutive")
+
+    def _check_gemma4_clip(self, m: MediaInput) -> None:
+        """Gemma 4: a clip's log-mel frames [frames, mel bins] give one row per placeholder."""
+        audio = self.model_config.gemma4_audio
+        assert audio is not None
+        bins = audio.conv_channels[0]
+        if tuple(m.pixel_values.shape) != (m.frames, bins) or m.frames < 1:
+            raise _media_error(f"an audio clip's features must be [frames, {bins}]")
+        if Gemma4AudioConfig.num_tokens(m.frames) != len(m.positions):
+            raise _media_error(
+                f"an audio clip of {m.frames} frames has {Gemma4AudioConfig.num_tokens(m.frames)} "
+                f"rows, not {len(m.positions)}"
+            )
 
     def _check_grid(self, m: MediaInput) -> None:
         """An image's or video's patch grid fills its placeholders, which run unbroken (its

@@ -41,7 +41,7 @@ class MediaInput:
     # when the encoder runs (an image's tiles of bytes): a request holds it until it finishes.
     # An image: its tiles [tiles, 3, H, W] for ``encode_images``; audio: its window's log-mel
     # features [1, mels, frames] for ``encode_audio``; an image or video with a ``grid``: its
-    # flat patches [t * h * w, patch values] for ``encode_grids``.
+    # flat patches [t * h * w, patch values] for ``encode_grids``; Gemma 4: see ``places``.
     pixel_values: torch.Tensor
     expand: Callable[[torch.Tensor], torch.Tensor] | None = None
     modality: str = "image"  # "image" | "video" | "audio": which encoder and placeholder token
@@ -50,6 +50,9 @@ class MediaInput:
     # M-RoPE positions of its tokens, and the temporal position step of a video (0: an image).
     grid: tuple[int, int, int] | None = None
     rope_step: float = 0.0
+    # Gemma 4: an image's (or video frame's) patches [patches, patch values] as
+    # ``pixel_values``, and here each patch's (x, y) place in its grid [patches, 2].
+    places: torch.Tensor | None = None
 
     def encoder_input(self) -> torch.Tensor:
         return self.pixel_values if self.expand is None else self.expand(self.pixel_values)

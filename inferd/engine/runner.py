@@ -192,6 +192,10 @@ class ModelRunner:
 
     def _encode_batch(self, batch: list[MediaInput]) -> list[torch.Tensor]:
         """One encoder call for media of one modality: each one's rows."""
+        places = [m.places for m in batch if m.places is not None]
+        if places:  # Gemma 4: images of any shape, one call each
+            pairs = zip(batch, places, strict=True)  # a batch is of one model's media
+            return [self.model.encode_patches(m.encoder_input(), p) for m, p in pairs]
         inputs = torch.cat([m.encoder_input() for m in batch])
         grids = [m.grid for m in batch if m.grid is not None]
         if grids:
@@ -356,12 +360,14 @@ def _tile_batches(media: list[MediaInput]) -> list[list[MediaInput]]:
 
 def _encoder_tiles(m: MediaInput) -> int:
     """What one medium weighs in an encoder call, in tiles: an audio clip AUDIO_CLIP_TILES,
-    patches by the grid ``GRID_TILE_PATCHES`` to a tile."""
+    patches (a grid's, Gemma 4's) ``GRID_TILE_PATCHES`` to a tile."""
     if m.modality == "audio":
         return AUDIO_CLIP_TILES
     if m.grid is not None:
         t, h, w = m.grid
         return -(-t * h * w // GRID_TILE_PATCHES)
+    if m.places is not None:
+        return -(-int(m.pixel_values.shape[0]) // GRID_TILE_PATCHES)
     return int(m.pixel_values.shape[0])
 
 

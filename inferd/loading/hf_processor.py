@@ -5,6 +5,7 @@ or ``feature_extractor``), earlier versions and most published checkpoints in
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from inferd.loading.hf_tokenizer import read_json
@@ -12,6 +13,7 @@ from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.gemma3_image import Gemma3ImageConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_image import Gemma4ImageConfig
+from inferd.models.gemma4_video import Gemma4VideoConfig
 from inferd.models.idefics3_image import Idefics3ImageConfig, ImageConfigError
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.qwen3_vl_video import Qwen3VideoConfig
@@ -232,3 +234,51 @@ def read_gemma4_audio_config(directory: Path, cfg: ModelConfig) -> Gemma4AudioFe
             f"encoder takes {audio.conv_channels[0]}"
         )
     return features
+
+
+GEMMA4_VIDEO_TOKEN = "<|video|>"  # Gemma4Processor's, when the tokenizer's settings name none
+
+
+def read_gemma4_video_config(directory: Path, cfg: ModelConfig) -> Gemma4VideoConfig | None:
+    """How a Gemma 4 model's videos are sampled and their frames prepared (the processor's
+    ``video_processor`` settings, else ``video_preprocessor_config.json``, else the video
+    processor's defaults); None for a model without an image encoder."""
+    vision = cfg.gemma4_vision
+    if vision is None:
+        return None
+    settings = read_json(directory / PROCESSOR_CONFIG).get("video_processor") or read_json(
+        directory / VIDEO_PREPROCESSOR_CONFIG
+    )
+    tokens = _gemma4_tokens(directory, ("image_token", "boi_token", "eoi_token"))
+    video_token = read_json(directory / TOKENIZER_CONFIG).get("video_token") or GEMMA4_VIDEO_TOKEN
+    try:
+        video = Gemma4VideoConfig.from_hf(settings or {}, tokens, str(video_token))
+    except ValueError as e:  # ImageConfigError included
+        raise ModelConfigError(f"{directory}: {e}") from e
+    frames = video.frames
+    if (frames.patch_size, frames.pooling) != (vision.patch_size, vision.pooling):
+        raise ModelConfigError(
+            f"{directory}: the video processor's {frames.patch_size} px patches pooled by "
+            f"{frames.pooling} are not the encoder's ({vision.patch_size}, {vision.pooling})"
+        )
+    return video
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4Processing:
+    """How a Gemma 4 model's media are prepared, for the encoders its checkpoint has."""
+
+    image: Gemma4ImageConfig | None
+    video: Gemma4VideoConfig | None
+    audio: Gemma4AudioFeatureConfig | None
+
+
+def read_gemma4_processing(directory: Path, cfg: ModelConfig) -> Gemma4Processing | None:
+    """The Gemma 4 processor's settings; None for other models and text-only Gemma 4."""
+    if cfg.gemma4_vision is None and cfg.gemma4_audio is None:
+        return None
+    return Gemma4Processing(
+        read_gemma4_image_config(directory, cfg),
+        read_gemma4_video_config(directory, cfg),
+        read_gemma4_audio_config(directory, cfg),
+    )

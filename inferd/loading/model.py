@@ -18,8 +18,10 @@ from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import load_gguf_model
 from inferd.loading.hf_model import generation_stop_ids, load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import (
+    Gemma4Processing,
     ImageConfig,
     read_audio_config,
+    read_gemma4_processing,
     read_image_config,
     read_qwen3_video_config,
     read_video_config,
@@ -61,6 +63,7 @@ class LoadedModel:
     visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
     video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
     qwen3_video: Qwen3VideoConfig | None = None  # Qwen3-VL: how to sample and prepare videos
+    gemma4: Gemma4Processing | None = None  # Gemma 4: how to prepare images, videos, audio
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -189,4 +192,5 @@ def _load_hf(
         visual_configs=visual,
         video_config=video,
         qwen3_video=read_qwen3_video_config(directory, cfg),
+        gemma4=read_gemma4_processing(directory, cfg),
     )

@@ -54,7 +54,12 @@ class Gemma4ImageConfig:
     ) -> Gemma4ImageConfig:
         """From the image processor's settings (``processor_config.json``'s
         ``image_processor``) and the tokenizer's (image, boi, eoi) tokens."""
-        if settings.get("do_normalize"):
+        # The video processor normalizes by mean 0 and std 1, which changes nothing.
+        identity = (
+            list(settings.get("image_mean") or [0.0] * 3) == [0.0] * 3
+            and list(settings.get("image_std") or [1.0] * 3) == [1.0] * 3
+        )
+        if settings.get("do_normalize") and not identity:
             raise ImageConfigError("a Gemma 4 image processor that normalizes is not supported")
         resample = settings.get("resample")
 

@@ -8,6 +8,8 @@ runner writes them over the placeholder tokens' embeddings, whose per-layer embe
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from inferd.layers.rotary import RotaryEmbedding
@@ -53,3 +55,8 @@ class Gemma4MultimodalForCausalLM(Gemma4ForCausalLM):
             raise ModelConfigError("this Gemma 4 checkpoint has no audio encoder")
         rows = self.embed_audio(self.audio_tower(features))
         return rows.to(self.embed_tokens.weight.dtype)
+
+    def encode_audio(self, features: torch.Tensor, frames: Sequence[int]) -> list[torch.Tensor]:
+        """Clips' log-mel frames, one after another [sum of ``frames``, mel bins] -> each
+        clip's embeddings (the runner's call for a batch of clips)."""
+        return [self.encode_clip(clip) for clip in features.split(list(frames))]

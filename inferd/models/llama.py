@@ -319,6 +319,10 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         """Each image's or video's embeddings from its patches (Qwen2.5-VL's encoder)."""
         raise ModelConfigError(f"{self.config.architecture} models take no patch grids")
 
+    def encode_patches(self, patches: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One image's embeddings from its patches and their (x, y) places (Gemma 4's)."""
+        raise ModelConfigError(f"{self.config.architecture} models take no placed patches")
+
     def rope_index(
         self, num_tokens: int, media: Sequence[tuple[int, tuple[int, int, int], float]]
     ) -> torch.Tensor:

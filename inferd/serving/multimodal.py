@@ -22,10 +22,13 @@ import torch
 from PIL import Image
 
 from inferd.engine.request import MediaInput
-from inferd.loading.hf_processor import ImageConfig
+from inferd.loading.hf_processor import Gemma4Processing, ImageConfig
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
+from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
+from inferd.models.gemma4_image import Gemma4ImageConfig
+from inferd.models.gemma4_video import Gemma4VideoConfig
 from inferd.models.idefics3_image import (
     IMAGE_TOKEN,
     ImageConfigError,
@@ -461,3 +464,101 @@ def sampled_fps(video: DecodedVideo) -> float:
     if video.fps > 0 and video.total_frames > 0:
         return video.fps * len(video.frames) / video.total_frames
     return len(video.frames) / video.duration if video.duration > 0 else 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma4Prompter:
+    """Gemma 4's images, videos and audio clips, mixed in one prompt as written. Each marker
+    the chat template writes (its image, video or audio token) becomes what transformers'
+    Gemma4Processor puts there: an image's ``boi`` + one image token per soft token + ``eoi``
+    (its patches of any shape and their places a MediaInput); a video's frames, each after its
+    ``mm:ss`` time, each a MediaInput of its own (its placeholders see each other both ways, not
+    the next frame's); a clip's ``boa`` + one audio token per encoder row + ``eoa``."""
+
+    processing: Gemma4Processing
+    tokenizer: TokenizerBundle
+    image_token_id: int
+    video_token_id: int
+    audio_token_id: int
+
+    def prepare(
+        self,
+        text: str,
+        media: Sequence[ImageItem | DecodedAudio | DecodedVideo],
+        *,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of ``text`` with every marker expanded, and the MediaInputs in prompt
+        order; the caller has refused the modalities the checkpoint has no encoder for."""
+        p, groups = self.processing, []
+        if p.image is not None:
+            images = [m for m in media if not isinstance(m, DecodedAudio | DecodedVideo)]
+            items = [self._image(p.image, image, digest) for image, digest in images]
+            groups.append(MarkerGroup(p.image.image_token, self.image_token_id, "image", items))
+        if p.video is not None:
+            videos = [self._video(p.video, m) for m in media if isinstance(m, DecodedVideo)]
+            groups.append(MarkerGroup(p.video.video_token, self.video_token_id, "video", videos))
+        if p.audio is not None:
+            clips = [self._clip(p.audio, m) for m in media if isinstance(m, DecodedAudio)]
+            groups.append(MarkerGroup(p.audio.audio_token, self.audio_token_id, "audio", clips))
+        return expand_markers(self.tokenizer, text, groups, literal_spans=literal_spans)
+
+    def image_tokens(self, width: int, height: int) -> int:
+        """The prompt tokens an upright image of this size stands for, ``boi`` and ``eoi``
+        included; MediaPromptError for a size the processor refuses."""
+        assert self.processing.image is not None
+        try:
+            return self.processing.image.num_soft_tokens(height, width) + 2
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
+
+    @staticmethod
+    def _image(cfg: Gemma4ImageConfig, image: Image.Image, digest: str) -> Expansion:
+        try:
+            prepared = cfg.prepare(image)
+        except ImageConfigError as exc:  # e.g. too small to hold one pooled cell
+            raise MediaPromptError(str(exc)) from None
+
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            return (MediaInput(digest, positions, prepared.patches, places=prepared.positions),)
+
+        return Expansion(prepared.prompt_text(), prepared.num_soft_tokens, media)
+
+    @staticmethod
+    def _video(cfg: Gemma4VideoConfig, video: DecodedVideo) -> Expansion:
+        try:
+            frames = cfg.prepare(video.frames)
+        except ImageConfigError as exc:
+            raise MediaPromptError(str(exc)) from None
+        if not frames:
+            raise MediaPromptError("a video has no frames")
+        size = frames[0].num_soft_tokens  # every frame has the stream's size
+
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            return tuple(
+                MediaInput(
+                    f"{video.digest}:{i}",  # the encoder cache keeps each frame
+                    positions[i * size : (i + 1) * size],
+                    frame.patches,
+                    modality="video",
+                    places=frame.positions,
+                )
+                for i, frame in enumerate(frames)
+            )
+
+        text = cfg.prompt_text(video.frame_indices, video.fps, size)
+        return Expansion(text, size * len(frames), media)
+
+    @staticmethod
+    def _clip(cfg: Gemma4AudioFeatureConfig, clip: DecodedAudio) -> Expansion:
+        samples = clip.resampled(cfg.sampling_rate).mono()
+        features = torch.from_numpy(cfg.log_mel(samples))
+        frames = int(features.shape[0])
+        if not cfg.num_tokens(len(samples)):
+            raise MediaPromptError("an audio clip is too short to encode")
+
+        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+            made = MediaInput(clip.digest, positions, features, modality="audio", frames=frames)
+            return (made,)
+
+        return Expansion(cfg.prompt_text(len(samples)), cfg.num_tokens(len(samples)), media)

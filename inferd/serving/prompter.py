@@ -5,7 +5,8 @@ medium is decoded: the modalities the model takes, an image's token cost, the au
 video sampling, and whether the chat template wants every content as a list of parts.
 
 One prompter per kind of model: text only, images (Idefics3/SmolVLM, Gemma 3; SmolVLM2's videos
-too), audio (Qwen2-Audio), image and video grids (Qwen2.5-VL, Qwen3-VL). Each composes the
+too), audio (Qwen2-Audio), image and video grids (Qwen2.5-VL, Qwen3-VL), and Gemma 4's images,
+videos and audio together. Each composes the
 per-modality marker expansion of serving/multimodal.py, and refuses what its model does not take
 with the same messages the server has always given.
 """
@@ -25,6 +26,7 @@ from inferd.media.video import FrameSampling
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
+    Gemma4Prompter,
     GridPrompter,
     ImageItem,
     ImagePrompter,
@@ -70,7 +72,7 @@ class Prompter(ABC):
     model: str  # the name it is served as, which its refusals name
     tokenizer: TokenizerBundle
 
-    kind: ClassVar[str]  # text | image | audio | grid
+    kind: ClassVar[str]  # text | image | audio | grid | gemma4
     # A multimodal template iterates the parts of each message (SmolVLM's drops plain string
     # content without a word), so it gets every content as parts.
     parts_content: ClassVar[bool] = True
@@ -222,6 +224,46 @@ class GridModelPrompter(Prompter):
         return self.grid.prepare(text, visual, literal_spans=literal_spans)
 
 
+@dataclass(frozen=True, slots=True)
+class Gemma4ModelPrompter(Prompter):
+    """Gemma 4's images, videos and audio clips, any mix in one prompt, for the encoders its
+    checkpoint has (a video needs the image encoder)."""
+
+    media: Gemma4Prompter
+
+    kind: ClassVar[str] = "gemma4"
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        p = self.media.processing
+        visual = ("image", "video") if p.image is not None else ()
+        return ("text", *visual, *(("audio",) if p.audio is not None else ()))
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        audio = self.media.processing.audio
+        return audio.sampling_rate if audio is not None else None
+
+    @property
+    def video_sampling(self) -> FrameSampling | None:
+        return self.media.processing.video
+
+    def image_tokens(self, width: int, height: int) -> int | None:
+        if self.media.processing.image is None:
+            return None
+        return min(self.media.image_tokens(width, height), self.media.image_tokens(height, width))
+
+    def prepare(
+        self, text: str, media: Sequence[MediaItem], *, literal_spans: Spans = ()
+    ) -> tuple[list[int], list[MediaInput]]:
+        split = MediaSplit.of(media)
+        if split.clips and self.media.processing.audio is None:
+            raise self.refuse("audio")
+        if (split.images or split.videos) and self.media.processing.image is None:
+            raise self.refuse("images" if split.images else "video")
+        return self.media.prepare(text, media, literal_spans=literal_spans)
+
+
 def prompter_for(loaded: LoadedModel) -> Prompter:
     """The prompter for what ``loaded``'s encoders and processor settings take."""
     name, tokenizer, cfg = loaded.source.name, loaded.tokenizer, loaded.config
@@ -245,4 +287,14 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
             loaded.qwen3_video,
         )
         return GridModelPrompter(name, tokenizer, grid)
+    if loaded.gemma4 is not None:
+        g4_vision, g4_audio = cfg.gemma4_vision, cfg.gemma4_audio
+        media = Gemma4Prompter(
+            loaded.gemma4,
+            tokenizer,
+            g4_vision.image_token_id if g4_vision is not None else -1,
+            g4_vision.video_token_id if g4_vision is not None else -1,
+            g4_audio.audio_token_id if g4_audio is not None else -1,
+        )
+        return Gemma4ModelPrompter(name, tokenizer, media)
     return TextPrompter(name, tokenizer)

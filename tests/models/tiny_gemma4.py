@@ -102,6 +102,7 @@ TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]
 EXTRA = [BOI, IMAGE, EOI, BOA, AUDIO, EOA, VIDEO, *TURN_TOKENS]
 MM_VOCAB = 340
 PATCH, POOLING, MAX_SOFT_TOKENS = 4, 2, 70  # up to 280 patches of 4 px, 2x2 to a token
+VIDEO_FRAMES = 4  # the video processor keeps this many frames (32 in the real one)
 # Gemma's turns over content parts, an image part written as the image token.
 TEMPLATE = (
     "{% for message in messages %}"
@@ -110,6 +111,7 @@ TEMPLATE = (
     "{% for part in message['content'] %}"
     "{% if part['type'] == 'image' %}{{ '<|image|>' }}"
     "{% elif part['type'] == 'audio' %}{{ '<|audio|>' }}"
+    "{% elif part['type'] == 'video' %}{{ '<|video|>' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{{ '<end_of_turn>\\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
@@ -271,10 +273,35 @@ def save_tiny_gemma4(
         image_seq_length=MAX_SOFT_TOKENS,
     )
     # transformers v5's layout (its save_pretrained needs the video processor we lack):
-    # both settings in processor_config.json, the media tokens in tokenizer_config.json.
-    settings = {"image_processor": images.to_dict(), "feature_extractor": features.to_dict()}
+    # the settings in processor_config.json, the media tokens in tokenizer_config.json.
+    settings = {
+        "image_processor": images.to_dict(),
+        "feature_extractor": features.to_dict(),
+        "video_processor": video_processor_settings(),
+    }
     settings["image_processor"]["resample"] = int(images.resample)
     settings["feature_extractor"]["mel_floor"] = float(features.mel_floor)
     (directory / "processor_config.json").write_text(json.dumps(settings, indent=1))
     tokenizer.save_pretrained(str(directory))
     return model.eval(), processor
+
+
+def video_processor_settings() -> dict[str, Any]:
+    """What Gemma4VideoProcessor saves (it needs torchvision, absent here, to be built): its
+    defaults, at the tiny encoder's patches and ``VIDEO_FRAMES`` frames."""
+    return {
+        "video_processor_type": "Gemma4VideoProcessor",
+        "do_convert_rgb": True,
+        "do_resize": True,
+        "do_rescale": True,
+        "rescale_factor": 1 / 255,
+        "do_normalize": True,
+        "image_mean": [0.0, 0.0, 0.0],
+        "image_std": [1.0, 1.0, 1.0],
+        "resample": 3,
+        "do_sample_frames": True,
+        "num_frames": VIDEO_FRAMES,
+        "patch_size": PATCH,
+        "pooling_kernel_size": POOLING,
+        "max_soft_tokens": 70,
+    }

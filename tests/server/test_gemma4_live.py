@@ -1,0 +1,257 @@
+"""`inferd serve` on a tiny random Gemma 4 directory (image, video and audio encoders): one
+request holding a PNG, a WAV and an MP4 with text, sent through the strict OpenAI SDK, reaches
+the model as transformers' Gemma 4 takes them. The oracle: the prompt transformers' own
+processor writes (its chat template, then its image, audio and video replacements, the video's
+``mm:ss`` times from the frames its sampling keeps), usage equal to that prompt's length, and the
+greedy reply equal to Gemma4ForConditionalGeneration's generate on the same pixels and features,
+streamed and not; the same media twice are encoded once. An image likewise through the
+Anthropic (with count_tokens) and Responses APIs, which carry no audio or video part.
+
+The video's frames are made at the size the processor keeps (no resize), since transformers'
+video processor resizes with torchvision, which is not installed here."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from collections.abc import Iterator
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+import anthropic
+import httpx
+import numpy as np
+import openai
+import pytest
+import soundfile
+import torch
+
+from inferd.loading.hf_processor import read_gemma4_video_config
+from inferd.media.video import decode_video
+from inferd.models.config import config_from_hf
+from inferd.models.gemma4_image import PreparedGemma4Image
+from inferd.models.gemma4_video import Gemma4VideoConfig
+from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
+from tests.models.test_idefics3_processor import generated
+from tests.models.tiny_gemma4 import AUDIO, IMAGE, VIDEO, VIDEO_FRAMES, mm_token_id
+from tests.server.live import LiveServer, live_server
+from tests.server.test_vision_live import data_url, png_bytes
+
+NEW = 8
+LOGPROB_TOLERANCE = 1e-4  # float32 on both sides: only summation order differs (~1e-6)
+QUESTION = "What do the picture, the sound and the clip show?"
+FRAME_SIZE = (72, 56)  # (width, height): a frame the video processor keeps as it is
+Tiny = tuple[Path, Any, Any]
+
+
+@pytest.fixture(scope="module")
+def server(tiny_gemma4: Tiny, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    log = tmp_path_factory.mktemp("gemma4-serve") / "serve.log"
+    with live_server(["-m", str(tiny_gemma4[0]), "--dtype", "f32"], log) as live:
+        yield live
+
+
+@pytest.fixture(scope="module")
+def video_cfg(tiny_gemma4: Tiny) -> Gemma4VideoConfig:
+    cfg = config_from_hf(json.loads((tiny_gemma4[0] / "config.json").read_text()))
+    found = read_gemma4_video_config(tiny_gemma4[0], cfg)
+    assert found is not None and found.num_frames == VIDEO_FRAMES
+    return found
+
+
+def _video_bytes() -> bytes:
+    # 20 frames at 8 fps (2.5 s): 4 kept, frames 0, 5, 10, 15 at 0, 0.625, 1.25, 1.875 s
+    return _mp4(Clip(fps=Fraction(8), frames=20, size=FRAME_SIZE), None)
+
+
+TONE = Tone(16_000, 0.9, (440.0,))
+
+
+def _wave() -> np.ndarray:
+    """The WAV's samples as soundfile reads them (what transformers' users hand it)."""
+    samples, rate = soundfile.read(io.BytesIO(wav_bytes(TONE)), dtype="float32")
+    assert rate == 16_000
+    return np.asarray(samples)
+
+
+def _reference(
+    tiny: Tiny, parts: list[str], question: str, picture: Any = None
+) -> tuple[list[int], str, list[float]]:
+    """transformers' prompt ids, greedy reply and each reply token's log-probability for one
+    user turn: ``parts`` (image, audio,
+    video, in this order when present), then ``question``; the video's frames as the server's
+    sampling keeps them, each prepared at the video budget."""
+    directory, hf, processor = tiny
+    tok = processor.tokenizer
+    content = [{"type": kind} for kind in parts] + [{"type": "text", "text": question}]
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+    )
+    inputs: dict[str, Any] = {}
+    if "image" in parts:
+        images = processor.image_processor([picture], return_tensors="pt")
+        text = text.replace(IMAGE, processor.replace_image_token(images, 0), 1)
+        inputs |= {"pixel_values": images["pixel_values"]}
+        inputs |= {"image_position_ids": images["image_position_ids"]}
+    if "audio" in parts:
+        features = processor.feature_extractor([_wave()], return_tensors="pt")
+        text = text.replace(AUDIO, processor.replace_audio_token(features, 0), 1)
+        inputs |= {"input_features": features["input_features"]}
+        inputs |= {"input_features_mask": features["input_features_mask"]}
+    if "video" in parts:
+        text, video_inputs = _video_reference(directory, processor, text)
+        inputs |= video_inputs
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    input_ids = torch.tensor([ids])
+    types = (
+        (input_ids == mm_token_id(IMAGE)).long()
+        + 2 * (input_ids == mm_token_id(VIDEO)).long()
+        + 3 * (input_ids == mm_token_id(AUDIO)).long()
+    )
+    inputs |= {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
+    inputs |= {"mm_token_type_ids": types}
+    with torch.inference_mode():
+        out = hf.generate(
+            **inputs,
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    tokens = out.sequences[0, len(ids) :].tolist()
+    logprobs = [
+        float(torch.log_softmax(step[0].float(), -1)[token])
+        for step, token in zip(out.logits, tokens, strict=True)
+    ]
+    return ids, tok.decode(tokens, skip_special_tokens=True), logprobs
+
+
+def _video_reference(directory: Path, processor: Any, text: str) -> tuple[str, dict[str, Any]]:
+    """The prompt with the processor's video replacement, and the video inputs laid out as its
+    video processor lays them (patches padded to the budget, (-1, -1) places for padding)."""
+    from transformers.video_utils import VideoMetadata
+
+    cfg = config_from_hf(json.loads((directory / "config.json").read_text()))
+    video_cfg = read_gemma4_video_config(directory, cfg)
+    assert video_cfg is not None
+    decoded = decode_video(_video_bytes(), sampling=video_cfg)
+    assert decoded.frame_indices == (0, 5, 10, 15) and decoded.fps == 8.0
+    frames: list[PreparedGemma4Image] = video_cfg.prepare(decoded.frames)
+    assert tuple(frames[0].positions.max(0).values + 1) == (18, 14)  # 72x56 px kept whole
+    metadata = VideoMetadata(
+        total_num_frames=decoded.total_frames,
+        fps=decoded.fps,
+        frames_indices=list(decoded.frame_indices),
+    )
+    video = {"num_soft_tokens_per_video": [frames[0].num_soft_tokens], "video_metadata": [metadata]}
+    text = text.replace(VIDEO, processor.replace_video_token(video, 0), 1)
+    budget = video_cfg.frames.max_patches
+    pixels = torch.zeros(len(frames), budget, frames[0].patches.shape[1])
+    places = torch.full((len(frames), budget, 2), -1, dtype=torch.long)
+    for i, frame in enumerate(frames):
+        pixels[i, : frame.patches.shape[0]] = frame.patches
+        places[i, : frame.positions.shape[0]] = frame.positions
+    return text, {
+        "pixel_values_videos": pixels,
+        "video_position_ids": places,
+        "num_frames_per_video": torch.tensor([len(frames)]),
+    }
+
+
+def _ask(client: openai.OpenAI, image: bytes, **more: Any) -> Any:
+    audio = base64.b64encode(wav_bytes(TONE)).decode()
+    parts: Any = [
+        {"type": "image_url", "image_url": {"url": data_url(image)}},
+        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+        {"type": "video_url", "video_url": {"url": data_url(_video_bytes(), "video/mp4")}},
+        {"type": "text", "text": QUESTION},
+    ]
+    return client.chat.completions.create(
+        model="default",
+        messages=[{"role": "user", "content": parts}],
+        max_tokens=NEW,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+        **more,
+    )
+
+
+def test_models_lists_image_video_and_audio_input(server: LiveServer) -> None:
+    card = httpx.get(server.api + "/models", timeout=10).json()["data"][0]
+    assert card["modalities"]["input"] == ["text", "image", "video", "audio"]
+
+
+def test_a_png_a_wav_and_an_mp4_reach_the_model_as_transformers_takes_them(
+    client: openai.OpenAI, tiny_gemma4: Tiny, server: LiveServer
+) -> None:
+    picture = generated(30, 44, seed=51)
+    ids, text, logprobs = _reference(tiny_gemma4, ["image", "audio", "video"], QUESTION, picture)
+    assert len(re.findall(r"\d\d:\d\d ", tiny_gemma4[2].tokenizer.decode(ids))) == VIDEO_FRAMES
+
+    reply = _ask(client, png_bytes(picture), logprobs=True)
+    assert reply.usage is not None
+    assert reply.usage.prompt_tokens == len(ids)  # each medium's tokens, the frames' times
+    assert reply.choices[0].message.content == text
+    # The random model's greedy text says little; each token's log-probability moves with
+    # any media row or attention span out of place.
+    served = [t.logprob for t in reply.choices[0].logprobs.content]
+    assert served == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
+
+    calls_before = _encoder_calls(server)
+    chunks = list(_ask(client, png_bytes(picture), stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert _encoder_calls(server) == calls_before  # the image, clip and frames were cached
+
+
+def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
+    server: LiveServer, client: openai.OpenAI, tiny_gemma4: Tiny
+) -> None:
+    picture = generated(40, 26, seed=53)
+    question = "Describe it."
+    ids, text, _ = _reference(tiny_gemma4, ["image"], question, picture)
+    url = data_url(png_bytes(picture))
+    source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
+    content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
+    with anthropic.Anthropic(
+        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
+    ) as claude:
+        counted = claude.messages.count_tokens(
+            model="default", messages=[{"role": "user", "content": content}]
+        )
+        message = claude.messages.create(
+            model="default",
+            max_tokens=NEW,
+            messages=[{"role": "user", "content": content}],
+            extra_body={"temperature": 0, "ignore_eos": True},
+        )
+    assert message.usage.input_tokens == counted.input_tokens == len(ids)
+    assert "".join(b.text for b in message.content if b.type == "text") == text
+    response = client.responses.create(
+        model="default",
+        input=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "input_image", "image_url": url, "detail": "auto"},
+                    {"type": "input_text", "text": question},
+                ],
+            }
+        ],
+        max_output_tokens=NEW,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
+    assert response.usage is not None and response.usage.input_tokens == len(ids)
+    assert response.output_text == text
+
+
+def _encoder_calls(server: LiveServer) -> float:
+    """Encoder runs so far (media the encoder cache did not hold)."""
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    found = re.search(r"^inferd_images_encoded_total(?:\{[^}]*\})? ([\d.e+]+)$", text, re.M)
+    assert found is not None, "no encoder counter in /metrics"
+    return float(found.group(1))
