@@ -99,6 +99,8 @@ class EngineCore:
                 self._append(c.request, t, lp)
                 for c, t, lp in zip(result.chunks, sampled.token_ids, sampled.logprobs, strict=True)
             ]
+        if result.hidden is not None:
+            _keep_hidden(result, outputs)
         self.steps += 1
         self.last_step_seconds = time.perf_counter() - started
         return failed + outputs
@@ -206,6 +208,17 @@ class EngineCore:
         prompt = self.prompt_logprobs.pop(request.request_id, None)
         out = _output(request, text, (token,), reason, logprobs=logprobs)
         return out if prompt is None else replace(out, prompt_logprobs=tuple(prompt))
+
+
+def _keep_hidden(result: StepResult, outputs: list[RequestOutput]) -> None:
+    """Each chunk's hidden state at the row whose logits gave its last appended token, for a
+    drafter that starts from it (engine/draft_model.py's AssistantDrafter)."""
+    assert result.hidden is not None
+    first = 0
+    for chunk, out in zip(result.chunks, outputs, strict=True):
+        if out.token_ids:
+            chunk.request.draft_hidden = result.hidden[first + len(out.token_ids) - 1].clone()
+        first += 1 + len(chunk.draft)
 
 
 def _merge(parts: list[RequestOutput]) -> RequestOutput:

@@ -38,12 +38,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import torch
+from torch import nn
 
 from inferd.engine.sampler import draw, sampling_probs
 from inferd.layers.attention import AttentionMetadata, PrefillChunk, sliding_window_metadata
+from inferd.models.gemma4_assistant import Gemma4AssistantForCausalLM, target_sources
 from inferd.models.llama import KVCache, LlamaForCausalLM
 
 if TYPE_CHECKING:
@@ -76,6 +78,19 @@ class SharedCache:
 
     kv: KVCacheManager  # the scheduler's: whose blocks a request owns
     caches: list[KVCache]  # the runner's first num_layers layers
+
+
+class Drafter(Protocol):
+    """What the speculator asks of a drafter (``DraftModel``, ``AssistantDrafter``)."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    def propose(self, request: Request, k: int) -> Draft: ...
+
+    def forget(self, request_id: str) -> None: ...
+
+    def share(self, kv: KVCacheManager, caches: list[KVCache]) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,31 +133,7 @@ class DraftModel:
         if start is None:
             return Draft([], None if request.params.greedy else [])
         run, pending = start
-        logits = run(pending)
-        drafted: list[int] = []
-        probs: list[torch.Tensor] = []
-        guide = None if request.matcher is None else request.matcher.draft_guide()
-        for i in range(k):
-            if guide is not None:
-                allowed = guide.allowed(logits.shape[-1])
-                if allowed is not None:
-                    if not bool(allowed.any()):
-                        break  # the constraint is complete: nothing to draft
-                    logits = logits.masked_fill(~allowed, float("-inf"))
-            if request.params.greedy:
-                drafted.append(int(logits.argmax()))
-            else:
-                q = sampling_probs(logits, request)
-                # A seeded request draws with its position's generator: the uniform its
-                # verification draws again there, so a close q drafts what p then gives.
-                generator = request.generator_at(len(request.output_token_ids) + i)
-                drafted.append(draw(q, generator))
-                probs.append(q / q.sum())
-            if guide is not None:
-                guide.take(drafted[-1])
-            if i + 1 < k:
-                logits = run(drafted[-1:])
-        return Draft(drafted, None if request.params.greedy else probs)
+        return draw_drafts(request, k, run(pending), lambda token: run([token]))
 
     def _start(
         self, request: Request, k: int
@@ -261,6 +252,119 @@ class DraftModel:
             x = model.layers[i](x, rotation, window_meta if sliding else meta, cache)
         out: torch.Tensor = model.norm(x)
         return out
+
+
+def draw_drafts(
+    request: Request, k: int, logits: torch.Tensor, after: Callable[[int], torch.Tensor]
+) -> Draft:
+    """Up to ``k`` drafts from a drafter's ``logits`` for the next token and ``after``, which
+    gives the logits following a drafted token (module doc: greedy, sampled, constrained)."""
+    drafted: list[int] = []
+    probs: list[torch.Tensor] = []
+    guide = None if request.matcher is None else request.matcher.draft_guide()
+    for i in range(k):
+        if guide is not None:
+            allowed = guide.allowed(logits.shape[-1])
+            if allowed is not None:
+                if not bool(allowed.any()):
+                    break  # the constraint is complete: nothing to draft
+                logits = logits.masked_fill(~allowed, float("-inf"))
+        if request.params.greedy:
+            drafted.append(int(logits.argmax()))
+        else:
+            q = sampling_probs(logits, request)
+            # A seeded request draws with its position's generator: the uniform its
+            # verification draws again there, so a close q drafts what p then gives.
+            generator = request.generator_at(len(request.output_token_ids) + i)
+            drafted.append(draw(q, generator))
+            probs.append(q / q.sum())
+        if guide is not None:
+            guide.take(drafted[-1])
+        if i + 1 < k:
+            logits = after(drafted[-1])
+    return Draft(drafted, None if request.params.greedy else probs)
+
+
+class AssistantDrafter:
+    """Drafts with Gemma 4's drafting assistant (models/gemma4_assistant.py) over the served
+    model's paged cache, which it only reads: each round starts from the served model's final
+    hidden state at the request's last computed position (``Request.draft_hidden``, kept by the
+    engine after each step) and the last token, at that token's position; the keys are the
+    request's computed ones (those of a rejected draft left behind the computed length are not
+    read, where transformers' generator may still see the first one: both see the same keys
+    after a prompt and after a round whose drafts all stood)."""
+
+    def __init__(self, assistant: Gemma4AssistantForCausalLM, target: LlamaForCausalLM) -> None:
+        text, served = assistant.assistant.text, target.config
+        if assistant.assistant.backbone_hidden_size != served.hidden_size:
+            raise DraftModelError(
+                f"the assistant was made for a model {assistant.assistant.backbone_hidden_size} "
+                f"wide; the served one is {served.hidden_size}"
+            )
+        if served.gemma4 is None or text.vocab_size != served.vocab_size:
+            raise DraftModelError("Gemma 4's assistant drafts for a Gemma 4 of its vocabulary")
+        self.sources = target_sources(served)
+        for layer in range(text.num_layers):
+            sliding = text.window_of(layer) is not None
+            source = self.sources.get(sliding)
+            if source is None or served.kv_shape(source) != text.kv_shape(layer):
+                raise DraftModelError(
+                    f"the assistant's layer {layer} cannot read the served model's cache"
+                )
+        self.model, self.target = assistant, target
+        # transformers' mask lets the one query see ``sliding_window`` keys on either side of
+        # it, its own place included: the last window + 1 keys.
+        self.window = None if text.sliding_window is None else text.sliding_window + 1
+        self.caches: dict[bool, KVCache] = {}
+
+    def share(self, kv: KVCacheManager, caches: list[KVCache]) -> None:
+        """Read the served model's cache (set once the engine is assembled)."""
+        self.caches = {sliding: caches[layer] for sliding, layer in self.sources.items()}
+
+    def forget(self, request_id: str) -> None:
+        return None  # nothing kept per request
+
+    @torch.inference_mode()
+    def propose(self, request: Request, k: int) -> Draft:
+        after = self.round(request)
+        if after is None:
+            return Draft([], None if request.params.greedy else [])
+        return draw_drafts(request, k, after(request.output_token_ids[-1]), after)
+
+    def round(self, request: Request) -> Callable[[int], torch.Tensor] | None:
+        """This round's draft step: a token (the request's last, then each draft) -> the
+        logits [vocab] of the next; None when the request has no state to draft from."""
+        hidden = request.draft_hidden
+        if hidden is None or not request.output_token_ids or not self.caches:
+            return None
+        at = request.num_computed_tokens  # the last token's position; keys before it
+        table = torch.tensor(request.block_ids, dtype=torch.long)
+        meta = AttentionMetadata(
+            slot_mapping=torch.tensor([at]),
+            decode_rows=torch.zeros(1, dtype=torch.long),
+            decode_block_tables=table[None],
+            decode_lens=torch.tensor([at]),
+            prefills=(),
+        )
+        window = meta if self.window is None else sliding_window_metadata(meta, self.window)
+        dtype = self.model.embed_tokens.weight.dtype
+        position = torch.tensor([at])
+        rotations = (
+            self.model.rotary.at(position, dtype),
+            self.model.local_rotary.at(position, dtype),
+        )
+        state = hidden[None].to(dtype)
+
+        @torch.inference_mode()
+        def after(token: int) -> torch.Tensor:
+            nonlocal state
+            embedded = self.target.embed(torch.tensor([token])).to(dtype)
+            logits, state = self.model.draft(
+                torch.cat((embedded, state), dim=-1), rotations, (meta, window), self.caches
+            )
+            return logits[0].float()
+
+        return after
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int) -> int:

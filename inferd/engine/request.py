@@ -92,6 +92,9 @@ class Request:
     # [start, end) prompt ranges whose tokens attend to each other both ways (Gemma 3's
     # images): prefill honours them, and the scheduler never ends a chunk inside one.
     bidirectional_spans: tuple[tuple[int, int], ...] = ()
+    # Gemma 4's drafting assistant: the served model's final hidden state at the position
+    # whose logits gave the last token (kept by the engine when a drafter needs it).
+    draft_hidden: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.params.thinking is not None:

@@ -97,6 +97,7 @@ class StepResult:
     logits: torch.Tensor  # [rows, vocab]: one row per sampling chunk, 1 + drafts for a verify
     chunks: tuple[ScheduledChunk, ...]  # the chunks that sample, in the order of the rows
     prompt_logits: tuple[PromptLogits, ...] = ()
+    hidden: torch.Tensor | None = None  # the logits rows' hidden states, when ``keep_hidden``
 
 
 class ModelRunner:
@@ -114,6 +115,7 @@ class ModelRunner:
         self.model = model
         self.encoder_cache = EncoderCache(encoder_cache_bytes)
         self.deterministic = deterministic
+        self.keep_hidden = False  # a drafter that starts from the model's hidden states
         self.config = config
         self.block_size = block_size
         # ``kv_dtype``: the model's dtype, another float one, or int8 rows with their scales
@@ -143,16 +145,18 @@ class ModelRunner:
             )
         with self._logit_kernels(output):
             rows = inputs.sample_rows
-            logits = self.model.compute_logits(hidden if rows is None else hidden[rows])
+            sampled = hidden if rows is None else hidden[rows]
+            logits = self.model.compute_logits(sampled)
+            kept = sampled if self.keep_hidden else None
             if inputs.prompt_rows is None:
-                return StepResult(logits, inputs.sampled_chunks)
+                return StepResult(logits, inputs.sampled_chunks, hidden=kept)
             prompt_logits = self.model.compute_logits(hidden[inputs.prompt_rows])
         parts, row = [], 0
         for span in inputs.prompt_spans:
             rows = prompt_logits[row : row + span.count]
             parts.append(PromptLogits(span.request, span.first, rows))
             row += span.count
-        return StepResult(logits, inputs.sampled_chunks, tuple(parts))
+        return StepResult(logits, inputs.sampled_chunks, tuple(parts), kept)
 
     def _embeddings(self, inputs: ModelInputs) -> torch.Tensor:
         """The step's input embeddings: the tokens', with image rows over their placeholders."""

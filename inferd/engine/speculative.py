@@ -105,7 +105,7 @@ from inferd.config import EngineConfig
 from inferd.engine.sampler import apply_logit_transforms, draw, sampling_probs
 
 if TYPE_CHECKING:
-    from inferd.engine.draft_model import DraftModel
+    from inferd.engine.draft_model import Drafter
     from inferd.engine.request import Request
 
 METHODS = ("ngram", "draft", "self", "off")
@@ -208,7 +208,7 @@ def draft_limit(request: Request, k: int) -> int:
 class Speculator:
     """Drafts for decode steps and judges them; holds each request's ``DraftState``."""
 
-    def __init__(self, config: SpeculativeConfig, drafter: DraftModel | None = None) -> None:
+    def __init__(self, config: SpeculativeConfig, drafter: Drafter | None = None) -> None:
         self.config = config
         self.drafter = drafter  # None: prompt lookup drafts
         self.states: dict[str, DraftState] = {}
@@ -359,7 +359,7 @@ class Speculator:
             self.drafter.forget(request_id)
 
 
-def speculator_for(config: EngineConfig, drafter: DraftModel | None = None) -> Speculator | None:
+def speculator_for(config: EngineConfig, drafter: Drafter | None = None) -> Speculator | None:
     """The engine's speculator as its settings ask (None: off). ``drafter``: the draft model
     of ``draft`` and ``self`` (serving/draft.py loads it)."""
     if config.speculative == "off":

@@ -270,9 +270,11 @@ def _staged_source() -> tuple[str, Path]:
 def _extension_name() -> str:
     # The torch install is part of the key: its headers and libraries are in the build rules,
     # so two environments sharing one build directory would rebuild it for each other (and
-    # make each other's servers wait for the build lock) at every start.
+    # make each other's servers wait for the build lock) at every start. The path as torch
+    # writes it in those rules, not resolved: a virtualenv reached through a symlink (a git
+    # worktree's) writes other rules than the one it points to.
     flags = " ".join(_isa_cflags()).encode()
-    torch_dir = str(Path(torch.__file__).resolve().parent).encode()
+    torch_dir = str(Path(torch.__file__).parent).encode()
     digest = hashlib.sha256(SOURCE.read_bytes() + flags + torch_dir).hexdigest()[:8]
     isa = kernel_isa()
     return f"inferd_decode_{isa.name if isa else 'baseline'}_{digest}"

@@ -15,9 +15,10 @@ from typing import Any
 
 import torch
 
-from inferd.layers.rotary import inverse_frequencies
+from inferd.layers.rotary import RotaryEmbedding, inverse_frequencies
 from inferd.loading.hf_layout import (
     IDEFICS3_TEXT_PREFIX,
+    Part,
     audio_plan,
     checkpoint_prefix,
     gemma3_vision_plan,
@@ -34,6 +35,8 @@ from inferd.loading.safetensors import SafetensorsCheckpoint
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import HF_MODEL_TYPES, ModelConfig, ModelConfigError, config_from_hf
+from inferd.models.gemma4 import gemma4_rotaries
+from inferd.models.gemma4_assistant import AssistantConfig, Gemma4AssistantForCausalLM
 from inferd.models.llama import LlamaForCausalLM
 
 log = logging.getLogger(__name__)
@@ -137,6 +140,47 @@ def load_safetensors_model(
         progress=progress,
     )
     return model, cfg
+
+
+def is_gemma4_assistant(directory: str | Path) -> bool:
+    """A directory holding Gemma 4's drafting assistant (``--speculative draft`` takes it)."""
+    return read_json(Path(directory) / CONFIG_FILE).get("model_type") == "gemma4_assistant"
+
+
+def load_gemma4_assistant(
+    directory: str | Path, dtype: torch.dtype, *, progress: bool = True
+) -> Gemma4AssistantForCausalLM:
+    """Gemma 4's drafting assistant (models/gemma4_assistant.py), weights in ``dtype``."""
+    directory = Path(directory)
+    checkpoint = SafetensorsCheckpoint(directory)
+    cfg = AssistantConfig.from_hf(read_json(directory / CONFIG_FILE))
+    text = cfg.text
+    rows = min(text.max_position, 4096)  # the served model's context covers it later
+    global_rotary, local_rotary = gemma4_rotaries(text, rows)
+    with torch.device("meta"):
+        placeholder = RotaryEmbedding(text.head_dim, 1, torch.zeros(text.head_dim // 2))
+        model = Gemma4AssistantForCausalLM(cfg, placeholder).to(dtype)
+    model.rotary, model.local_rotary = global_rotary, local_rotary
+    plan = gemma4_plan(text, set(checkpoint.names()))
+    plan["pre_projection.weight"] = (Part("pre_projection.weight", text.hidden_size),)
+    plan["post_projection.weight"] = (Part("post_projection.weight", cfg.backbone_hidden_size),)
+    if cfg.ordered_embeddings:
+        plan["centroids.weight"] = (Part("masked_embedding.centroids.weight", cfg.num_centroids),)
+    items = [*plan.items(), ("lm_head.weight", plan["embed_tokens.weight"])]
+    missing = [p.name for _, parts in items for p in parts if p.name not in checkpoint]
+    if missing:
+        raise ModelConfigError(
+            f"{directory}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}"
+        )
+
+    def read(names: list[str]) -> Callable[[], torch.Tensor]:
+        return lambda: torch.cat([checkpoint.load_tensor(n).float() for n in names])
+
+    sources = (WeightSource(t, read([p.name for p in parts])) for t, parts in items)
+    fill(model, sources, dtype, total=len(items), packed_kernels=False, progress=progress)
+    if cfg.ordered_embeddings:
+        model.token_ordering = checkpoint.load_tensor("masked_embedding.token_ordering").long()
+    return model
 
 
 def generation_stop_ids(directory: Path) -> list[int]:

@@ -319,11 +319,14 @@ class ModelConfig:
     def kv_source(self, layer: int) -> int:
         """The layer whose keys and values ``layer`` attends to: itself, except Gemma 4's last
         ``kv_shared_layers``, which read the last earlier layer of their kind (sliding or
-        global)."""
+        global). -1 when every layer shares: they read another model's cache (Gemma 4's
+        drafting assistant, models/gemma4_assistant.py)."""
         g = self.gemma4
         first_shared = self.num_layers - (g.kv_shared_layers if g is not None else 0)
         if layer < first_shared:
             return layer
+        if first_shared == 0:
+            return -1
         sliding = self.window_of(layer) is not None
         for source in range(first_shared - 1, -1, -1):
             if (self.window_of(source) is not None) == sliding:

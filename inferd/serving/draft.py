@@ -8,21 +8,27 @@ from __future__ import annotations
 
 from inferd import kernels
 from inferd.config import EngineConfig
-from inferd.engine.draft_model import DraftModel, DraftModelError
+from inferd.engine.draft_model import AssistantDrafter, Drafter, DraftModel, DraftModelError
 from inferd.layers.linear import resident_bytes
 from inferd.layers.rotary import RotaryEmbedding
+from inferd.loading.hf_model import is_gemma4_assistant, load_gemma4_assistant
 from inferd.loading.model import LoadedModel, load
 
 
-def drafter_for(loaded: LoadedModel, cfg: EngineConfig) -> DraftModel | None:
+def drafter_for(loaded: LoadedModel, cfg: EngineConfig) -> Drafter | None:
     """The draft model the settings ask for (None: no draft model); ``cover`` it once the
-    served context is known."""
+    served context is known. A Gemma 4 drafting assistant is its own kind of drafter: it
+    reads the served model's cache and hidden states."""
     if cfg.speculative == "self":
         layers = cfg.self_spec_layers or max(1, loaded.config.num_layers // 2)
         return DraftModel(loaded.model, loaded.dtype, layers)
     if cfg.speculative != "draft":
         return None
     assert cfg.draft_model is not None  # EngineConfig checks it
+    if is_gemma4_assistant(cfg.draft_model):
+        assistant = load_gemma4_assistant(cfg.draft_model, loaded.dtype, progress=False)
+        assistant.use_kernels(kernels.load_ops(loaded.dtype))
+        return AssistantDrafter(assistant, loaded.model)
     draft = load(
         cfg.draft_model, dtype=cfg.dtype, packed_kernels=cfg.packed_kernels, progress=False
     )
@@ -31,14 +37,14 @@ def drafter_for(loaded: LoadedModel, cfg: EngineConfig) -> DraftModel | None:
     return DraftModel(draft.model, draft.dtype)
 
 
-def cover(drafter: DraftModel, max_len: int) -> None:
+def cover(drafter: Drafter, max_len: int) -> None:
     """Let the draft model's rotary tables reach the served context."""
     for module in drafter.model.modules():
         if isinstance(module, RotaryEmbedding):
             module.cover(max_len)
 
 
-def weight_bytes(drafter: DraftModel | None, served: LoadedModel) -> int:
+def weight_bytes(drafter: Drafter | None, served: LoadedModel) -> int:
     """The RAM a draft model's weights take beside the served model's (0 for none, or for
     ``self``, which drafts with the served model's own layers)."""
     if drafter is None or drafter.model is served.model:

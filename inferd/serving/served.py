@@ -18,6 +18,7 @@ from inferd import kernels
 from inferd.config import EngineConfig
 from inferd.engine.async_engine import AsyncEngine, TextCodec
 from inferd.engine.core import EngineCore
+from inferd.engine.draft_model import AssistantDrafter
 from inferd.engine.driver import EngineLoop, ThreadLoop
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.llm_engine import LLMEngine
@@ -278,9 +279,11 @@ def assemble(
         speculator_for(cfg, drafter),
         LoraSlots(cfg.max_loras),
     )
-    if drafter is not None and drafter.model is model:
-        # Self-drafting: its layers' keys and values are the served model's own.
+    if isinstance(drafter, AssistantDrafter) or (drafter is not None and drafter.model is model):
+        # Self-drafting: its layers' keys and values are the served model's own; Gemma 4's
+        # assistant reads them, and starts from the served model's hidden states.
         drafter.share(scheduler.kv, runner.kv_caches)
+        runner.keep_hidden = isinstance(drafter, AssistantDrafter)
     stops = [tokenizer.tokenizer.token_to_id(t) for t in template.end_of_turn_tokens()]
     eos = {i for i in [tokenizer.eos_token_id, *stops, *stop_ids] if i is not None}
     codec = TextCodec(tokenizer.id_to_bytes, tokenizer.special_ids, frozenset(eos))

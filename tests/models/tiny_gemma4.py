@@ -93,6 +93,51 @@ def save_tiny_gemma4_text(directory: Path, seed: int = 0, **overrides: Any) -> A
     return model.eval()
 
 
+# --- Gemma4AssistantForCausalLM: a drafter for the decoder above ----------------------------
+
+ASSISTANT_WINDOW = 5  # its own sliding window, unlike the served model's
+
+
+def save_tiny_gemma4_assistant(
+    directory: Path, seed: int = 1, ordered: bool = True, backbone: int = 64
+) -> Any:
+    """A randomized tiny drafting assistant for ``save_tiny_gemma4_text``'s decoder: a sliding
+    and a global layer reading its cache (the same K/V shapes), 32 wide, its own window; with
+    ``ordered`` its head scores 2 of 8 token clusters (a random token order); ``backbone``:
+    the width of the model it drafts for. Returns the
+    transformers model in float32 eval mode."""
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    text = text_config(
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=ASSISTANT_WINDOW,
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=0,
+        use_double_wide_mlp=False,
+        num_kv_shared_layers=2,
+    )
+    config = Gemma4AssistantConfig(
+        text_config=text.to_dict(),
+        backbone_hidden_size=backbone,
+        use_ordered_embeddings=ordered,
+        num_centroids=8,
+        centroid_intermediate_top_k=2,
+    )
+    torch.manual_seed(seed)
+    model = Gemma4AssistantForCausalLM(config).float()
+    randomize_gemma4(model, seed)
+    if ordered:
+        order = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))
+        model.masked_embedding.token_ordering.copy_(order)
+    model.save_pretrained(str(directory))
+    model.config._attn_implementation = "eager"
+    model.config.get_text_config()._attn_implementation = "eager"
+    return model.eval()
+
+
 # --- Gemma4ForConditionalGeneration: the decoder above under an image encoder ---------------
 
 BOI, IMAGE, EOI = "<|image>", "<|image|>", "<image|>"
