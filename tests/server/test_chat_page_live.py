@@ -63,16 +63,23 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh profile (empty storage) whose console errors (a CSP refusal, a script error)
-    fail the test."""
+def expected_statuses() -> set[int]:
+    """The error statuses a test's requests are meant to get (chromium logs each as a failed
+    load): the key prompt's 401s, and what a test adds."""
+    return {401}
+
+
+@pytest.fixture
+def page(browser: Browser, expected_statuses: set[int]) -> Iterator[Page]:
+    """A fresh profile (empty storage) whose console errors (a CSP refusal, a script error, a
+    status the test did not expect) fail the test."""
     context = browser.new_context(viewport={"width": 1100, "height": 720})
     page = context.new_page()
     problems: list[str] = []
 
     def on_console(message: ConsoleMessage) -> None:
-        # the page's own 401s (the key prompt) are logged by chromium as failed loads
-        if message.type == "error" and "401" not in message.text:
+        status = re.search(r"responded with a status of (\d+)", message.text)
+        if message.type == "error" and not (status and int(status[1]) in expected_statuses):
             problems.append(message.text)
 
     page.on("console", on_console)
@@ -263,14 +270,18 @@ def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: 
     assert page.locator(".message .text").all_text_contents() == texts
 
 
+MAX_MEDIA_BYTES = 64 * 1024  # more than each file of the first test, less than a 3 s WAV
+
+
 @pytest.fixture(scope="module")
 def multimodal_server(
     tiny_gemma4: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
     """A tiny random Gemma 4: it reads images, audio and video (its words are noise, which is
-    fine here)."""
+    fine here); media up to MAX_MEDIA_BYTES each."""
     log = tmp_path_factory.mktemp("serve-ui-gemma4") / "serve.log"
-    with live_server(["-m", str(tiny_gemma4[0]), "--dtype", "f32"], log) as live:
+    args = ["-m", str(tiny_gemma4[0]), "--dtype", "f32", "--max-media-bytes", str(MAX_MEDIA_BYTES)]
+    with live_server(args, log) as live:
         yield live
 
 
@@ -377,6 +388,43 @@ def test_an_image_a_sound_and_a_clip_go_with_one_message(
     assert notes == ["(image not kept)", "(audio not kept)", "(video not kept)"]
     texts = page.locator(".message.user .text").all_text_contents()
     assert texts == ["What are these?", "And now?"]
+
+
+def test_a_file_over_the_server_limit_is_refused_and_the_chat_goes_on(
+    page: Page, multimodal_server: LiveServer, tmp_path: Path, expected_statuses: set[int]
+) -> None:
+    """The page cannot read --max-media-bytes: the server's 400 says what is wrong on the
+    answer, and the refused turn is not sent again, so the next message gets an answer."""
+    long_tone = tmp_path / "long.wav"
+    long_tone.write_bytes(wav_bytes(Tone(16000, 3.0, (440.0,))))
+    assert long_tone.stat().st_size > MAX_MEDIA_BYTES
+    expected_statuses.add(400)
+    page.goto(multimodal_server.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.click("#settings summary")
+    page.fill("#max-tokens", "4")
+    page.set_input_files("#audio", str(long_tone))
+    page.locator("#attachments audio").wait_for()
+    page.fill("#prompt", "Listen.")
+    page.click("#send")
+    page.locator(".message.assistant .meta .error").wait_for(timeout=30_000)
+    assert page.locator(".message.assistant .meta").last.text_content() == (
+        "Error: messages.0.content.1.input_audio.data: the media is larger than "
+        f"{MAX_MEDIA_BYTES} bytes (--max-media-bytes)"
+    )
+
+    posted: list[Request] = []
+    page.on("request", lambda r: posted.append(r) if r.url.endswith(CHAT_ROUTE) else None)
+    page.fill("#prompt", "Hello?")
+    with page.expect_response(lambda r: r.url.endswith(CHAT_ROUTE)) as answered:
+        page.click("#send")
+    page.locator("#send").wait_for(state="visible", timeout=60_000)
+    assert answered.value.status == 200
+    assert [r.post_data_json["messages"] for r in posted] == [
+        [{"role": "user", "content": "Hello?"}]
+    ]
+    meta = page.locator(".message.assistant .meta").last.text_content() or ""
+    assert "Error" not in meta and "4 tokens" in meta, meta
 
 
 # Fill localStorage to within a few characters of its quota (found by bisection).

@@ -311,8 +311,12 @@ function requestMessages(conversation) {
   const out = [];
   const system = ui.system.value.trim();
   if (system) out.push({ role: "system", content: system });
-  for (const m of conversation.messages) {
-    if (m.role === "assistant" && !m.content) continue; // failed or stopped before any text
+  conversation.messages.forEach((m, i) => {
+    if (m.role === "assistant" && !m.content) return; // failed or stopped before any text
+    // a turn the server refused (an attachment over its limits, say) is not sent again: it
+    // would be refused again, and every message after it with it
+    const answer = conversation.messages[i + 1];
+    if (m.role === "user" && answer && answer.error && !answer.content) return;
     const media = m.role === "user" ? attachmentsOf(m).filter((a) => isDataURL(a.url)) : [];
     if (media.length > 0) {
       const text = m.content ? [{ type: "text", text: m.content }] : [];
@@ -320,7 +324,7 @@ function requestMessages(conversation) {
     } else {
       out.push({ role: m.role, content: m.content });
     }
-  }
+  });
   return out;
 }
 
