@@ -18,10 +18,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 # No inline script or style, no other origin; images only from the page's own data: or blob:
-# URLs (an attached image's preview); fetches only to this server.
+# URLs (an attached image's preview), audio and video only from data: URLs (an attached file,
+# played back); fetches only to this server.
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
-    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    "media-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'"
 )
 
 

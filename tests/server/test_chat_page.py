@@ -4,13 +4,16 @@ headers, and when not at all. The page itself runs in a browser in test_chat_pag
 from __future__ import annotations
 
 import asyncio
+import re
 
 import httpx
 import pytest
 
 from inferd.cli import _parser
+from inferd.media import sniff
 from inferd.server.app import build_app
 from inferd.server.chat_page import ASSETS
+from inferd.server.media import _INPUT_AUDIO_FORMATS
 from inferd.server.options import ServerOptions
 from inferd.server.serve_args import server_options
 
@@ -42,6 +45,7 @@ def test_the_page_and_its_assets_are_served_with_a_strict_policy() -> None:
     assert csp["default-src"] == "'none'"
     assert csp["script-src"] == "'self'" and csp["style-src"] == "'self'"
     assert csp["connect-src"] == "'self'" and csp["frame-ancestors"] == "'none'"
+    assert csp["media-src"] == "data:"  # an attached clip played back, nothing else
     assert not any("unsafe" in value or "http" in value for value in csp.values())
     assert page.headers["x-content-type-options"] == "nosniff"
 
@@ -51,6 +55,36 @@ def test_the_page_never_writes_markup() -> None:
     (script,) = _get(build_app([], ServerOptions(ui=True)), "/ui/app.js")
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script.text
+
+
+def test_the_page_attaches_each_medium_as_the_chat_api_takes_it() -> None:
+    """A button (hidden until a model reads that medium) per image, audio and video, several
+    files each; audio goes as input_audio in a format the server takes for that file's type."""
+    page, script = _get(build_app([], ServerOptions(ui=True)), "/", "/ui/app.js")
+    for kind in ("image", "audio", "video"):
+        button = re.search(rf'<label id="attach-{kind}"[^>]*>.*?</label>', page.text)
+        assert button is not None and " hidden " in button.group(0)
+        assert f'<input id="{kind}" type="file" accept="{kind}/*" multiple>' in button.group(0)
+    for part in ("image_url", "input_audio", "video_url"):
+        assert f'type: "{part}"' in script.text
+    by_type = _table(script.text, "AUDIO_TYPES")
+    by_extension = _table(script.text, "AUDIO_EXTENSIONS")
+    assert set(by_type.values()) | set(by_extension.values()) == set(_INPUT_AUDIO_FORMATS) - {
+        "pcm16"  # raw samples: no file is of that type
+    }
+    # the server checks the format sent (as audio/FORMAT) against the bytes: a file of each
+    # type the page knows must pass as the format the page names for it
+    formats = [sniff.WAV, sniff.FLAC, sniff.MP3, sniff.OGG, sniff.MP4, sniff.MATROSKA]
+    for media_type, fmt in by_type.items():
+        (found,) = [f for f in formats if media_type in f.media_types]
+        assert f"audio/{fmt}" in found.media_types, media_type
+
+
+def _table(script: str, name: str) -> dict[str, str]:
+    """A `const NAME = { key: "value", ... };` of app.js as a dict."""
+    found = re.search(rf"const {name} = \{{(.*?)\}};", script, re.S)
+    assert found is not None, name
+    return dict(re.findall(r'"?([\w/.-]+)"?: "(\w+)"', found.group(1)))
 
 
 def test_ui_off_is_404_and_embedders_get_no_page_unless_asked() -> None:

@@ -6,20 +6,24 @@ $INFERD_UI_SCREENSHOT when set: docs/ui_screenshot.png was made so)."""
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from PIL import Image
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, Request, sync_playwright
 
+from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
+from tests.models.tiny_gemma4 import VIDEO_FRAMES
 from tests.server.live import LiveServer, live_server
 
 CHROMIUM = "/usr/bin/chromium"
@@ -59,16 +63,23 @@ def browser() -> Iterator[Browser]:
 
 
 @pytest.fixture
-def page(browser: Browser) -> Iterator[Page]:
-    """A fresh profile (empty storage) whose console errors (a CSP refusal, a script error)
-    fail the test."""
+def expected_statuses() -> set[int]:
+    """The error statuses a test's requests are meant to get (chromium logs each as a failed
+    load): the key prompt's 401s, and what a test adds."""
+    return {401}
+
+
+@pytest.fixture
+def page(browser: Browser, expected_statuses: set[int]) -> Iterator[Page]:
+    """A fresh profile (empty storage) whose console errors (a CSP refusal, a script error, a
+    status the test did not expect) fail the test."""
     context = browser.new_context(viewport={"width": 1100, "height": 720})
     page = context.new_page()
     problems: list[str] = []
 
     def on_console(message: ConsoleMessage) -> None:
-        # the page's own 401s (the key prompt) are logged by chromium as failed loads
-        if message.type == "error" and "401" not in message.text:
+        status = re.search(r"responded with a status of (\d+)", message.text)
+        if message.type == "error" and not (status and int(status[1]) in expected_statuses):
             problems.append(message.text)
 
     page.on("console", on_console)
@@ -134,9 +145,10 @@ def test_the_page_asks_for_the_key_and_refuses_a_wrong_one(
         keyed_server.api + "/models", headers={"Authorization": f"Bearer {KEY}"}
     ).json()
     assert page.locator("#model option").all_text_contents() == [m["id"] for m in models["data"]]
-    # SmolLM2 reads text only, so the page offers no image to attach
+    # SmolLM2 reads text only, so the page offers nothing to attach
     assert models["data"][0]["modalities"]["input"] == ["text"]
-    assert page.locator("#attach").is_hidden()
+    assert page.locator("label.attach").count() == 3
+    assert page.locator("label.attach:visible").count() == 0
     assert page.evaluate("sessionStorage.getItem('inferd.chat.apiKey')") == KEY
 
 
@@ -258,40 +270,169 @@ def test_stream_stop_and_reload(page: Page, keyed_server: LiveServer, tmp_path: 
     assert page.locator(".message .text").all_text_contents() == texts
 
 
+MAX_MEDIA_BYTES = 64 * 1024  # more than each file of the first test, less than a 3 s WAV
+
+
 @pytest.fixture(scope="module")
-def vision_server(
-    tiny_idefics3: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
+def multimodal_server(
+    tiny_gemma4: tuple[Path, Any, Any], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveServer]:
-    """A tiny random SmolVLM: it reads images (its words are noise, which is fine here)."""
-    log = tmp_path_factory.mktemp("serve-ui-vision") / "serve.log"
-    with live_server(["-m", str(tiny_idefics3[0]), "--dtype", "f32"], log) as live:
+    """A tiny random Gemma 4: it reads images, audio and video (its words are noise, which is
+    fine here); media up to MAX_MEDIA_BYTES each."""
+    log = tmp_path_factory.mktemp("serve-ui-gemma4") / "serve.log"
+    args = ["-m", str(tiny_gemma4[0]), "--dtype", "f32", "--max-media-bytes", str(MAX_MEDIA_BYTES)]
+    with live_server(args, log) as live:
         yield live
 
 
-def test_an_image_goes_with_the_message_when_the_model_takes_images(
-    page: Page, vision_server: LiveServer, tmp_path: Path
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def media_on_page(page: Page, where: str) -> list[tuple[str, str]]:
+    """(tag, src scheme and type) of each img, audio and video under ``where``, in order."""
+    found = page.locator(f"{where} img, {where} audio, {where} video")
+    return [
+        (found.nth(i).evaluate("e => e.tagName"), (found.nth(i).get_attribute("src") or "")[:15])
+        for i in range(found.count())
+    ]
+
+
+def streamed_text(body: str) -> str:
+    """The content deltas of a chat completion's event stream, joined."""
+    events = [line[6:] for line in body.splitlines() if line.startswith("data: ")]
+    chunks = [json.loads(e) for e in events if e != "[DONE]"]
+    return "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+
+
+def test_an_image_a_sound_and_a_clip_go_with_one_message(
+    page: Page, multimodal_server: LiveServer, tmp_path: Path
 ) -> None:
-    picture = tmp_path / "picture.png"
-    Image.new("RGB", (64, 48), (200, 60, 30)).save(picture)
-    encoded = sample(metrics_of(vision_server), "inferd_images_encoded_total")
-    page.goto(vision_server.url + "/")  # no --api-key: no key asked
+    """Each medium the model reads gets its button; the files chosen (one taken back) go in
+    one request as image_url, input_audio and video_url parts in the order chosen; the message
+    shows them, the conversation keeps them over a reload, and when storage is full keeps the
+    words and says which media it dropped."""
+    Image.new("RGB", (64, 48), (200, 60, 30)).save(tmp_path / "picture.png")
+    Image.new("RGB", (64, 48)).save(tmp_path / "second.png")
+    (tmp_path / "tone.wav").write_bytes(wav_bytes(Tone(16000, 0.8, (440.0,))))
+    (tmp_path / "clip.mp4").write_bytes(_mp4(Clip(fps=Fraction(8), frames=12, size=(32, 24)), None))
+    files = {path.name: path.read_bytes() for path in tmp_path.iterdir()}
+    encoded = sample(metrics_of(multimodal_server), "inferd_images_encoded_total")
+    page.goto(multimodal_server.url + "/")  # no --api-key: no key asked
     page.wait_for_selector("body[data-ready=true]")
     assert page.locator("#key-dialog").is_hidden()
-    assert page.locator("#attach").is_visible()
-    page.set_input_files("#image", str(picture))
-    page.locator("#attachment-preview").wait_for()
+    assert page.locator("label.attach:visible").all_text_contents() == ["Image", "Audio", "Video"]
+
+    page.set_input_files("#image", str(tmp_path / "picture.png"))
+    page.set_input_files("#audio", str(tmp_path / "tone.wav"))
+    page.set_input_files("#image", str(tmp_path / "second.png"))
+    page.locator("#attachments .chip").nth(2).locator("img").wait_for()
+    page.click("#attachments [aria-label='Remove second.png']")
+    page.set_input_files("#video", str(tmp_path / "clip.mp4"))
+    page.locator("#attachments .chip video").wait_for()
+    assert media_on_page(page, "#attachments") == [
+        ("IMG", "data:image/png;"),
+        ("AUDIO", "data:audio/wav;"),
+        ("VIDEO", "data:video/mp4;"),
+    ]
+
+    posted: list[Request] = []
+    page.on("request", lambda r: posted.append(r) if r.url.endswith(CHAT_ROUTE) else None)
     page.click("#settings summary")
     page.fill("#max-tokens", "4")
-    page.fill("#prompt", "What is in this picture?")
-    page.click("#send")
-    page.locator("#send").wait_for(state="visible", timeout=30_000)
+    page.fill("#prompt", "What are these?")
+    with page.expect_response(lambda r: r.url.endswith(CHAT_ROUTE)) as answered:
+        page.click("#send")
+    page.locator("#send").wait_for(state="visible", timeout=60_000)
+    assert answered.value.status == 200
+    assert answered.value.headers["content-type"].startswith("text/event-stream")
     meta = page.locator(".message.assistant .meta").last.text_content() or ""
     assert "Error" not in meta and "4 tokens" in meta, meta
-    assert page.locator("#attachment").is_hidden()  # sent with this message, not the next
-    # the server ran its image encoder on it, and the conversation keeps the picture
-    assert sample(metrics_of(vision_server), "inferd_images_encoded_total") == encoded + 1
+    assert answer_text(page) == streamed_text(answered.value.text())
+    assert page.locator("#attachments").is_hidden()  # sent with this message, not the next
+    assert len(posted) == 1
+    (user,) = posted[0].post_data_json["messages"]
+    assert user["content"] == [
+        {"type": "text", "text": "What are these?"},
+        {
+            "type": "image_url",
+            "image_url": {"url": "data:image/png;base64," + b64(files["picture.png"])},
+        },
+        {"type": "input_audio", "input_audio": {"data": b64(files["tone.wav"]), "format": "wav"}},
+        {
+            "type": "video_url",
+            "video_url": {"url": "data:video/mp4;base64," + b64(files["clip.mp4"])},
+        },
+    ]
+    # the server ran its encoders on all three: the picture, the sound and the clip's frames
+    after = sample(metrics_of(multimodal_server), "inferd_images_encoded_total")
+    assert after == encoded + 1 + 1 + VIDEO_FRAMES
+    sent = [("IMG", "data:image/png;"), ("AUDIO", "data:audio/wav;"), ("VIDEO", "data:video/mp4;")]
+    assert media_on_page(page, ".message.user") == sent
+
     page.reload()
     page.wait_for_selector("body[data-ready=true]")
-    shown = page.locator(".message.user img")
-    assert shown.count() == 1
-    assert (shown.get_attribute("src") or "").startswith("data:image/png;base64,")
+    assert media_on_page(page, ".message.user") == sent
+
+    # storage all but full: the next save cannot keep the media, so it keeps the words
+    page.evaluate(FILL_STORAGE)
+    page.fill("#prompt", "And now?")
+    page.click("#send")
+    page.locator("#send").wait_for(state="visible", timeout=60_000)
+    assert "not kept after a reload" in (page.text_content("#status") or "")
+    assert media_on_page(page, ".message.user") == sent  # still here until the reload
+    page.reload()
+    page.wait_for_selector("body[data-ready=true]")
+    assert media_on_page(page, ".message.user") == []
+    notes = page.locator(".message.user .note").all_text_contents()
+    assert notes == ["(image not kept)", "(audio not kept)", "(video not kept)"]
+    texts = page.locator(".message.user .text").all_text_contents()
+    assert texts == ["What are these?", "And now?"]
+
+
+def test_a_file_over_the_server_limit_is_refused_and_the_chat_goes_on(
+    page: Page, multimodal_server: LiveServer, tmp_path: Path, expected_statuses: set[int]
+) -> None:
+    """The page cannot read --max-media-bytes: the server's 400 says what is wrong on the
+    answer, and the refused turn is not sent again, so the next message gets an answer."""
+    long_tone = tmp_path / "long.wav"
+    long_tone.write_bytes(wav_bytes(Tone(16000, 3.0, (440.0,))))
+    assert long_tone.stat().st_size > MAX_MEDIA_BYTES
+    expected_statuses.add(400)
+    page.goto(multimodal_server.url + "/")
+    page.wait_for_selector("body[data-ready=true]")
+    page.click("#settings summary")
+    page.fill("#max-tokens", "4")
+    page.set_input_files("#audio", str(long_tone))
+    page.locator("#attachments audio").wait_for()
+    page.fill("#prompt", "Listen.")
+    page.click("#send")
+    page.locator(".message.assistant .meta .error").wait_for(timeout=30_000)
+    assert page.locator(".message.assistant .meta").last.text_content() == (
+        "Error: messages.0.content.1.input_audio.data: the media is larger than "
+        f"{MAX_MEDIA_BYTES} bytes (--max-media-bytes)"
+    )
+
+    posted: list[Request] = []
+    page.on("request", lambda r: posted.append(r) if r.url.endswith(CHAT_ROUTE) else None)
+    page.fill("#prompt", "Hello?")
+    with page.expect_response(lambda r: r.url.endswith(CHAT_ROUTE)) as answered:
+        page.click("#send")
+    page.locator("#send").wait_for(state="visible", timeout=60_000)
+    assert answered.value.status == 200
+    assert [r.post_data_json["messages"] for r in posted] == [
+        [{"role": "user", "content": "Hello?"}]
+    ]
+    meta = page.locator(".message.assistant .meta").last.text_content() or ""
+    assert "Error" not in meta and "4 tokens" in meta, meta
+
+
+# Fill localStorage to within a few characters of its quota (found by bisection).
+FILL_STORAGE = """() => {
+  let low = 0, high = 16 * 1024 * 1024;
+  while (high - low > 8) {
+    const mid = Math.floor((low + high) / 2);
+    try { localStorage.setItem("filler", "x".repeat(mid)); low = mid; } catch { high = mid; }
+  }
+  localStorage.setItem("filler", "x".repeat(low));
+}"""

@@ -20,11 +20,9 @@ const ui = {
   status: $("status"),
   composer: $("composer"),
   prompt: $("prompt"),
-  attach: $("attach"),
-  image: $("image"),
-  attachment: $("attachment"),
-  preview: $("attachment-preview"),
-  removeImage: $("remove-image"),
+  attach: { image: $("attach-image"), audio: $("attach-audio"), video: $("attach-video") },
+  files: { image: $("image"), audio: $("audio"), video: $("video") },
+  attachments: $("attachments"),
   send: $("send"),
   stop: $("stop"),
   keyDialog: $("key-dialog"),
@@ -34,10 +32,12 @@ const ui = {
 };
 
 const state = {
-  conversations: [], // [{id, title, updated, messages: [{role, content, image?, stats?, ...}]}]
+  // [{id, title, updated, messages: [{role, content, attachments?, stats?, ...}]}]; an
+  // attachment is {kind, name, url (a data: URL), format (audio)} or {kind, name, dropped}
+  conversations: [],
   current: null, // id of the conversation shown
   models: new Map(), // id -> model card
-  pendingImage: null, // data: URL of the image to send with the next message
+  pending: [], // attachments of the next message, in the order chosen; url null while read
   controller: null, // AbortController of the answer streaming now
 };
 
@@ -56,18 +56,22 @@ function saveConversations() {
   try {
     localStorage.setItem(STORE, text);
   } catch {
-    // Over the quota (images are large): keep the words, drop the pictures.
-    const light = state.conversations.map((c) => ({
-      ...c,
-      messages: c.messages.map(({ image, ...m }) => (image ? { ...m, imageDropped: true } : m)),
-    }));
+    // Over the quota (media are large): keep the words, drop the images, audio and video.
+    const light = state.conversations.map((c) => ({ ...c, messages: c.messages.map(withoutMedia) }));
     try {
       localStorage.setItem(STORE, JSON.stringify(light));
-      setStatus("Storage is full: images are not kept after a reload.");
+      setStatus("Storage is full: images, audio and video are not kept after a reload.");
     } catch {
       setStatus("Storage is full: this conversation is not saved.");
     }
   }
+}
+
+function withoutMedia(message) {
+  const attachments = attachmentsOf(message);
+  if (attachments.length === 0) return message;
+  const { image, imageDropped, ...rest } = message;
+  return { ...rest, attachments: attachments.map(({ kind, name }) => ({ kind, name, dropped: true })) };
 }
 
 function saveSettings() {
@@ -158,14 +162,19 @@ async function loadModels(preferred) {
   updateAttach();
 }
 
-function takesImages() {
+function takes(kind) {
   const card = state.models.get(ui.model.value);
-  return Boolean(card && card.modalities && (card.modalities.input || []).includes("image"));
+  return Boolean(card && card.modalities && (card.modalities.input || []).includes(kind));
 }
 
 function updateAttach() {
-  ui.attach.hidden = !takesImages();
-  if (ui.attach.hidden) clearImage();
+  // a button for each medium the selected model reads; what it does not read is not sent
+  for (const kind of KINDS) ui.attach[kind].hidden = !takes(kind);
+  const kept = state.pending.filter((a) => takes(a.kind));
+  if (kept.length !== state.pending.length) {
+    state.pending = kept;
+    renderPending();
+  }
 }
 
 // -- conversations -----------------------------------------------------------------------------
@@ -248,16 +257,15 @@ function messageView(message) {
   who.className = "who";
   who.textContent = message.role === "user" ? "You" : message.model || "Assistant";
   root.append(who);
-  if (message.image) {
-    const img = document.createElement("img");
-    img.src = message.image; // a data: URL the user chose, never model output
-    img.alt = "Attached image";
-    root.append(img);
-  } else if (message.imageDropped) {
-    const note = document.createElement("div");
-    note.className = "note";
-    note.textContent = "(image not kept)";
-    root.append(note);
+  for (const attachment of attachmentsOf(message)) {
+    if (isDataURL(attachment.url)) {
+      root.append(mediaElement(attachment));
+    } else {
+      const note = document.createElement("div");
+      note.className = "note";
+      note.textContent = `(${attachment.kind} not kept)`;
+      root.append(note);
+    }
   }
   const reasoning = document.createElement("div");
   reasoning.className = "reasoning";
@@ -303,20 +311,20 @@ function requestMessages(conversation) {
   const out = [];
   const system = ui.system.value.trim();
   if (system) out.push({ role: "system", content: system });
-  for (const m of conversation.messages) {
-    if (m.role === "assistant" && !m.content) continue; // failed or stopped before any text
-    if (m.role === "user" && m.image) {
-      out.push({
-        role: "user",
-        content: [
-          { type: "text", text: m.content },
-          { type: "image_url", image_url: { url: m.image } },
-        ],
-      });
+  conversation.messages.forEach((m, i) => {
+    if (m.role === "assistant" && !m.content) return; // failed or stopped before any text
+    // a turn the server refused (an attachment over its limits, say) is not sent again: it
+    // would be refused again, and every message after it with it
+    const answer = conversation.messages[i + 1];
+    if (m.role === "user" && answer && answer.error && !answer.content) return;
+    const media = m.role === "user" ? attachmentsOf(m).filter((a) => isDataURL(a.url)) : [];
+    if (media.length > 0) {
+      const text = m.content ? [{ type: "text", text: m.content }] : [];
+      out.push({ role: "user", content: [...text, ...media.map(requestPart)] });
     } else {
       out.push({ role: m.role, content: m.content });
     }
-  }
+  });
   return out;
 }
 
@@ -327,11 +335,18 @@ function numberOr(input, fallback) {
 
 async function send() {
   const text = ui.prompt.value.trim();
-  if ((!text && !state.pendingImage) || state.controller || !ui.model.value) return;
+  const attachments = state.pending;
+  if ((!text && attachments.length === 0) || state.controller || !ui.model.value) return;
+  if (attachments.some((a) => a.url === null)) {
+    setStatus("An attachment is still being read; send again in a moment.");
+    return;
+  }
   const conversation = currentConversation() || newConversation();
   const user = { role: "user", content: text };
-  if (state.pendingImage) user.image = state.pendingImage;
-  if (conversation.messages.length === 0) conversation.title = titleOf(text || "Image");
+  if (attachments.length > 0) user.attachments = attachments;
+  if (conversation.messages.length === 0) {
+    conversation.title = titleOf(text || LABELS[attachments[0].kind]);
+  }
   conversation.messages.push(user);
   const answer = { role: "assistant", content: "", model: ui.model.value };
   conversation.messages.push(answer);
@@ -339,7 +354,7 @@ async function send() {
   // the conversation last written to leads the list
   state.conversations = [conversation, ...state.conversations.filter((c) => c !== conversation)];
   ui.prompt.value = "";
-  clearImage();
+  clearPending();
   saveConversations();
   render();
   const view = ui.messages.lastElementChild && messageViewOf(ui.messages.lastElementChild);
@@ -468,22 +483,140 @@ function stopStreaming() {
   if (state.controller) state.controller.abort();
 }
 
-// -- images ------------------------------------------------------------------------------------
-function clearImage() {
-  state.pendingImage = null;
-  ui.image.value = "";
-  ui.preview.removeAttribute("src");
-  ui.attachment.hidden = true;
+// -- attachments ------------------------------------------------------------------------------
+// Each file goes as a data: URL the user chose (never anything from model output): an image as
+// an image_url part, audio as an input_audio part (base64 and a format the server checks against
+// the bytes), a video as a video_url part. Size and count limits are the server's: the page
+// cannot read them, so an attachment over one comes back as the server's 400/413 message.
+const KINDS = ["image", "audio", "video"];
+const LABELS = { image: "Image", audio: "Audio", video: "Video" };
+// the input_audio formats the server takes (inferd/server/media.py), by media type, then by
+// the file name's extension when the browser gives no type
+const AUDIO_TYPES = {
+  "audio/wav": "wav",
+  "audio/x-wav": "wav",
+  "audio/wave": "wav",
+  "audio/vnd.wave": "wav",
+  "audio/mpeg": "mp3",
+  "audio/mp3": "mp3",
+  "audio/flac": "flac",
+  "audio/x-flac": "flac",
+  "audio/ogg": "ogg",
+  "audio/opus": "ogg",
+  "audio/mp4": "m4a",
+  "audio/m4a": "m4a",
+  "audio/x-m4a": "m4a",
+  "audio/webm": "webm",
+};
+const AUDIO_EXTENSIONS = { wav: "wav", mp3: "mp3", flac: "flac", ogg: "ogg", oga: "ogg", opus: "ogg", m4a: "m4a", webm: "webm" };
+
+function audioFormat(file) {
+  const type = file.type.split(";")[0].trim().toLowerCase();
+  const extension = file.name.includes(".") ? file.name.split(".").pop().toLowerCase() : "";
+  return AUDIO_TYPES[type] || AUDIO_EXTENSIONS[extension] || null;
 }
 
-function readImage(file) {
-  const reader = new FileReader();
-  reader.addEventListener("load", () => {
-    state.pendingImage = reader.result;
-    ui.preview.src = reader.result;
-    ui.attachment.hidden = false;
-  });
-  reader.readAsDataURL(file);
+function attachmentsOf(message) {
+  if (Array.isArray(message.attachments)) return message.attachments;
+  // conversations stored before audio and video: one image, or the note that it was dropped
+  if (message.image) return [{ kind: "image", name: "image", url: message.image }];
+  if (message.imageDropped) return [{ kind: "image", name: "image", dropped: true }];
+  return [];
+}
+
+function isDataURL(url) {
+  return typeof url === "string" && url.startsWith("data:");
+}
+
+function requestPart(attachment) {
+  const { kind, url } = attachment;
+  if (kind === "audio") {
+    const data = url.slice(url.indexOf(",") + 1);
+    return { type: "input_audio", input_audio: { data, format: attachment.format } };
+  }
+  if (kind === "video") return { type: "video_url", video_url: { url } };
+  return { type: "image_url", image_url: { url } };
+}
+
+function mediaElement(attachment) {
+  const { kind, url, name } = attachment;
+  const element = document.createElement(kind === "image" ? "img" : kind);
+  if (kind === "image") element.alt = name || "Attached image";
+  else element.controls = true;
+  element.title = name || LABELS[kind];
+  element.src = url; // a data: URL read from a file the user chose
+  return element;
+}
+
+function ofKind(url, kind) {
+  // a file the browser gave no type of its kind (application/octet-stream): say only its kind,
+  // since the server refuses a video declared as something else and sniffs the bytes anyway
+  const comma = url.indexOf(",");
+  const type = url.slice(5, comma).split(";")[0];
+  return type.startsWith(`${kind}/`) ? url : `data:${kind}/*;base64,${url.slice(comma + 1)}`;
+}
+
+function addFiles(kind, files) {
+  for (const file of files) {
+    if (file.size === 0) {
+      setStatus(`${file.name} is empty.`);
+      continue;
+    }
+    const format = kind === "audio" ? audioFormat(file) : undefined;
+    if (kind === "audio" && !format) {
+      setStatus(`${file.name}: send audio as wav, mp3, flac, ogg, m4a or webm.`);
+      continue;
+    }
+    // in the list at once, so attachments keep the order chosen however long each read takes
+    const attachment = { kind, name: file.name, url: null, ...(format ? { format } : {}) };
+    state.pending.push(attachment);
+    const reader = new FileReader();
+    reader.addEventListener("load", () => {
+      attachment.url = ofKind(reader.result, kind);
+      renderPending();
+    });
+    reader.addEventListener("error", () => {
+      state.pending = state.pending.filter((a) => a !== attachment);
+      setStatus(`Could not read ${file.name}.`);
+      renderPending();
+    });
+    reader.readAsDataURL(file);
+  }
+  renderPending();
+}
+
+function renderPending() {
+  ui.attachments.replaceChildren();
+  for (const attachment of state.pending) {
+    const chip = document.createElement("div");
+    chip.className = `chip ${attachment.kind}`;
+    chip.title = attachment.name;
+    if (attachment.url === null) {
+      const reading = document.createElement("span");
+      reading.className = "note";
+      reading.textContent = `Reading ${attachment.name}…`;
+      chip.append(reading);
+    } else {
+      chip.append(mediaElement(attachment));
+    }
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "remove";
+    remove.textContent = "×";
+    remove.setAttribute("aria-label", `Remove ${attachment.name}`);
+    remove.addEventListener("click", () => {
+      state.pending = state.pending.filter((a) => a !== attachment);
+      renderPending();
+    });
+    chip.append(remove);
+    ui.attachments.append(chip);
+  }
+  ui.attachments.hidden = state.pending.length === 0;
+}
+
+function clearPending() {
+  state.pending = [];
+  renderPending();
 }
 
 // -- wiring ------------------------------------------------------------------------------------
@@ -512,10 +645,13 @@ function wire() {
   for (const input of [ui.system, ui.temperature, ui.maxTokens]) {
     input.addEventListener("change", saveSettings);
   }
-  ui.image.addEventListener("change", () => {
-    if (ui.image.files && ui.image.files[0]) readImage(ui.image.files[0]);
-  });
-  ui.removeImage.addEventListener("click", clearImage);
+  for (const kind of KINDS) {
+    const input = ui.files[kind];
+    input.addEventListener("change", () => {
+      addFiles(kind, Array.from(input.files || []));
+      input.value = ""; // the same file chosen again is a change too
+    });
+  }
   // Escape would close the key prompt with the request still waiting on it
   ui.keyDialog.addEventListener("cancel", (event) => event.preventDefault());
 }
