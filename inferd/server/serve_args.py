@@ -73,8 +73,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--admin-routes",
         choices=["auto", "off"],
         default="auto",
-        help="off: the lifecycle and LoRA routes answer 404 whatever the keys and --host (auto: "
-        "on with an --admin-key, or on a loopback --host)",
+        help="off: the lifecycle, LoRA and skill-changing routes answer 404 whatever the keys "
+        "and --host (auto: on with an --admin-key, or on a loopback --host)",
     )
     g.add_argument(
         "--allowed-hosts",

@@ -5,10 +5,10 @@ Skills API (the ``openai`` SDK's ``client.skills`` speaks to it), a skill's id b
                                ``limit`` (1-100, default 20), ``order`` (asc | desc by
                                created_at, default desc), ``after`` (a skill's id)
     GET    /v1/skills/{id}     the skill, with ``body`` (SKILL.md after its front matter)
-    POST   /v1/skills          multipart/form-data, field ``files``: one zip archive of the
-                               skill's folder, or the folder's files, each part's filename its
-                               path in the skill; 400 for an upload the checks refuse, 409 when
-                               the name is taken
+    POST   /v1/skills          multipart/form-data, field ``files`` (or ``files[]``, as the
+                               SDK names a list): one zip archive of the skill's folder, or the
+                               folder's files, each part's filename its path in the skill; 400
+                               for an upload the checks refuse, 409 when the name is taken
     DELETE /v1/skills/{id}     {"id", "object": "skill.deleted", "deleted": true}
 
 A skill here is {"id", "object": "skill", "name", "description", "created_at",
@@ -150,10 +150,10 @@ async def _upload_entries(request: Request, store: SkillStore) -> list[tuple[str
     except HTTPException as exc:  # the multipart parser's refusal (too many parts, malformed)
         raise bad_request(f"the multipart body cannot be read: {exc.detail}", FIELD) from None
     try:
-        unknown = sorted(set(form.keys()) - {FIELD})
+        unknown = sorted(set(form.keys()) - {FIELD, FIELD + "[]"})
         if unknown:
             raise bad_request(f"unknown form field(s) {', '.join(unknown)}; send {FIELD!r}", FIELD)
-        parts = form.getlist(FIELD)
+        parts = [*form.getlist(FIELD), *form.getlist(FIELD + "[]")]
         if not parts:
             raise bad_request(f"the form has no {FIELD!r} field holding the skill", FIELD)
         if not all(isinstance(p, UploadFile) for p in parts):
