@@ -135,6 +135,12 @@ def check_path(path: str, limits: SkillLimits) -> str:
     parts = path.split("/")
     if any(part in ("", ".", "..") for part in parts):
         raise SkillError(f"the path {shown} has an empty, '.' or '..' part")
+    try:  # a file system takes names of at most 255 bytes
+        too_long = any(len(part.encode("utf-8")) > 255 for part in parts)
+    except UnicodeEncodeError:
+        raise SkillError(f"the path {shown} is not valid Unicode text") from None
+    if too_long:
+        raise SkillError(f"the path {shown} has a part over 255 bytes")
     if len(parts) > limits.max_depth + 1:
         raise SkillError(f"the path {shown} is more than {limits.max_depth} folders deep")
     return path

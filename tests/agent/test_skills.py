@@ -82,6 +82,8 @@ def test_a_zip_of_the_folder_is_unpacked_without_its_top_folder(store: SkillStor
         ([("SKILL.md", skill_md()), ("ref\\x.txt", b"x")], "backslash"),
         ([("SKILL.md", skill_md()), ("a\x00b", b"x")], "control character"),
         ([("SKILL.md", skill_md()), ("a/b/c/d.txt", b"x")], "folders deep"),
+        ([("SKILL.md", skill_md()), ("é" * 200, b"x")], "over 255 bytes"),
+        ([("SKILL.md", skill_md()), ("\udcff.txt", b"x")], "not valid Unicode"),
         ([("SKILL.md", skill_md()), ("big.bin", b"x" * 2001)], "over 2000 bytes"),
         ([("SKILL.md", skill_md())] + [(f"{i}.txt", b"x") for i in range(4)], "at most 4 files"),
         (
