@@ -159,12 +159,16 @@ async def _upload_entries(request: Request, store: SkillStore) -> list[tuple[str
         if not all(isinstance(p, UploadFile) for p in parts):
             raise bad_request(f"each {FIELD!r} part must be a file (with a filename)", FIELD)
         uploads = [p for p in parts if isinstance(p, UploadFile)]
-        contents = [await p.read(limits.max_total_bytes + 1) for p in uploads]
+        contents: list[bytes] = []
+        left = limits.max_total_bytes  # all parts together, a zip or the files
+        for upload in uploads:
+            contents.append(await upload.read(left + 1))
+            left -= len(contents[-1])
+            if left < 0:
+                raise bad_request(f"the upload is over {limits.max_total_bytes} bytes", FIELD)
     finally:
         await form.close()
     if len(uploads) == 1 and contents[0].startswith(_ZIP_MAGIC):
-        if len(contents[0]) > limits.max_total_bytes:
-            raise bad_request(f"the archive is over {limits.max_total_bytes} bytes", FIELD)
         return await _run(lambda: entries_from_zip(contents[0], limits))
     return [(p.filename or "", c) for p, c in zip(uploads, contents, strict=True)]
 

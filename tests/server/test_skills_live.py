@@ -139,6 +139,10 @@ def test_the_openai_sdk_creates_lists_reads_and_deletes_a_skill(server: LiveServ
         ([("s.zip", zipped(("SKILL.md", skill_md("a", "A.")), symlink="evil"))], "is a symlink"),
         ([("SKILL.md", skill_md("a", "A.")), ("/etc/passwd", b"x")], "is absolute"),
         ([("SKILL.md", skill_md("a", "A.")), ("big.bin", b"x" * (1024 * 1024 + 1))], "over"),
+        (
+            [("SKILL.md", skill_md("a", "A."))] + [(f"{i}", b"x" * 2**20) for i in range(8)],
+            "the upload is over 8388608 bytes",
+        ),  # 1 MiB each, 8 MiB and more together
         ([("SKILL.md", b"no front matter")], "must start with a '---' line"),
         ([("SKILL.md", b"---\nname: a\n---\n")], "'description' must be"),
         ([("SKILL.md", skill_md("Not_A_Name", "A."))], "'name' must be 1-64"),
