@@ -153,6 +153,8 @@ class AgentConfig:
     # the sandboxed `python` tool (agent/sandbox.py); off unless --enable-code-execution
     code_execution: bool = False
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S  # then a waiting call is denied
+    # the skills the loop offers (agent/skills.py) and /v1/skills manages; off unless given
+    skills_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.permission not in PERMISSIONS:
@@ -177,7 +179,12 @@ class AgentConfig:
     @property
     def has_sources(self) -> bool:
         """Whether any server-side tool source is configured."""
-        return bool(self.mcp_servers) or self.dispatch_url is not None or self.code_execution
+        return (
+            bool(self.mcp_servers)
+            or self.dispatch_url is not None
+            or self.code_execution
+            or self.skills_dir is not None
+        )
 
     def code_execution_for(self, requested: bool | None) -> bool:
         """Whether a request's agent loop offers the ``python`` tool, given the request's
@@ -303,6 +310,7 @@ def agent_config(
     mcp_allow_urls: list[str] | tuple[str, ...],
     code_execution: bool = False,
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S,
+    skills_dir: str | None = None,
 ) -> AgentConfig:
     """The AgentConfig of `inferd serve`'s agent flags (the config file read and checked)."""
     servers: tuple[McpServerConfig, ...] = ()
@@ -313,6 +321,10 @@ def agent_config(
         patterns = tuple(UrlPattern.parse(p) for p in mcp_allow_urls)
     except ValueError as exc:
         raise AgentConfigError(f"--mcp-allow-url: {exc}") from None
+    if skills_dir is not None:
+        skills_dir = os.path.abspath(skills_dir)
+        if not os.path.isdir(skills_dir):
+            raise AgentConfigError(f"--skills-dir {skills_dir}: not a directory")
     return AgentConfig(
         mcp_servers=servers,
         dispatch_url=dispatch_url,
@@ -323,4 +335,5 @@ def agent_config(
         config_file=mcp_config,
         code_execution=code_execution,
         approval_timeout_s=approval_timeout_s,
+        skills_dir=skills_dir,
     )

@@ -21,6 +21,8 @@ from inferd.agent.config import AgentConfig
 from inferd.agent.dispatch import DispatchTools
 from inferd.agent.mcp_tools import McpTools
 from inferd.agent.sandbox import CodeExecutionTools
+from inferd.agent.skill_tools import SkillTools
+from inferd.agent.skills import SkillStore
 from inferd.agent.tools import CallLimits, ToolResult, ToolSource, ToolSourceError, ToolSpec
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,14 @@ class ToolBox:
         ]
         if config.code_execution:  # one sandboxed session per toolbox
             sources.append(CodeExecutionTools(permission=config.permission))
+        if config.skills_dir is not None:  # read-only: allowed unless tools are denied
+            sources.append(
+                SkillTools(
+                    SkillStore(config.skills_dir),
+                    permission="deny" if config.permission == "deny" else "allow",
+                    max_output_bytes=config.max_output_bytes,
+                )
+            )
         sources.extend(extra)
         if config.dispatch_url is not None:
             limits = CallLimits(config.dispatch_timeout_s, max_output_bytes=config.max_output_bytes)

@@ -1,8 +1,10 @@
-"""The model-lifecycle routes (POST /v1/models/unload, reload, status) and the LoRA adapter
-routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter) are admin actions.
+"""The model-lifecycle routes (POST /v1/models/unload, reload, status), the LoRA adapter
+routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter) and the changes to skills (POST
+/v1/skills, DELETE /v1/skills/{id}) are admin actions.
 
-Unloading a model stops service for every user, and a reload costs a full load, so these routes
-are guarded apart from the API:
+Unloading a model stops service for every user, a reload costs a full load, and a skill is
+text every user's agent loop may read as instructions, so these routes are guarded apart from
+the API:
 
 - with admin keys (``--admin-key``, ``INFERD_ADMIN_KEYS``) they take only an admin key, sent
   like an API key (``Authorization: Bearer`` or ``x-api-key``); API keys do not open them, and
@@ -14,7 +16,8 @@ are guarded apart from the API:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -29,6 +32,18 @@ LIFECYCLE_ROUTES = (
     "/v1/unload_lora_adapter",
 )
 ADMIN_PATHS = frozenset([*LIFECYCLE_ROUTES, *(p.removeprefix("/v1") for p in LIFECYCLE_ROUTES)])
+SKILLS_PATHS = ("/v1/skills", "/skills")  # and what is under them
+
+
+def is_admin_request(scope: Mapping[str, Any]) -> bool:
+    """Whether a request is an admin action: a lifecycle route, or a change to the skills
+    (reading them is the API's)."""
+    path = app_path(scope)
+    if path in ADMIN_PATHS:
+        return True
+    if scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+        return False
+    return any(path == p or path.startswith(p + "/") for p in SKILLS_PATHS)
 
 
 class AdminMiddleware:
@@ -42,12 +57,12 @@ class AdminMiddleware:
             )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or app_path(scope) not in ADMIN_PATHS:
+        if scope["type"] != "http" or not is_admin_request(scope):
             await self.app(scope, receive, send)
         elif not self.enabled:
             message = (
                 f"no route {scope['method']} {app_path(scope)}: the model lifecycle routes are "
-                "off on a non-loopback address without --admin-key"
+                "off on a non-loopback address without --admin-key (or with --admin-routes off)"
             )
             await error_response(scope, 404, message)(scope, receive, send)
         else:

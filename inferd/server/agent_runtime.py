@@ -1,12 +1,13 @@
 """The server's side of the agent loop: its tools, started once, and each request's loop.
 
 ``AgentRuntime`` holds the tool sources the server was given (``--mcp-config``,
-``--tool-dispatch-url``, ``--enable-code-execution``, functions of an embedding program) in one
-``ToolBox``, started on the first request that could use it (in the serving loop, where the
-MCP sessions live), and the broker of approvals. Per request, ``server_tools`` gives the
-server's tools (``ServerTools``: with the request's own MCP servers, ``connect``ed for the
-Responses ``mcp`` tool) and ``ServerTools.loop`` the loop over them and the request's tools,
-parsed together under one tool choice (``ToolLoop``), or None when no loop runs.
+``--tool-dispatch-url``, ``--enable-code-execution``, ``--skills-dir``, functions of an
+embedding program) in one ``ToolBox``, started on the first request that could use it (in the
+serving loop, where the MCP sessions live), and the broker of approvals. Per request,
+``server_tools`` gives the server's tools (``ServerTools``: with the request's own MCP servers,
+``connect``ed for the Responses ``mcp`` tool) and ``ServerTools.loop`` the loop over them and
+the request's tools, parsed together under one tool choice (``ToolLoop``), or None when no
+loop runs.
 
 The loop runs for a request when the server has tools, the request asks for one choice, its
 ``tool_choice`` is not ``none`` and its ``max_tool_rounds`` (at most the server's
@@ -28,6 +29,7 @@ from typing import Any
 from inferd.agent.config import AgentConfig, AgentConfigError, McpServerConfig
 from inferd.agent.mcp_tools import McpTools
 from inferd.agent.sandbox import CodeExecutionTools
+from inferd.agent.skills import SkillStore
 from inferd.agent.toolbox import ToolBox
 from inferd.agent.tools import ToolResult, ToolSource, ToolSourceError
 from inferd.agent.tools import ToolSpec as ServerTool
@@ -184,6 +186,8 @@ class AgentRuntime:
         self.config = config
         self.extra = list(extra)
         self.broker = ApprovalBroker(config.approval_timeout_s)
+        # /v1/skills's view of --skills-dir (the toolbox reads the same folder)
+        self.skills = SkillStore(config.skills_dir) if config.skills_dir is not None else None
         self._box: ToolBox | None = None
         self._lock: asyncio.Lock | None = None
         self._tried = 0.0  # when the sources were last started or retried (time.monotonic)

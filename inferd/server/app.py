@@ -46,6 +46,7 @@ from inferd.server.responses_api import (
     retrieve_response,
 )
 from inferd.server.responses_store import StoreError
+from inferd.server.skills_api import create_skill, delete_skill, get_skill, list_skills
 from inferd.server.state import ServerState
 from inferd.server.system_info import system_info, system_tune
 from inferd.server.tokenize import detokenize, tokenize
@@ -129,6 +130,10 @@ def build_app(
     _routes(app, "/v1/agent/sessions", list_sessions, ["GET"])
     _routes(app, "/v1/agent/sessions/{session_id}", get_session, ["GET"])
     _routes(app, "/v1/agent/sessions/{session_id}", delete_session, ["DELETE"])
+    _routes(app, "/v1/skills", list_skills, ["GET"])
+    _routes(app, "/v1/skills", create_skill, ["POST"], json=False)  # multipart
+    _routes(app, "/v1/skills/{skill_id}", get_skill, ["GET"])
+    _routes(app, "/v1/skills/{skill_id}", delete_skill, ["DELETE"])
     for path, what in UNSERVED.items():
         _routes(app, path, not_served(what), ["POST"], json=False)  # multipart or JSON alike
     app.add_api_route("/health", health, methods=["GET"])

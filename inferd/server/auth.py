@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from starlette.requests import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -57,6 +57,7 @@ class AuthMiddleware:
         api_keys: Sequence[str],
         open_paths: Iterable[str] = OPEN_PATHS,
         key_name: str = "API key",
+        open_when: Callable[[Scope], bool] | None = None,
     ) -> None:
         keys = validate_keys(api_keys)
         if not keys:
@@ -65,9 +66,13 @@ class AuthMiddleware:
         self._digests = tuple(_digest(k) for k in keys)
         self.open_paths = frozenset(open_paths)
         self.key_name = key_name
+        self.open_when = open_when  # requests another guard checks (admin actions)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or app_path(scope) in self.open_paths:
+            await self.app(scope, receive, send)
+            return
+        if self.open_when is not None and self.open_when(scope):
             await self.app(scope, receive, send)
             return
         offered = _offered_keys(scope)

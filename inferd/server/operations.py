@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from inferd.server.access_log import AccessLogMiddleware, PayloadLog
-from inferd.server.admin import ADMIN_PATHS, AdminMiddleware
+from inferd.server.admin import AdminMiddleware, is_admin_request
 from inferd.server.auth import OPEN_PATHS, AuthMiddleware
 from inferd.server.chat_page import PAGE_PATHS
 from inferd.server.crosssite import HostMiddleware
@@ -84,11 +84,16 @@ def install_operations(app: FastAPI, options: ServerOptions) -> None:
         request_timeout=options.request_timeout,
     )
     if options.api_keys:
-        # with admin keys, the lifecycle routes are the admin guard's alone
-        open_paths = OPEN_PATHS | ADMIN_PATHS if options.admin_keys else OPEN_PATHS
+        open_paths = OPEN_PATHS
         if options.ui:  # the page asks for the key; the API calls it makes carry it
             open_paths |= PAGE_PATHS
-        app.add_middleware(AuthMiddleware, api_keys=options.api_keys, open_paths=open_paths)
+        app.add_middleware(
+            AuthMiddleware,
+            api_keys=options.api_keys,
+            open_paths=open_paths,
+            # with admin keys, the admin actions are the admin guard's alone
+            open_when=is_admin_request if options.admin_keys else None,
+        )
     app.add_middleware(AdminMiddleware, admin_keys=options.admin_keys, enabled=options.admin_routes)
     if options.allowed_origins:
         app.add_middleware(

@@ -73,8 +73,8 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         "--admin-routes",
         choices=["auto", "off"],
         default="auto",
-        help="off: the lifecycle and LoRA routes answer 404 whatever the keys and --host (auto: "
-        "on with an --admin-key, or on a loopback --host)",
+        help="off: the lifecycle, LoRA and skill-changing routes answer 404 whatever the keys "
+        "and --host (auto: on with an --admin-key, or on a loopback --host)",
     )
     g.add_argument(
         "--allowed-hosts",
@@ -364,6 +364,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="offer the agent loop a `python` tool running model-written code in a bubblewrap "
         "sandbox (no network, no host files; see README); off by default",
     )
+    g.add_argument(
+        "--skills-dir",
+        default=None,
+        metavar="DIR",
+        help="offer the agent loop the skills in DIR (folders with a SKILL.md; the model loads "
+        "one with load_skill) and manage them at /v1/skills; off by default",
+    )
 
 
 def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
@@ -421,6 +428,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 mcp_allow_urls=args.mcp_allow_url,
                 code_execution=args.enable_code_execution,
                 approval_timeout_s=args.agent_approval_timeout,
+                skills_dir=args.skills_dir,
             ),
             "docs": not args.no_docs,
             "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),
@@ -505,6 +513,8 @@ def _describe_agent(options: ServerOptions) -> list[str]:
         sources.append("a dispatch URL")
     if agent.code_execution:
         sources.append("sandboxed code execution")
+    if agent.skills_dir is not None:
+        sources.append(f"skills from {agent.skills_dir}")
     named = f"{len(agent.mcp_allow_urls)} pattern(s)" if agent.mcp_allow_urls else "off"
     return [
         f"agent      {', '.join(sources)}; permission {agent.permission}; at most "
