@@ -9,6 +9,7 @@ are called safely. The loop itself, and its wiring into the APIs, build on this.
 - ``toolbox``: the sources together, routed by name, limited to a request's allowed set.
 - ``untrusted``: tool output's chat-template control text broken before the model reads it.
 - ``url_policy``: which request-named MCP servers (``server_url``) may be reached.
+- ``search``: web search's backends (a local FTS5 index, a search service), its tool, citations.
 - ``config``: the ``--mcp-config`` file and the agent flags.
 
 Imports only the base layer (the server imports it); the SDK is imported where it is used.

@@ -155,6 +155,11 @@ class AgentConfig:
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S  # then a waiting call is denied
     # the skills the loop offers (agent/skills.py) and /v1/skills manages; off unless given
     skills_dir: str | None = None
+    # web search (agent/search.py): the local index's directory or a search service's URL,
+    # and the served embedding model that reranks the local index's hits
+    search_dir: str | None = None
+    search_url: str | None = None
+    search_embedding_model: str | None = None
 
     def __post_init__(self) -> None:
         if self.permission not in PERMISSIONS:
@@ -175,6 +180,25 @@ class AgentConfig:
         names = [s.name for s in self.mcp_servers]
         if len(set(names)) != len(names):
             raise AgentConfigError("two MCP servers have the same name")
+        self._check_search()
+
+    def _check_search(self) -> None:
+        if self.search_dir is not None and self.search_url is not None:
+            raise AgentConfigError("give --search-dir or --search-url, not both")
+        if self.search_dir is not None and not Path(self.search_dir).is_dir():
+            raise AgentConfigError(f"--search-dir {self.search_dir}: not a directory")
+        if self.search_url is not None:
+            try:
+                UrlPattern.parse(self.search_url)
+            except ValueError as exc:
+                raise AgentConfigError(f"--search-url: {exc}") from None
+        if self.search_embedding_model is not None and self.search_dir is None:
+            raise AgentConfigError("--search-embedding-model reranks --search-dir's index")
+
+    @property
+    def has_search(self) -> bool:
+        """Whether requests may ask for web search."""
+        return self.search_dir is not None or self.search_url is not None
 
     @property
     def has_sources(self) -> bool:
@@ -311,6 +335,9 @@ def agent_config(
     code_execution: bool = False,
     approval_timeout_s: float = DEFAULT_APPROVAL_TIMEOUT_S,
     skills_dir: str | None = None,
+    search_dir: str | None = None,
+    search_url: str | None = None,
+    search_embedding_model: str | None = None,
 ) -> AgentConfig:
     """The AgentConfig of `inferd serve`'s agent flags (the config file read and checked)."""
     servers: tuple[McpServerConfig, ...] = ()
@@ -336,4 +363,7 @@ def agent_config(
         code_execution=code_execution,
         approval_timeout_s=approval_timeout_s,
         skills_dir=skills_dir,
+        search_dir=search_dir,
+        search_url=search_url,
+        search_embedding_model=search_embedding_model,
     )

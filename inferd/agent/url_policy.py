@@ -87,16 +87,18 @@ class CheckedUrl:
 @dataclass(frozen=True, slots=True)
 class McpUrlPolicy:
     patterns: tuple[UrlPattern, ...] = ()
+    # what the messages call the URL (the search backend's --search-url passes too)
+    subject: str = "the MCP server_url"
 
     async def check(self, url: str) -> CheckedUrl:
         """The URL if a request may make inferd connect to it; OutboundUrlRefused says why."""
         _, host, port, _ = self.static_check(url)
-        addresses = await _resolve(host, port)
+        addresses = await _resolve(host, port, self.subject)
         for ip in addresses:
             reason = address_refusal(ip)
             if reason in NEVER:
                 raise OutboundUrlRefused(
-                    f"the MCP server_url's host resolves to a {reason} address ({ip}), "
+                    f"{self.subject}'s host resolves to a {reason} address ({ip}), "
                     "which inferd never connects to"
                 )
         return CheckedUrl(url, host, port, tuple(addresses))
@@ -104,43 +106,43 @@ class McpUrlPolicy:
     def static_check(self, url: str) -> tuple[str, str, int, str]:
         """(scheme, host, port, path) of an allowed URL, before any DNS; OutboundUrlRefused."""
         if len(url) > MAX_URL_CHARS:
-            raise OutboundUrlRefused(f"the MCP server_url is over {MAX_URL_CHARS} characters")
+            raise OutboundUrlRefused(f"{self.subject} is over {MAX_URL_CHARS} characters")
         if any(ord(c) < 0x21 or ord(c) == 0x7F for c in url):
-            raise OutboundUrlRefused("the MCP server_url contains whitespace or control characters")
+            raise OutboundUrlRefused(f"{self.subject} contains whitespace or control characters")
         try:
             parts = urlsplit(url)
             port = parts.port
         except ValueError:
-            raise OutboundUrlRefused("the MCP server_url is not a valid URL") from None
+            raise OutboundUrlRefused(f"{self.subject} is not a valid URL") from None
         scheme = parts.scheme.lower()
         if scheme not in _DEFAULT_PORTS:
-            raise OutboundUrlRefused("the MCP server_url must be http or https")
+            raise OutboundUrlRefused(f"{self.subject} must be http or https")
         if parts.username is not None or parts.password is not None:
-            raise OutboundUrlRefused("the MCP server_url must not carry credentials")
+            raise OutboundUrlRefused(f"{self.subject} must not carry credentials")
         host = (parts.hostname or "").lower().rstrip(".")
         if not host:
-            raise OutboundUrlRefused("the MCP server_url has no host")
+            raise OutboundUrlRefused(f"{self.subject} has no host")
         if ip_literal(host) is None and looks_numeric(host):
-            raise OutboundUrlRefused("the MCP server_url's host is written as a number")
+            raise OutboundUrlRefused(f"{self.subject}'s host is written as a number")
         segments = parts.path.split("/")
         if "." in segments or ".." in segments or "%2e" in parts.path.lower():
             # a pattern's path is a prefix: "/mcp/../admin" must not pass as under "/mcp"
-            raise OutboundUrlRefused("the MCP server_url's path has dot segments")
+            raise OutboundUrlRefused(f"{self.subject}'s path has dot segments")
         port = port or _DEFAULT_PORTS[scheme]
         if not any(p.matches(scheme, host, port, parts.path) for p in self.patterns):
             if not self.patterns:
                 raise OutboundUrlRefused(
                     "request-named MCP servers are off on this server (no --mcp-allow-url)"
                 )
-            raise OutboundUrlRefused("the MCP server_url matches no --mcp-allow-url pattern")
+            raise OutboundUrlRefused(f"{self.subject} matches no --mcp-allow-url pattern")
         return scheme, host, port, parts.path
 
 
-async def _resolve(host: str, port: int) -> list[IPAddress]:
+async def _resolve(host: str, port: int, subject: str) -> list[IPAddress]:
     try:
         addresses = await resolve(host, port)
     except (socket.gaierror, UnicodeError):
-        raise OutboundUrlRefused(f"the MCP server_url's host {host!r} does not resolve") from None
+        raise OutboundUrlRefused(f"{subject}'s host {host!r} does not resolve") from None
     if not addresses:
-        raise OutboundUrlRefused(f"the MCP server_url's host {host!r} has no addresses")
+        raise OutboundUrlRefused(f"{subject}'s host {host!r} has no addresses")
     return addresses

@@ -13,6 +13,10 @@ and without a loop. On the Responses API a call that needs approval ends the loo
 (``Started.awaiting``): the reply asks, and a next request answers. Usage counts every round:
 the prompt tokens of each, and the output tokens of all.
 
+A request that asked for web search (``ToolLoop.search``) has the server search for the user's
+last message before the first round, the call and its results put in the conversation as if
+the model had made it (OpenAI's search models always search), and ``RanCall`` round 0.
+
 A tool's failure, timeout or refusal is a result the model reads, never an HTTP error. Tool
 output is untrusted: bounded by its source, and its chat-template control text broken
 (agent/untrusted.py), so it cannot close the tool turn or open a call. A client that leaves
@@ -36,6 +40,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
+from inferd.agent.search import MAX_QUERY_CHARS, TOOL_NAME
 from inferd.agent.tools import ToolResult
 from inferd.agent.untrusted import neutralize
 from inferd.server import sse
@@ -46,7 +51,13 @@ from inferd.server.errors import APIError
 from inferd.server.events import Failure, failure_of
 from inferd.server.generation import SSE_HEADERS, Generation, collect, unless_disconnected
 from inferd.server.limits import RequestTimeoutError
-from inferd.server.openai_tools import ToolRequest, assistant_calls, message, tool_result
+from inferd.server.openai_tools import (
+    ToolRequest,
+    assistant_calls,
+    message,
+    new_call_id,
+    tool_result,
+)
 from inferd.server.pipeline import ChatJob, Prepared, prepare, submit
 from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
@@ -212,6 +223,15 @@ async def _rounds(
     decoded = None
     ran: list[RanCall] = []
     clock = _Clock()
+    opening = _opening_search(job, loop)
+    if opening:  # the search before the model's first round, its results in the prompt
+        results = await unless_disconnected(request, _run(request, loop, opening, -1, progress))
+        clock.lap("tools")
+        if results is None:
+            return None
+        ran += [_ran(loop, c, r, 0) for c, r in zip(opening, results, strict=True)]
+        job = replace(job, messages=[*job.messages, *_turns(loop, "", opening, results)])
+        first = None  # prepared without the results
     for round_index in range(loop.max_rounds + 1):
         if round_index == 0 and first is not None:
             ready = first
@@ -256,9 +276,10 @@ async def _rounds(
         clock.lap("tools")
         if results is None:
             return None
-        ran += [_ran(loop, c, r, round_index) for c, r in zip(calls, results, strict=True)]
+        number = round_index + (1 if opening else 0)  # the opening search is round 0
+        ran += [_ran(loop, c, r, number) for c, r in zip(calls, results, strict=True)]
         if asking:  # the reply asks for approval; a next request answers and goes on
-            pending = tuple(_ran(loop, c, ToolResult(""), round_index) for c in asking)
+            pending = tuple(_ran(loop, c, ToolResult(""), number) for c in asking)
             silent = replace(gen.final, text="", token_ids=(), logprobs=None)
             final = replace(ready, earlier_prompt_tokens=earlier_prompt - len(ready.prompt))
             replay = [_replay([silent], earlier_output - gen.final.num_output_tokens)]
@@ -399,16 +420,49 @@ def _next_round(
 ) -> ChatJob:
     """The job of the next round: the calls and their results appended, the output budget
     what the earlier rounds left of ``max_tokens``."""
+    turns = _turns(loop, content, calls, results)
+    job = replace(job, messages=[*job.messages, *turns], prefill="")
+    if left is not None:
+        job = replace(job, max_tokens=left, params=replace(job.params, max_tokens=left))
+    return job
+
+
+def _turns(
+    loop: ToolLoop, content: str, calls: Sequence[dict[str, Any]], results: Sequence[ToolResult]
+) -> list[dict[str, Any]]:
+    """The assistant's turn making ``calls`` (after ``content``) and the tools' results, in
+    the model's format; the results' control text broken."""
     fmt = loop.fmt
     made = [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
     turns = [assistant_calls(content, made, fmt)]
     for (call_id, name, _), result in zip(made, results, strict=True):
         text = neutralize(result.content, loop.control)
         turns.append(tool_result(call_id, name, f"error: {text}" if result.is_error else text, fmt))
-    job = replace(job, messages=[*job.messages, *turns], prefill="")
-    if left is not None:
-        job = replace(job, max_tokens=left, params=replace(job.params, max_tokens=left))
-    return job
+    return turns
+
+
+def _opening_search(job: ChatJob, loop: ToolLoop) -> list[dict[str, Any]]:
+    """The web search the server makes before the model's first round (a request that asked
+    for web search): for the text of the last user message, if it has any."""
+    if loop.search is None:
+        return []
+    query = ""
+    for turn in reversed(job.messages):
+        if turn.get("role") == "user":
+            content = turn.get("content")
+            parts = content if isinstance(content, list) else [{"type": "text", "text": content}]
+            query = " ".join(str(p.get("text") or "") for p in parts if p.get("type") == "text")
+            break
+    if not query.strip():
+        return []
+    arguments = json.dumps({"query": query.strip()[:MAX_QUERY_CHARS]}, ensure_ascii=False)
+    return [
+        {
+            "id": new_call_id(),
+            "type": "function",
+            "function": {"name": TOOL_NAME} | {"arguments": arguments},
+        }
+    ]
 
 
 async def _replay(outputs: list[RequestOutput], earlier: int) -> AsyncIterator[RequestOutput]:

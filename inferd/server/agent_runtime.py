@@ -29,6 +29,7 @@ from typing import Any
 from inferd.agent.config import AgentConfig, AgentConfigError, McpServerConfig
 from inferd.agent.mcp_tools import McpTools
 from inferd.agent.sandbox import CodeExecutionTools
+from inferd.agent.search import DirectoryIndex, Embed, SearchBackend, SearchTools, UrlSearch
 from inferd.agent.skills import SkillStore
 from inferd.agent.toolbox import ToolBox
 from inferd.agent.tools import ToolResult, ToolSource, ToolSourceError
@@ -75,6 +76,10 @@ class ToolLoop:
     # A call needing approval ends the loop (the Responses API: the reply asks, and a next
     # request answers) rather than waiting at /v1/agent/approvals.
     defer_approvals: bool = False
+    # The request asked for web search: the server searches for the user's last message
+    # before the model's first round (as OpenAI's search models always search), and the
+    # model may search again.
+    search: SearchTools | None = None
 
     def runs(self, name: str) -> bool:
         """Whether the server runs calls to ``name`` (else the client does)."""
@@ -129,6 +134,19 @@ class HostedSource:
 
 
 @dataclass(frozen=True, slots=True)
+class SearchAsk:
+    """A request's ask for web search: the field that asked (for errors) and how many hits
+    one search shows the model."""
+
+    param: str
+    k: int = 5
+
+
+# search_context_size -> hits per search
+CONTEXT_HITS = {"low": 3, "medium": 5, "high": 8}
+
+
+@dataclass(frozen=True, slots=True)
 class ServerTools:
     """The server's tools for one request, before its own are known."""
 
@@ -137,6 +155,7 @@ class ServerTools:
     max_rounds: int
     broker: ApprovalBroker
     owned: tuple[ToolSource, ...] = ()
+    search: SearchTools | None = None  # the request asked for web search
 
     def loop(
         self,
@@ -148,6 +167,11 @@ class ServerTools:
     ) -> ToolLoop | None:
         """The request's loop over ``tools`` (the request's and the server's, parsed
         together), or None when tool use is off (``tool_choice: none``) or nothing runs here."""
+        if self.search is not None and (tools is None or not tools.active):
+            raise bad_request(
+                "tool_choice: none turns tools off, and the request asks for web search",
+                "tool_choice",
+            )
         if tools is None or not tools.active:
             return None
         if not any(self.box.spec(t.name) is not None for t in tools.callable):
@@ -164,6 +188,7 @@ class ServerTools:
             control_pattern(model.tokenizer.special_token_pattern, markers),
             self.owned,
             defer_approvals,
+            self.search,
         )
 
     async def close(self) -> None:
@@ -182,9 +207,18 @@ def progress_asked(agent_progress: bool | None, stream: bool | None) -> bool:
 
 
 class AgentRuntime:
-    def __init__(self, config: AgentConfig, extra: Sequence[ToolSource] = ()) -> None:
+    def __init__(
+        self, config: AgentConfig, extra: Sequence[ToolSource] = (), embed: Embed | None = None
+    ) -> None:
+        """``embed``: the server's embedding model, for --search-embedding-model."""
         self.config = config
         self.extra = list(extra)
+        self.search: SearchBackend | None = None  # web search's backend, if the server has one
+        if config.search_dir is not None:
+            rerank = embed if config.search_embedding_model is not None else None
+            self.search = DirectoryIndex(config.search_dir, rerank)
+        elif config.search_url is not None:
+            self.search = UrlSearch(config.search_url)
         self.broker = ApprovalBroker(config.approval_timeout_s)
         # /v1/skills's view of --skills-dir (the toolbox reads the same folder)
         self.skills = SkillStore(config.skills_dir) if config.skills_dir is not None else None
@@ -218,6 +252,8 @@ class AgentRuntime:
     async def close(self) -> None:
         if self._box is not None:
             await self._box.close()
+        if self.search is not None:
+            await self.search.close()
 
     async def connect(
         self,
@@ -262,11 +298,13 @@ class AgentRuntime:
         n: int = 1,
         code_execution: bool | None = None,
         hosted: Sequence[HostedSource] = (),
+        search: SearchAsk | None = None,
     ) -> ServerTools | None:
         """The tools the server runs for one request, or None when the loop does not run for
         it (see the module docstring); 400s for ``max_tool_rounds`` beyond the server's bound
-        and for code execution asked of a server without it. ``hosted``: the request's own
-        MCP servers (``connect``), closed with the loop."""
+        and for code execution or web search asked of a server without it. ``hosted``: the
+        request's own MCP servers (``connect``), closed with the loop; ``search``: the
+        request's ask for web search."""
         limit = self.config.max_tool_rounds
         if max_tool_rounds is not None and not 0 <= max_tool_rounds <= limit:
             raise bad_request(
@@ -282,12 +320,15 @@ class AgentRuntime:
                 "max_tool_rounds: 0 runs no tool, and the request names mcp servers",
                 "max_tool_rounds",
             )
-        if not (self.enabled or hosted) or n != 1 or max_tool_rounds == 0:
+        searching = self._searching(search, n, max_tool_rounds)
+        if not (self.enabled or hosted or searching) or n != 1 or max_tool_rounds == 0:
             return None
         shared = await self.toolbox() if self.enabled else ToolBox()
         owned: tuple[ToolSource, ...] = tuple(h.source for h in hosted)
         if wants_code:
             owned += (CodeExecutionTools(permission=self.config.permission),)
+        if searching is not None:
+            owned += (searching,)
         box = ToolBox([*shared.sources, *owned]) if owned else shared
         hidden = {name for h in hosted for name in h.hidden()}
         listed = [t for t in box.tools() if t.name not in hidden]
@@ -301,7 +342,29 @@ class AgentRuntime:
             if t.permission != "deny" and self._usable(t)  # a denied tool is never offered
         )
         rounds = max_tool_rounds if max_tool_rounds is not None else limit
-        return ServerTools(box, specs, rounds, self.broker, owned)
+        return ServerTools(box, specs, rounds, self.broker, owned, searching)
+
+    def _searching(
+        self, search: SearchAsk | None, n: int, max_tool_rounds: int | None
+    ) -> SearchTools | None:
+        """The request's web search tool, or None when it asks for none; 400s when this
+        server has no backend or the request rules the loop out."""
+        if search is None:
+            return None
+        if self.search is None:
+            raise bad_request(
+                f"{search.param}: web search is not available on this server (inferd serve "
+                "--search-dir or --search-url)",
+                search.param,
+            )
+        if n != 1:
+            raise bad_request("n: web search answers with one choice; send n: 1", "n")
+        if max_tool_rounds == 0:
+            raise bad_request(
+                "max_tool_rounds: 0 runs no tool, and the request asks for web search",
+                "max_tool_rounds",
+            )
+        return SearchTools(self.search, search.k)
 
     def _usable(self, tool: ServerTool) -> bool:
         """Whether the tool's input schema can hold its arguments (a grammar is built from

@@ -39,6 +39,7 @@ from inferd.server.pipeline import ChatJob
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from inferd.server.reasoning import ReasoningSplit, template_variables
 from inferd.server.state import ServerState
+from inferd.server.web_search import chat_annotations, search_asked
 from inferd.serving.interface import RequestOutput, SamplingParams, TokenLogprob
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax import CallReader, ToolFormat
@@ -62,8 +63,12 @@ async def create_chat_completion(request: Request) -> Response:
         conversation = stored + body.messages
     progress = progress_asked(body.agent_progress, body.stream)
     server = await state.agent.server_tools(
-        body.max_tool_rounds, n=n, code_execution=body.enable_code_execution
+        body.max_tool_rounds,
+        n=n,
+        code_execution=body.enable_code_execution,
+        search=search_asked(body.web_search_options),
     )
+    search = server.search if server is not None else None
     tools = parse_tools(
         body.tools, body.tool_choice, body.parallel_tool_calls, server.specs if server else ()
     )
@@ -117,6 +122,7 @@ async def create_chat_completion(request: Request) -> Response:
             started.calls(fmt, calls),  # the loop's last round may call fewer tools
             ready.thinking,
             kept_by(started),
+            partial(chat_annotations, search) if search is not None else None,
         )
 
     # the n choices share the prompt
@@ -137,6 +143,9 @@ async def create_chat_completion(request: Request) -> Response:
     )
     if reply is None:
         return Response(status_code=499)
+    if search is not None:  # the answer's citations of the results it was given
+        answer = reply["choices"][0]["message"]
+        answer["annotations"] = chat_annotations(search, answer["content"] or "")
     kept = kept_by(started)
     if kept is not None:
         await kept(reply["choices"][0]["message"])
@@ -157,7 +166,6 @@ _UNSUPPORTED = {
     "functions": "function calling is not supported by this server",
     "audio": "audio output is not supported by this server",
     "prediction": "predicted outputs are not supported by this server",
-    "web_search_options": "web search is not supported by this server",
 }
 
 
@@ -388,10 +396,13 @@ async def _stream(
     calls: Callable[[], CallReader] | None,
     thinking: ReasoningSplit | None,
     kept: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
+    annotate: Callable[[str], list[dict[str, Any]]] | None = None,
 ) -> AsyncIterator[bytes]:
-    """``kept``: given the first choice's message once it has finished (a session's)."""
+    """``kept``: given the first choice's message once it has finished (a session's);
+    ``annotate``: a choice's content -> its annotations, sent in a delta before its end."""
     readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
     texts = [""] * len(streams)  # each choice's whole text, for ``kept``
+    contents = [""] * len(streams)  # each choice's content as sent, for ``annotate``
     finished = [False] * len(streams)
     splitters = [thinking.splitter() for _ in streams] if thinking is not None else None
     reasoning_tokens = [0] * len(streams)  # each choice's, as its outputs come
@@ -403,7 +414,13 @@ async def _stream(
         ]
         if include_usage:
             body["usage"] = None
+        contents[index] += delta.get("content") or ""
         return sse.event(body)
+
+    def annotations(index: int) -> Iterator[bytes]:
+        found = annotate(contents[index]) if annotate is not None else []
+        if found:
+            yield chunk(index, {"annotations": found}, None)
 
     def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
         lps = _logprobs(model, visible_logprobs(out)) if out.logprobs is not None else None
@@ -426,6 +443,7 @@ async def _stream(
         if text or (lps and lps["content"]):
             yield chunk(index, {"content": text}, None, lps)
         if out.finished:
+            yield from annotations(index)
             yield chunk(index, {}, out.finish_reason)
 
     def with_calls(
@@ -440,6 +458,7 @@ async def _stream(
         for i, delta in enumerate(deltas):
             yield chunk(index, delta, None, lps if i == 0 else None)
         if out.finished:
+            yield from annotations(index)
             finish = out.finish_reason
             yield chunk(index, {}, "tool_calls" if reader.called and finish == "stop" else finish)
 

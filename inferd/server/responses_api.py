@@ -23,9 +23,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from inferd.agent.search import SearchTools
 from inferd.server import sse
 from inferd.server.agent_loop import Started, call_origin, start_reply
-from inferd.server.agent_runtime import HostedSource
+from inferd.server.agent_runtime import HostedSource, RanCall
 from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
@@ -62,6 +63,12 @@ from inferd.server.responses_output import (
 from inferd.server.responses_store import ResponseStore
 from inferd.server.state import ServerState
 from inferd.server.streams import close_stream
+from inferd.server.web_search import (
+    is_search,
+    search_tool,
+    url_citations,
+    web_search_call_item,
+)
 from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax.base import CallReader
@@ -95,6 +102,8 @@ async def create_response(request: Request) -> Response:
     hosted = hosted_mcp(body)
     if hosted and body.background:
         raise bad_request("background: mcp tools are run in the foreground only", "background")
+    if body.background and search_tool(body.tools) is not None:
+        raise bad_request("background: web search is run in the foreground only", "background")
     sources: list[HostedSource] = []
     try:  # the request's MCP servers: its loop closes them, or a failure here does
         for h in hosted:
@@ -126,8 +135,12 @@ async def _respond(
     server = None
     if not body.background:  # a background response runs one round
         server = await state.agent.server_tools(
-            body.max_tool_rounds, code_execution=body.enable_code_execution, hosted=hosted
+            body.max_tool_rounds,
+            code_execution=body.enable_code_execution,
+            hosted=hosted,
+            search=search_tool(body.tools),
         )
+    search = server.search if server is not None else None
     tools = tool_request(body, server.specs if server else ())
     fields = sampling_fields(body)
     fmt = model.tool_format
@@ -192,9 +205,11 @@ async def _respond(
         run.ran = [
             *(mcp_list_tools_item(h) for h in hosted),
             *answered,
-            *(mcp_call_item(c) for c in started.ran),
+            *(_ran_item(c, search) for c in started.ran),
             *(mcp_approval_request_item(c) for c in started.awaiting),
         ]
+        if search is not None:
+            run.cite = partial(url_citations, search)
         return run
 
     def stream_of(started: Started) -> AsyncIterator[bytes]:
@@ -217,6 +232,14 @@ async def _respond(
     if run.store:
         await asyncio.to_thread(state.responses.put, final, items, owner=owner)
     return JSONResponse(final)
+
+
+def _ran_item(call: RanCall, search: SearchTools | None) -> dict[str, Any]:
+    """A call the loop ran, as its output item: a search's ``web_search_call``, another
+    tool's ``mcp_call``."""
+    if search is not None and is_search(call):
+        return web_search_call_item(call, search, new_id("ws"))
+    return mcp_call_item(call)
 
 
 def _history(
@@ -333,10 +356,13 @@ class _Run:
         self.store = store
         self.thinking: ReasoningSplit | None = None  # how to split the reasoning off, if at all
         self.ran: list[dict[str, Any]] = []  # mcp_call items of the tools the server ran
+        # an answer's text -> its url_citation annotations (a request with web search)
+        self.cite: Callable[[str], list[dict[str, Any]]] | None = None
 
     def builder(self) -> OutputBuilder:
         splitter = self.thinking.splitter() if self.thinking is not None else None
-        return OutputBuilder(self.reader(), items=[dict(i) for i in self.ran], thinking=splitter)
+        items = [dict(i) for i in self.ran]
+        return OutputBuilder(self.reader(), items=items, thinking=splitter, cite=self.cite)
 
     def reader(self) -> CallReader | None:
         return self.calls() if self.calls is not None else None

@@ -22,6 +22,7 @@ from pydantic import Field
 from inferd.server.errors import APIError, bad_request
 from inferd.server.openai_tools import ToolRequest, history_turn, parse_tools
 from inferd.server.protocol import SamplingFields, WholeInt, _Lenient
+from inferd.server.web_search import WEB_SEARCH_TOOLS
 from inferd.structured.tool_syntax import ToolFormat, ToolSpec
 
 MAX_METADATA_PAIRS = 16
@@ -223,10 +224,12 @@ def tool_request(body: ResponsesRequest, server: Sequence[ToolSpec] = ()) -> Too
     for i, tool in enumerate(body.tools or ()):
         if isinstance(tool, dict) and tool.get("type") == "mcp":
             continue  # hosted_mcp's; its tools come in ``server``
+        if isinstance(tool, dict) and tool.get("type") in WEB_SEARCH_TOOLS:
+            continue  # search_tool's; the search tool comes in ``server``
         if not isinstance(tool, dict) or tool.get("type") != "function":
             kind = tool.get("type") if isinstance(tool, dict) else type(tool).__name__
             raise bad_request(
-                f"tools.{i}: only function and mcp tools are supported, not {kind!r}",
+                f"tools.{i}: only function, mcp and web_search tools are supported, not {kind!r}",
                 f"tools.{i}.type",
             )
         fn = {k: tool[k] for k in ("name", "description", "parameters", "strict") if k in tool}
@@ -236,6 +239,8 @@ def tool_request(body: ResponsesRequest, server: Sequence[ToolSpec] = ()) -> Too
     choice = body.tool_choice
     if isinstance(choice, dict) and choice.get("type") == "mcp":  # one tool of an mcp server
         choice = {"type": "function", "name": choice.get("name")}
+    if isinstance(choice, dict) and choice.get("type") in WEB_SEARCH_TOOLS:
+        choice = "auto"  # the server searches before the model's first round anyway
     if isinstance(choice, dict):
         if choice.get("type") != "function":
             raise bad_request(
@@ -257,6 +262,9 @@ def echo_tools(tools: list[Any] | None) -> list[dict[str, Any]]:
 
 
 def _echo(tool: dict[str, Any]) -> dict[str, Any]:
+    if tool.get("type") in WEB_SEARCH_TOOLS:
+        kept = ("search_context_size", "user_location", "filters", "search_content_types")
+        return {"type": tool["type"]} | {k: tool[k] for k in kept if k in tool}
     if tool.get("type") == "mcp":
         return {
             "type": "mcp",
@@ -338,7 +346,8 @@ def _item(index: int, item: Any, known_calls: set[str]) -> dict[str, Any]:
         return _mcp_call(where, item)
     if kind == "mcp_approval_response":
         return _approval_response(where, item)
-    if kind in ("reasoning", "mcp_list_tools", "mcp_approval_request"):  # kept, not rendered
+    # kept, not rendered (a web search's results are not replayed: the answer quoting them is)
+    if kind in ("reasoning", "mcp_list_tools", "mcp_approval_request", "web_search_call"):
         return dict(item) | {"id": item.get("id") or new_id("rs")}
     raise bad_request(
         f"{where}.type: unsupported input item type {kind!r}; expected message, function_call, "

@@ -14,6 +14,7 @@ comes first, as a ``reasoning`` item whose ``reasoning_text`` part streams as
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,8 @@ class OutputBuilder:
     open: dict[str, Any] | None = None
     blank: str = ""  # whitespace waiting for prose to follow it
     thinking: ReasoningSplitter | None = None  # splits a reasoning model's thinking off first
+    # a message's text -> its annotations (url_citation, with web search), set as it closes
+    cite: Callable[[str], list[dict[str, Any]]] | None = None
 
     def feed(self, text: str) -> list[Event]:
         events: list[Event] = []
@@ -171,6 +174,12 @@ class OutputBuilder:
             )
         elif item["type"] == "message":
             part = item["content"][0]
+            part["annotations"] = self.cite(part["text"]) if self.cite is not None else []
+            for number, annotation in enumerate(part["annotations"]):
+                events.append(
+                    self._part_event("response.output_text.annotation.added", item, index)
+                    | {"annotation_index": number, "annotation": annotation}
+                )
             events.append(
                 self._part_event("response.output_text.done", item, index)
                 | {"text": part["text"], "logprobs": []}
@@ -315,11 +324,18 @@ def ran_events(items: list[dict[str, Any]]) -> list[Event]:
         running = dict(item)
         if kind == "mcp_call":
             running |= {"output": None, "error": None, "status": "in_progress"}
+        if kind == "web_search_call":
+            running |= {"status": "in_progress"}
         ended = "failed" if item.get("status") == "failed" else "completed"
         progress = [  # an approval request has no progress of its own
             {"type": f"response.{kind}.in_progress"} | where,
             {"type": f"response.{kind}.{ended}"} | where,
         ]
+        if kind == "web_search_call":  # its events have no failed one: the item's status says
+            progress[1:] = [
+                {"type": "response.web_search_call.searching"} | where,
+                {"type": "response.web_search_call.completed"} | where,
+            ]
         events += [
             {"type": "response.output_item.added", "output_index": index, "item": running},
             *(progress if kind != "mcp_approval_request" else []),

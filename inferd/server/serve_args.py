@@ -371,6 +371,28 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         help="offer the agent loop the skills in DIR (folders with a SKILL.md; the model loads "
         "one with load_skill) and manage them at /v1/skills; off by default",
     )
+    g = p.add_argument_group("web search (web_search_options, the Responses web_search tool)")
+    g.add_argument(
+        "--search-dir",
+        default=None,
+        metavar="DIR",
+        help="answer web search from a local index of the .md, .txt and .html files under DIR "
+        "(SQLite FTS5, bm25); off by default",
+    )
+    g.add_argument(
+        "--search-embedding-model",
+        default=None,
+        metavar="ID",
+        help="rerank --search-dir's hits by cosine similarity with this served embedding model "
+        "(e.g. minilm, loaded with --config)",
+    )
+    g.add_argument(
+        "--search-url",
+        default=None,
+        metavar="URL",
+        help='answer web search by POSTing {"query", "k"} to URL, which answers '
+        '{"results": [{"title", "url", "snippet"}]}',
+    )
 
 
 def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> ServerOptions:
@@ -429,6 +451,9 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
                 code_execution=args.enable_code_execution,
                 approval_timeout_s=args.agent_approval_timeout,
                 skills_dir=args.skills_dir,
+                search_dir=args.search_dir,
+                search_url=args.search_url,
+                search_embedding_model=args.search_embedding_model,
             ),
             "docs": not args.no_docs,
             "ui": args.ui == "on" or (args.ui == "auto" and is_loopback(args.host)),
@@ -496,6 +521,7 @@ def describe(options: ServerOptions) -> list[str]:
         f"{lim.max_video_seconds:g} s and {lim.max_video_frames} frames; audio up to "
         f"{lim.max_audio_seconds:g} s at {lim.max_audio_sample_rate} Hz",
         *_describe_agent(options),
+        *_describe_search(options),
     ]
 
 
@@ -520,3 +546,15 @@ def _describe_agent(options: ServerOptions) -> list[str]:
         f"agent      {', '.join(sources)}; permission {agent.permission}; at most "
         f"{agent.max_tool_rounds} tool rounds; request-named MCP servers {named}"
     ]
+
+
+def _describe_search(options: ServerOptions) -> list[str]:
+    """The web search line, when a backend is set."""
+    agent = options.agent
+    if agent.search_dir is not None:
+        rerank = agent.search_embedding_model
+        order = f"bm25, reranked by {rerank}" if rerank else "bm25"
+        return [f"search     the files under {agent.search_dir} ({order})"]
+    if agent.search_url is not None:
+        return [f"search     {agent.search_url}"]
+    return []

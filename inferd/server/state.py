@@ -25,6 +25,8 @@ from inferd.serving.registry import (
 )
 from inferd.serving.served import ServedModel
 
+SEARCH_EMBED_CHARS = 2000  # of a text the search rerank embeds (its tokens are cut too)
+
 # What each kind of model answers, and what a route wants, for the 400 a mismatch gets.
 _SERVES = {
     "chat": "chat and completions (/v1/chat/completions, /v1/completions, /v1/messages)",
@@ -49,10 +51,18 @@ class ServerState:
     sessions: SessionStore = field(init=False)  # agent sessions, beside the stored responses
 
     def __post_init__(self) -> None:
-        self.agent = AgentRuntime(self.options.agent, self.tools)
+        self.agent = AgentRuntime(self.options.agent, self.tools, self._search_embed)
         self.sessions = SessionStore(self.options.responses_store)
         self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
         self.responses.open_if_present()  # a dead server's unfinished responses: failed now
+
+    async def _search_embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Vectors of ``texts`` from --search-embedding-model (each cut to what it takes)."""
+        model = self.resolve_embedding_model(self.options.agent.search_embedding_model)
+        ids = await asyncio.to_thread(model.tokenize, [t[:SEARCH_EMBED_CHARS] for t in texts])
+        limit = model.max_model_len
+        ids = [x if len(x) <= limit else [*x[: limit - 1], x[-1]] for x in ids]  # keep [SEP]
+        return await model.embed_async(ids)
 
     @property
     def keepalive_seconds(self) -> float:
