@@ -246,7 +246,7 @@ def test_http_route_with_the_key_answers_as_the_api_does(mcp_server: LiveServer)
     got = _ok(result)
     with openai.OpenAI(base_url=mcp_server.api, api_key=KEY, max_retries=0) as sdk:
         reply = sdk.chat.completions.create(
-            model="smollm2",
+            model=got["model"],
             messages=HELLO,
             max_tokens=8,
             temperature=0,  # type: ignore[arg-type]
