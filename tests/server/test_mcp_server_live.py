@@ -263,8 +263,6 @@ def test_http_route_without_the_right_key_is_401(mcp_server: LiveServer) -> None
         resp = httpx.post(url, json=INITIALIZE, headers=accept | extra, timeout=30)
         assert resp.status_code == 401
         assert resp.json()["error"]["code"] == "invalid_api_key"
-    with pytest.raises(Exception):  # noqa: B017 - the SDK's own error for the refusal
-        _over_http(url, "wrong", lambda c: c.list_tools())
 
 
 def test_http_route_checks_host_and_origin(mcp_server: LiveServer) -> None:
