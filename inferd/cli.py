@@ -1,4 +1,4 @@
-"""The ``inferd`` command: serve, run, pull, models."""
+"""The ``inferd`` command: serve, mcp, run, pull, models."""
 
 from __future__ import annotations
 
@@ -71,6 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     add_ray_args(serve)
     serve.set_defaults(func=_serve)
 
+    mcp = sub.add_parser(
+        "mcp",
+        help="serve the models as MCP tools over stdin/stdout, for agents (the serve flags apply)",
+    )
+    _model_args(mcp)
+    add_model_set_args(mcp)
+    add_serve_args(mcp)
+    mcp.set_defaults(func=_mcp, host="127.0.0.1", port=0, ray=False)  # no listener of its own
+
     run = sub.add_parser("run", help="chat with a model in the terminal")
     _model_args(run)
     run.add_argument("-p", "--prompt", help="answer this one prompt and exit")
@@ -89,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="measure inferd over HTTP against peers, same workloads")
     _add_bench_args(bench)
     bench.set_defaults(func=_bench)
-    for sp in (serve, run, pull, models, bench):
+    for sp in (serve, mcp, run, pull, models, bench):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     add_tool_commands(sub)  # convert, quantize, doctor, tune
     add_gate_command(sub)
@@ -321,15 +330,15 @@ def _serve(args: argparse.Namespace) -> int:
 
     from inferd.engine.driver import MainThreadDriver
     from inferd.server.app import build_app
-    from inferd.server.serve_args import connection_limits, describe, server_options
+    from inferd.server.serve_args import connection_limits, describe
     from inferd.server.shutdown import UVICORN_GRACE, HttpServer
     from inferd.server.transport import guarded_protocol
     from inferd.serving.startup import registry_from_args
 
-    cfg = _engine_config(args)
-    args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
-    options = server_options(args, os.environ)  # flag errors before the model loads
+    cfg, options = _serving_plan(args)
     if args.ray:
+        if options.mcp_route:
+            raise ValueError("--mcp-route is not served under --ray")
         return _serve_on_ray(args, cfg, options)
     limits = connection_limits(args)
     tool_lines = _probe_tools(options)
@@ -375,6 +384,68 @@ def _serve(args: argparse.Namespace) -> int:
     if http.report is not None:
         print(f"inferd  {http.report.summary()}", flush=True)
     return 0 if http.started else 1
+
+
+def _serving_plan(args: argparse.Namespace) -> tuple[EngineConfig, ServerOptions]:
+    """The engine settings and server options of `inferd serve` or `inferd mcp`; the flags'
+    errors come before any model loads."""
+    from inferd.server.serve_args import server_options
+
+    cfg = _engine_config(args)
+    args.model = tool_model_id(args)  # -m org/name --revision R -> org/name@R
+    return cfg, server_options(args, os.environ)
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    """`inferd mcp`: the models, loaded as `inferd serve` loads them, as MCP tools over stdin
+    and stdout (server/mcp_server.py). Each tool call runs through the server's app in
+    process, with no HTTP listener; stdout carries the protocol alone, so the startup lines,
+    the logs and the loading progress go to stderr."""
+    import contextlib
+    import dataclasses
+    import threading
+
+    from inferd.engine.driver import MainThreadDriver
+    from inferd.server.app import build_app
+    from inferd.server.mcp_server import serve_stdio
+    from inferd.serving.startup import registry_from_args
+
+    if args.mcp_route:
+        raise ValueError("--mcp-route is for `inferd serve`; `inferd mcp` serves over stdio")
+    cfg, options = _serving_plan(args)
+    # The client that started this process is the only caller: no key to ask, no Host to check.
+    options = dataclasses.replace(options, api_keys=(), allowed_hosts=None, ui=False)
+    with contextlib.redirect_stdout(sys.stderr):  # nothing but the protocol on stdout
+        tool_lines = _probe_tools(options)
+        engines = MainThreadDriver()  # engines step on this (main) thread, MCP beside it
+        registry, model_lines = registry_from_args(args, cfg, engines)
+    lines = [*model_lines, *tool_lines, "mcp        tools on stdin/stdout"]
+    print("\n".join(f"inferd  {line}" for line in lines), file=sys.stderr, flush=True)
+    app = build_app(registry, options)
+    failed: list[BaseException] = []
+
+    async def session() -> None:
+        try:
+            await serve_stdio(app)
+        finally:
+            await app.state.inferd.agent.close()  # the agent's MCP sessions, if any
+
+    def serve() -> None:
+        try:
+            asyncio.run(session())
+        except BaseException as exc:  # reported on the main thread, which ends the process
+            failed.append(exc)
+
+    thread = threading.Thread(target=serve, name="inferd-mcp", daemon=True)
+    thread.start()
+    try:
+        engines.run(lambda: not thread.is_alive())  # until the client closes stdin
+    finally:
+        registry.shutdown()
+    if failed:
+        log.error("the MCP session failed: %r", failed[0])
+        return 1
+    return 0
 
 
 def _probe_tools(options: ServerOptions) -> list[str]:

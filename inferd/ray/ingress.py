@@ -31,11 +31,11 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from inferd.ray.forward import ForwardedRequest, ResponseHead
 from inferd.ray.routing import RouteHint, live_replicas, route_hint, router_state
 from inferd.server import sse
 from inferd.server.crosssite import HostAllowList, host_refusal
 from inferd.server.envelope import error_response, stream_error_event
+from inferd.server.forward import ForwardedRequest, ResponseHead
 
 log = logging.getLogger("inferd.ray")
 

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 from inferd.config import EngineConfig
 from inferd.engine.driver import ThreadLoop
-from inferd.ray.forward import ForwardedRequest, ResponseHead, run_request
 from inferd.ray.routing import RouteHint
 from inferd.server.app import build_app
+from inferd.server.forward import ForwardedRequest, ResponseHead, run_request
 from inferd.server.options import ServerOptions
 from inferd.serving.loading import load_spec
 from inferd.serving.registry import ModelRegistry, ModelSlot

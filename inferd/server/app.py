@@ -56,6 +56,7 @@ from inferd.version import __version__
 
 if TYPE_CHECKING:
     from inferd.api import Engine
+    from inferd.server.mcp_server import McpRoute
     from inferd.serving.interface import EmbeddingModel
     from inferd.serving.registry import ModelRegistry, ModelSlot
     from inferd.serving.served import ServedModel
@@ -82,10 +83,12 @@ def build_app(
     graceful stop (shutdown.py). ``tools``: tool sources of the embedding program (such as
     ``inferd.agent.FunctionTools``) the agent loop runs beside the configured ones."""
     options = options or ServerOptions()
+    mcp: McpRoute | None = None  # the /mcp route, with options.mcp_route
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with mcp.running() if mcp is not None else contextlib.nullcontext():
+            yield
         await app.state.inferd.agent.close()  # MCP sessions and their processes
 
     app = FastAPI(
@@ -140,6 +143,10 @@ def build_app(
     app.add_api_route("/ready", ready, methods=["GET"])
     if options.ui:
         install_chat_page(app)
+    if options.mcp_route:
+        from inferd.server.mcp_server import mount_mcp  # the MCP SDK, only when asked for
+
+        mcp = mount_mcp(app, options.allowed_origins)
     app.add_exception_handler(APIError, _api_error)
     app.add_exception_handler(StoreError, _store_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)

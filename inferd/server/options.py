@@ -62,6 +62,8 @@ class ServerOptions:
     docs_base_path: str = ""  # a prefix for the document's routes, e.g. "/internal"
     # -- the chat page at / (chat_page.py); `inferd serve` turns it on when bound to loopback
     ui: bool = False
+    # -- the models as MCP tools at /mcp (streamable HTTP, mcp_server.py), behind the API key
+    mcp_route: bool = False
     # -- streams
     keepalive_seconds: float = 5.0  # an SSE comment after this long without an event
     # -- prompts

@@ -195,6 +195,13 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="serve a chat page at / (auto: only when --host is a loopback address)",
     )
+    g.add_argument(
+        "--mcp-route",
+        action="store_true",
+        help="serve the models as MCP tools (chat, complete, embed, list_models) at /mcp, "
+        "streamable HTTP, behind the API key like every route (off by default; `inferd mcp` "
+        "serves them over stdio)",
+    )
     g = p.add_argument_group("media in requests")
     g.add_argument(
         "--allowed-media-root",
@@ -510,6 +517,7 @@ def describe(options: ServerOptions) -> list[str]:
         f"admin      {describe_admin(options.admin_keys, options.admin_routes)}",
         f"hosts      {options.allowed_hosts.describe() if options.allowed_hosts else 'any'}",
         f"chat page  {'at / (--ui off to turn it off)' if options.ui else 'off (--ui on)'}",
+        f"mcp        {'tools at /mcp' if options.mcp_route else 'off (--mcp-route)'}",
         f"limits     body {options.max_body_bytes} bytes, "
         f"timeout {'none' if limit is None else f'{limit:g}s'}, "
         f"body within {'none' if options.body_timeout is None else f'{options.body_timeout:g}s'}",

@@ -1,9 +1,10 @@
-"""One HTTP request carried from the ingress to a replica as plain data, and run there through
-the replica's own inferd ASGI app, its response coming back as plain data too: the head first
-(``ResponseHead``), then the body's chunks as they are sent (a stream's SSE events one by one).
+"""One HTTP request carried as plain data and run through an inferd ASGI app in process, its
+response coming back as plain data too: the head first (``ResponseHead``), then the body's
+chunks as they are sent (a stream's SSE events one by one).
 
-A Serve handle call carries picklable values, not an ASGI connection, so the ingress reads the
-body once (it needs it for routing anyway) and the replica replays it to the app.
+The Ray replicas replay what the ingress read (a Serve handle call carries picklable values,
+not an ASGI connection, so the ingress reads the body once: it needs it for routing anyway),
+and the MCP tools (mcp_server.py) send their calls to the server's own API this way.
 """
 
 from __future__ import annotations
