@@ -61,15 +61,14 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve a model over HTTP (OpenAI API)")
-    _model_args(serve)
-    serve.add_argument(
-        "--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)"
-    )
-    serve.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
-    add_model_set_args(serve)
-    add_serve_args(serve)
-    add_ray_args(serve)
+    _serve_parser_args(serve)
     serve.set_defaults(func=_serve)
+    multi = sub.add_parser(
+        "multi-model",
+        help="serve the models a --config file lists (mistral.rs's spelling of serve --config)",
+    )
+    _serve_parser_args(multi)
+    multi.set_defaults(func=_multi_model)
 
     mcp = sub.add_parser(
         "mcp",
@@ -82,6 +81,14 @@ def _parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="chat with a model in the terminal")
     _model_args(run)
+    run.add_argument(
+        "--config",
+        metavar="FILE",
+        default=None,
+        help="chat with the default model of this models file (--default-model-id, else its "
+        "first chat model) instead of -m",
+    )
+    run.add_argument("--default-model-id", metavar="ID", default=None)
     run.add_argument("-p", "--prompt", help="answer this one prompt and exit")
     run.add_argument("--max-tokens", type=int, default=512)
     run.add_argument("--temperature", type=float, default=0.7)
@@ -103,6 +110,18 @@ def _parser() -> argparse.ArgumentParser:
     add_tool_commands(sub)  # convert, quantize, doctor, tune
     add_gate_command(sub)
     return p
+
+
+def _serve_parser_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `inferd serve` (and of `inferd multi-model`, its other spelling)."""
+    _model_args(p)
+    p.add_argument(
+        "--host", default="127.0.0.1", help="bind address (default: 127.0.0.1, loopback only)"
+    )
+    p.add_argument("--port", type=int, default=1234, help="TCP port (default: 1234)")
+    add_model_set_args(p)
+    add_serve_args(p)
+    add_ray_args(p)
 
 
 def _model_args(p: argparse.ArgumentParser) -> None:
@@ -310,19 +329,48 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from inferd.serving.served import ServedModel
     from inferd.serving.spec import ModelSpec, read_chat_template
 
-    model_id = tool_model_id(args) or DEFAULT_MODEL
-    template = read_chat_template(args.chat_template) if args.chat_template else None
-    spec = ModelSpec(
-        model_id=model_id,
-        chat_template=template,
-        mmproj=args.mmproj,
-        hf_config_overrides=args.hf_config_overrides,
-    )
+    config = getattr(args, "config", None)
+    if config is not None:
+        spec = _default_spec(config, args.default_model_id)
+    else:
+        template = read_chat_template(args.chat_template) if args.chat_template else None
+        spec = ModelSpec(
+            model_id=tool_model_id(args) or DEFAULT_MODEL,
+            chat_template=template,
+            mmproj=args.mmproj,
+            hf_config_overrides=args.hf_config_overrides,
+        )
     model = load_spec(spec, _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
         model.shutdown()
         raise ValueError(f"{model.id} is an embedding model; `inferd run` needs a chat model")
     return model
+
+
+def _default_spec(path: str, default_id: str | None):  # type: ignore[no-untyped-def]
+    """The models file's model to chat with: ``default_id`` (an API id or a label), else its
+    first chat model (mistral.rs's interactive mode takes the default or the first)."""
+    from inferd.serving.loading import expected_kind
+    from inferd.serving.spec import load_models_file
+
+    specs = load_models_file(path)
+    if default_id is not None:
+        for spec in specs:
+            if default_id in (spec.api_id, spec.label):
+                return spec
+        ids = ", ".join(s.api_id for s in specs)
+        raise ValueError(f"--default-model-id {default_id} is not in {path} (it lists {ids})")
+    for spec in specs:
+        if expected_kind(spec) == "chat":
+            return spec
+    raise ValueError(f"{path} lists no chat model; `inferd run` needs one")
+
+
+def _multi_model(args: argparse.Namespace) -> int:
+    """`inferd multi-model --config FILE`: `inferd serve --config FILE` as mistral.rs spells it."""
+    if args.config is None:
+        raise ValueError("multi-model serves the models of --config FILE; give it")
+    return _serve(args)
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -1,11 +1,15 @@
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import httpx
 import pytest
 
+from inferd.bench.process import free_port, run_server
 from inferd.cli import _engine_config, _parser
 from inferd.config import EngineConfig
 
@@ -81,3 +85,48 @@ def test_kv_cache_dtype_flag_reaches_the_engine_config() -> None:
         _parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of"):
         EngineConfig(kv_cache_dtype="int4")
+
+
+def test_run_config_chats_with_the_files_default_model(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """`inferd run --config FILE` chats with the file's default model (or its first chat
+    model): the same greedy answer as `inferd run -m` on that model."""
+    config = tmp_path / "models.json"
+    models = {
+        "embed": {"Embedding": {"model_id": "minilm"}},
+        "chat": {"GGUF": {"model_id": str(smollm2_gguf)}, "alias": "talker"},
+    }
+    config.write_text(json.dumps(models))
+    ask = ("-p", "Say hello.", "--max-tokens", "6", "--temperature", "0")
+    direct = _inferd("run", "-m", str(smollm2_gguf), *ask)
+    first_chat = _inferd("run", "--config", str(config), *ask)
+    named = _inferd("run", "--config", str(config), "--default-model-id", "talker", *ask)
+    assert direct.returncode == first_chat.returncode == named.returncode == 0, first_chat.stderr
+    assert direct.stdout.strip() and first_chat.stdout == direct.stdout == named.stdout
+    missing = _inferd("run", "--config", str(config), "--default-model-id", "nope", *ask)
+    assert missing.returncode == 2 and "nope is not in" in missing.stderr
+
+
+def test_multi_model_serves_the_config_as_serve_does(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """`inferd multi-model --config FILE` (mistral.rs's spelling) serves the file's models."""
+    config = tmp_path / "models.json"
+    entry = {"GGUF": {"model_id": str(smollm2_gguf)}, "alias": "chat"}
+    config.write_text(json.dumps({"small": entry}))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "inferd", "multi-model", "--config", str(config)]
+    command += ["--port", str(port), "--default-model-id", "chat"]
+    with run_server(command, url + "/health", tmp_path / "serve.log", 180, "multi-model"):
+        deadline = time.monotonic() + 120  # --config loads in the background
+        while httpx.get(url + "/ready", timeout=10).status_code != 200:
+            assert time.monotonic() < deadline, "the config's model never became ready"
+            time.sleep(0.2)
+        models = httpx.get(url + "/v1/models", timeout=10).json()["data"]
+        reply = httpx.post(
+            url + "/v1/chat/completions",
+            json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2},
+            timeout=60,
+        )
+    assert {m["id"]: m["status"] for m in models}["chat"] == "loaded"
+    assert reply.status_code == 200 and reply.json()["model"] == "chat"
+    bare = _inferd("multi-model", "--port", str(free_port()))
+    assert bare.returncode == 2 and "--config" in bare.stderr

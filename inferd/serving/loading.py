@@ -59,7 +59,7 @@ def expected_kind(spec: ModelSpec) -> ModelKind:
     """The kind a spec will load as, known without loading it."""
     if spec.kind == "Embedding":
         return "embedding"
-    if spec.kind in ("GGUF", "Plain"):
+    if spec.kind in ("GGUF", "Plain", "VisionPlain"):
         return "chat"
     path = Path(spec.model_id).expanduser()
     if path.is_dir():
@@ -100,9 +100,9 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
             f"{source.path}: --mmproj goes with a GGUF language model; a Hugging Face "
             "directory carries its own vision encoder"
         )
-    if kind == "Plain" and not source.path.is_dir():
+    if kind in ("Plain", "VisionPlain") and not source.path.is_dir():
         raise ModelLoadError(
-            f"{source.path}: a Plain model must be a directory (config.json, *.safetensors, "
+            f"{source.path}: a {kind} model must be a directory (config.json, *.safetensors, "
             "tokenizer.json)"
         )
     cfg = replace(
@@ -113,7 +113,7 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         isq=spec.in_situ_quant or base.isq,
         kv_cache_dtype=spec.kv_cache_dtype or base.kv_cache_dtype,
     )
-    return load_model(
+    model = load_model(
         source,
         cfg,
         progress=progress,
@@ -123,6 +123,13 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         mmproj=spec.mmproj,
         config_overrides=spec.config_overrides,
     )
+    if kind == "VisionPlain" and model.prompter.modalities == ("text",):
+        model.shutdown()
+        raise ModelLoadError(
+            f"{source.path}: VisionPlain names a model that reads images, audio or video; "
+            f"this {model.config.architecture} model reads text only (use Plain)"
+        )
+    return model
 
 
 def _load_embedding(

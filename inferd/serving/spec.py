@@ -39,7 +39,8 @@ from inferd.config import DTYPES, KV_CACHE_DTYPES
 from inferd.store import CATALOG
 from inferd.structured.tool_syntax import PARSERS
 
-KINDS = ("GGUF", "Plain", "Embedding")
+# VisionPlain: a Plain directory whose model reads media (mistral.rs's name), checked on load
+KINDS = ("GGUF", "Plain", "VisionPlain", "Embedding")
 _SOURCE_FIELDS = ("model_id", "quantized_model_id", "quantized_filename", "tok_model_id")
 _SETTINGS = (
     "alias",
@@ -90,7 +91,7 @@ class ModelSpec:
     """One model to serve. ``kind`` "auto" (from `-m`) is decided by what the source is."""
 
     model_id: str
-    kind: str = "auto"  # auto | GGUF | Plain | Embedding
+    kind: str = "auto"  # auto | GGUF | Plain | VisionPlain | Embedding
     filename: str | None = None  # a GGUF file inside model_id (quantized_filename)
     label: str | None = None
     alias: str | None = None
