@@ -298,6 +298,14 @@ def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     }
     if not cfg.tie_word_embeddings:
         plan["lm_head.weight"] = (Part("lm_head.weight", cfg.vocab_size),)
+    for vocab in g.media_vocab:  # top-level modules of Gemma3nModel, beside language_model
+        for ours, rows in (
+            ("embedding", vocab.size),
+            ("hard_embedding_norm", vocab.hidden_size),
+            ("embedding_projection", h),
+        ):
+            name = f"{vocab.name}.{ours}.weight"
+            plan[name] = (Part("model." + name, rows),)
     for i in range(1, k):
         for table in ("altup_projections", "altup_unembed_projections"):
             plan[f"{table}.{i - 1}.weight"] = one(f"{table}.{i - 1}.weight", h)

@@ -151,6 +151,19 @@ class Gemma4Layers:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma3nMediaVocab:
+    """A range of Gemma 3n's vocabulary (its image or audio markers and soft-token ids) whose
+    embeddings come from that encoder's own small table, normed and projected into the text
+    model (``embed_vision`` / ``embed_audio``), not from the text embedding."""
+
+    name: str  # the checkpoint's module: embed_vision | embed_audio
+    offset: int  # the first id
+    size: int  # ids in the range
+    hidden_size: int  # the table's width
+    rms_norm_eps: float
+
+
+@dataclass(frozen=True, slots=True)
 class Gemma3nLayers:
     """What Gemma 3n's decoder (models/gemma3n.py) adds to the parts it shares with Gemma 4
     (PLE and K/V sharing, read from ``ModelConfig.gemma4``): AltUp's parallel streams, the
@@ -167,6 +180,7 @@ class Gemma3nLayers:
     source_layers: tuple[int, ...]  # the checkpoint layer of each of ours
     source_num_layers: int  # layers in the checkpoint (its PLE tables hold as many blocks)
     unserved_media: tuple[str, ...] = ()  # the checkpoint's encoders we do not run yet
+    media_vocab: tuple[Gemma3nMediaVocab, ...] = ()  # ids embedded by an encoder's table
 
 
 @dataclass(frozen=True, slots=True)
@@ -1127,6 +1141,34 @@ def gemma3n_text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
     return text
 
 
+# transformers' Gemma3nVisionConfig and Gemma3nAudioConfig: their vocabulary ranges and widths.
+GEMMA3N_MEDIA_VOCAB_DEFAULTS = {
+    "vision_config": ("embed_vision", 262_144, 128, 2048),
+    "audio_config": ("embed_audio", 262_272, 128, 1536),
+}
+
+
+def _gemma3n_media_vocab(hf: Mapping[str, Any]) -> tuple[Gemma3nMediaVocab, ...]:
+    """The ids Gemma3nForConditionalGeneration embeds with its encoders' tables (none for a
+    bare Gemma3nForCausalLM, which embeds every id with its text table)."""
+    if hf.get("model_type") != "gemma3n":
+        return ()
+    found = []
+    for key, (name, offset, size, width) in GEMMA3N_MEDIA_VOCAB_DEFAULTS.items():
+        sub = hf.get(key)
+        if isinstance(sub, Mapping):
+            found.append(
+                Gemma3nMediaVocab(
+                    name=name,
+                    offset=int(sub.get("vocab_offset", offset)),
+                    size=int(sub.get("vocab_size", size)),
+                    hidden_size=int(sub.get("hidden_size", width)),
+                    rms_norm_eps=float(sub.get("rms_norm_eps", 1e-6)),
+                )
+            )
+    return tuple(found)
+
+
 def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Gemma 3n's decoder (``gemma3n_text``, or the ``text_config`` of ``gemma3n``, whose
     audio and image encoders are not run): Gemma 4's layer parts (PLE, K/V sharing, q/k/v
@@ -1175,6 +1217,7 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
             for m, key in (("audio", "audio_config"), ("image", "vision_config"))
             if hf.get("model_type") == "gemma3n" and isinstance(hf.get(key), Mapping)
         ),
+        media_vocab=_gemma3n_media_vocab(hf),
     )
     if not 0 <= own.altup_active < own.altup_inputs:
         raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")

@@ -19,7 +19,9 @@ What Gemma 3n adds:
   ``icdf(sparsity)`` of its standard deviation, the gate shifted by it and clipped at zero;
 - the PLE branch reads the corrected active stream (scaled) and adds to the other streams;
   there is no per-layer output scalar;
-- PLE ids past the narrow table (the media soft tokens' ids) read its row 0.
+- PLE ids past the narrow table (the media soft tokens' ids) read its row 0;
+- in a ConditionalGeneration checkpoint the ids of the image and audio ranges (their markers
+  and soft tokens) are embedded by those encoders' own tables (``MediaTokenEmbedder``).
 """
 
 from __future__ import annotations
@@ -33,11 +35,12 @@ from torch import nn
 
 from inferd.kernels.ops import Rotation
 from inferd.layers.attention import AttentionMetadata, sliding_window_metadata
+from inferd.layers.embedding import Embedding
 from inferd.layers.linear import Linear
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding
-from inferd.models.config import Gemma3nLayers, ModelConfig, ModelConfigError
-from inferd.models.gemma4 import Gemma4Attention, Gemma4ForCausalLM, Gemma4RMSNorm
+from inferd.models.config import Gemma3nLayers, Gemma3nMediaVocab, ModelConfig, ModelConfigError
+from inferd.models.gemma4 import Gemma4Attention, Gemma4ForCausalLM, Gemma4RMSNorm, unit_rms
 from inferd.models.llama import KVCache, LlamaMLP
 
 
@@ -124,6 +127,29 @@ class Laurel(nn.Module):
         return x + self.post_laurel_norm.forward(low)
 
 
+class MediaTokenEmbedder(nn.Module):
+    """The embeddings of one media vocabulary range (``Gemma3nMediaVocab``): its own table,
+    normed, projected to the text width, normed again without a weight."""
+
+    def __init__(self, cfg: ModelConfig, vocab: Gemma3nMediaVocab) -> None:
+        super().__init__()
+        self.offset, self.size, self.eps = vocab.offset, vocab.size, vocab.rms_norm_eps
+        self.embedding = Embedding(vocab.size, vocab.hidden_size)
+        self.hard_embedding_norm = Gemma4RMSNorm(vocab.hidden_size, vocab.rms_norm_eps)
+        self.embedding_projection = Linear(vocab.hidden_size, cfg.hidden_size)
+
+    def overlay(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``x`` with the rows of this range's ids replaced by their embeddings."""
+        inside = (input_ids >= self.offset) & (input_ids < self.offset + self.size)
+        if not bool(inside.any()):
+            return x
+        rows = self.embedding(input_ids[inside] - self.offset)
+        rows = self.embedding_projection.forward(self.hard_embedding_norm.forward(rows))
+        out = x.clone()
+        out[inside] = unit_rms(rows, self.eps).to(x.dtype)
+        return out
+
+
 class Gemma3nDecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -194,6 +220,17 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
         others = range(1, g.altup_inputs)
         self.altup_projections = nn.ModuleList(Linear(size, size) for _ in others)
         self.altup_unembed_projections = nn.ModuleList(Linear(size, size) for _ in others)
+        for vocab in g.media_vocab:  # embed_vision, embed_audio
+            setattr(self, vocab.name, MediaTokenEmbedder(cfg, vocab))
+        self.media_vocab = tuple(vocab.name for vocab in g.media_vocab)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The text embedding, scaled; the ids of a media range (a ConditionalGeneration
+        checkpoint's image and audio markers) from that encoder's own table instead."""
+        x = super().embed(input_ids)
+        for name in self.media_vocab:
+            x = getattr(self, name).overlay(input_ids, x)
+        return x
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
         return Gemma3nDecoderLayer(cfg, layer)

@@ -28,6 +28,7 @@ from tests.models.tiny_gemma3n import (
     SLICE_NAME,
     SLICE_WIDTHS,
     WINDOW,
+    multimodal_logits,
     save_tiny_gemma3n_multimodal,
     save_tiny_gemma3n_text,
     slice_reference,
@@ -116,17 +117,20 @@ def test_kv_sharing_layers_hold_no_cache_of_their_own(pair: tuple[Any, LlamaForC
 def test_conditional_generation_directory_serves_its_text_model(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A Gemma3nForConditionalGeneration directory loads its language model (the encoders'
-    tensors are left unread), says its media encoders are not served, and takes text only."""
-    hf = save_tiny_gemma3n_multimodal(tmp_path)
+    """A Gemma3nForConditionalGeneration directory loads its language model and the tables
+    of its image and audio ranges of ids (the encoders' tensors are left unread), says its
+    media encoders are not served, and takes text only; its logits are the whole model's."""
+    hf, embedders = save_tiny_gemma3n_multimodal(tmp_path)
     with caplog.at_level("WARNING"):
         loaded = load(tmp_path, dtype="f32", progress=False, packed_kernels=False)
     assert "audio and image encoders are not served yet" in caplog.text
     assert loaded.config.input_modalities == ("text",)
-    with torch.no_grad():
-        expected = hf(torch.tensor([PROMPT[:40]])).logits[0]
-    logits = full_forward(loaded.model, PROMPT[:40], block_size=4)
+    ids = PROMPT[:60]
+    assert any(256 <= i < 288 for i in ids) and any(288 <= i < 320 for i in ids)
+    expected = multimodal_logits(hf, embedders, ids)
+    logits = full_forward(loaded.model, ids, block_size=4, chunk=9)
     assert (logits - expected).abs().max() < LOGIT_TOLERANCE
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
 
 
 def test_lora_targets_are_refused_with_a_clear_message(

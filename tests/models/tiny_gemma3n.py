@@ -112,20 +112,72 @@ def save_tiny_gemma3n_text(directory: Path, seed: int = 0, **overrides: Any) -> 
     return model
 
 
-def save_tiny_gemma3n_multimodal(directory: Path, seed: int = 0) -> Any:
+# The ConditionalGeneration model's media ranges of the vocabulary: ids 256..287 (image) and
+# 288..319 (audio) are embedded by the encoders' own tables, of these widths.
+MEDIA_VOCAB = {"embed_vision": (256, 8), "embed_audio": (288, 12)}
+MEDIA_VOCAB_SIZE = 32
+
+
+def media_embedders(seed: int = 0) -> dict[str, Any]:
+    """transformers' Gemma3nMultimodalEmbedder of each media range, randomized."""
+    from types import SimpleNamespace
+
+    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
+
+    out = {}
+    for n, (name, (offset, width)) in enumerate(MEDIA_VOCAB.items()):
+        media = SimpleNamespace(
+            hidden_size=width, rms_norm_eps=1e-6, vocab_offset=offset, vocab_size=MEDIA_VOCAB_SIZE
+        )
+        embedder = Gemma3nMultimodalEmbedder(media, SimpleNamespace(hidden_size=64)).float()
+        randomize_gemma3n(embedder, seed + 1 + n)
+        out[name] = embedder.eval()
+    return out
+
+
+def multimodal_logits(hf: Any, embedders: dict[str, Any], ids: list[int]) -> torch.Tensor:
+    """The logits Gemma3nForConditionalGeneration gives a text prompt: ids of the media ranges
+    embedded by their embedders, the PLE of the ids, then ``hf``'s text model and head."""
+    input_ids = torch.tensor([ids])
+    model = hf.model
+    with torch.no_grad():
+        embeds = model.embed_tokens(input_ids)
+        for e in embedders.values():
+            inside = (input_ids >= e.vocab_offset) & (input_ids < e.vocab_offset + e.vocab_size)
+            rows = e(input_ids=torch.where(inside, input_ids, e.vocab_offset))
+            embeds = torch.where(inside.unsqueeze(-1), rows, embeds)
+        per_layer = model.get_per_layer_inputs(input_ids)
+        hidden = model(inputs_embeds=embeds, per_layer_inputs=per_layer).last_hidden_state
+        logits = hf.lm_head(hidden)[0]
+    cap = hf.config.final_logit_softcapping
+    return torch.tanh(logits / cap) * cap
+
+
+def multimodal_greedy(hf: Any, embedders: dict[str, Any], ids: list[int], n: int) -> list[int]:
+    out = list(ids)
+    for _ in range(n):
+        out.append(int(multimodal_logits(hf, embedders, out)[-1].argmax()))
+    return out[len(ids) :]
+
+
+def save_tiny_gemma3n_multimodal(directory: Path, seed: int = 0) -> tuple[Any, dict[str, Any]]:
     """The same decoder as a Gemma3nForConditionalGeneration directory: its weights under
-    ``model.language_model.``, a config.json with vision and audio configs and a few encoder
-    tensors beside it (transformers builds its MobileNet tower with timm, absent here, so the
-    directory is written by hand). Returns the text model."""
+    ``model.language_model.``, the media ranges' embedders beside it, a config.json with
+    vision and audio configs and an encoder tensor (transformers builds its MobileNet tower
+    with timm, absent here, so the directory is written by hand). Returns the text model and
+    the embedders (``multimodal_logits`` runs them as the whole model would)."""
     from safetensors.torch import save_file
 
     model = build_tiny_gemma3n(seed)
+    embedders = media_embedders(seed)
     tensors = {
         "model.language_model." + name.removeprefix("model."): p.detach().contiguous()
         for name, p in model.named_parameters()
         if name.startswith("model.")
     }
-    tensors["model.embed_vision.embedding.weight"] = torch.zeros(4, 8)
+    for name, embedder in embedders.items():
+        for key, p in embedder.named_parameters():
+            tensors[f"model.{name}.{key}"] = p.detach().contiguous()
     tensors["model.audio_tower.conformer.0.norm.weight"] = torch.ones(8)
     directory.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
@@ -133,13 +185,24 @@ def save_tiny_gemma3n_multimodal(directory: Path, seed: int = 0) -> Any:
         "architectures": ["Gemma3nForConditionalGeneration"],
         "model_type": "gemma3n",
         "text_config": {**model.config.to_dict(), "model_type": "gemma3n_text"},
-        "vision_config": {"model_type": "gemma3n_vision", "hidden_size": 8, "vocab_size": 4},
-        "audio_config": {"model_type": "gemma3n_audio", "hidden_size": 8, "vocab_size": 4},
+        **{
+            key: {
+                "model_type": f"gemma3n_{kind}",
+                "hidden_size": MEDIA_VOCAB[name][1],
+                "vocab_size": MEDIA_VOCAB_SIZE,
+                "vocab_offset": MEDIA_VOCAB[name][0],
+                "rms_norm_eps": 1e-6,
+            }
+            for key, kind, name in (
+                ("vision_config", "vision", "embed_vision"),
+                ("audio_config", "audio", "embed_audio"),
+            )
+        },
         "tie_word_embeddings": True,
     }
     (directory / "config.json").write_text(json.dumps(config, indent=1))
     write_tokenizer(directory)
-    return model
+    return model, embedders
 
 
 def slice_reference(full: Any) -> Any:
