@@ -282,6 +282,9 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
     values: dict[str, Any] = {}
     for name, (value, where) in settings.items():
         values[name] = _setting(name, value, where, kind, base, problems)
+    pair = ("matformer_config_path", "matformer_slice_name")
+    if sum(values.get(k) is not None for k in pair) == 1:
+        problems.append(f"{label}: {pair[0]} and {pair[1]} go together (a MatFormer slice)")
     if len(problems) > start or model_id is None:
         return None
     template = values.get("jinja_explicit") or values.get("chat_template")
