@@ -150,6 +150,20 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         """'{"rope_scaling": {"factor": 2.0}}'""",
     )
     p.add_argument(
+        "--matformer-config",
+        metavar="FILE",
+        default=None,
+        help="a MatFormer slice table (Gemma 3n's MatFormer-config.csv) to cut the model "
+        "with; goes with --matformer-slice",
+    )
+    p.add_argument(
+        "--matformer-slice",
+        metavar="NAME",
+        default=None,
+        help="the row of --matformer-config to serve: a smaller Gemma 3n nested in the "
+        "checkpoint (narrower MLPs, some layers skipped)",
+    )
+    p.add_argument(
         "--mmproj",
         metavar="FILE",
         default=None,
@@ -339,6 +353,8 @@ def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]
             chat_template=template,
             mmproj=args.mmproj,
             hf_config_overrides=args.hf_config_overrides,
+            matformer_config=args.matformer_config,
+            matformer_slice=args.matformer_slice,
         )
     model = load_spec(spec, _engine_config(args), progress=True)
     if not isinstance(model, ServedModel):
@@ -526,6 +542,8 @@ def _serve_on_ray(args: argparse.Namespace, cfg: EngineConfig, options: ServerOp
         tool_call_parser=getattr(args, "tool_call_parser", None),
         mmproj=args.mmproj,
         hf_config_overrides=args.hf_config_overrides,
+        matformer_config=args.matformer_config,
+        matformer_slice=args.matformer_slice,
     )
     return serve_on_ray(args, spec, cfg, options)
 

@@ -220,6 +220,30 @@ def test_hf_config_overrides_per_model_are_an_object() -> None:
         ModelSpec("x", hf_config_overrides="3")
 
 
+def test_matformer_slices_per_model_name_a_table_beside_the_file(tmp_path: Path) -> None:
+    """mistral.rs's keys: the table's path is read against the models file's folder; the
+    slice name goes with it."""
+    doc = {
+        "a": {
+            "Plain": {"model_id": "org/a"},
+            "matformer_config_path": "slices.csv",
+            "matformer_slice_name": "Config for official E2B Model",
+        },
+        "b": {"Plain": {"model_id": "org/b"}},
+    }
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(doc))
+    specs = load_models_file(path)
+    assert specs[0].matformer == (str(tmp_path / "slices.csv"), "Config for official E2B Model")
+    assert specs[1].matformer is None
+    with pytest.raises(SpecError, match=r"e.matformer_slice_name: does not apply to Embedding"):
+        parse_models({"e": {"Embedding": {"model_id": "minilm"}, "matformer_slice_name": "x"}})
+    with pytest.raises(SpecError, match=r"a: matformer_config_path and matformer_slice_name go"):
+        parse_models({"a": {"Plain": {"model_id": "org/a"}, "matformer_slice_name": "x"}})
+    with pytest.raises(ValueError, match="needs both the table and the slice name"):
+        ModelSpec("x", matformer_slice="E2B")
+
+
 def test_tool_call_parser_names_a_syntax() -> None:
     doc = {
         "a": {"GGUF": {"model_id": "smollm2"}, "tool_call_parser": "mistral"},

@@ -8,15 +8,46 @@ rows each contributes, so that ``convert`` can split them back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+
+import torch
 
 from inferd.models.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """The part of a checkpoint tensor that a MatFormer slice keeps (loading/matformer.py):
+    its first ``rows`` rows and ``cols`` columns (None: all), and of its ``blocks`` equal
+    blocks along ``block_dim`` only those numbered in ``keep`` (the per-layer embeddings of
+    the layers kept)."""
+
+    rows: int | None = None
+    cols: int | None = None
+    blocks: int = 1
+    keep: tuple[int, ...] = ()
+    block_dim: int = 0
+
+    def apply(self, t: torch.Tensor) -> torch.Tensor:
+        t = t[: self.rows, : self.cols] if t.dim() == 2 else t[: self.rows]
+        if self.keep:
+            shape = t.shape
+            per = shape[self.block_dim] // self.blocks
+            pieces = t.unflatten(self.block_dim, (self.blocks, per))
+            t = pieces.index_select(self.block_dim, torch.tensor(self.keep)).flatten(
+                self.block_dim, self.block_dim + 1
+            )
+        return t.contiguous()
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
     name: str  # the checkpoint's tensor name
     rows: int  # rows it contributes along dim 0
+    cut: Cut | None = None  # None: the whole tensor
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        return t if self.cut is None else self.cut.apply(t)
 
 
 Plan = dict[str, tuple[Part, ...]]  # our parameter name -> its parts
@@ -230,6 +261,94 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
                 ("post_per_layer_input_norm", h),
             ):
                 plan[f"{dst}{name}.weight"] = one(f"{src}{name}.weight", rows)
+    return plan
+
+
+def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
+    """Gemma 3n's decoder (models/gemma3n.py) under ``model.`` (Gemma3nForCausalLM) or
+    ``model.language_model.`` (Gemma3nForConditionalGeneration, whose encoders stay unread).
+    Each of our layers reads its checkpoint layer (``Gemma3nLayers.source_layers``); under a
+    MatFormer slice the MLPs keep their first ``intermediate_sizes[i]`` units and the PLE
+    tables the blocks of the layers kept. K/V-sharing layers have no k/v projections."""
+    g, shared = cfg.gemma3n, cfg.gemma4
+    assert g is not None and shared is not None
+    nested = "model.language_model.embed_tokens.weight" in names
+    prefix = "model.language_model." if nested else "model."
+    h, per, k = cfg.hidden_size, shared.per_layer_size, g.altup_inputs
+    sliced = g.source_layers != tuple(range(g.source_num_layers))
+    rows_cut = Cut(blocks=g.source_num_layers, keep=g.source_layers) if sliced else None
+    cols_cut = replace(rows_cut, block_dim=1) if rows_cut is not None else None
+
+    def one(name: str, rows: int, cut: Cut | None = None) -> tuple[Part, ...]:
+        return (Part(prefix + name, rows, cut),)
+
+    width = cfg.num_layers * per
+    plan: Plan = {
+        "embed_tokens.weight": one("embed_tokens.weight", cfg.vocab_size),
+        "norm.weight": one("norm.weight", h),
+        "embed_tokens_per_layer.weight": one(
+            "embed_tokens_per_layer.weight",
+            shared.per_layer_vocab,
+            cols_cut,
+        ),
+        "per_layer_model_projection.weight": one(
+            "per_layer_model_projection.weight", width, rows_cut
+        ),
+        "per_layer_projection_norm.weight": one("per_layer_projection_norm.weight", per),
+    }
+    if not cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = (Part("lm_head.weight", cfg.vocab_size),)
+    for vocab in g.media_vocab:  # top-level modules of Gemma3nModel, beside language_model
+        for ours, rows in (
+            ("embedding", vocab.size),
+            ("hard_embedding_norm", vocab.hidden_size),
+            ("embedding_projection", h),
+        ):
+            name = f"{vocab.name}.{ours}.weight"
+            plan[name] = (Part("model." + name, rows),)
+    for i in range(1, k):
+        for table in ("altup_projections", "altup_unembed_projections"):
+            plan[f"{table}.{i - 1}.weight"] = one(f"{table}.{i - 1}.weight", h)
+    for i, source in enumerate(g.source_layers):
+        src, dst = f"layers.{source}.", f"layers.{i}."
+        q = cfg.num_heads * cfg.head_dim
+        kv = cfg.num_kv_heads * cfg.head_dim
+        ff = g.intermediate_sizes[i]
+        sizes = {
+            "input_norm": ("input_layernorm", h),
+            "post_attention_norm": ("post_attention_layernorm", h),
+            "pre_feedforward_norm": ("pre_feedforward_layernorm", h),
+            "post_feedforward_norm": ("post_feedforward_layernorm", h),
+            "self_attn.q_norm": ("self_attn.q_norm", cfg.head_dim),
+            "self_attn.o_proj": ("self_attn.o_proj", h),
+            "altup.correction_coefs": ("altup.correction_coefs", k),
+            "altup.prediction_coefs": ("altup.prediction_coefs", k * k),
+            "altup.modality_router": ("altup.modality_router", k),
+            "altup.router_norm": ("altup.router_norm", h),
+            "laurel.linear_left": ("laurel.linear_left", g.laurel_rank),
+            "laurel.linear_right": ("laurel.linear_right", h),
+            "laurel.post_laurel_norm": ("laurel.post_laurel_norm", h),
+            "per_layer_input_gate": ("per_layer_input_gate", per),
+            "per_layer_projection": ("per_layer_projection", h),
+            "post_per_layer_input_norm": ("post_per_layer_input_norm", h),
+        }
+        for ours, (theirs, rows) in sizes.items():
+            plan[f"{dst}{ours}.weight"] = one(f"{src}{theirs}.weight", rows)
+        plan[dst + "altup.correct_output_scale"] = one(src + "altup.correct_output_scale", h)
+        att = prefix + src + "self_attn."
+        parts = [Part(att + "q_proj.weight", q)]
+        if cfg.kv_source(i) == i:
+            parts += [Part(att + "k_proj.weight", kv), Part(att + "v_proj.weight", kv)]
+            plan[dst + "self_attn.k_norm.weight"] = one(
+                src + "self_attn.k_norm.weight", cfg.head_dim
+            )
+        plan[dst + "self_attn.qkv_proj.weight"] = tuple(parts)
+        mlp = prefix + src + "mlp."
+        plan[dst + "mlp.gate_up_proj.weight"] = (
+            Part(mlp + "gate_proj.weight", ff, Cut(rows=ff)),
+            Part(mlp + "up_proj.weight", ff, Cut(rows=ff)),
+        )
+        plan[dst + "mlp.down_proj.weight"] = (Part(mlp + "down_proj.weight", h, Cut(cols=ff)),)
     return plan
 
 

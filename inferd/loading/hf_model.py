@@ -22,6 +22,7 @@ from inferd.loading.hf_layout import (
     audio_plan,
     checkpoint_prefix,
     gemma3_vision_plan,
+    gemma3n_plan,
     gemma4_media_plan,
     gemma4_plan,
     hf_plan,
@@ -30,6 +31,7 @@ from inferd.loading.hf_layout import (
     vision_plan,
 )
 from inferd.loading.hf_tokenizer import read_json, tokenizer_from_hf
+from inferd.loading.matformer import MatformerSlice, sliced_model_config
 from inferd.loading.quantize import Isq
 from inferd.loading.safetensors import SafetensorsCheckpoint
 from inferd.loading.tokenizer import TokenizerBundle
@@ -67,8 +69,10 @@ def read_model_config(
     directory: Path,
     checkpoint: SafetensorsCheckpoint,
     overrides: Mapping[str, Any] | None = None,
+    matformer: MatformerSlice | None = None,
 ) -> ModelConfig:
-    """The model's config.json, with ``overrides`` (--hf-config-overrides) merged in."""
+    """The model's config.json, with ``overrides`` (--hf-config-overrides) merged in, and
+    sliced (a Gemma 3n MatFormer slice, --matformer-slice)."""
     hf = read_json(directory / CONFIG_FILE)
     if not hf:
         raise ModelConfigError(f"{directory}: no config.json")
@@ -76,7 +80,10 @@ def read_model_config(
         hf = merged_config(hf, overrides)
     # Qwen2-Audio's published checkpoints keep the head under its text model's name.
     heads = ("lm_head.weight", "language_model.lm_head.weight")  # (Gemma 3's too)
-    return config_from_hf(hf, has_lm_head=any(h in checkpoint for h in heads))
+    has_lm_head = any(h in checkpoint for h in heads)
+    if matformer is not None:
+        return sliced_model_config(hf, matformer, has_lm_head=has_lm_head)
+    return config_from_hf(hf, has_lm_head=has_lm_head)
 
 
 def load_safetensors_model(
@@ -87,15 +94,19 @@ def load_safetensors_model(
     packed_kernels: bool = True,
     isq: Isq | None = None,
     config_overrides: Mapping[str, Any] | None = None,
+    matformer: MatformerSlice | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The decoder of a HF directory, weights in ``dtype`` (see ``weights.fill`` for the rest);
-    ``config_overrides`` merged into its config.json."""
+    ``config_overrides`` merged into its config.json; ``matformer``: the slice of a Gemma 3n
+    checkpoint to build (loading/matformer.py)."""
     directory = Path(directory)
     checkpoint = SafetensorsCheckpoint(directory)
-    cfg = read_model_config(directory, checkpoint, config_overrides)
+    cfg = read_model_config(directory, checkpoint, config_overrides, matformer)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
-    if cfg.gemma4 is not None:
+    if cfg.gemma3n is not None:
+        plan = gemma3n_plan(cfg, set(checkpoint.names()))
+    elif cfg.gemma4 is not None:
         plan = gemma4_plan(cfg, set(checkpoint.names()))
         plan |= gemma4_media_plan({n: tuple(p.shape) for n, p in model.named_parameters()})
     elif cfg.vision is not None and cfg.vision.pooled:
@@ -117,10 +128,10 @@ def load_safetensors_model(
     if cfg.tie_word_embeddings:  # after the embedding: a packed copy for decode in bf16
         items.append(("lm_head.weight", plan["embed_tokens.weight"]))
 
-    def read(names: list[str]) -> Callable[[], torch.Tensor]:
+    def read(parts: tuple[Part, ...]) -> Callable[[], torch.Tensor]:
         def load() -> torch.Tensor:
-            parts = [checkpoint.load_tensor(n).float() for n in names]
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
+            tensors = [p.take(checkpoint.load_tensor(p.name).float()) for p in parts]
+            return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
 
         return load
 
@@ -129,7 +140,7 @@ def load_safetensors_model(
         raise ModelConfigError(
             f"{directory}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}"
         )
-    sources = (WeightSource(t, read([p.name for p in parts])) for t, parts in items)
+    sources = (WeightSource(t, read(parts)) for t, parts in items)
     fill(
         model,
         sources,

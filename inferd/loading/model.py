@@ -28,6 +28,7 @@ from inferd.loading.hf_processor import (
     read_visual_configs,
 )
 from inferd.loading.hf_tokenizer import chat_template_source
+from inferd.loading.matformer import MatformerSlice, matformer_slice
 from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
@@ -92,13 +93,16 @@ def load(
     chat_template: str | None = None,
     mmproj: str | Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
+    matformer: tuple[str | Path, str] | None = None,
 ) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
     as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
     projector file for a GGUF language model (loading/mmproj.py); ``config_overrides``: merged
-    into a Hugging Face directory's config.json (a GGUF file has none: refused)."""
+    into a Hugging Face directory's config.json (a GGUF file has none: refused);
+    ``matformer``: (slice table, slice name), the MatFormer slice of a Gemma 3n directory to
+    build (loading/matformer.py), read before any weight."""
     if not isinstance(source, ModelSource):
         source = resolve_source(str(source))
     torch_dtype = resolve_dtype(dtype)
@@ -109,8 +113,27 @@ def load(
                 f"{source.path}: --mmproj goes with a GGUF language model; a Hugging Face "
                 "directory carries its own vision encoder"
             )
+        cut = None
+        if matformer is not None:
+            if isq is not None:
+                raise ModelConfigError(
+                    "in-situ quantization of a MatFormer slice is not supported yet"
+                )
+            cut = matformer_slice(*matformer)
         return _load_hf(
-            source, torch_dtype, request, packed_kernels, progress, chat_template, config_overrides
+            source,
+            torch_dtype,
+            request,
+            packed_kernels,
+            progress,
+            chat_template,
+            config_overrides,
+            cut,
+        )
+    if matformer is not None:
+        raise ModelConfigError(
+            f"{source.path}: MatFormer slices (--matformer-slice) cut a Gemma 3n Hugging Face "
+            "directory, not a GGUF file"
         )
     if config_overrides:
         raise ModelConfigError(
@@ -164,6 +187,7 @@ def _load_hf(
     progress: bool,
     chat_template: str | None,
     config_overrides: Mapping[str, Any] | None = None,
+    matformer: MatformerSlice | None = None,
 ) -> LoadedModel:
     directory = source.path
     model, cfg = load_safetensors_model(
@@ -173,7 +197,14 @@ def _load_hf(
         packed_kernels=packed_kernels,
         isq=isq,
         config_overrides=config_overrides,
+        matformer=matformer,
     )
+    if cfg.gemma3n is not None and cfg.gemma3n.unserved_media:
+        log.warning(
+            "%s: gemma3n's %s encoders are not served yet; serving its text model only",
+            directory,
+            " and ".join(cfg.gemma3n.unserved_media),
+        )
     tokenizer = load_tokenizer(directory, cfg)
     template_source = chat_template or chat_template_source(directory)
     if template_source is None:

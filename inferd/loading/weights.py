@@ -45,6 +45,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if cfg.architecture == "gemma3n":
+        from inferd.models.gemma3n import Gemma3nForCausalLM
+
+        return Gemma3nForCausalLM
     if cfg.architecture == "gemma4" and (cfg.gemma4_vision or cfg.gemma4_audio):
         from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
 
@@ -85,7 +89,7 @@ def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) ->
     if cfg.rope_local_theta is not None:  # Gemma 3's sliding layers: plain RoPE, own base
         local = inverse_frequencies(cfg.rotary_size, cfg.rope_local_theta, RopeScaling())
         model.local_rotary = RotaryEmbedding(cfg.rotary_size, rows, local)
-    if cfg.gemma4 is not None:  # Gemma 4: each table as wide as its layers' heads
+    if cfg.gemma4 is not None:  # Gemma 4 (and 3n): each table as wide as its layers' heads
         from inferd.models.gemma4 import gemma4_rotaries
 
         model.rotary, model.local_rotary = gemma4_rotaries(cfg, rows)

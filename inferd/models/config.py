@@ -151,6 +151,39 @@ class Gemma4Layers:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma3nMediaVocab:
+    """A range of Gemma 3n's vocabulary (its image or audio markers and soft-token ids) whose
+    embeddings come from that encoder's own small table, normed and projected into the text
+    model (``embed_vision`` / ``embed_audio``), not from the text embedding."""
+
+    name: str  # the checkpoint's module: embed_vision | embed_audio
+    offset: int  # the first id
+    size: int  # ids in the range
+    hidden_size: int  # the table's width
+    rms_norm_eps: float
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3nLayers:
+    """What Gemma 3n's decoder (models/gemma3n.py) adds to the parts it shares with Gemma 4
+    (PLE and K/V sharing, read from ``ModelConfig.gemma4``): AltUp's parallel streams, the
+    Laurel low-rank branch, per-layer MLP widths and the gaussian top-k sparsity of the first
+    layers' MLP gates. ``source_layers`` maps each of our layers to the checkpoint layer whose
+    weights it reads (a MatFormer slice drops some, loading/matformer.py)."""
+
+    altup_inputs: int  # streams: the active one plus its predicted companions
+    altup_active: int  # the stream the layer runs on
+    altup_correct_scale: bool  # the corrected active stream is scaled before the PLE gate
+    laurel_rank: int
+    intermediate_sizes: tuple[int, ...]  # each layer's MLP width
+    sparsity: tuple[float, ...]  # each layer's target sparsity of its MLP gate; 0: dense
+    source_layers: tuple[int, ...]  # the checkpoint layer of each of ours
+    source_num_layers: int  # layers in the checkpoint (its PLE tables hold as many blocks)
+    unserved_media: tuple[str, ...] = ()  # the checkpoint's encoders we do not run yet
+    media_vocab: tuple[Gemma3nMediaVocab, ...] = ()  # ids embedded by an encoder's table
+
+
+@dataclass(frozen=True, slots=True)
 class Gemma4VisionConfig:
     """Gemma 4's image encoder (models/gemma4_vision.py): patches of any image shape with
     learned 2-D position tables and 2-D RoPE, Gemma 4-style layers, a ``pooling x pooling``
@@ -256,7 +289,9 @@ class ModelConfig:
     # Qwen3-VL: the sections interleave (pair j turned by axis j % 3 while that axis has pairs
     # left) rather than run one after another.
     mrope_interleaved: bool = False
-    gemma4: Gemma4Layers | None = None  # Gemma 4's per-layer shapes and embeddings
+    # Gemma 4's per-layer shapes and embeddings (Gemma 3n's PLE and K/V sharing too)
+    gemma4: Gemma4Layers | None = None
+    gemma3n: Gemma3nLayers | None = None  # Gemma 3n: AltUp, Laurel, MLP widths, sparsity
     gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
     gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
 
@@ -465,6 +500,8 @@ HF_MODEL_TYPES = {
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # Gemma4ForConditionalGeneration: Gemma 4 text under its encoders
+    "gemma3n_text": "gemma3n",
+    "gemma3n": "gemma3n",  # Gemma3nForConditionalGeneration: its text model (encoders not run)
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
@@ -517,6 +554,8 @@ def config_from_hf(hf: Mapping[str, Any], *, has_lm_head: bool = True) -> ModelC
         return _gemma3_vision_from_hf(hf, has_lm_head)
     if model_type in ("gemma4", "gemma4_text"):
         return _gemma4_from_hf(hf, has_lm_head)
+    if model_type in ("gemma3n", "gemma3n_text"):
+        return _gemma3n_from_hf(hf, has_lm_head)
     if model_type == "gemma3_text":
         hf = {**GEMMA3_TEXT_DEFAULTS, **hf}
     arch = HF_MODEL_TYPES.get(model_type)
@@ -1047,6 +1086,174 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     audio = hf.get("audio_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(audio, Mapping):
         cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
+    return cfg
+
+
+# transformers' Gemma3nTextConfig defaults (E4B's shape).
+GEMMA3N_TEXT_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 262_400,
+    "hidden_size": 2048,
+    "intermediate_size": 16_384,
+    "num_hidden_layers": 35,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 32_768,
+    "rms_norm_eps": 1e-6,
+    "sliding_window": 512,
+    "final_logit_softcapping": 30.0,
+    "vocab_size_per_layer_input": 262_144,
+    "hidden_size_per_layer_input": 256,
+    "altup_active_idx": 0,
+    "altup_correct_scale": True,
+    "altup_num_inputs": 4,
+    "num_kv_shared_layers": 15,
+    "laurel_rank": 64,
+    "pad_token_id": 0,
+}
+
+
+def gemma3n_text_config(hf: Mapping[str, Any]) -> dict[str, Any]:
+    """The text model's settings of a ``gemma3n`` or ``gemma3n_text`` config.json, with
+    transformers' defaults filled in and its per-layer lists written out (one entry a layer):
+    ``layer_types``, ``intermediate_size`` and ``activation_sparsity_pattern``."""
+    text = hf.get("text_config") if hf.get("model_type") == "gemma3n" else hf
+    if not isinstance(text, Mapping):
+        raise ModelConfigError("config.json of gemma3n needs a text_config")
+    text = {**GEMMA3N_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
+    layers = int(text["num_hidden_layers"])
+    if not text.get("layer_types"):  # four sliding layers, then a global one
+        text["layer_types"] = [
+            "full_attention" if (i + 1) % 5 == 0 else "sliding_attention" for i in range(layers)
+        ]
+    sizes = text["intermediate_size"]
+    text["intermediate_size"] = list(sizes) if isinstance(sizes, list) else [sizes] * layers
+    sparsity = text.get("activation_sparsity_pattern")
+    if sparsity is None:  # the first ten layers of a model of more than ten
+        sparse = 10 if layers > 10 else 0
+        sparsity = [0.95] * sparse + [0.0] * (layers - sparse)
+    elif not isinstance(sparsity, list):
+        sparsity = [sparsity] * layers
+    text["activation_sparsity_pattern"] = list(sparsity)
+    for key in ("layer_types", "intermediate_size", "activation_sparsity_pattern"):
+        if len(text[key]) != layers:
+            raise ModelConfigError(
+                f"config.json {key} has {len(text[key])} entries for {layers} layers"
+            )
+    return text
+
+
+# transformers' Gemma3nVisionConfig and Gemma3nAudioConfig: their vocabulary ranges and widths.
+GEMMA3N_MEDIA_VOCAB_DEFAULTS = {
+    "vision_config": ("embed_vision", 262_144, 128, 2048),
+    "audio_config": ("embed_audio", 262_272, 128, 1536),
+}
+
+
+def _gemma3n_media_vocab(hf: Mapping[str, Any]) -> tuple[Gemma3nMediaVocab, ...]:
+    """The ids Gemma3nForConditionalGeneration embeds with its encoders' tables (none for a
+    bare Gemma3nForCausalLM, which embeds every id with its text table)."""
+    if hf.get("model_type") != "gemma3n":
+        return ()
+    found = []
+    for key, (name, offset, size, width) in GEMMA3N_MEDIA_VOCAB_DEFAULTS.items():
+        sub = hf.get(key)
+        if isinstance(sub, Mapping):
+            found.append(
+                Gemma3nMediaVocab(
+                    name=name,
+                    offset=int(sub.get("vocab_offset", offset)),
+                    size=int(sub.get("vocab_size", size)),
+                    hidden_size=int(sub.get("hidden_size", width)),
+                    rms_norm_eps=float(sub.get("rms_norm_eps", 1e-6)),
+                )
+            )
+    return tuple(found)
+
+
+def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
+    """Gemma 3n's decoder (``gemma3n_text``, or the ``text_config`` of ``gemma3n``, whose
+    audio and image encoders are not run): Gemma 4's layer parts (PLE, K/V sharing, q/k/v
+    norms, unscaled attention; one head shape for all layers) plus ``Gemma3nLayers``."""
+    tied = bool(hf.get("tie_word_embeddings", True))
+    text = gemma3n_text_config(hf)
+    if text.get("attention_bias"):
+        raise ModelConfigError("config.json attention_bias: true is not supported for gemma3n")
+    if _HF_ACTIVATIONS.get(str(text["hidden_activation"])) != "gelu_tanh":
+        raise ModelConfigError(f"gemma3n activation {text['hidden_activation']!r} is not supported")
+    layers, heads = int(text["num_hidden_layers"]), int(text["num_attention_heads"])
+    head_dim, kv_heads = int(text["head_dim"]), int(text["num_key_value_heads"])
+    types = text["layer_types"]
+    sliding = tuple(i for i, t in enumerate(types) if t == "sliding_attention")
+    rope = _hf_rope(text)
+    full = dict(rope.get("full_attention") or {})
+    local = dict(rope.get("sliding_attention") or {})
+    for kind, params in (("global", full), ("sliding", local)):
+        if params.get("rope_type", "default") != "default":
+            raise ModelConfigError(f"gemma3n {kind} RoPE {params} is not supported")
+    per_layer = int(text["hidden_size_per_layer_input"])
+    if not per_layer:
+        raise ModelConfigError("gemma3n without per-layer inputs is not supported")
+    shared = Gemma4Layers(
+        global_head_dim=head_dim,
+        global_kv_heads=kv_heads,
+        k_eq_v=False,
+        kv_shared_layers=int(text["num_kv_shared_layers"] or 0),
+        per_layer_size=per_layer,
+        per_layer_vocab=int(text["vocab_size_per_layer_input"]),
+        double_wide_mlp=False,
+        global_rotary_fraction=1.0,
+        pad_token_id=0,  # ids past the PLE table read its row 0
+    )
+    own = Gemma3nLayers(
+        altup_inputs=int(text["altup_num_inputs"]),
+        altup_active=int(text["altup_active_idx"]),
+        altup_correct_scale=bool(text["altup_correct_scale"]),
+        laurel_rank=int(text["laurel_rank"]),
+        intermediate_sizes=tuple(int(n) for n in text["intermediate_size"]),
+        sparsity=tuple(float(s) for s in text["activation_sparsity_pattern"]),
+        source_layers=tuple(range(layers)),
+        source_num_layers=layers,
+        unserved_media=tuple(
+            m
+            for m, key in (("audio", "audio_config"), ("image", "vision_config"))
+            if hf.get("model_type") == "gemma3n" and isinstance(hf.get(key), Mapping)
+        ),
+        media_vocab=_gemma3n_media_vocab(hf),
+    )
+    if not 0 <= own.altup_active < own.altup_inputs:
+        raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")
+    if any(not 0.0 <= s < 1.0 for s in own.sparsity):
+        raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
+    cfg = ModelConfig(
+        architecture="gemma3n",
+        vocab_size=int(text["vocab_size"]),
+        hidden_size=int(text["hidden_size"]),
+        intermediate_size=max(own.intermediate_sizes),
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=float(text["rms_norm_eps"]),
+        rope_theta=float(full.get("rope_theta", text.get("rope_theta", 1_000_000.0))),
+        rope_scaling=RopeScaling(),
+        max_position=int(text["max_position_embeddings"]),
+        tie_word_embeddings=tied or not has_lm_head,
+        qk_norm=True,
+        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_layers=sliding,
+        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
+        hidden_act="gelu_tanh",
+        rope_local_theta=float(
+            local.get("rope_theta", text.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE))
+        ),
+        gemma4=shared,
+        gemma3n=own,
+    )
+    for layer in range(layers - shared.kv_shared_layers, layers):
+        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
     return cfg
 
 

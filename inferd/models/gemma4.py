@@ -214,18 +214,22 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
         # ones): the Llama mapping would put an adapter's update in the wrong columns.
         raise ModelConfigError("LoRA adapters on gemma4 models are not supported yet")
 
+    def ple_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The ids whose rows the PLE table gives: a media placeholder reads padding's."""
+        pad = _layers_of(self.config).pad_token_id
+        for token in self.placeholder_ids:
+            input_ids = torch.where(input_ids == token, pad, input_ids)
+        return input_ids
+
     def per_layer_inputs(self, input_ids: torch.Tensor, embeds: torch.Tensor) -> torch.Tensor:
         """Each token's PLE rows [n, layers, per_layer_size]: the ids' narrow embedding plus
         the normed projection of the input embeddings (media rows included), over sqrt 2."""
         table = self.embed_tokens_per_layer
         assert table is not None
         g = _layers_of(self.config)
-        ids = input_ids
-        for token in self.placeholder_ids:
-            ids = torch.where(ids == token, g.pad_token_id, ids)
         dtype = embeds.dtype
         shape = (input_ids.shape[0], self.config.num_layers, g.per_layer_size)
-        by_id = table(ids) * torch.tensor(g.per_layer_size**0.5, dtype=dtype)
+        by_id = table(self.ple_ids(input_ids)) * torch.tensor(g.per_layer_size**0.5, dtype=dtype)
         scale = self.config.hidden_size**-0.5
         projected = self.per_layer_model_projection.forward(embeds) * scale
         projected = self.per_layer_projection_norm.forward(projected.view(shape))

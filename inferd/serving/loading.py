@@ -122,6 +122,7 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         tool_call_parser=spec.tool_call_parser,
         mmproj=spec.mmproj,
         config_overrides=spec.config_overrides,
+        matformer=spec.matformer,
     )
     if kind == "VisionPlain" and model.prompter.modalities == ("text",):
         model.shutdown()

@@ -187,6 +187,7 @@ def load_model(
     tool_call_parser: str | None = None,
     mmproj: str | Path | None = None,
     config_overrides: Mapping[str, Any] | None = None,
+    matformer: tuple[str, str] | None = None,
 ) -> ServedModel:
     """A .gguf file, or a Hugging Face directory (``loading.model.load``).
 
@@ -194,7 +195,8 @@ def load_model(
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
     tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
     a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py).
-    ``config_overrides``: merged into a Hugging Face directory's config.json."""
+    ``config_overrides``: merged into a Hugging Face directory's config.json. ``matformer``:
+    (slice table, slice name) of a Gemma 3n MatFormer slice (loading/matformer.py)."""
     started = time.perf_counter()
     if cfg.seed is not None:
         torch.manual_seed(cfg.seed)
@@ -207,6 +209,7 @@ def load_model(
         chat_template=chat_template,
         mmproj=mmproj,
         config_overrides=config_overrides,
+        matformer=matformer,
     )
     served = assemble(loaded, cfg, loop=loop, tool_call_parser=tool_call_parser)
     log.info("loaded %s in %.1fs", served.source.name, time.perf_counter() - started)

@@ -55,6 +55,8 @@ _SETTINGS = (
     "mmproj",
     "lora",
     "hf_config_overrides",
+    "matformer_config_path",
+    "matformer_slice_name",
 )
 _GENERATIVE_ONLY = (
     "chat_template",
@@ -64,6 +66,8 @@ _GENERATIVE_ONLY = (
     "kv_cache_dtype",
     "lora",
     "hf_config_overrides",
+    "matformer_config_path",
+    "matformer_slice_name",
 )
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
@@ -107,8 +111,16 @@ class ModelSpec:
     # A JSON object merged into a Hugging Face directory's config.json (--hf-config-overrides);
     # kept as text so the spec stays hashable.
     hf_config_overrides: str | None = None
+    # A Gemma 3n MatFormer slice: the slice table (CSV) and the row to serve, both or neither.
+    matformer_config: str | None = None
+    matformer_slice: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.matformer_config is None) != (self.matformer_slice is None):
+            raise ValueError(
+                "a MatFormer slice needs both the table and the slice name "
+                "(--matformer-config FILE --matformer-slice NAME)"
+            )
         if self.tool_call_parser not in (None, *PARSERS):
             raise ValueError(
                 f"tool_call_parser must be one of {', '.join(PARSERS)}; "
@@ -130,6 +142,13 @@ class ModelSpec:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value}")
+
+    @property
+    def matformer(self) -> tuple[str, str] | None:
+        """(slice table, slice name) of a MatFormer slice, or None."""
+        if self.matformer_config is None or self.matformer_slice is None:
+            return None
+        return self.matformer_config, self.matformer_slice
 
     @property
     def config_overrides(self) -> dict[str, Any] | None:
@@ -264,6 +283,9 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
     values: dict[str, Any] = {}
     for name, (value, where) in settings.items():
         values[name] = _setting(name, value, where, kind, base, problems)
+    pair = ("matformer_config_path", "matformer_slice_name")
+    if sum(values.get(k) is not None for k in pair) == 1:
+        problems.append(f"{label}: {pair[0]} and {pair[1]} go together (a MatFormer slice)")
     if len(problems) > start or model_id is None:
         return None
     template = values.get("jinja_explicit") or values.get("chat_template")
@@ -280,6 +302,8 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         max_seqs=values.get("max_seqs"),
         kv_cache_dtype=values.get("kv_cache_dtype"),
         hf_config_overrides=values.get("hf_config_overrides"),
+        matformer_config=values.get("matformer_config_path"),
+        matformer_slice=values.get("matformer_slice_name"),
         tool_call_parser=values.get("tool_call_parser"),
         mmproj=values.get("mmproj"),
         lora=values.get("lora") or (),
@@ -374,6 +398,8 @@ def _setting(
         return None
     if name == "mmproj":
         return _projector_file(Path(value), base, path, kind, problems)
+    if name == "matformer_config_path":
+        return str(Path(value) if Path(value).is_absolute() else base / value)
     if name == "jinja_explicit":
         return _read_text(Path(value), base, path, problems)
     if name == "chat_template":

@@ -45,6 +45,8 @@ def registry_from_args(
             tool_call_parser=getattr(args, "tool_call_parser", None),
             mmproj=getattr(args, "mmproj", None),
             hf_config_overrides=getattr(args, "hf_config_overrides", None),
+            matformer_config=getattr(args, "matformer_config", None),
+            matformer_slice=getattr(args, "matformer_slice", None),
         )
         model = load_spec(spec, cfg, progress=True, loop=loop)
         try:
@@ -62,13 +64,23 @@ def registry_from_args(
         lines = [f"lora       {a.id}  (on {model.id})" for a in adapters]
         if adapters:
             lines.append(f"lora       at most {cfg.max_loras} attached at once (--max-loras)")
-        return registry, [*_describe_model(model, cfg), *_describe_projector(model, spec), *lines]
+        return registry, [
+            *_describe_model(model, cfg),
+            *_describe_projector(model, spec),
+            *_describe_matformer(model, spec),
+            *lines,
+        ]
     if args.model is not None:
         raise ValueError("give -m or --config, not both")
     if getattr(args, "mmproj", None) is not None:
         raise ValueError("--mmproj goes with -m; in a --config file, use mmproj")
     if getattr(args, "lora", None):
         raise ValueError("--lora goes with -m; in a --config file, use lora")
+    if getattr(args, "matformer_config", None) or getattr(args, "matformer_slice", None):
+        raise ValueError(
+            "--matformer-config and --matformer-slice go with -m; in a --config file, use "
+            "matformer_config_path and matformer_slice_name"
+        )
     if template_flag is not None:
         raise ValueError("--chat-template goes with -m; in a --config file, use chat_template")
     if getattr(args, "tool_call_parser", None) is not None:
@@ -115,6 +127,30 @@ def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
     if not isinstance(model, ServedModel):
         raise ValueError("--lora: an embedding model takes no LoRA adapters")
     return serve_adapters(model, flags, max_rank)
+
+
+def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
+    """Gemma 3n: the MatFormer slice served, and the media encoders left unserved."""
+    if not isinstance(model, ServedModel) or model.config.gemma3n is None:
+        return []
+    g = model.config.gemma3n
+    lines = []
+    if spec.matformer_slice is not None:
+        kept = set(g.source_layers)
+        skipped = [i for i in range(g.source_num_layers) if i not in kept]
+        widths = sorted(set(g.intermediate_sizes))
+        lines.append(
+            f"matformer  slice {spec.matformer_slice!r} of {spec.matformer_config}: "
+            f"{len(kept)} of {g.source_num_layers} layers"
+            f"{' (skipped ' + ', '.join(map(str, skipped)) + ')' if skipped else ''}, "
+            f"MLP widths {', '.join(map(str, widths))}"
+        )
+    if g.unserved_media:
+        lines.append(
+            f"media      {' and '.join(g.unserved_media)} encoders of gemma3n are not served "
+            "yet: text only (media in a request is refused)"
+        )
+    return lines
 
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
