@@ -23,6 +23,7 @@ from inferd.server.api_limits import LogprobsAsk, check_n
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
 from inferd.server.events import Failure
+from inferd.server.file_inputs import has_file_parts, resolve_chat_files
 from inferd.server.generation import (
     Generation,
     clamp,
@@ -53,6 +54,8 @@ async def create_chat_completion(request: Request) -> Response:
     # The cheap checks first: the media parts (counts, URL policy, modality; nothing read
     # yet), fields, n, sampling and logprobs, tools, the output constraint.
     policy = media_policy(request)
+    if has_file_parts(body.messages):  # each read from /v1/files or inline, as its kind's part
+        await resolve_chat_files(request, body.messages)
     check_media_parts(body.messages, policy, model)
     n = check_n(body.n)
     params = _sampling_params(body, model)

@@ -31,6 +31,7 @@ from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
 from inferd.server.events import End, Failure, KeepAlive, Piece, events
+from inferd.server.file_inputs import resolve_response_files
 from inferd.server.generation import collect, sampling_params
 from inferd.server.openai_tools import offer
 from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit_detached
@@ -99,6 +100,7 @@ async def create_response(request: Request) -> Response:
     owner = request_owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
+    await resolve_response_files(request, items)  # input_file: an image or text part now
     hosted = hosted_mcp(body)
     if hosted and body.background:
         raise bad_request("background: mcp tools are run in the foreground only", "background")
