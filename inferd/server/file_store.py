@@ -15,6 +15,7 @@ for every file of the store together (a file past either is refused, nothing wri
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import secrets
@@ -23,6 +24,7 @@ import sqlite3
 import tempfile
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -229,6 +231,21 @@ class FileStore:
             if shared is None:
                 self._blob(row[0]).unlink(missing_ok=True)
             return True
+
+    def sink(self, owner: str | None) -> Callable[[str, bytes], Awaitable[str]]:
+        """Stores a file code execution wrote for ``owner`` (purpose ``assistants``): the
+        sandbox's FileSink. A file past the limits is a ValueError saying so."""
+
+        async def save(path: str, data: bytes) -> str:
+            try:
+                record = await asyncio.to_thread(
+                    self.put, data, filename=path, purpose="assistants", owner=owner
+                )
+            except FileTooLarge as exc:
+                raise ValueError(str(exc)) from None
+            return record.id
+
+        return save
 
     # -- reading -----------------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_runtime import progress_asked
 from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
+from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
 from inferd.server.events import Failure
@@ -70,6 +71,7 @@ async def create_chat_completion(request: Request) -> Response:
         n=n,
         code_execution=body.enable_code_execution,
         search=search_asked(body.web_search_options),
+        save_files=state.files.sink(request_owner(request)),
     )
     search = server.search if server is not None else None
     tools = parse_tools(
