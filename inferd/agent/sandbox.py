@@ -36,6 +36,7 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -153,6 +154,22 @@ class SandboxFile:
     path: str
     size: int
     sha256: str
+
+
+@dataclass(frozen=True, slots=True)
+class SavedFile:
+    """A file a call wrote, stored for the caller (``FileSink``) under ``file_id``."""
+
+    path: str
+    file_id: str
+    size: int
+
+
+# Stores one file a call wrote (its path in the work directory, its bytes) where the caller
+# can fetch it; answers the stored file's id (the server's /v1/files store).
+FileSink = Callable[[str, bytes], Awaitable[str]]
+MAX_SAVED_FILES = 8  # files stored after one call
+MAX_SAVED_BYTES = MAX_READ_BYTES  # their bytes together
 
 
 @dataclass(frozen=True, slots=True)
@@ -500,8 +517,13 @@ class CodeExecutionTools(ToolSource):
         *,
         permission: Permission = "ask",
         python: str = "/usr/bin/python3",
+        save_files: FileSink | None = None,
     ) -> None:
         self.sandbox_limits = limits or SandboxLimits()
+        # new or changed files after each call go to save_files; what was stored, in order
+        self.save_files = save_files
+        self.saved: list[SavedFile] = []
+        self._kept: dict[str, str] = {}  # path -> sha256 of the files stored or seen
         # the call bound covers a fresh session's start and one execution; the kernel's own
         # timeout fires first and stops the process
         super().__init__(
@@ -552,7 +574,40 @@ class CodeExecutionTools(ToolSource):
         started = time.monotonic()
         execution = await self.kernel.execute(code)
         log.debug("python tool: %.3f s, error=%s", time.monotonic() - started, execution.is_error)
-        return execution.text(), execution.is_error
+        text = execution.text()
+        if self.save_files is not None and execution.files:
+            text += await self._save(execution.files)
+        return text, execution.is_error
+
+    async def _save(self, files: tuple[SandboxFile, ...]) -> str:
+        """Store the files this call made or changed (at most MAX_SAVED_FILES, MAX_SAVED_BYTES
+        together; the rest are named as not stored) and say where they are."""
+        assert self.save_files is not None and self.kernel is not None
+        lines: list[str] = []
+        skipped: list[str] = []
+        left = MAX_SAVED_BYTES
+        for f in files:
+            if self._kept.get(f.path) == f.sha256:
+                continue
+            if len(lines) >= MAX_SAVED_FILES or f.size > left:
+                skipped.append(f.path)
+                continue
+            try:
+                data = await self.kernel.read_file(f.path, left)
+                file_id = await self.save_files(f.path, data)
+            except (ToolCallError, OSError, ValueError) as exc:
+                skipped.append(f"{f.path} ({exc})")
+                continue
+            left -= len(data)
+            self._kept[f.path] = f.sha256
+            self.saved.append(SavedFile(f.path, file_id, len(data)))
+            lines.append(f"{f.path} -> {file_id} ({len(data)} bytes)")
+        out = ""
+        if lines:
+            out += "\nfiles saved for the user (GET /v1/files/ID/content): " + ", ".join(lines)
+        if skipped:
+            out += "\nfiles not saved (over the bounds of one call): " + ", ".join(skipped)
+        return out
 
     async def close(self) -> None:
         if self.kernel is not None:

@@ -28,7 +28,7 @@ from typing import Any
 
 from inferd.agent.config import AgentConfig, AgentConfigError, McpServerConfig
 from inferd.agent.mcp_tools import McpTools
-from inferd.agent.sandbox import CodeExecutionTools
+from inferd.agent.sandbox import CodeExecutionTools, FileSink, SavedFile
 from inferd.agent.search import DirectoryIndex, Embed, SearchBackend, SearchTools, UrlSearch
 from inferd.agent.skills import SkillStore
 from inferd.agent.toolbox import ToolBox
@@ -156,6 +156,11 @@ class ServerTools:
     broker: ApprovalBroker
     owned: tuple[ToolSource, ...] = ()
     search: SearchTools | None = None  # the request asked for web search
+
+    @property
+    def saved_files(self) -> list[SavedFile]:
+        """The files the request's code execution wrote and stored, in order."""
+        return [f for s in self.owned if isinstance(s, CodeExecutionTools) for f in s.saved]
 
     def loop(
         self,
@@ -299,6 +304,7 @@ class AgentRuntime:
         code_execution: bool | None = None,
         hosted: Sequence[HostedSource] = (),
         search: SearchAsk | None = None,
+        save_files: FileSink | None = None,
     ) -> ServerTools | None:
         """The tools the server runs for one request, or None when the loop does not run for
         it (see the module docstring); 400s for ``max_tool_rounds`` beyond the server's bound
@@ -326,7 +332,8 @@ class AgentRuntime:
         shared = await self.toolbox() if self.enabled else ToolBox()
         owned: tuple[ToolSource, ...] = tuple(h.source for h in hosted)
         if wants_code:
-            owned += (CodeExecutionTools(permission=self.config.permission),)
+            # the files its code writes are stored for the caller (/v1/files) with save_files
+            owned += (CodeExecutionTools(permission=self.config.permission, save_files=save_files),)
         if searching is not None:
             owned += (searching,)
         box = ToolBox([*shared.sources, *owned]) if owned else shared

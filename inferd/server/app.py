@@ -21,6 +21,13 @@ from inferd.server.chat_page import install_chat_page
 from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
 from inferd.server.errors import APIError
+from inferd.server.files_api import (
+    create_file,
+    delete_file,
+    file_content,
+    list_files,
+    retrieve_file,
+)
 from inferd.server.hooks import OnChunk, OnDone, StreamHooks, StreamHooksMiddleware
 from inferd.server.lora_api import load_lora_adapter, unload_lora_adapter
 from inferd.server.middleware import RequestIdMiddleware
@@ -90,6 +97,7 @@ def build_app(
         async with mcp.running() if mcp is not None else contextlib.nullcontext():
             yield
         await app.state.inferd.agent.close()  # MCP sessions and their processes
+        app.state.inferd.files.close()  # a temporary folder goes with the app
 
     app = FastAPI(
         title="inferd",
@@ -133,6 +141,11 @@ def build_app(
     _routes(app, "/v1/agent/sessions", list_sessions, ["GET"])
     _routes(app, "/v1/agent/sessions/{session_id}", get_session, ["GET"])
     _routes(app, "/v1/agent/sessions/{session_id}", delete_session, ["DELETE"])
+    _routes(app, "/v1/files", list_files, ["GET"])
+    _routes(app, "/v1/files", create_file, ["POST"], json=False)  # multipart
+    _routes(app, "/v1/files/{file_id}", retrieve_file, ["GET"])
+    _routes(app, "/v1/files/{file_id}", delete_file, ["DELETE"])
+    _routes(app, "/v1/files/{file_id}/content", file_content, ["GET"])
     _routes(app, "/v1/skills", list_skills, ["GET"])
     _routes(app, "/v1/skills", create_skill, ["POST"], json=False)  # multipart
     _routes(app, "/v1/skills/{skill_id}", get_skill, ["GET"])

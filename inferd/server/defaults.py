@@ -31,6 +31,9 @@ DEFAULT_MAX_CONNECTIONS = 512
 # (token, logprob) pairs one completions response may carry: a full 8,192-token echo with 20
 # top logprobs is 172k; `echo` + `logprobs: 20` + `n: 16` on a 4,000-token prompt is 1.3M.
 DEFAULT_MAX_LOGPROBS_TOKENS = 262_144
+# /v1/files: one file is one upload body; all of them together
+DEFAULT_MAX_FILE_BYTES = DEFAULT_MAX_BODY_BYTES
+DEFAULT_MAX_FILES_TOTAL_BYTES = 1 << 30
 DEFAULT_RESPONSES_TTL = 30 * 24 * 3600.0  # seconds a stored response lives (as OpenAI keeps them)
 
 __all__ = [

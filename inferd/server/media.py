@@ -321,7 +321,7 @@ def _check_part(prefix: str, modality: str, part: dict[str, Any], policy: MediaP
             raise bad_request(f"{param} must be an object", param)
         if value.get("file_id") is not None:
             raise bad_request(
-                f"{param}.file_id: this server has no files API; send file_data instead",
+                f"{param}.file_id: a file id is not read here; send file_data instead",
                 f"{param}.file_id",
             )
         file_data = value.get("file_data")
@@ -386,6 +386,14 @@ def check_url(url: object, modality: str, policy: MediaPolicy, param: str) -> Me
 
 def _refused(param: str, reason: str) -> APIError:
     return bad_request(f"{param}: {reason}", param, code="media_url_refused")
+
+
+def decode_inline(value: object, policy: MediaPolicy, param: str) -> tuple[str | None, bytes]:
+    """A file sent inline (a ``data:`` URL, or bare base64) as (its media type, its bytes),
+    under the policy's size cap."""
+    if isinstance(value, str) and value[:5].lower() == "data:":
+        return _decode_data_url(value, policy, param)
+    return None, _decode_base64(value, policy, param)
 
 
 def _decode_data_url(url: str, policy: MediaPolicy, param: str) -> tuple[str | None, bytes]:

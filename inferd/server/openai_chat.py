@@ -20,9 +20,11 @@ from inferd.server.agent_loop import Started, start_reply
 from inferd.server.agent_runtime import progress_asked
 from inferd.server.agent_sessions import keep, open_session
 from inferd.server.api_limits import LogprobsAsk, check_n
+from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import bad_request
 from inferd.server.events import Failure
+from inferd.server.file_inputs import has_file_parts, resolve_chat_files
 from inferd.server.generation import (
     Generation,
     clamp,
@@ -53,6 +55,8 @@ async def create_chat_completion(request: Request) -> Response:
     # The cheap checks first: the media parts (counts, URL policy, modality; nothing read
     # yet), fields, n, sampling and logprobs, tools, the output constraint.
     policy = media_policy(request)
+    if has_file_parts(body.messages):  # each read from /v1/files or inline, as its kind's part
+        await resolve_chat_files(request, body.messages)
     check_media_parts(body.messages, policy, model)
     n = check_n(body.n)
     params = _sampling_params(body, model)
@@ -67,6 +71,7 @@ async def create_chat_completion(request: Request) -> Response:
         n=n,
         code_execution=body.enable_code_execution,
         search=search_asked(body.web_search_options),
+        save_files=state.files.sink(request_owner(request)),
     )
     search = server.search if server is not None else None
     tools = parse_tools(

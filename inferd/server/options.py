@@ -25,6 +25,8 @@ from inferd.server.defaults import (
     ACCESS_LOG_FORMATS,
     DEFAULT_BODY_TIMEOUT,
     DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES_TOTAL_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_LOGPROBS_TOKENS,
 )
@@ -77,6 +79,11 @@ class ServerOptions:
     # defaults to a file under INFERD_HOME), and how long a stored response lives
     responses_store: str = MEMORY
     responses_ttl: float = DEFAULT_TTL_SECONDS
+    # -- /v1/files: the folder of the file store (None: a private temporary folder; `inferd
+    # serve` puts it beside the responses store), the limit per file and for all together
+    files_dir: str | None = None
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES
+    max_files_total_bytes: int = DEFAULT_MAX_FILES_TOTAL_BYTES
     # -- media in requests
     media_policy: MediaPolicy = field(default_factory=MediaPolicy)
     # -- LoRA adapters loaded at runtime (POST /v1/load_lora_adapter) only from under these
@@ -111,6 +118,10 @@ class ServerOptions:
         if not self.responses_ttl > 0:
             raise ValueError("--responses-ttl must be positive")
         object.__setattr__(self, "responses_store", str(self.responses_store))
+        if self.max_file_bytes < 1:
+            raise ValueError("--max-file-bytes must be at least 1")
+        if self.max_files_total_bytes < self.max_file_bytes:
+            raise ValueError("--max-files-total-bytes must be at least --max-file-bytes")
         object.__setattr__(self, "lora_roots", validate_roots(self.lora_roots, "--lora-root"))
         if self.access_log_format not in (None, *ACCESS_LOG_FORMATS):
             raise ValueError(f"access log format must be one of {', '.join(ACCESS_LOG_FORMATS)}")

@@ -26,11 +26,12 @@ from starlette.responses import JSONResponse, Response
 from inferd.agent.search import SearchTools
 from inferd.server import sse
 from inferd.server.agent_loop import Started, call_origin, start_reply
-from inferd.server.agent_runtime import HostedSource, RanCall
+from inferd.server.agent_runtime import HostedSource, RanCall, ServerTools
 from inferd.server.auth import request_owner
 from inferd.server.constraints import answer_schema, checked_constraint
 from inferd.server.errors import APIError, bad_request
 from inferd.server.events import End, Failure, KeepAlive, Piece, events
+from inferd.server.file_inputs import resolve_response_files
 from inferd.server.generation import collect, sampling_params
 from inferd.server.openai_tools import offer
 from inferd.server.pipeline import ChatJob, ErrorNames, Prepared, prepare, submit_detached
@@ -73,6 +74,7 @@ from inferd.serving.interface import RequestOutput
 from inferd.serving.served import ServedModel
 from inferd.structured.tool_syntax.base import CallReader
 
+CONTAINER_ID = "cntr_sandbox"  # the code execution sandbox, as container_file_citation names it
 MAX_CHAIN = 10_000  # responses one previous_response_id chain may hold
 _TERMINAL = ("completed", "incomplete", "failed", "cancelled")
 
@@ -88,6 +90,30 @@ def _not_found(response_id: str) -> APIError:
     )
 
 
+def _citations(
+    search: SearchTools | None, server: ServerTools | None, text: str
+) -> list[dict[str, Any]]:
+    """An answer's annotations: the web pages it cites (with web search), then the files the
+    request's code wrote and stored (container_file_citation: the span of the file's name in
+    the answer, or the whole answer when it does not name it)."""
+    found = url_citations(search, text) if search is not None else []
+    for saved in server.saved_files if server is not None else ():
+        name = saved.path.rsplit("/", 1)[-1]
+        start = text.find(name)
+        span = (start, start + len(name)) if start >= 0 else (0, len(text))
+        found.append(
+            {
+                "type": "container_file_citation",
+                "container_id": CONTAINER_ID,
+                "file_id": saved.file_id,
+                "filename": name,
+                "start_index": span[0],
+                "end_index": span[1],
+            }
+        )
+    return found
+
+
 # -- create -----------------------------------------------------------------------------------
 
 
@@ -99,6 +125,7 @@ async def create_response(request: Request) -> Response:
     owner = request_owner(request)
     history = await asyncio.to_thread(_history, state.responses, body.previous_response_id, owner)
     items = input_items(body.input, calls_of(history))
+    await resolve_response_files(request, items)  # input_file: an image or text part now
     hosted = hosted_mcp(body)
     if hosted and body.background:
         raise bad_request("background: mcp tools are run in the foreground only", "background")
@@ -138,6 +165,7 @@ async def _respond(
             body.max_tool_rounds,
             code_execution=body.enable_code_execution,
             hosted=hosted,
+            save_files=state.files.sink(owner),
             search=search_tool(body.tools),
         )
     search = server.search if server is not None else None
@@ -208,8 +236,7 @@ async def _respond(
             *(_ran_item(c, search) for c in started.ran),
             *(mcp_approval_request_item(c) for c in started.awaiting),
         ]
-        if search is not None:
-            run.cite = partial(url_citations, search)
+        run.cite = partial(_citations, search, server)
         return run
 
     def stream_of(started: Started) -> AsyncIterator[bytes]:

@@ -27,7 +27,7 @@ from inferd.structured.tool_syntax import ToolFormat, ToolSpec
 
 MAX_METADATA_PAIRS = 16
 _INPUT_ROLES = ("user", "system", "developer", "assistant")
-_MEDIA_PARTS = ("input_file", "input_audio")
+_MEDIA_PARTS = ("input_audio",)
 # input_image's detail: accepted and kept; the tiles an image becomes are the model's choice, as
 # for chat's image_url.
 _DETAILS = ("auto", "low", "high")
@@ -420,6 +420,8 @@ def _part(where: str, part: Any, role: str) -> dict[str, Any]:
     allowed = ("output_text", "refusal") if role == "assistant" else ("input_text",)
     if kind == "input_image":
         return _image_part(where, part, role)
+    if kind == "input_file":
+        return _file_part(where, part, role)
     if kind in _MEDIA_PARTS:
         raise bad_request(
             f"{where}: {kind} parts are not supported on /v1/responses yet (text and images)",
@@ -442,21 +444,38 @@ def _image_part(where: str, part: dict[str, Any], role: str) -> dict[str, Any]:
     decoded with the media policy as chat's image_url is (see ``media_messages``)."""
     if role != "user":
         raise bad_request(f"{where}: images are accepted in user messages only", where)
-    if part.get("file_id") is not None:
-        raise bad_request(
-            f"{where}.file_id: this server has no files API; send image_url instead",
-            f"{where}.file_id",
-        )
-    url = part.get("image_url")
-    if not isinstance(url, str):
-        raise bad_request(f"{where}.image_url: a URL string is required", f"{where}.image_url")
     detail = part.get("detail", "auto")
     if detail not in _DETAILS:
         raise bad_request(
             f"{where}.detail must be one of {', '.join(_DETAILS)}, got {detail!r}",
             f"{where}.detail",
         )
+    file_id = part.get("file_id")
+    if file_id is not None:  # read from /v1/files next (file_inputs.py)
+        if not isinstance(file_id, str):
+            raise bad_request(f"{where}.file_id must be a string", f"{where}.file_id")
+        return {"type": "input_image", "file_id": file_id, "detail": detail}
+    url = part.get("image_url")
+    if not isinstance(url, str):
+        raise bad_request(f"{where}.image_url: a URL string is required", f"{where}.image_url")
     return {"type": "input_image", "image_url": url, "detail": detail}
+
+
+def _file_part(where: str, part: dict[str, Any], role: str) -> dict[str, Any]:
+    """An ``input_file`` part's shape; file_inputs.py reads it into the part its file is."""
+    if role != "user":
+        raise bad_request(f"{where}: files are accepted in user messages only", where)
+    if part.get("file_url") is not None:
+        raise bad_request(
+            f"{where}.file_url: files are read by file_id or file_data here", f"{where}.file_url"
+        )
+    keys = ("file_id", "file_data", "filename")
+    for key in keys:
+        if part.get(key) is not None and not isinstance(part[key], str):
+            raise bad_request(f"{where}.{key} must be a string", f"{where}.{key}")
+    if part.get("file_id") is None and part.get("file_data") is None:
+        raise bad_request(f"{where}: give file_id or file_data", where)
+    return {"type": "input_file"} | {k: part[k] for k in keys if part.get(k) is not None}
 
 
 def media_messages(items: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -7,6 +7,7 @@ import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from inferd.agent.config import (
@@ -25,6 +26,8 @@ from inferd.server.defaults import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_DECODED_PIXELS,
+    DEFAULT_MAX_FILE_BYTES,
+    DEFAULT_MAX_FILES_TOTAL_BYTES,
     DEFAULT_MAX_HEADER_BYTES,
     DEFAULT_MAX_IMAGE_PIXELS,
     DEFAULT_MAX_LOGPROBS_TOKENS,
@@ -156,6 +159,29 @@ def add_serve_args(p: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the SQLite file of stored responses, or ':memory:' to keep none past the "
         "process (default: responses.sqlite3 under INFERD_HOME)",
+    )
+    g.add_argument(
+        "--files-dir",
+        default=None,
+        metavar="DIR",
+        help="the folder of /v1/files (default: files/ beside --responses-store; a temporary "
+        "folder when that is ':memory:')",
+    )
+    g.add_argument(
+        "--max-file-bytes",
+        type=int,
+        default=DEFAULT_MAX_FILE_BYTES,
+        metavar="N",
+        help="the largest file /v1/files takes, and the largest a code run's output file "
+        f"stored there (default: {DEFAULT_MAX_FILE_BYTES}; an upload is also one request "
+        "body, under --max-body-bytes)",
+    )
+    g.add_argument(
+        "--max-files-total-bytes",
+        type=int,
+        default=DEFAULT_MAX_FILES_TOTAL_BYTES,
+        metavar="N",
+        help=f"all the files of /v1/files together (default: {DEFAULT_MAX_FILES_TOTAL_BYTES})",
     )
     g.add_argument(
         "--responses-ttl",
@@ -427,6 +453,7 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             "digits and ._~-, no trailing slash)"
         )
     admin_keys = (*args.admin_key, *keys_from_env(environ, ADMIN_KEYS_ENV))
+    responses_store = args.responses_store or str(default_home() / "responses.sqlite3")
     given = vars(args)
     same_name = {f.name: given[f.name] for f in fields(ServerOptions) if f.name in given}
     return ServerOptions(
@@ -447,7 +474,8 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             "access_log_format": (
                 None if args.access_log_format == "off" else args.access_log_format
             ),
-            "responses_store": args.responses_store or str(default_home() / "responses.sqlite3"),
+            "responses_store": responses_store,
+            "files_dir": args.files_dir or _files_dir(responses_store),
             "metrics": not args.no_metrics,
             "agent": agent_config(
                 mcp_config=args.mcp_config,
@@ -485,6 +513,13 @@ def server_options(args: argparse.Namespace, environ: Mapping[str, str]) -> Serv
             ),
         }
     )
+
+
+def _files_dir(responses_store: str) -> str | None:
+    """files/ beside the responses store; None (a temporary folder) when it is in memory."""
+    if responses_store == ":memory:":
+        return None
+    return str(Path(responses_store).parent / "files")
 
 
 def connection_limits(args: argparse.Namespace) -> ConnectionLimits:

@@ -127,7 +127,7 @@ async def delete_skill(request: Request) -> Response:
 
 async def create_skill(request: Request) -> Response:
     store = _store(request)
-    _refuse_cross_site(request)
+    refuse_cross_site(request)
     content_type = header(request.scope, b"content-type") or ""
     if content_type.split(";", 1)[0].strip().lower() != "multipart/form-data":
         raise APIError(
@@ -188,7 +188,7 @@ async def _run(work: Any) -> Any:
         raise APIError(503, message, code="skills_unavailable") from None
 
 
-def _refuse_cross_site(request: Request) -> None:
+def refuse_cross_site(request: Request) -> None:
     origin = header(request.scope, b"origin")
     if origin is None:
         return

@@ -10,6 +10,7 @@ from inferd.agent.tools import ToolSource
 from inferd.server.agent_runtime import AgentRuntime
 from inferd.server.agent_sessions import SessionStore
 from inferd.server.errors import APIError
+from inferd.server.file_store import FileStore
 from inferd.server.options import ServerOptions
 from inferd.server.reasoning import ReasoningSplit, reasoning_split
 from inferd.server.responses_store import ResponseStore
@@ -49,12 +50,18 @@ class ServerState:
     tools: Sequence[ToolSource] = ()  # the embedding program's own tool sources
     agent: AgentRuntime = field(init=False)  # the agent loop's tools and approvals
     sessions: SessionStore = field(init=False)  # agent sessions, beside the stored responses
+    files: FileStore = field(init=False)  # /v1/files (files_api.py)
 
     def __post_init__(self) -> None:
         self.agent = AgentRuntime(self.options.agent, self.tools, self._search_embed)
         self.sessions = SessionStore(self.options.responses_store)
         self.responses = ResponseStore(self.options.responses_store, self.options.responses_ttl)
         self.responses.open_if_present()  # a dead server's unfinished responses: failed now
+        self.files = FileStore(
+            self.options.files_dir,
+            max_file_bytes=self.options.max_file_bytes,
+            max_total_bytes=self.options.max_files_total_bytes,
+        )
 
     async def _search_embed(self, texts: Sequence[str]) -> list[list[float]]:
         """Vectors of ``texts`` from --search-embedding-model (each cut to what it takes)."""

@@ -301,3 +301,50 @@ def test_code_that_ends_the_kernel_gets_a_fresh_session_next() -> None:
     )
     assert after.content.startswith("[a new session was started: its process ended")
     assert result_of(after) == "False"
+
+
+# --- files the code writes come back ----------------------------------------------------------
+
+
+def test_written_files_are_stored_for_the_caller_and_named_in_the_result(tmp_path: Path) -> None:
+    """New and changed files go to the server's file store (a real one, in a folder) after each
+    call, once each; the result names their ids; the store holds their bytes."""
+    from inferd.server.file_store import FileStore
+
+    store = FileStore(tmp_path)
+
+    async def main() -> tuple[list[ToolResult], CodeExecutionTools]:
+        tools = CodeExecutionTools(
+            limits=FAST, permission="allow", save_files=store.sink("owner-a")
+        )
+        await tools.start()
+        try:
+            codes = [
+                "open('report.csv', 'w').write('a,b\\n1,2\\n')",
+                "1+1",  # nothing new: nothing stored again
+                "open('report.csv', 'a').write('3,4\\n'); open('n.txt', 'w').write('x')",
+            ]
+            return [await tools.call("python", {"code": c}) for c in codes], tools
+        finally:
+            await tools.close()
+
+    results, tools = asyncio.run(main())
+    saved = tools.saved
+    assert sorted((s.path, s.size) for s in saved) == [
+        ("n.txt", 1),
+        ("report.csv", 8),
+        ("report.csv", 12),
+    ]
+    first = saved[0]
+    assert (first.path, first.size) == ("report.csv", 8)
+    assert f"report.csv -> {first.file_id} (8 bytes)" in results[0].content
+    assert "files saved" not in results[1].content
+    for s in saved[1:]:
+        assert f"{s.path} -> {s.file_id} ({s.size} bytes)" in results[2].content
+    for s in saved:
+        record = store.get(s.file_id, "owner-a")
+        assert record is not None and record.purpose == "assistants"
+        assert store.get(s.file_id, "owner-b") is None  # the request's key owns them
+    final = next(s for s in reversed(saved) if s.path == "report.csv")
+    record = store.get(final.file_id, "owner-a")
+    assert record is not None and store.content(record) == b"a,b\n1,2\n3,4\n"

@@ -248,7 +248,7 @@ def test_input_audio_file_and_anthropic_blocks() -> None:
     bad_format = {"type": "input_audio", "input_audio": {"data": wav, "format": "exe"}}
     assert "messages.0.content.0.input_audio.format must be one of" in one(bad_format)
     assert "must be an object" in one({"type": "input_audio", "input_audio": "x"})
-    assert "no files API" in one({"type": "file", "file": {"file_id": "file-123"}})
+    assert "a file id is not read here" in one({"type": "file", "file": {"file_id": "file-1"}})
     url_block = {"type": "image", "source": {"type": "url", "url": "http://example.com/a.png"}}
     assert "--allow-remote-media" in one(url_block)
     assert "'file' is not supported" in one({"type": "image", "source": {"type": "file"}})

@@ -295,8 +295,8 @@ def test_bad_input_images_are_refused_by_path(oai: openai.OpenAI, model_id: str)
         (image_input(data_url(b"not a png")), "input.0.content.0.image_url"),
         (image_input(data_url(png_bytes(CAT)), "tiny"), "input.0.content.0.detail must be"),
         (
-            [{"role": "user", "content": [{"type": "input_image", "file_id": "file-1"}]}],
-            "input.0.content.0.file_id: this server has no files API",
+            [{"role": "user", "content": [{"type": "input_image", "file_id": 7}]}],
+            "input.0.content.0.file_id must be a string",
         ),
         (
             [

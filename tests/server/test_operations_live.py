@@ -559,9 +559,9 @@ HOSTILE = [
         body=_media({"type": "input_audio", "input_audio": {"data": "UklGRg==", "format": "exe"}}),
     ),
     Hostile(
-        "file id",
-        400,
-        "this server has no files API",
+        "file id of no file",
+        404,
+        "no file 'file-abc'",
         body=_media({"type": "file", "file": {"file_id": "file-abc"}}),
     ),
     Hostile(
