@@ -21,7 +21,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import numpy as np
 import openai
@@ -38,6 +37,7 @@ from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_gemma4 import AUDIO, IMAGE, VIDEO, VIDEO_FRAMES, mm_token_id
 from tests.server.live import LiveServer, live_server
+from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
@@ -200,11 +200,11 @@ def test_a_png_a_wav_and_an_mp4_reach_the_model_as_transformers_takes_them(
     served = [t.logprob for t in reply.choices[0].logprobs.content]
     assert served == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
 
-    calls_before = _encoder_calls(server)
+    calls_before = encoder_calls(server)
     chunks = list(_ask(client, png_bytes(picture), stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
-    assert _encoder_calls(server) == calls_before  # the image, clip and frames were cached
+    assert encoder_calls(server) == calls_before  # the image, clip and frames were cached
 
 
 def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
@@ -214,44 +214,8 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
     question = "Describe it."
     ids, text, _ = _reference(tiny_gemma4, ["image"], question, picture)
     url = data_url(png_bytes(picture))
-    source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
-    content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
-    with anthropic.Anthropic(
-        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as claude:
-        counted = claude.messages.count_tokens(
-            model="default", messages=[{"role": "user", "content": content}]
-        )
-        message = claude.messages.create(
-            model="default",
-            max_tokens=NEW,
-            messages=[{"role": "user", "content": content}],
-            extra_body={"temperature": 0, "ignore_eos": True},
-        )
-    assert message.usage.input_tokens == counted.input_tokens == len(ids)
-    assert "".join(b.text for b in message.content if b.type == "text") == text
-    response = client.responses.create(
-        model="default",
-        input=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_image", "image_url": url, "detail": "auto"},
-                    {"type": "input_text", "text": question},
-                ],
-            }
-        ],
-        max_output_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
+    claude, responses, counted = image_on_anthropic_and_responses(
+        server, client, url, question, NEW
     )
-    assert response.usage is not None and response.usage.input_tokens == len(ids)
-    assert response.output_text == text
-
-
-def _encoder_calls(server: LiveServer) -> float:
-    """Encoder runs so far (media the encoder cache did not hold)."""
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    found = re.search(r"^inferd_images_encoded_total(?:\{[^}]*\})? ([\d.e+]+)$", text, re.M)
-    assert found is not None, "no encoder counter in /metrics"
-    return float(found.group(1))
+    assert claude == responses == Reply(len(ids), text)
+    assert counted == len(ids)

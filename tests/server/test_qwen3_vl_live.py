@@ -16,7 +16,6 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-import anthropic
 import httpx
 import openai
 import pytest
@@ -32,6 +31,7 @@ from tests.media.corpus import Clip, _mp4
 from tests.models.test_idefics3_processor import generated
 from tests.models.test_qwen3_vl_parity import Media, expand_all, reference
 from tests.server.live import LiveServer, live_server
+from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
@@ -130,11 +130,11 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     assert reply.usage.prompt_tokens == prompt_tokens  # every run's placeholders, timestamps
     assert reply.choices[0].message.content == text
 
-    calls_before = _encoder_calls(server)
+    calls_before = encoder_calls(server)
     chunks = list(_ask(client, png_bytes(image), video, stream=True))
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed == text
-    assert _encoder_calls(server) == calls_before  # each temporal patch came from the cache
+    assert encoder_calls(server) == calls_before  # each temporal patch came from the cache
 
 
 def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
@@ -147,41 +147,5 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
     question = "Describe it."
     prompt_tokens, _, text = _reference(tiny_qwen3_vl, [prepare_image(image, configs[0])], question)
     url = data_url(png_bytes(image))
-    source = {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}
-    content: Any = [{"type": "image", "source": source}, {"type": "text", "text": question}]
-    with anthropic.Anthropic(
-        base_url=server.url, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as claude:
-        message = claude.messages.create(
-            model="default",
-            max_tokens=NEW,
-            messages=[{"role": "user", "content": content}],
-            extra_body={"temperature": 0, "ignore_eos": True},
-        )
-    assert message.usage.input_tokens == prompt_tokens
-    assert "".join(b.text for b in message.content if b.type == "text") == text
-    response = client.responses.create(
-        model="default",
-        input=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "input_image", "image_url": url, "detail": "auto"},
-                    {"type": "input_text", "text": question},
-                ],
-            }
-        ],
-        max_output_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-    )
-    assert response.usage is not None and response.usage.input_tokens == prompt_tokens
-    assert response.output_text == text
-
-
-def _encoder_calls(server: LiveServer) -> float:
-    """Encoder runs so far (images and video runs the encoder cache did not hold)."""
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    found = re.search(r"^inferd_images_encoded_total(?:\{[^}]*\})? ([\d.e+]+)$", text, re.M)
-    assert found is not None, "no encoder counter in /metrics"
-    return float(found.group(1))
+    claude, responses, _ = image_on_anthropic_and_responses(server, client, url, question, NEW)
+    assert claude == responses == Reply(prompt_tokens, text)
