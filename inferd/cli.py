@@ -218,6 +218,14 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help=f"KV cache size in MiB (default: one full context, or {DEFAULT_KV_CACHE_MB} MiB if "
         f"that is more, within {KV_RAM_FRACTION:.0%}% of the RAM free after the weights)",
     )
+    kv.add_argument(
+        "--kv-memory-fraction",
+        type=float,
+        default=d.kv_memory_fraction,
+        metavar="F",
+        help="give the KV cache this share (0-0.95) of the RAM free after the weights, however "
+        "long the context (mistral.rs's --pa-gpu-mem-usage, for RAM)",
+    )
     p.add_argument(
         "--kv-cache-dtype",
         choices=KV_CACHE_DTYPES,
@@ -320,6 +328,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_waiting=args.max_waiting,
         kv_cache_tokens=args.kv_cache_tokens,
         kv_cache_mb=args.kv_cache_mb,
+        kv_memory_fraction=args.kv_memory_fraction,
         kv_cache_dtype=args.kv_cache_dtype,
         encoder_cache_mb=args.encoder_cache_mb,
         max_encoder_tokens=args.max_encoder_tokens_per_step,

@@ -31,6 +31,9 @@ class EngineConfig:
     kv_cache_tokens: int | None = None  # None: from kv_cache_mb
     kv_cache_mb: int | None = None  # None: sized from the context and free RAM (sizing.py)
     kv_cache_dtype: str = "auto"  # one of KV_CACHE_DTYPES
+    # The share of the RAM free after the weights that a pool sized from the context may take
+    # (serving/sizing.py); None: KV_RAM_FRACTION. Not with kv_cache_tokens or kv_cache_mb.
+    kv_memory_fraction: float | None = None
     seed: int | None = None
     prefix_caching: bool = True
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
@@ -81,8 +84,11 @@ class EngineConfig:
             raise ValueError("encoder_cache_mb cannot be negative")
         if self.kv_cache_mb is not None and self.kv_cache_mb < 1:
             raise ValueError("kv_cache_mb must be at least 1")
-        if self.kv_cache_mb is not None and self.kv_cache_tokens is not None:
-            raise ValueError("give kv_cache_tokens or kv_cache_mb, not both")
+        sizes = (self.kv_cache_tokens, self.kv_cache_mb, self.kv_memory_fraction)
+        if sum(size is not None for size in sizes) > 1:
+            raise ValueError("give one of kv_cache_tokens, kv_cache_mb and kv_memory_fraction")
+        if self.kv_memory_fraction is not None and not 0 < self.kv_memory_fraction <= 0.95:
+            raise ValueError("kv_memory_fraction must be above 0 and at most 0.95")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be at least 2")
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < self.block_size:

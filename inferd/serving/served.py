@@ -244,6 +244,7 @@ def assemble(
         max_seq_len=cfg.max_model_len,
         kv_cache_tokens=cfg.kv_cache_tokens,
         kv_cache_mb=cfg.kv_cache_mb,
+        memory_fraction=cfg.kv_memory_fraction,
         block_size=cfg.block_size,
         window=mcfg.uniform_window,
         chunk=cfg.max_num_batched_tokens,

@@ -95,13 +95,15 @@ def decide(
     window: int | None = None,
     chunk: int = 512,
     draft_bytes: int = 0,
+    memory_fraction: float | None = None,
 ) -> Sizing:
     """The pool and the served context for a model of ``shape`` with ``available_bytes`` of RAM
     free after its weights, of which a draft model's weights will take ``draft_bytes``; the
     flags as ``EngineConfig`` holds them (None: not given).
     ``window``: when every layer slides, a sequence holds at most the window behind a step's
     first token plus the step's ``chunk`` (engine/kv_cache.py frees the rest), so a full context
-    needs only that much of the pool."""
+    needs only that much of the pool. ``memory_fraction``: the share of the free RAM the pool
+    may take (--kv-memory-fraction; None: ``KV_RAM_FRACTION``)."""
     _check_positions(shape, max_seq_len)
     context = max_seq_len or min(shape.trained_positions, DEFAULT_MAX_MODEL_LEN)
     need = tokens_held(context, chunk, block_size, window)  # one full context, at once
@@ -111,9 +113,15 @@ def decide(
     elif kv_cache_mb is not None:
         tokens, why = _blocks(kv_cache_mb * MIB // per_token, block_size), "set by --kv-cache-mb"
     else:
+        share = KV_RAM_FRACTION if memory_fraction is None else memory_fraction
         free_bytes = max(0, available_bytes - draft_bytes)
-        budget = int(free_bytes * KV_RAM_FRACTION)
-        target = max(need * per_token, DEFAULT_KV_CACHE_MB * MIB)
+        budget = int(free_bytes * share)
+        # Given a share, the pool takes it all; the default stops at what the context needs.
+        target = (
+            budget
+            if memory_fraction is not None
+            else max(need * per_token, DEFAULT_KV_CACHE_MB * MIB)
+        )
         fitting = min(target, budget) // per_token
         tokens = _blocks(fitting, block_size)
         free = f"{_size(free_bytes)} of RAM free after the weights"
@@ -122,12 +130,14 @@ def decide(
         if tokens >= need:
             contexts = tokens // need
             fits = "one full context" if contexts == 1 else f"{contexts} full contexts"
-            why = f"{fits}, within {KV_RAM_FRACTION:.0%} of the {free}"
+            why = f"{fits}, within {share:.0%} of the {free}"
+            if memory_fraction is not None:
+                why = f"{fits} in {share:.0%} of the {free} (--kv-memory-fraction)"
         else:
-            why = f"all that {KV_RAM_FRACTION:.0%} of the {free} holds"
+            why = f"all that {share:.0%} of the {free} holds"
             if max_seq_len is None and fitting < MIN_DEFAULT_CONTEXT:
                 raise SizingError(
-                    f"only {free}: {KV_RAM_FRACTION:.0%} of it holds {fitting} tokens of KV cache "
+                    f"only {free}: {share:.0%} of it holds {fitting} tokens of KV cache "
                     f"({_size(per_token)} each), fewer than {MIN_DEFAULT_CONTEXT}; free memory, "
                     "or set --kv-cache-mb"
                 )

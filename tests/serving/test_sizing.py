@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from inferd.config import DEFAULT_KV_CACHE_MB, KV_RAM_FRACTION
+from inferd.config import DEFAULT_KV_CACHE_MB, KV_RAM_FRACTION, EngineConfig
 from inferd.models.config import config_from_hf
 from inferd.serving.sizing import GIB, MIB, KVShape, SizingError, decide, kv_shape
 from tests.serving.configs import (
@@ -246,3 +246,21 @@ def test_an_int8_pool_holds_nearly_twice_the_tokens_of_bf16(hf: dict[str, Any]) 
             assert large.pool_bytes <= budget["kv_cache_mb"] * MIB
     s = decide(int8, available_bytes=8 * GIB, kv_cache_mb=64)
     assert f"KV cache {s.pool_tokens} tokens of int8, " in s.reason  # the startup line
+
+
+def test_a_memory_fraction_gives_the_pool_that_share_of_the_free_ram() -> None:
+    """--kv-memory-fraction F: the pool takes F of the RAM free after the weights whatever the
+    context needs (the default stops at one full context); F is checked with the other sizes."""
+    llama = shape(LLAMA_3_8B)  # 128 KiB a token in bf16
+    default = decide(llama, available_bytes=8 * GIB)
+    quarter = decide(llama, available_bytes=8 * GIB, memory_fraction=0.25)
+    half = decide(llama, available_bytes=8 * GIB, memory_fraction=0.5)
+    assert default.pool_tokens == 8192 and default.pool_bytes == GIB
+    assert (quarter.pool_bytes, half.pool_bytes) == (2 * GIB, 4 * GIB)
+    assert quarter.max_seq_len == half.max_seq_len == 8192
+    assert "25% of the 8.0 GiB" in quarter.reason and "--kv-memory-fraction" in quarter.reason
+    with pytest.raises(ValueError, match="one of kv_cache_tokens"):
+        EngineConfig(kv_cache_mb=64, kv_memory_fraction=0.3)
+    for bad in (0.0, 0.99, -1.0):
+        with pytest.raises(ValueError, match="kv_memory_fraction"):
+            EngineConfig(kv_memory_fraction=bad)
