@@ -98,16 +98,17 @@ def test_chat_templates_from_text_file_and_tokenizer_config(tmp_path: Path) -> N
         ({}, "no models"),
         (
             {"a": "smollm2"},
-            "a: expected an object with one of GGUF, Plain, Embedding, got a string",
+            "a: expected an object with one of GGUF, Plain, VisionPlain, Embedding, got a string",
         ),
         (
             {"a": {"max_seqs": 2}},
-            "a: expected exactly one model kind (GGUF, Plain, Embedding); found none",
+            "a: expected exactly one model kind (GGUF, Plain, VisionPlain, Embedding); found none",
         ),
-        ({"a": {"VisionPlain": {"model_id": "x"}}}, "a.VisionPlain: unknown key"),
+        ({"a": {"Speech": {"model_id": "x"}}}, "a.Speech: unknown key"),
         (
             {"a": {"GGUF": {"model_id": "x"}, "Embedding": {"model_id": "y"}}},
-            "a: expected exactly one model kind (GGUF, Plain, Embedding); found GGUF, Embedding",
+            "a: expected exactly one model kind (GGUF, Plain, VisionPlain, Embedding); "
+            "found GGUF, Embedding",
         ),
         ({"a": {"GGUF": "smollm2"}}, "a.GGUF: expected an object with model_id, got a string"),
         ({"a": {"GGUF": {}}}, "a.GGUF.model_id: required"),

@@ -127,6 +127,7 @@ def test_server_options_from_the_serve_flags() -> None:
         media_policy=options.media_policy,
         allowed_hosts=HostAllowList.for_server("127.0.0.1", 1234),
         responses_store=str(default_home() / "responses.sqlite3"),
+        files_dir=str(default_home() / "files"),  # beside the responses store
         ui=True,
     )
     # `inferd serve` always checks Host (the loopback names and its own address), and keeps
@@ -134,7 +135,10 @@ def test_server_options_from_the_serve_flags() -> None:
     # serves the chat page
     loopback = HostAllowList.for_server("127.0.0.1", 1234)
     assert server_options(parser.parse_args(["serve"]), {}) == ServerOptions(
-        allowed_hosts=loopback, responses_store=str(default_home() / "responses.sqlite3"), ui=True
+        allowed_hosts=loopback,
+        responses_store=str(default_home() / "responses.sqlite3"),
+        files_dir=str(default_home() / "files"),
+        ui=True,
     )
     flags = ["serve", "--responses-store", ":memory:", "--responses-ttl", "60"]
     stored = server_options(parser.parse_args(flags), {})
