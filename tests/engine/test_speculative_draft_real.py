@@ -137,7 +137,9 @@ def test_constrained_drafts_follow_the_constraint(engines: dict[str, LLM]) -> No
     draft = engines["draft"]
     before = draft.engine.stats()
     sampled = [_seeded(s, 80, Constraint.json_schema(SCHEMA)) for s in range(2)]
-    sampled.append(replace(sampled[0], seed=None, temperature=0.8))
+    # unseeded, at the seeded ones' 0.5: at 0.8 the model may wander off the copy and run to
+    # max_tokens inside a string (seen once in a full run)
+    sampled.append(replace(sampled[0], seed=None))
     for _, text, reason in _run(draft, [json_prompt] * 3, sampled):
         assert reason == "stop"
         jsonschema.validate(json.loads(text), SCHEMA)
