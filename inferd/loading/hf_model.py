@@ -128,22 +128,9 @@ def load_safetensors_model(
     if cfg.tie_word_embeddings:  # after the embedding: a packed copy for decode in bf16
         items.append(("lm_head.weight", plan["embed_tokens.weight"]))
 
-    def read(parts: tuple[Part, ...]) -> Callable[[], torch.Tensor]:
-        def load() -> torch.Tensor:
-            tensors = [p.take(checkpoint.load_tensor(p.name).float()) for p in parts]
-            return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
-
-        return load
-
-    missing = [p.name for _, parts in items for p in parts if p.name not in checkpoint]
-    if missing:
-        raise ModelConfigError(
-            f"{directory}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}"
-        )
-    sources = (WeightSource(t, read(parts)) for t, parts in items)
     fill(
         model,
-        sources,
+        weight_sources(directory, checkpoint, items),
         dtype,
         total=len(items),
         packed_kernels=packed_kernels,
@@ -151,6 +138,27 @@ def load_safetensors_model(
         progress=progress,
     )
     return model, cfg
+
+
+def weight_sources(
+    directory: Path, checkpoint: SafetensorsCheckpoint, items: list[tuple[str, tuple[Part, ...]]]
+) -> list[WeightSource]:
+    """Each parameter's reader from the checkpoint tensors its plan names (cut and joined);
+    ModelConfigError, before anything is read, when the checkpoint lacks one of them."""
+    missing = [p.name for _, parts in items for p in parts if p.name not in checkpoint]
+    if missing:
+        raise ModelConfigError(
+            f"{directory}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}"
+        )
+
+    def read(parts: tuple[Part, ...]) -> Callable[[], torch.Tensor]:
+        def load() -> torch.Tensor:
+            tensors = [p.take(checkpoint.load_tensor(p.name).float()) for p in parts]
+            return torch.cat(tensors) if len(tensors) > 1 else tensors[0]
+
+        return load
+
+    return [WeightSource(target, read(parts)) for target, parts in items]
 
 
 def is_gemma4_assistant(directory: str | Path) -> bool:
@@ -178,16 +186,7 @@ def load_gemma4_assistant(
     if cfg.ordered_embeddings:
         plan["centroids.weight"] = (Part("masked_embedding.centroids.weight", cfg.num_centroids),)
     items = [*plan.items(), ("lm_head.weight", plan["embed_tokens.weight"])]
-    missing = [p.name for _, parts in items for p in parts if p.name not in checkpoint]
-    if missing:
-        raise ModelConfigError(
-            f"{directory}: the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}"
-        )
-
-    def read(names: list[str]) -> Callable[[], torch.Tensor]:
-        return lambda: torch.cat([checkpoint.load_tensor(n).float() for n in names])
-
-    sources = (WeightSource(t, read([p.name for p in parts])) for t, parts in items)
+    sources = weight_sources(directory, checkpoint, items)
     fill(model, sources, dtype, total=len(items), packed_kernels=False, progress=progress)
     if cfg.ordered_embeddings:
         model.token_ordering = checkpoint.load_tensor("masked_embedding.token_ordering").long()

@@ -10,11 +10,8 @@ The server takes API keys and an admin key, so every route is reached as a clien
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
-import stat
-import zipfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +23,7 @@ import pytest
 from inferd.agent.config import AgentConfig
 from inferd.server.app import build_app
 from inferd.server.options import ServerOptions
+from tests.agent.test_skills import zipped
 from tests.server.live import LiveServer, live_server
 from tests.server.spec_check import parse_sse
 
@@ -40,18 +38,6 @@ BODIES = {"recipes": RECIPE_BODY, "weather-report": WEATHER_BODY}
 
 def skill_md(name: str, description: str, body: str = "# Notes\n") -> bytes:
     return f"---\nname: {name}\ndescription: {description}\n---\n{body}".encode()
-
-
-def zipped(*entries: tuple[str, bytes], symlink: str | None = None) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for path, content in entries:
-            archive.writestr(path, content)
-        if symlink is not None:
-            info = zipfile.ZipInfo(symlink)
-            info.external_attr = (stat.S_IFLNK | 0o777) << 16
-            archive.writestr(info, "/etc/passwd")
-    return buffer.getvalue()
 
 
 @pytest.fixture(scope="module")
