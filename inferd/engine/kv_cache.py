@@ -128,6 +128,12 @@ class BlockPool:
         self._hash_of[block_id] = block_hash
         self._block_of[block_hash] = block_id
 
+    def forget_contents(self) -> None:
+        """No block is found by its content any more (the keys and values in them came from
+        weights the model no longer has); the blocks and their owners stay as they are."""
+        self._hash_of = [None] * self.num_blocks
+        self._block_of.clear()
+
     def _evict(self, block_id: int) -> None:
         old = self._hash_of[block_id]
         if old is not None:
@@ -201,6 +207,10 @@ class KVCacheManager:
         request.num_computed_tokens = len(request.block_ids) * self.block_size
         self.stats.hits += request.num_computed_tokens
         return request.num_computed_tokens
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: no later request reuses a block computed before."""
+        self.pool.forget_contents()
 
     def cache_full_blocks(self, request: Request) -> None:
         """Register the blocks this request has completely computed."""

@@ -363,6 +363,21 @@ class LLMEngine:
         if self.grammars is not None:
             self.grammars.shutdown()
 
+    def swap_weights(self, install: Callable[[LlamaForCausalLM], None]) -> None:
+        """Change the model's weights (``install`` does, between two steps) when no request
+        has computed anything on the old ones (RuntimeError, nothing changed, while one has);
+        then the prefix and encoder caches forget what the old weights computed."""
+        started = [
+            r for r in self._core.requests.values() if r.num_computed_tokens or r.output_token_ids
+        ]
+        if started:
+            raise RuntimeError(
+                f"{len(started)} request(s) already run on the current weights; drain them first"
+            )
+        install(self.model)
+        self._core.scheduler.kv.reset_prefix_cache()
+        self._core.runner.encoder_cache.clear()
+
     def has_unfinished(self) -> bool:
         return self._core.has_work
 

@@ -14,6 +14,7 @@ from inferd.layers.linear import (
     INT4_GROUP,
     VNNI_TILE,
     PackedKind,
+    PackedWeight,
     pack_int4_vnni_groups,
     pack_int8_vnni,
 )
@@ -22,7 +23,7 @@ from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
 from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
 from inferd.loading.mmproj import Projector
 from inferd.loading.quantize import Isq
-from inferd.loading.weights import PackedWeight, WeightSource, build_empty, fill
+from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
 
@@ -54,8 +55,7 @@ def load_gguf_model(
     on AVX2);
     ``isq`` quantizes every projection instead (see loading/quantize.py); ``projector`` (a
     checked ``--mmproj`` file) adds its image encoder and connector to the decoder."""
-    infos = {info.name: info for info in gguf.tensor_infos()}
-    names = set(infos)
+    names = {info.name for info in gguf.tensor_infos()}
     cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
     if projector is not None:
         cfg = replace(cfg, vision=projector.vision)
@@ -64,26 +64,7 @@ def load_gguf_model(
     freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling, freq_factors)
     model = build_empty(cfg, inv_freq, dtype)
-    plan = _weight_plan(cfg)
-    if cfg.tie_word_embeddings:
-        plan["lm_head.weight"] = plan["embed_tokens.weight"]
-
-    def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
-        def load() -> torch.Tensor:
-            parts = [transform(gguf.load_tensor(s), s) for s in sources]
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-        return load
-
-    weights = [
-        WeightSource(
-            target,
-            read(srcs, transform),
-            _packed_kind(infos[s].qtype for s in srcs),
-            _packed_reader(gguf, [infos[s] for s in srcs], transform, _pack_rows(cfg)),
-        )
-        for target, (srcs, transform) in plan.items()
-    ]
+    weights = decoder_sources(gguf, cfg)
     if projector is not None:  # the encoder's plain nn.Linear layers are never packed
         weights += [
             WeightSource(ours, projector.reader(theirs))
@@ -99,6 +80,33 @@ def load_gguf_model(
         progress=progress,
     )
     return model, cfg
+
+
+def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
+    """Each parameter of the decoder ``cfg`` describes and how to read it from the file: the
+    float32 weight (dequantized), the small-batch packing that keeps it exact, and the VNNI
+    copy straight from the file's blocks where there is one."""
+    infos = {info.name: info for info in gguf.tensor_infos()}
+    plan = _weight_plan(cfg)
+    if cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = plan["embed_tokens.weight"]
+
+    def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
+        def load() -> torch.Tensor:
+            parts = [transform(gguf.load_tensor(s), s) for s in sources]
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+        return load
+
+    return [
+        WeightSource(
+            target,
+            read(srcs, transform),
+            _packed_kind(infos[s].qtype for s in srcs),
+            _packed_reader(gguf, [infos[s] for s in srcs], transform, _pack_rows(cfg)),
+        )
+        for target, (srcs, transform) in plan.items()
+    ]
 
 
 Transform = Callable[[torch.Tensor, str], torch.Tensor]

@@ -213,6 +213,7 @@ class EngineCollector(Collector):
                 metric.add_metric([model], getattr(s, attr, 0) or 0)
             yield metric
         yield self._kv_capacity()
+        yield self._weights()
 
     def _kv_capacity(self) -> Metric:
         """The pool's size in tokens, labelled with how it stores them (--kv-cache-dtype)."""
@@ -225,6 +226,18 @@ class EngineCollector(Collector):
             tokens = getattr(model, "kv_cache_tokens", None)
             if tokens is not None:
                 metric.add_metric([name, getattr(model, "kv_cache_dtype", "")], tokens)
+        return metric
+
+    def _weights(self) -> Metric:
+        """The RAM each model's weights take, labelled with its in-situ quantization: both
+        change when it is re-quantized (POST /re_isq)."""
+        metric = GaugeMetricFamily(
+            "inferd_model_weight_bytes",
+            "Bytes the model's weights take in RAM (packed copies included), by its ISQ method.",
+            labels=["model", "isq"],
+        )
+        for name, model in sorted(self.state.models.items()):
+            metric.add_metric([name, model.isq or "none"], model.weight_bytes)
         return metric
 
     def describe(self) -> Iterator[Metric]:

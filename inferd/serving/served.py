@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -34,6 +35,8 @@ from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
+from inferd.loading.quantize import Isq, QuantizeError, isq_kind
+from inferd.loading.requantize import Requantized, prepare
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.video import FrameSampling
 from inferd.models.config import ModelConfig
@@ -171,10 +174,57 @@ class ServedModel:
         """``params`` with this view's adapter (unchanged for a base model)."""
         return params if self.lora is None else dataclasses.replace(params, lora=self.lora)
 
+    def requantize(self, method: str) -> Requantization:
+        """Quantize every projection again with ``method`` (q8 | q4) from the model's files, as
+        a load under ``--isq METHOD`` would (loading/requantize.py), and serve from the new
+        weights. Blocks (off the event loop); refused (RuntimeError, nothing changed) while a
+        request runs on the current weights: drain first (``ModelSlot.requantize`` does)."""
+        return self.swap_weights(self.prepare_requantize(method)).result()
+
+    def prepare_requantize(self, method: str) -> Requantized:
+        """The new weights of ``requantize``, made while the model serves on (it is not
+        touched). QuantizeError for an unknown method or an adapter's view."""
+        isq_kind(method)
+        if self.lora is not None:
+            raise QuantizeError(
+                f"{self.id!r} is a LoRA adapter on {self.parent!r}; re-quantize {self.parent!r}"
+            )
+        return prepare(self.engine.engine.model, self.source, Isq(method))
+
+    def swap_weights(self, new: Requantized) -> Future[Requantization]:
+        """Serve from ``new`` from the next engine step on, the prefix cache forgotten
+        (``LLMEngine.swap_weights``, between two steps)."""
+
+        def swap(engine: LLMEngine) -> Requantization:
+            previous, before = self.isq, self.weight_bytes
+            engine.swap_weights(new.install)
+            self.isq, self.weight_bytes = new.isq.method, resident_bytes(engine.model)
+            log.info(
+                "%s re-quantized (isq %s -> %s): weights %.0f -> %.0f MiB, prefix cache cleared",
+                self.id,
+                previous or "none",
+                self.isq,
+                before / 2**20,
+                self.weight_bytes / 2**20,
+            )
+            return Requantization(previous, self.isq, before, self.weight_bytes)
+
+        return self.engine.between_steps(swap)
+
     def shutdown(self) -> None:
         if self.lora is not None:
             return  # an adapter's view: the base model's slot owns the engine
         self.engine.shutdown()
+
+
+@dataclass(frozen=True, slots=True)
+class Requantization:
+    """What ``ServedModel.requantize`` changed: the ISQ method, and the RAM the weights take."""
+
+    previous: str | None
+    method: str
+    weight_bytes_before: int
+    weight_bytes: int
 
 
 def load_model(

@@ -98,3 +98,27 @@ def test_a_request_asking_for_prompt_logprobs_attaches_no_cached_prefix() -> Non
     (chunk,) = s.schedule().chunks
     assert chunk.request is scorer and chunk.start == 0 and chunk.num_tokens == len(PROMPT)
     assert (s.kv.stats.queries, s.kv.stats.hits) == (queries, hits)
+
+
+def test_a_reset_forgets_every_prefix_and_keeps_the_blocks() -> None:
+    """After new weights (POST /re_isq), no block computed with the old ones is found again;
+    the blocks themselves and who holds them are unchanged, and caching starts over."""
+    s = _scheduler()
+    a = make_request("a", 0, prompt=PROMPT)
+    s.add(a)
+    _prefill(s)
+    held = list(a.block_ids)
+    s.kv.reset_prefix_cache()
+    assert s.kv.pool.num_cached == 0
+    assert a.block_ids == held and all(s.kv.pool.ref_count(i) == 1 for i in held)
+    s.finish(a, RequestStatus.FINISHED_STOPPED)
+    b = make_request("b", 0, prompt=PROMPT)
+    s.add(b)
+    out = s.schedule()
+    (chunk,) = out.chunks
+    assert chunk.start == 0  # computed again, from the first token
+    s.advance(out)
+    c = make_request("c", 0, prompt=PROMPT)
+    s.add(c)
+    (chunk,) = s.schedule().chunks
+    assert chunk.start == 36  # what the new weights computed is cached again
