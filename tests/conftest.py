@@ -150,6 +150,17 @@ def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, An
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3n_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Gemma3nForConditionalGeneration directory (audio; its image encoder
+    stubbed), its transformers model and processor."""
+    from tests.models.tiny_gemma3n import save_tiny_gemma3n_multimodal
+
+    directory = tmp_path_factory.mktemp("gemma3n_audio")
+    model, processor = save_tiny_gemma3n_multimodal(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Qwen3-VL directory, its transformers model and processor parts."""
     from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl

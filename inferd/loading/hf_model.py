@@ -23,8 +23,8 @@ from inferd.loading.hf_layout import (
     checkpoint_prefix,
     gemma3_vision_plan,
     gemma3n_plan,
-    gemma4_media_plan,
     gemma4_plan,
+    gemma_media_plan,
     hf_plan,
     qwen2_audio_text_plan,
     qwen_vl_plan,
@@ -104,11 +104,10 @@ def load_safetensors_model(
     cfg = read_model_config(directory, checkpoint, config_overrides, matformer)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
-    if cfg.gemma3n is not None:
-        plan = gemma3n_plan(cfg, set(checkpoint.names()))
-    elif cfg.gemma4 is not None:
-        plan = gemma4_plan(cfg, set(checkpoint.names()))
-        plan |= gemma4_media_plan({n: tuple(p.shape) for n, p in model.named_parameters()})
+    if cfg.gemma4 is not None:  # Gemma 4 and Gemma 3n
+        names = set(checkpoint.names())
+        plan = gemma3n_plan(cfg, names) if cfg.gemma3n is not None else gemma4_plan(cfg, names)
+        plan |= gemma_media_plan({n: tuple(p.shape) for n, p in model.named_parameters()})
     elif cfg.vision is not None and cfg.vision.pooled:
         names = set(checkpoint.names())
         plan = gemma3_vision_plan(cfg, {n: p.shape[0] for n, p in model.named_parameters()}, names)

@@ -21,6 +21,7 @@ from inferd.loading.hf_processor import (
     Gemma4Processing,
     ImageConfig,
     read_audio_config,
+    read_gemma3n_audio_config,
     read_gemma4_processing,
     read_image_config,
     read_qwen3_video_config,
@@ -33,6 +34,7 @@ from inferd.loading.mmproj import ProjectorError, open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.qwen3_vl_video import Qwen3VideoConfig
@@ -65,6 +67,7 @@ class LoadedModel:
     video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
     qwen3_video: Qwen3VideoConfig | None = None  # Qwen3-VL: how to sample and prepare videos
     gemma4: Gemma4Processing | None = None  # Gemma 4: how to prepare images, videos, audio
+    gemma3n_audio: Gemma3nAudioFeatureConfig | None = None  # Gemma 3n: how to featurize audio
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -201,9 +204,10 @@ def _load_hf(
     )
     if cfg.gemma3n is not None and cfg.gemma3n.unserved_media:
         log.warning(
-            "%s: gemma3n's %s encoders are not served yet; serving its text model only",
+            "%s: gemma3n's %s encoder (MobileNet-v5) is not served; serving %s",
             directory,
             " and ".join(cfg.gemma3n.unserved_media),
+            " and ".join(cfg.input_modalities),
         )
     tokenizer = load_tokenizer(directory, cfg)
     template_source = chat_template or chat_template_source(directory)
@@ -224,4 +228,5 @@ def _load_hf(
         video_config=video,
         qwen3_video=read_qwen3_video_config(directory, cfg),
         gemma4=read_gemma4_processing(directory, cfg),
+        gemma3n_audio=read_gemma3n_audio_config(directory, cfg),
     )

@@ -130,7 +130,7 @@ def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
 
 
 def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
-    """Gemma 3n: the MatFormer slice served, and the media encoders left unserved."""
+    """Gemma 3n: the MatFormer slice served, and which of its media encoders are."""
     if not isinstance(model, ServedModel) or model.config.gemma3n is None:
         return []
     g = model.config.gemma3n
@@ -146,9 +146,11 @@ def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
             f"MLP widths {', '.join(map(str, widths))}"
         )
     if g.unserved_media:
+        served = [m for m in model.modalities["input"] if m != "text"]
         lines.append(
-            f"media      {' and '.join(g.unserved_media)} encoders of gemma3n are not served "
-            "yet: text only (media in a request is refused)"
+            f"media      gemma3n serves {' and '.join(served) or 'no media (text only)'}; its "
+            f"{' and '.join(g.unserved_media)} encoder is not served (MobileNet-v5): "
+            f"{' and '.join(g.unserved_media)} input is refused"
         )
     return lines
 
