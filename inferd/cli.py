@@ -168,7 +168,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         default=None,
         help="a llama.cpp multimodal projector (mmproj .gguf) for a GGUF language model: the "
-        "model then takes images (SmolVLM / Idefics3 projectors)",
+        "model then takes images (SmolVLM / Idefics3), or images, video and audio (Gemma 4)",
     )
     p.add_argument(
         "--dtype",

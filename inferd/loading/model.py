@@ -30,7 +30,9 @@ from inferd.loading.hf_processor import (
 )
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.matformer import MatformerSlice, matformer_slice
-from inferd.loading.mmproj import ProjectorError, open_projector
+from inferd.loading.mmproj import Projector, ProjectorError
+from inferd.loading.mmproj_gemma4 import Gemma4Projector
+from inferd.loading.projector import open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig, ModelConfigError
@@ -61,7 +63,7 @@ class LoadedModel:
     isq: Isq | None = None
     image_config: ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
-    projector: Path | None = None  # the --mmproj file the image encoder came from
+    projector: Path | None = None  # the --mmproj file the encoders came from
     # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).
     visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
     video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
@@ -102,7 +104,7 @@ def load(
     as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
-    projector file for a GGUF language model (loading/mmproj.py); ``config_overrides``: merged
+    projector file for a GGUF language model (loading/projector.py); ``config_overrides``: merged
     into a Hugging Face directory's config.json (a GGUF file has none: refused);
     ``matformer``: (slice table, slice name), the MatFormer slice of a Gemma 3n directory to
     build (loading/matformer.py), read before any weight."""
@@ -177,8 +179,9 @@ def _load_gguf(
         tokenizer,
         template,
         isq=isq,
-        image_config=projector.image,
+        image_config=projector.image if isinstance(projector, Projector) else None,
         projector=projector.path,
+        gemma4=projector.processing if isinstance(projector, Gemma4Projector) else None,
     )
 
 

@@ -1101,8 +1101,7 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         global_rotary_fraction=fraction,
         pad_token_id=int(text.get("pad_token_id") or 0),
     )
-    cfg = ModelConfig(
-        architecture="gemma4",
+    cfg = gemma4_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
         intermediate_size=int(text["intermediate_size"]),
@@ -1112,20 +1111,14 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(text["rms_norm_eps"]),
         rope_theta=float(full.get("rope_theta", 1_000_000.0)),
-        rope_scaling=RopeScaling(),
+        rope_local_theta=float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE)),
         max_position=int(text["max_position_embeddings"]),
         tie_word_embeddings=tied or not has_lm_head,
-        qk_norm=True,
         sliding_window=int(text["sliding_window"]) if sliding else None,
         sliding_layers=sliding,
         final_softcap=_float_or_none(text.get("final_logit_softcapping")),
-        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
-        hidden_act="gelu_tanh",
-        rope_local_theta=float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE)),
-        gemma4=layers_cfg,
+        layers=layers_cfg,
     )
-    for layer in range(layers - layers_cfg.kv_shared_layers, layers):
-        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
     vision = hf.get("vision_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(vision, Mapping):
         bidirectional = text.get("use_bidirectional_attention") == "vision"
@@ -1133,6 +1126,56 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     audio = hf.get("audio_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(audio, Mapping):
         cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
+    return cfg
+
+
+def gemma4_decoder_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    rms_norm_eps: float,
+    rope_theta: float,
+    rope_local_theta: float,
+    max_position: int,
+    tie_word_embeddings: bool,
+    sliding_window: int | None,
+    sliding_layers: tuple[int, ...],
+    final_softcap: float | None,
+    layers: Gemma4Layers,
+) -> ModelConfig:
+    """Gemma 4's decoder from its shape, however the checkpoint spells it (a config.json, a
+    GGUF's metadata): unscaled GeGLU attention with q/k norms; every K/V-sharing layer must
+    have a source (ModelConfigError otherwise)."""
+    cfg = ModelConfig(
+        architecture="gemma4",
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=rms_norm_eps,
+        rope_theta=rope_theta,
+        rope_scaling=RopeScaling(),
+        max_position=max_position,
+        tie_word_embeddings=tie_word_embeddings,
+        qk_norm=True,
+        sliding_window=sliding_window,
+        sliding_layers=sliding_layers,
+        final_softcap=final_softcap,
+        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
+        hidden_act="gelu_tanh",
+        rope_local_theta=rope_local_theta,
+        gemma4=layers,
+    )
+    for layer in range(num_layers - layers.kv_shared_layers, num_layers):
+        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
     return cfg
 
 

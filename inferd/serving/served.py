@@ -194,7 +194,7 @@ def load_model(
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
     tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
-    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py).
+    a llama.cpp multimodal projector for a GGUF language model (loading/projector.py).
     ``config_overrides``: merged into a Hugging Face directory's config.json. ``matformer``:
     (slice table, slice name) of a Gemma 3n MatFormer slice (loading/matformer.py)."""
     started = time.perf_counter()

@@ -21,7 +21,7 @@ from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.lora import adapter_slot, parse_lora_flags, serve_adapters
-from inferd.serving.prompter import ImageModelPrompter
+from inferd.serving.prompter import Gemma4ModelPrompter, ImageModelPrompter
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
@@ -156,19 +156,41 @@ def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
 
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
-    """The projector line: which file gave the image encoder, and how it takes images."""
+    """The projector line: which file gave the encoders, and how they take media."""
     if spec.mmproj is None or not isinstance(model, ServedModel):
         return []
+    if isinstance(model.prompter, Gemma4ModelPrompter):
+        return [f"projector  {spec.mmproj}  (gemma4: {_gemma4_encoders(model.prompter)})"]
     if not isinstance(model.prompter, ImageModelPrompter):
         return []
     vision, images = model.config.vision, model.prompter.images.config
-    assert vision is not None and isinstance(images, Idefics3ImageConfig)  # mmproj: idefics3 only
+    assert vision is not None and isinstance(images, Idefics3ImageConfig)
     split = f"long side {images.longest_edge} px, split" if images.splitting else "not split"
     return [
         f"projector  {spec.mmproj}  (idefics3: image encoder {vision.num_layers} layers, "
         f"hidden {vision.hidden_size}; {images.tile} px tiles of {images.image_seq_len} "
         f"tokens, images {split})"
     ]
+
+
+def _gemma4_encoders(prompter: Gemma4ModelPrompter) -> str:
+    """What each of a Gemma 4 projector's encoders takes."""
+    processing = prompter.media.processing
+    parts = []
+    if processing.image is not None:
+        image = processing.image
+        parts.append(
+            f"images of up to {image.max_soft_tokens} tokens ({image.patch_size} px patches "
+            f"pooled {image.pooling}x{image.pooling})"
+        )
+    if processing.video is not None:
+        video = processing.video
+        parts.append(
+            f"videos of {video.num_frames} frames of up to {video.frames.max_soft_tokens} tokens"
+        )
+    if processing.audio is not None:
+        parts.append(f"audio as {processing.audio.feature_size} mel bins")
+    return "; ".join(parts)
 
 
 def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
