@@ -400,6 +400,7 @@ class LLMEngine:
             last_step_seconds=core.last_step_seconds,
             prefix_cache_queries=sched.kv.stats.queries,
             prefix_cache_hits=sched.kv.stats.hits,
+            prefix_cache_entries=sched.kv.pool.num_entries,
             images_encoded=core.runner.encoder_cache.stats.misses,
             encoder_cache_hits=core.runner.encoder_cache.stats.hits,
             speculative_drafted=sched.speculator.drafted if sched.speculator else 0,

@@ -270,12 +270,18 @@ def assemble(
     )
     scheduler = Scheduler(
         SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting, cfg.max_encoder_tokens
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.max_waiting,
+            cfg.max_encoder_tokens,
+            max_decode_steps_before_prefill=cfg.max_decode_steps_before_prefill,
+            no_kv_cache=cfg.no_kv_cache,
         ),
         KVCacheManager(
             num_blocks,
             cfg.block_size,
-            prefix_caching=cfg.prefix_caching,
+            prefix_caching=cfg.caches_prefixes,
+            max_prefix_entries=cfg.prefix_cache_n,
             model_key=source.digest,
             window=mcfg.uniform_window,
         ),

@@ -236,9 +236,28 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         # context, the pool and why, lowered context included.
         f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "
         f"{cfg.max_num_batched_tokens}, {sizing}"
-        f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}",
+        f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}"
+        f"{_describe_cache_options(cfg)}",
         _describe_memory(model),
     ]
+
+
+def _describe_cache_options(cfg: EngineConfig) -> str:
+    """The engine line's note on --no-kv-cache, --prefix-cache-n and
+    --max-decode-steps-before-prefill, when set."""
+    notes = []
+    if cfg.no_kv_cache:
+        notes.append(
+            "no KV cache (--no-kv-cache): every token recomputes its whole sequence; "
+            "prefix caching and speculative decoding off"
+        )
+    elif cfg.prefix_cache_n == 0:
+        notes.append("prefix caching off (--prefix-cache-n 0)")
+    elif cfg.prefix_cache_n is not None:
+        notes.append(f"prefix cache keeps {cfg.prefix_cache_n} entries")
+    if cfg.max_decode_steps_before_prefill is not None:
+        notes.append(f"prompts wait at most {cfg.max_decode_steps_before_prefill} decode steps")
+    return "".join(f"  {note}" for note in notes)
 
 
 def _describe_memory(model: ServedModel) -> str:
