@@ -30,6 +30,7 @@ from inferd.serving.registry import ConflictError, ModelSlot, ModelStatus
 from inferd.serving.served import ServedModel, load_model
 from inferd.source import resolve_source
 from tests.models.tiny import save_tiny
+from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 GREEDY = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 PROMPT = [5, 17, 42, 99, 3, 250, 7, 61]
@@ -105,15 +106,33 @@ def test_the_default_model_requantized_holds_what_a_load_under_isq_builds(
         llm.shutdown()
 
 
+@pytest.mark.parametrize("fixture", ["tiny_gemma4", "tiny_gemma3n_audio"])
 def test_a_quantized_media_model_is_requantized_from_its_checkpoint(
-    tiny_gemma4: tuple[Path, Any, Any],
+    request: pytest.FixtureRequest, fixture: str
 ) -> None:
-    """q8 to q4 gives the q4 of the checkpoint, not of the q8 rounding; Gemma 4's encoders
-    (named after the model's parameters) are quantized again with the decoder."""
-    directory = tiny_gemma4[0]
+    """q8 to q4 gives the q4 of the checkpoint, not of the q8 rounding; Gemma 4's and Gemma
+    3n's encoders (named after the model's parameters) are quantized again with the decoder."""
+    directory = request.getfixturevalue(fixture)[0]
     loaded = load(directory, dtype="f32", isq="q8", progress=False)
     prepare(loaded.model, loaded.source, Isq("q4")).install(loaded.model)
     assert_same_weights(loaded.model, load(directory, dtype="f32", isq="q4", progress=False).model)
+
+
+def test_gemma4_from_gguf_is_requantized_with_its_projectors_encoders(
+    tiny_gemma4_gguf: TinyGemma4Gguf,
+) -> None:
+    """llama.cpp's Q8_0 language model served with its projector (--mmproj): the decoder
+    from the GGUF's blocks and the image and audio encoders from the projector, as a load
+    reads them."""
+    lm, mmproj = tiny_gemma4_gguf.files["lm-q8_0"], tiny_gemma4_gguf.files["mmproj-f32"]
+    cfg = EngineConfig(dtype="f32", kv_cache_tokens=256, isq="q8")
+    served = load_model(resolve_source(str(lm)), cfg, progress=False, mmproj=mmproj)
+    try:
+        assert served.requantize("q4").previous == "q8"
+        want = load(lm, dtype="f32", isq="q4", mmproj=mmproj, progress=False)
+        assert_same_weights(served.engine.engine.model, want.model)
+    finally:
+        served.shutdown()
 
 
 # -- around the swap -----------------------------------------------------------------------------

@@ -1,11 +1,11 @@
-"""Build a Llama-family model from a GGUF file: config from metadata, weights dequantized."""
+"""Build a model from a GGUF file: config from metadata, weights dequantized (the Llama family's
+layouts here, Gemma 4's in loading/gguf_gemma4.py)."""
 
 from __future__ import annotations
 
 import logging
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 import torch
 from gguf import GGMLQuantizationType
@@ -21,7 +21,9 @@ from inferd.layers.linear import (
 from inferd.layers.rotary import inverse_frequencies
 from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
 from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
-from inferd.loading.mmproj import Projector
+from inferd.loading.gguf_gemma4 import ARCH as GEMMA4
+from inferd.loading.gguf_gemma4 import gemma4_config, gemma4_weight_plan
+from inferd.loading.projector import AnyProjector
 from inferd.loading.quantize import Isq
 from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
@@ -49,27 +51,26 @@ def load_gguf_model(
     progress: bool = True,
     packed_kernels: bool = True,
     isq: Isq | None = None,
-    projector: Projector | None = None,
+    projector: AnyProjector | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16; f32
     on AVX2);
     ``isq`` quantizes every projection instead (see loading/quantize.py); ``projector`` (a
-    checked ``--mmproj`` file) adds its image encoder and connector to the decoder."""
+    checked ``--mmproj`` file) adds its encoders and their projections to the decoder."""
     names = {info.name for info in gguf.tensor_infos()}
-    cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+    cfg = gguf_config(gguf)
     if projector is not None:
-        cfg = replace(cfg, vision=projector.vision)
+        cfg = projector.configure(cfg)
     if any(n.startswith("rope_factors_") for n in names):
         raise ModelConfigError("LongRoPE scaling (rope_factors_* tensors) is not supported yet")
-    freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
+    freq_factors = None  # Gemma 4's rope_freqs mark its proportional RoPE: in its config
+    if "rope_freqs.weight" in names and cfg.gemma4 is None:
+        freq_factors = gguf.load_tensor("rope_freqs.weight")
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling, freq_factors)
     model = build_empty(cfg, inv_freq, dtype)
     weights = decoder_sources(gguf, cfg)
-    if projector is not None:  # the encoder's plain nn.Linear layers are never packed
-        weights += [
-            WeightSource(ours, projector.reader(theirs))
-            for ours, theirs in projector.weight_plan().items()
-        ]
+    if projector is not None:
+        weights += projector.weight_sources()
     fill(
         model,
         weights,
@@ -87,7 +88,11 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
     float32 weight (dequantized), the small-batch packing that keeps it exact, and the VNNI
     copy straight from the file's blocks where there is one."""
     infos = {info.name: info for info in gguf.tensor_infos()}
-    plan = _weight_plan(cfg)
+    plan: dict[str, tuple[list[str], Transform]] = (
+        {ours: (theirs, keep) for ours, theirs in gemma4_weight_plan(cfg).items()}
+        if cfg.gemma4 is not None
+        else _weight_plan(cfg)
+    )
     if cfg.tie_word_embeddings:
         plan["lm_head.weight"] = plan["embed_tokens.weight"]
 
@@ -109,7 +114,21 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
     ]
 
 
+def gguf_config(gguf: GGUFFile) -> ModelConfig:
+    """The decoder's config from the file's metadata (and, for Gemma 4, its tensors)."""
+    if gguf.get("general.architecture") == GEMMA4:
+        return gemma4_config(gguf)
+    names = {info.name for info in gguf.tensor_infos()}
+    return config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+
+
 Transform = Callable[[torch.Tensor, str], torch.Tensor]
+
+
+def keep(t: torch.Tensor, _: str) -> torch.Tensor:
+    """A tensor stored as we hold it."""
+    return t
+
 
 # Source blocks that are affine 4-bit groups of 32: int4 repacks them without further loss.
 _INT4_EXACT = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
@@ -178,9 +197,6 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
     ``1 + w``; Phi-3
     keeps q/k/v in one ``attn_qkv`` and gate/up in one ``ffn_up``."""
-
-    def keep(t: torch.Tensor, _: str) -> torch.Tensor:
-        return t
 
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
         if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:

@@ -266,7 +266,8 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
 
 def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     """Gemma 3n's decoder (models/gemma3n.py) under ``model.`` (Gemma3nForCausalLM) or
-    ``model.language_model.`` (Gemma3nForConditionalGeneration, whose encoders stay unread).
+    ``model.language_model.`` (Gemma3nForConditionalGeneration, whose media tables and audio
+    encoder ``gemma_media_plan`` reads; its image encoder stays unread).
     Each of our layers reads its checkpoint layer (``Gemma3nLayers.source_layers``); under a
     MatFormer slice the MLPs keep their first ``intermediate_sizes[i]`` units and the PLE
     tables the blocks of the layers kept. K/V-sharing layers have no k/v projections."""
@@ -298,14 +299,6 @@ def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     }
     if not cfg.tie_word_embeddings:
         plan["lm_head.weight"] = (Part("lm_head.weight", cfg.vocab_size),)
-    for vocab in g.media_vocab:  # top-level modules of Gemma3nModel, beside language_model
-        for ours, rows in (
-            ("embedding", vocab.size),
-            ("hard_embedding_norm", vocab.hidden_size),
-            ("embedding_projection", h),
-        ):
-            name = f"{vocab.name}.{ours}.weight"
-            plan[name] = (Part("model." + name, rows),)
     for i in range(1, k):
         for table in ("altup_projections", "altup_unembed_projections"):
             plan[f"{table}.{i - 1}.weight"] = one(f"{table}.{i - 1}.weight", h)
@@ -352,16 +345,17 @@ def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     return plan
 
 
-# Gemma 4's encoders and their projections into the text model, under ``model.`` with our
-# modules' names (models/gemma4_vision.py).
-GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
+# Gemma 4's and Gemma 3n's encoders and their projections into the text model, under
+# ``model.`` with our modules' names (models/gemma4_vision.py, models/gemma3n_audio.py; Gemma 3n's
+# ``embed_vision`` and ``embed_audio`` tables too).
+GEMMA_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
 
 
-def gemma4_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
-    """Our Gemma 4 encoders' parameters (name -> shape) to their checkpoint names, one to one
-    (a clipped projection's bounds are scalars: one row)."""
+def gemma_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
+    """Our Gemma 4 or Gemma 3n encoders' parameters (name -> shape) to their checkpoint names,
+    one to one (a clipped projection's bounds are scalars: one row)."""
     return {
         name: (Part("model." + name, shape[0] if shape else 1),)
         for name, shape in shapes.items()
-        if name.startswith(GEMMA4_MEDIA_MODULES)
+        if name.startswith(GEMMA_MEDIA_MODULES)
     }

@@ -23,8 +23,8 @@ from inferd.loading.hf_layout import (
     checkpoint_prefix,
     gemma3_vision_plan,
     gemma3n_plan,
-    gemma4_media_plan,
     gemma4_plan,
+    gemma_media_plan,
     hf_plan,
     qwen2_audio_text_plan,
     qwen_vl_plan,
@@ -126,10 +126,9 @@ def decoder_sources(
     names = set(checkpoint.names())
     shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     rows = {n: shape[0] for n, shape in shapes.items() if shape}  # (scalars: Gemma 4 alone)
-    if cfg.gemma3n is not None:
-        plan = gemma3n_plan(cfg, names)
-    elif cfg.gemma4 is not None:
-        plan = gemma4_plan(cfg, names) | gemma4_media_plan(shapes)
+    if cfg.gemma4 is not None:  # Gemma 4 and Gemma 3n
+        plan = gemma3n_plan(cfg, names) if cfg.gemma3n is not None else gemma4_plan(cfg, names)
+        plan |= gemma_media_plan(shapes)
     elif cfg.vision is not None and cfg.vision.pooled:
         plan = gemma3_vision_plan(cfg, rows, names)
     elif cfg.vision is not None:

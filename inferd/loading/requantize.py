@@ -16,11 +16,13 @@ mid-way (``ServedModel.swap_weights`` does both).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from inferd.layers.linear import Linear, PackedWeight, packed_on_huge_pages
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import decoder_sources as gguf_sources
 from inferd.loading.hf_model import decoder_sources as hf_sources
+from inferd.loading.projector import open_projector
 from inferd.loading.quantize import Isq, QuantizeError, kernel_form
 from inferd.loading.safetensors import SafetensorsCheckpoint
 from inferd.loading.weights import WeightSource, isq_layer
@@ -45,12 +47,14 @@ class Requantized:
         packed_on_huge_pages(model)  # side by side, as a load under --isq leaves them
 
 
-def prepare(model: LlamaForCausalLM, source: ModelSource, isq: Isq) -> Requantized:
-    """The projections of ``model`` (loaded from ``source``) quantized by ``isq``, read from the
-    files; the model is not touched. QuantizeError (and the readers' errors) when the files no
-    longer hold them."""
+def prepare(
+    model: LlamaForCausalLM, source: ModelSource, isq: Isq, projector: Path | None = None
+) -> Requantized:
+    """The projections of ``model`` (loaded from ``source``, its encoders from the ``--mmproj``
+    file ``projector`` where it had one) quantized by ``isq``, read from the files; the model
+    is not touched. QuantizeError (and the readers' errors) when the files no longer hold them."""
     layers = []
-    for src in _sources(model, source):
+    for src in _sources(model, source, projector):
         layer = isq_layer(model, src.target, isq)
         if layer is not None:
             module = src.target.rpartition(".")[0]
@@ -60,8 +64,14 @@ def prepare(model: LlamaForCausalLM, source: ModelSource, isq: Isq) -> Requantiz
     return Requantized(isq, tuple(layers))
 
 
-def _sources(model: LlamaForCausalLM, source: ModelSource) -> list[WeightSource]:
+def _sources(
+    model: LlamaForCausalLM, source: ModelSource, projector: Path | None
+) -> list[WeightSource]:
     """How the load read each parameter, for the model as it is now configured."""
     if source.path.is_dir():
         return hf_sources(source.path, SafetensorsCheckpoint(source.path), model)
-    return gguf_sources(GGUFFile(source.path), model.config)
+    gguf = GGUFFile(source.path)
+    sources = gguf_sources(gguf, model.config)
+    if projector is not None:  # Gemma 4's encoders hold projections too (an --isq load's)
+        sources += open_projector(projector, gguf.metadata).weight_sources()
+    return sources

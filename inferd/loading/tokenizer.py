@@ -10,6 +10,9 @@ them (which is what the GGUF's author tested against):
   split the original ``tokenizer.json`` used.
 * ``tokenizer.ggml.model == "llama"``: SentencePiece BPE with byte fallback; merges are
   derived from the token scores, as SentencePiece merges the highest-scoring pair first.
+* ``tokenizer.ggml.model == "gemma4"``: Gemma 4's BPE over text whose spaces are ``▁``, with
+  byte fallback and the file's merges, no space prefix; llama.cpp splits the text into runs of
+  newlines and runs of anything else first (no merge crosses them), and always adds BOS.
 
 Token types (llama.cpp ``llama_token_type``): 1 normal, 2 unknown, 3 control,
 4 user-defined, 5 unused, 6 byte.
@@ -504,6 +507,28 @@ def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: boo
     return tok
 
 
+def _build_gemma4(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
+    merges = _str_list(metadata, "merges")
+    if merges is None:
+        raise TokenizerError(f"a gemma4 tokenizer needs {_key('merges')}")
+    unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
+    tok = Tokenizer(
+        BPE(
+            vocab=vocab.ids_to_map(),
+            merges=_split_merges(merges),
+            unk_token=unk,
+            fuse_unk=True,
+            byte_fallback=True,
+        )
+    )
+    tok.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    return tok
+
+
 def _set_bos_template(tok: Tokenizer, bos: str, bos_id: int) -> None:
     """Make ``Tokenizer.encode(..., add_special_tokens=True)`` agree with ``bundle.encode``."""
     tok.post_processor = TemplateProcessing(
@@ -524,9 +549,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
         token_bytes = tuple(_byte_level_token_bytes(t) for t in vocab.tokens)
         # llama.cpp's default when the key is absent: only the Llama 3 family adds BOS.
         add_bos_default = metadata.get(_key("pre")) in _LLAMA3_NAMES
-    elif vocab.model == "llama":
-        add_space_prefix = _flag(metadata, "add_space_prefix", True)
-        tok = _build_spm(metadata, vocab, add_space_prefix)
+    elif vocab.model in ("llama", "gemma4"):
+        if vocab.model == "llama":
+            add_space_prefix = _flag(metadata, "add_space_prefix", True)
+            tok = _build_spm(metadata, vocab, add_space_prefix)
+        else:
+            tok = _build_gemma4(metadata, vocab)
         token_bytes = tuple(
             _spm_token_bytes(t, k) for t, k in zip(vocab.tokens, vocab.types, strict=True)
         )
@@ -534,12 +562,13 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
     else:
         raise TokenizerError(
             f"unsupported tokenizer model {vocab.model!r} (tokenizer.ggml.model); "
-            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
+            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece), 'gemma4'"
         )
 
     special = vocab.special_ids()
     _add_special_tokens(tok, vocab, special)
-    add_bos = _flag(metadata, "add_bos_token", add_bos_default)
+    # llama.cpp adds Gemma 4's BOS whatever the file says (llama-vocab.cpp, "workaround").
+    add_bos = vocab.model == "gemma4" or _flag(metadata, "add_bos_token", add_bos_default)
     bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else None
     eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else None
     if add_bos and bos is not None and vocab.bos_id is not None:
@@ -553,6 +582,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
         add_bos=add_bos,
         special_ids=special,
         token_bytes=token_bytes,
-        model_type=vocab.model,
+        # the byte table's kind: Gemma 4's pieces are SentencePiece's
+        model_type="llama" if vocab.model == "gemma4" else vocab.model,
         add_space_prefix=add_space_prefix,
     )

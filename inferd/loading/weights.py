@@ -45,6 +45,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if cfg.architecture == "gemma3n" and cfg.gemma3n_audio is not None:
+        from inferd.models.gemma3n_multimodal import Gemma3nMultimodalForCausalLM
+
+        return Gemma3nMultimodalForCausalLM
     if cfg.architecture == "gemma3n":
         from inferd.models.gemma3n import Gemma3nForCausalLM
 

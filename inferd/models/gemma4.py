@@ -230,10 +230,15 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
         dtype = embeds.dtype
         shape = (input_ids.shape[0], self.config.num_layers, g.per_layer_size)
         by_id = table(self.ple_ids(input_ids)) * torch.tensor(g.per_layer_size**0.5, dtype=dtype)
-        scale = self.config.hidden_size**-0.5
+        scale = self.ple_scale(self.config.hidden_size**-0.5, dtype)
         projected = self.per_layer_model_projection.forward(embeds) * scale
         projected = self.per_layer_projection_norm.forward(projected.view(shape))
-        return (projected + by_id.view(shape)) * 2**-0.5
+        return (projected + by_id.view(shape)) * self.ple_scale(2**-0.5, dtype)
+
+    def ple_scale(self, value: float, dtype: torch.dtype) -> float | torch.Tensor:
+        """A constant the PLE rows are scaled by, as the reference multiplies: Gemma 4 by the
+        exact number (Gemma 3n rounds it to the model's dtype first)."""
+        return value
 
     def forward(
         self,

@@ -28,22 +28,41 @@ from inferd.models.whisper_features import AudioFeatureError
 
 
 def htk_mel_filters(
-    num_bins: int, num_mels: int, low: float, high: float, sampling_rate: int
+    bins: npt.NDArray[Any], num_mels: int, low: float, high: float
 ) -> npt.NDArray[np.float64]:
     """Triangular filters evenly spaced on the HTK mel scale between ``low`` and ``high``
-    Hz, unnormalized: [num_bins, num_mels]."""
+    Hz, unnormalized, over the FFT bins at frequencies ``bins``: [len(bins), num_mels]."""
 
     def to_mel(hz: Any) -> Any:
         return 2595.0 * np.log10(1.0 + hz / 700.0)
 
     mels = np.linspace(to_mel(low), to_mel(high), num_mels + 2)
     edges = 700.0 * (np.power(10, mels / 2595.0) - 1.0)
-    bins = np.linspace(0, sampling_rate // 2, num_bins)
     slopes = edges[None, :] - bins[:, None]
     widths = np.diff(edges)
     falling = -slopes[:, :-2] / widths[:-1]
     rising = slopes[:, 2:] / widths[1:]
     return np.maximum(np.zeros(1), np.minimum(falling, rising))
+
+
+def preemphasized_frames(
+    wave: npt.NDArray[Any], frame_length: int, hop: int, preemphasis: float, htk_flavor: bool
+) -> npt.NDArray[Any]:
+    """The frames [1, count, frame_length] of a clip [1, samples]: windows of
+    ``frame_length + 1`` samples every ``hop`` (as many as fit), each keeping its first
+    ``frame_length`` samples or, with pre-emphasis, their differences (HTK's flavor scales the
+    first sample instead of dropping it), as Gemma's audio feature extractors frame a clip."""
+    size = frame_length + 1
+    count = max(0, (wave.shape[1] - size) // hop + 1)
+    strides = (wave.strides[0], wave.strides[1] * hop, wave.strides[1])
+    frames = np.lib.stride_tricks.as_strided(wave, (1, count, size), strides)
+    if preemphasis > 0.0 and htk_flavor:
+        first = frames[..., :1] * (1.0 - preemphasis)
+        rest = frames[..., 1:-1] - preemphasis * frames[..., :-2]
+        return np.concatenate([first, rest], axis=-1)
+    if preemphasis > 0.0:
+        return frames[..., 1:] - preemphasis * frames[..., :-1]
+    return frames[..., :-1]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +87,8 @@ class Gemma4AudioFeatureConfig:
     filters: npt.NDArray[np.float64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        filters = htk_mel_filters(
-            self.fft_length // 2 + 1,
-            self.feature_size,
-            self.min_frequency,
-            self.max_frequency,
-            self.sampling_rate,
-        )
+        bins = np.linspace(0, self.sampling_rate // 2, self.fft_length // 2 + 1)
+        filters = htk_mel_filters(bins, self.feature_size, self.min_frequency, self.max_frequency)
         object.__setattr__(self, "filters", filters)
 
     @classmethod
@@ -145,20 +159,11 @@ class Gemma4AudioFeatureConfig:
         if self.input_scale_factor != 1.0:
             wave = wave * self.input_scale_factor
         wave = np.pad(wave, ((0, 0), (self.frame_length // 2, 0)), mode="constant")
-        size, hop = self.frame_length + 1, self.hop_length
-        count = (wave.shape[1] - size) // hop + 1
-        if count <= 0:
+        frames = preemphasized_frames(
+            wave, self.frame_length, self.hop_length, self.preemphasis, self.preemphasis_htk_flavor
+        )
+        if not frames.shape[1]:
             return np.zeros((0, self.feature_size), dtype=np.float32)
-        strides = (wave.strides[0], wave.strides[1] * hop, wave.strides[1])
-        frames = np.lib.stride_tricks.as_strided(wave, (1, count, size), strides)
-        if self.preemphasis > 0.0 and self.preemphasis_htk_flavor:
-            first = frames[..., :1] * (1.0 - self.preemphasis)
-            rest = frames[..., 1:-1] - self.preemphasis * frames[..., :-2]
-            frames = np.concatenate([first, rest], axis=-1)
-        elif self.preemphasis > 0.0:
-            frames = frames[..., 1:] - self.preemphasis * frames[..., :-1]
-        else:
-            frames = frames[..., :-1]
         window = np.hanning(self.frame_length + 1)[:-1].astype(np.float32)  # periodic Hann
         spectrum = np.abs(np.fft.rfft(frames * window, n=self.fft_length, axis=-1))
         mel = np.log(np.matmul(spectrum, self.filters) + np.array(self.mel_floor))

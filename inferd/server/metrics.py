@@ -163,6 +163,13 @@ ENGINE_SERIES = (
         "counter",
         "Prompt tokens looked up in the prefix cache.",
     ),
+    (
+        "inferd_prefix_cache_entries",
+        "prefix_cache_entries",
+        "gauge",
+        "Cached prompt prefixes kept (chains of cached blocks no request holds; "
+        "--prefix-cache-n bounds them).",
+    ),
     ("inferd_images_encoded_total", "images_encoded", "counter", "Images run through an encoder."),
     (
         "inferd_encoder_cache_hits_total",

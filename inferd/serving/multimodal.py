@@ -26,6 +26,7 @@ from inferd.loading.hf_processor import Gemma4Processing, ImageConfig
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
+from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_image import Gemma4ImageConfig
 from inferd.models.gemma4_video import Gemma4VideoConfig
@@ -325,6 +326,55 @@ class AudioPrompter:
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
 
 
+def clip_media(
+    digest: str, features: torch.Tensor
+) -> Callable[[tuple[int, ...]], tuple[MediaInput, ...]]:
+    """A Gemma clip's MediaInput once its placeholders' positions are known: all its log-mel
+    frames [frames, mel bins], which the model's ``encode_audio`` takes."""
+    frames = int(features.shape[0])
+
+    def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+        return (MediaInput(digest, positions, features, modality="audio", frames=frames),)
+
+    return media
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3nAudioPrompter:
+    """Gemma 3n's clips: the audio token the chat template writes becomes what its processor
+    puts there, a blank line, ``boa`` + the model's fixed count of audio tokens + ``eoa``, a
+    blank line (the blank lines tokenized with their neighbours, as Gemma 3's images'); each
+    clip a MediaInput of all its log-mel frames."""
+
+    config: Gemma3nAudioFeatureConfig
+    tokenizer: TokenizerBundle
+    audio_token_id: int
+
+    def prepare(
+        self,
+        text: str,
+        clips: Sequence[DecodedAudio],
+        *,
+        add_special: bool = True,
+        literal_spans: Sequence[tuple[int, int]] = (),
+    ) -> tuple[list[int], list[MediaInput]]:
+        """Token ids of ``text`` with its audio markers expanded, and one MediaInput per clip
+        (resampled to the extractor's rate, down-mixed, featurized)."""
+        marker = self.config.audio_token
+        text, literal_spans = surround_markers(text, marker, AROUND, literal_spans)
+        expander = MarkerExpander(self.tokenizer, self.audio_token_id, marker, "audio")
+        items = [self._expansion(clip) for clip in clips]
+        return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
+
+    def _expansion(self, clip: DecodedAudio) -> Expansion:
+        cfg = self.config
+        samples = clip.resampled(cfg.sampling_rate).mono()
+        if not cfg.num_frames(len(samples)):
+            raise MediaPromptError("an audio clip is too short to encode")
+        media = clip_media(clip.digest, torch.from_numpy(cfg.log_mel(samples)))
+        return Expansion(cfg.prompt_text(), cfg.soft_tokens, media)
+
+
 @dataclass(frozen=True, slots=True)
 class VideoPrompter:
     """SmolVLM2's videos: each ``<video>`` marker becomes the intro, the frames' timestamps and
@@ -552,13 +602,7 @@ class Gemma4Prompter:
     @staticmethod
     def _clip(cfg: Gemma4AudioFeatureConfig, clip: DecodedAudio) -> Expansion:
         samples = clip.resampled(cfg.sampling_rate).mono()
-        features = torch.from_numpy(cfg.log_mel(samples))
-        frames = int(features.shape[0])
         if not cfg.num_tokens(len(samples)):
             raise MediaPromptError("an audio clip is too short to encode")
-
-        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
-            made = MediaInput(clip.digest, positions, features, modality="audio", frames=frames)
-            return (made,)
-
+        media = clip_media(clip.digest, torch.from_numpy(cfg.log_mel(samples)))
         return Expansion(cfg.prompt_text(len(samples)), cfg.num_tokens(len(samples)), media)

@@ -71,6 +71,7 @@ class ServedModel:
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     weight_bytes: int = 0  # the RAM its weights take (packed copies included)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+    projector: Path | None = None  # the --mmproj file its encoders came from (requantize reads it)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
     # A LoRA adapter's view of a base model (``with_adapter``): its requests run with adapter
@@ -189,7 +190,7 @@ class ServedModel:
             raise QuantizeError(
                 f"{self.id!r} is a LoRA adapter on {self.parent!r}; re-quantize {self.parent!r}"
             )
-        return prepare(self.engine.engine.model, self.source, Isq(method))
+        return prepare(self.engine.engine.model, self.source, Isq(method), self.projector)
 
     def swap_weights(self, new: Requantized) -> Future[Requantization]:
         """Serve from ``new`` from the next engine step on, the prefix cache forgotten
@@ -244,7 +245,7 @@ def load_model(
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
     tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
-    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py).
+    a llama.cpp multimodal projector for a GGUF language model (loading/projector.py).
     ``config_overrides``: merged into a Hugging Face directory's config.json. ``matformer``:
     (slice table, slice name) of a Gemma 3n MatFormer slice (loading/matformer.py)."""
     started = time.perf_counter()
@@ -320,12 +321,18 @@ def assemble(
     )
     scheduler = Scheduler(
         SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting, cfg.max_encoder_tokens
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.max_waiting,
+            cfg.max_encoder_tokens,
+            max_decode_steps_before_prefill=cfg.max_decode_steps_before_prefill,
+            no_kv_cache=cfg.no_kv_cache,
         ),
         KVCacheManager(
             num_blocks,
             cfg.block_size,
-            prefix_caching=cfg.prefix_caching,
+            prefix_caching=cfg.caches_prefixes,
+            max_prefix_entries=cfg.prefix_cache_n,
             model_key=source.digest,
             window=mcfg.uniform_window,
         ),
@@ -366,6 +373,7 @@ def assemble(
         sizing=sizing,
         weight_bytes=resident_bytes(model),
         isq=isq.method if isq is not None else None,
+        projector=loaded.projector,
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 

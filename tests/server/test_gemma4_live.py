@@ -77,7 +77,7 @@ def _wave() -> np.ndarray:
     return np.asarray(samples)
 
 
-def _reference(
+def reference(
     tiny: Tiny, parts: list[str], question: str, picture: Any = None
 ) -> tuple[list[int], str, list[float]]:
     """transformers' prompt ids, greedy reply and each reply token's log-probability for one
@@ -188,7 +188,7 @@ def test_a_png_a_wav_and_an_mp4_reach_the_model_as_transformers_takes_them(
     client: openai.OpenAI, tiny_gemma4: Tiny, server: LiveServer
 ) -> None:
     picture = generated(30, 44, seed=51)
-    ids, text, logprobs = _reference(tiny_gemma4, ["image", "audio", "video"], QUESTION, picture)
+    ids, text, logprobs = reference(tiny_gemma4, ["image", "audio", "video"], QUESTION, picture)
     assert len(re.findall(r"\d\d:\d\d ", tiny_gemma4[2].tokenizer.decode(ids))) == VIDEO_FRAMES
 
     reply = _ask(client, png_bytes(picture), logprobs=True)
@@ -212,7 +212,7 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
 ) -> None:
     picture = generated(40, 26, seed=53)
     question = "Describe it."
-    ids, text, _ = _reference(tiny_gemma4, ["image"], question, picture)
+    ids, text, _ = reference(tiny_gemma4, ["image"], question, picture)
     url = data_url(png_bytes(picture))
     claude, responses, counted = image_on_anthropic_and_responses(
         server, client, url, question, NEW
