@@ -5,13 +5,21 @@ The module's fixtures run one story on the first server, in order: refusals (eac
 nothing), the answers and prefix-cache hits before, a streamed request in flight while
 /re_isq q8 runs, then everything the server says and answers after; the tests check what they
 recorded. The last test re-quantizes both servers again with mistral.rs's bodies.
+
+The stream in flight holds the swap for as long as the test keeps it open, whatever the speed
+of the machine: it may run to a ceiling of tokens it never reaches, and the test closes it
+(the server aborts it) once the server shows status ``requantizing`` (the new weights made,
+the drain waiting on it) and a request sent meanwhile waits. A few dozen tokens are read, not
+hundreds: only what the engine makes while the new weights are prepared.
 """
 
 from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +38,13 @@ PROMPTS = ("Name three colors.", "What is the capital of France?", "Count from o
 LONG = " ".join(
     f"Line {i}: the lighthouse keeper wrote down the wind and the sea." for i in range(12)
 )
-# Long enough to outlast making the new weights (~3-10 s here), so that the swap waits for it.
-STREAM_TOKENS = 400
+# The stream's reference on the old weights, read before the swap; the stream may run to the
+# ceiling (with --max-seq-len 1024) but is closed by the test long before it.
+REFERENCE_TOKENS = 32
+STREAM_CEILING = 900
+# Tokens the stream goes on streaming once the swap waits on it, before the test looks whether
+# the swap and the request sent meanwhile still wait (a server that did not wait has answered).
+HELD_TOKENS = 8
 
 
 @dataclass(frozen=True)
@@ -59,14 +72,14 @@ def _client(live: LiveServer) -> openai.OpenAI:
     )
 
 
-def _answer(live: LiveServer, prompt: str, max_tokens: int = 24) -> str:
+def _answer(live: LiveServer, prompt: str, max_tokens: int = 24, ignore_eos: bool = False) -> str:
     with _client(live) as client:
         reply = client.chat.completions.create(
             model="default",
             messages=[{"role": "user", "content": prompt}],
             max_tokens=max_tokens,
             temperature=0,
-            extra_body={"ignore_eos": max_tokens == STREAM_TOKENS},
+            extra_body={"ignore_eos": ignore_eos},
         )
     return reply.choices[0].message.content or ""
 
@@ -172,16 +185,25 @@ class Before:
 def before(servers: Servers, refusals: dict[str, Refusal]) -> Before:
     live, model = servers.plain, servers.model
     answers = [_answer(live, p) for p in PROMPTS]
-    reference = _answer(live, PROMPTS[2], STREAM_TOKENS)
+    reference = _answer(live, PROMPTS[2], REFERENCE_TOKENS, ignore_eos=True)
     first, second = _long_hits(live, model)[1], _long_hits(live, model)[1]
     return Before(answers, reference, (first, second))
 
 
 @dataclass
-class After:
+class Swap:
+    """What the stream in flight and a request sent during the drain saw of /re_isq q8."""
+
     response: dict[str, Any]
     streamed: str
-    finish_reason: str | None
+    finish_reason: str | None  # None: the server never ended the stream (the test closed it)
+    held: bool  # the swap and the waiting request unanswered while the stream went on
+    waited: str  # the answer to the request sent while the model was requantizing
+
+
+@dataclass
+class After:
+    swap: Swap
     long: list[tuple[str, float]]  # the long completion twice, and its prefix-cache hits
     card: dict[str, Any]
     info_isq: str | None
@@ -193,43 +215,93 @@ class After:
     oracle_long: str = ""
 
 
-@pytest.fixture(scope="module")
-def after(servers: Servers, before: Before) -> After:
-    live, model = servers.plain, servers.model
-    started = threading.Event()
-    pieces: list[str] = []
-    finish: list[str] = []
+class HeldStream:
+    """A greedy chat stream read on a thread of its own, closed when asked."""
 
-    def stream() -> None:
-        with _client(live) as client:
+    def __init__(self, live: LiveServer) -> None:
+        self.live = live
+        self.pieces: list[str] = []
+        self.finish: list[str] = []
+        self.opened = threading.Event()
+        self._close = threading.Event()
+        self._reader = threading.Thread(target=self._read)
+        self._reader.start()
+
+    def _read(self) -> None:
+        with _client(self.live) as client:
             chunks = client.chat.completions.create(
                 model="default",
                 messages=[{"role": "user", "content": PROMPTS[2]}],
-                max_tokens=STREAM_TOKENS,
+                max_tokens=STREAM_CEILING,
                 temperature=0,
                 stream=True,
                 extra_body={"ignore_eos": True},
             )
-            for chunk in chunks:
-                for choice in chunk.choices:
-                    pieces.append(choice.delta.content or "")
-                    if choice.finish_reason is not None:
-                        finish.append(choice.finish_reason)
-                    started.set()
+            with chunks:  # leaving it closes the connection: the server aborts the request
+                for chunk in chunks:
+                    for choice in chunk.choices:
+                        self.pieces.append(choice.delta.content or "")
+                        if choice.finish_reason is not None:
+                            self.finish.append(choice.finish_reason)
+                    self.opened.set()
+                    if self._close.is_set():
+                        return
 
-    reader = threading.Thread(target=stream)
-    reader.start()
-    assert started.wait(300)  # in flight: its first tokens are out
-    resp = _re_isq(live, {"model": model, "isq": "q8"})
-    reader.join()
-    assert resp.status_code == 200, resp.text
-    long = [_long_hits(live, model), _long_hits(live, model)]  # first thing after the swap
+    @property
+    def running(self) -> bool:
+        return self._reader.is_alive() and not self.finish
+
+    def wait_until(self, condition: Callable[[], bool], what: str) -> None:
+        """Until ``condition`` holds, the stream going on meanwhile (else the swap could not
+        have waited on it: a ceiling too low for this machine, or a server that ended it)."""
+        while not condition():
+            assert self.running, f"the stream ended before {what}"
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        self._close.set()
+        self._reader.join()
+
+
+def _swap_held_by_a_stream(live: LiveServer, model: str) -> Swap:
+    stream = HeldStream(live)
+    assert stream.opened.wait(300)  # in flight: its first tokens are out
+    with ThreadPoolExecutor(2) as pool:
+        try:
+            swap = pool.submit(_re_isq, live, {"model": model, "isq": "q8"})
+            stream.wait_until(
+                lambda: swap.done() or _card(live, model)["status"] == "requantizing",
+                "the new weights were made",
+            )
+            waiting = pool.submit(_answer, live, PROMPTS[0])
+            streamed = len(stream.pieces)
+            stream.wait_until(
+                lambda: len(stream.pieces) >= max(streamed, REFERENCE_TOKENS) + HELD_TOKENS,
+                f"{HELD_TOKENS} more tokens came",
+            )
+            held = not swap.done() and not waiting.done()
+        finally:
+            stream.close()  # (a failure too: the swap and the pool wait for it)
+        resp = swap.result()
+        assert resp.status_code == 200, resp.text
+        return Swap(
+            response=resp.json(),
+            streamed="".join(stream.pieces),
+            finish_reason=stream.finish[-1] if stream.finish else None,
+            held=held,
+            waited=waiting.result(),
+        )
+
+
+@pytest.fixture(scope="module")
+def after(servers: Servers, before: Before) -> After:
+    live, model = servers.plain, servers.model
+    swap = _swap_held_by_a_stream(live, model)
+    long = [_long_hits(live, model), _long_hits(live, model)]  # first prompt after the swap
     info = httpx.get(f"{live.api}/system/info", timeout=30).json()
     (info_model,) = [m for m in info["server"]["models"] if m["id"] == model]
     return After(
-        response=resp.json(),
-        streamed="".join(pieces),
-        finish_reason=finish[-1] if finish else None,
+        swap=swap,
         long=long,
         card=_card(live, model),
         info_isq=info_model.get("isq"),
@@ -272,22 +344,28 @@ def test_the_model_card_names_no_quantization_before_and_q8_after(
     assert _card(servers.isq_q8, servers.model)["quantization"] == "q8"
     assert after.card["quantization"] == "q8" and after.card["status"] == "loaded"
     assert after.info_isq == "q8" and after.weight_isq == "q8"
-    response = after.response
+    response = after.swap.response
     assert (response["quantization"], response["previous"], response["changed"]) == (
         "q8",
         None,
         True,
     )
-    assert response["model_id"] == servers.model and response["drained"] <= 1
+    assert response["model_id"] == servers.model and response["drained"] == 1
     assert after.again["changed"] is False and after.again["quantization"] == "q8"
     assert f"{servers.model} re-quantized (isq none -> q8)" in after.log
 
 
-def test_a_request_in_flight_finishes_whole_on_the_old_weights(
+def test_a_request_in_flight_holds_the_swap_and_runs_uncut_on_the_old_weights(
     before: Before, after: After
 ) -> None:
-    assert after.finish_reason == "length"  # ran to max_tokens: not cut
-    assert after.streamed == before.stream_reference
+    swap = after.swap
+    assert swap.held  # neither the swap nor the request sent meanwhile went past it
+    assert swap.finish_reason is None  # the server never ended it
+    assert swap.streamed.startswith(before.stream_reference)
+
+
+def test_a_request_sent_during_the_drain_waits_for_the_new_weights(after: After) -> None:
+    assert after.swap.waited == after.oracle_answers[0]
 
 
 def test_answers_after_q8_are_those_of_a_server_started_with_isq_q8(after: After) -> None:
