@@ -226,8 +226,8 @@ class _InferdRenderer:
     naming them (format config; the plan talks to ``model.route``); paged KV always on, CPU.
 
     Its prefix cache reuses KV blocks until the pool needs them, so it is on or off, never a
-    count; it caps images per request but has no edge flag, so a plan with an edge bound is
-    refused rather than launched with the bound silently missing.
+    count. It caps images per request (``--max-num-images``) and scales each one to an edge
+    bound (``--max-edge``), rendered only when set, so a plan without one keeps its argv.
     """
 
     @staticmethod
@@ -254,11 +254,6 @@ class _InferdRenderer:
             lim.prefix_cache_n is None,
             "inferd's prefix cache keeps no count of prefixes: leave prefix_cache_n unset and "
             "set limits.prefix_caching on or off",
-        )
-        _require(
-            lim.max_image_edge == 0,
-            "inferd has no image edge flag (it caps only --max-num-images): "
-            "max_image_edge must be 0",
         )
         _require(
             lim.device is Device.CPU and plan.engine.build is Device.CPU,
@@ -295,6 +290,7 @@ class _InferdRenderer:
             ("--prefix-caching", lim.prefix_caching),
             # Always explicit: the server's default admits images the plan never asked for.
             ("--max-num-images", lim.max_num_images),
+            ("--max-edge", lim.max_image_edge or None),
             ("--seed", lim.seed),
             ("--allowed-media-root", plan.media_root),
             # The safety settings, explicit whatever the release's defaults: no chat page, no
