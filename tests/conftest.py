@@ -185,6 +185,16 @@ def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Qwen3-VL-MoE directory, its transformers model and processor parts."""
+    from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
+
+    directory = tmp_path_factory.mktemp("qwen3_vl_moe")
+    model, processor = save_tiny_qwen3_vl(directory, moe=True)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen2_5_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Qwen2.5-VL directory, its transformers model and processor parts."""
     from tests.models.tiny_qwen_vl import save_tiny_qwen2_5_vl

@@ -66,12 +66,13 @@ def text_config(**overrides: Any) -> Any:
 
 def randomize_gemma4(model: torch.nn.Module, seed: int) -> None:
     """Every parameter and each layer's output scalar random; Gemma 4's norms scale by ``w``,
-    so theirs lie around one."""
+    so theirs lie around one (and so do its experts' routers' scales, per channel and per
+    expert)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
                 p.copy_(1 + 0.3 * noise)
             else:
                 p.copy_(noise * (2.4 / p.shape[-1] ** 0.5))

@@ -1,6 +1,6 @@
 """What the live multimodal tests ask a served model beside chat: one image and a question
 through the strict Anthropic and Responses APIs (greedy, to the token cap), and how many media
-the encoders have run so far."""
+the encoders have run so far; and what transformers' generate replied, token by token."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import torch
 
 from tests.server.live import LiveServer
 
@@ -70,3 +71,14 @@ def encoder_calls(server: LiveServer) -> float:
     found = re.search(r"^inferd_images_encoded_total(?:\{[^}]*\})? ([\d.e+]+)$", text, re.M)
     assert found is not None, "no encoder counter in /metrics"
     return float(found.group(1))
+
+
+def generated_reply(out: Any, prompt_tokens: int) -> tuple[list[int], list[float]]:
+    """The tokens of transformers' greedy reply (``generate`` with ``output_logits`` and
+    ``return_dict_in_generate``) and each one's log-probability."""
+    tokens: list[int] = out.sequences[0, prompt_tokens:].tolist()
+    logprobs = [
+        float(torch.log_softmax(step[0].float(), -1)[token])
+        for step, token in zip(out.logits, tokens, strict=True)
+    ]
+    return tokens, logprobs

@@ -37,7 +37,12 @@ from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_gemma4 import AUDIO, IMAGE, VIDEO, VIDEO_FRAMES, mm_token_id
 from tests.server.live import LiveServer, live_server
-from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
+from tests.server.media_replies import (
+    Reply,
+    encoder_calls,
+    generated_reply,
+    image_on_anthropic_and_responses,
+)
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
@@ -121,11 +126,7 @@ def reference(
             output_logits=True,
             return_dict_in_generate=True,
         )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        float(torch.log_softmax(step[0].float(), -1)[token])
-        for step, token in zip(out.logits, tokens, strict=True)
-    ]
+    tokens, logprobs = generated_reply(out, len(ids))
     return ids, tok.decode(tokens, skip_special_tokens=True), logprobs
 
 

@@ -31,7 +31,12 @@ from tests.media.corpus import Clip, _mp4
 from tests.models.test_idefics3_processor import generated
 from tests.models.test_qwen3_vl_parity import Media, expand_all, reference
 from tests.server.live import LiveServer, live_server
-from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
+from tests.server.media_replies import (
+    Reply,
+    encoder_calls,
+    generated_reply,
+    image_on_anthropic_and_responses,
+)
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
@@ -67,11 +72,12 @@ def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
     return prepare_qwen3_video(decoded.frames, decoded.frame_indices, decoded.fps, cfg)
 
 
-def _reference(
+def transformers_reply(
     tiny_qwen3_vl: tuple[Path, Any, Any], prepared: list[Media], question: str = QUESTION
-) -> tuple[int, str, str]:
-    """transformers' prompt length, prompt text and greedy reply for the turn: the media
-    (an image, then a video if given), then ``question``."""
+) -> tuple[int, str, str, list[float]]:
+    """transformers' prompt length, prompt text, greedy reply and its tokens'
+    log-probabilities for the turn: the media (an image, then a video if given), then
+    ``question``."""
     _, hf, processor = tiny_qwen3_vl
     tok = processor.tokenizer
     kinds = ["image", "video"][: len(prepared)]
@@ -83,8 +89,15 @@ def _reference(
     ids = tok(expanded)["input_ids"]
     inputs = reference(hf, ids, prepared) | {"attention_mask": torch.ones(1, len(ids))}
     with torch.inference_mode():
-        out = hf.generate(**inputs, max_new_tokens=NEW, do_sample=False)
-    return len(ids), expanded, tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+        out = hf.generate(
+            **inputs,
+            max_new_tokens=NEW,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    tokens, logprobs = generated_reply(out, len(ids))
+    return len(ids), expanded, tok.decode(tokens, skip_special_tokens=True), logprobs
 
 
 def _ask(client: openai.OpenAI, image: bytes, video: bytes, **more: Any) -> Any:
@@ -122,7 +135,7 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     video = _video_bytes()
     prepared: list[Media] = [prepare_image(image, configs[0]), _prepared_video(video, video_cfg)]
     assert len(prepared[1].seconds) == 3  # type: ignore[union-attr]
-    prompt_tokens, expanded, text = _reference(tiny_qwen3_vl, prepared)
+    prompt_tokens, expanded, text, _ = transformers_reply(tiny_qwen3_vl, prepared)
     assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
 
     reply = _ask(client, png_bytes(image), video)
@@ -145,7 +158,9 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
     assert configs is not None
     image = generated(70, 130, seed=43)
     question = "Describe it."
-    prompt_tokens, _, text = _reference(tiny_qwen3_vl, [prepare_image(image, configs[0])], question)
+    prompt_tokens, _, text, _ = transformers_reply(
+        tiny_qwen3_vl, [prepare_image(image, configs[0])], question
+    )
     url = data_url(png_bytes(image))
     claude, responses, _ = image_on_anthropic_and_responses(server, client, url, question, NEW)
     assert claude == responses == Reply(prompt_tokens, text)
