@@ -17,7 +17,6 @@ the model fills the audio tokens past the clip's own rows with a padding embeddi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,24 +24,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from inferd.models.gemma4_audio_features import htk_mel_filters, preemphasized_frames
+from inferd.models.gemma4_audio_features import (
+    GemmaLogMelSettings,
+    htk_mel_filters,
+    per_bin,
+    preemphasized_frames,
+    saved_number,
+)
 from inferd.models.whisper_features import AudioFeatureError
 
 PAD_TO_MULTIPLE = 128  # the extractor pads every clip to a multiple of this many samples
 
 
-def _per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
-    """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
-    if value is None:
-        return None
-    flat = np.asarray(value, dtype=np.float64).reshape(-1)
-    if flat.shape[0] != bins:
-        raise AudioFeatureError(f"{name} has {flat.shape[0]} values for {bins} mel bins")
-    return tuple(float(v) for v in flat)
-
-
 @dataclass(frozen=True, slots=True)
-class Gemma3nAudioFeatureConfig:
+class Gemma3nAudioFeatureConfig(GemmaLogMelSettings):
     audio_token: str
     boa_token: str
     eoa_token: str
@@ -89,8 +84,7 @@ class Gemma3nAudioFeatureConfig:
         size = int(settings.get("feature_size", defaults.feature_size))
 
         def number(name: str) -> float:
-            # mel_floor is saved as an array (transformers keeps it as one)
-            return float(np.asarray(settings.get(name, getattr(defaults, name))).item())
+            return saved_number(settings, name, getattr(defaults, name))
 
         return cls(
             *tokens,
@@ -106,22 +100,9 @@ class Gemma3nAudioFeatureConfig:
             fft_overdrive=bool(settings.get("fft_overdrive", True)),
             input_scale_factor=number("input_scale_factor"),
             mel_floor=number("mel_floor"),
-            per_bin_mean=_per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
-            per_bin_stddev=_per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
+            per_bin_mean=per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
+            per_bin_stddev=per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
         )
-
-    @property
-    def frame_length(self) -> int:
-        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
-
-    @property
-    def hop_length(self) -> int:
-        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
-
-    @property
-    def fft_length(self) -> int:
-        n = 2 ** math.ceil(math.log2(self.frame_length))
-        return 2 * n if self.fft_overdrive else n
 
     def num_frames(self, samples: int) -> int:
         """Frames of a clip of ``samples`` samples (cut at ``max_samples``, padded to a
@@ -145,8 +126,4 @@ class Gemma3nAudioFeatureConfig:
         )
         spectrum = np.abs(np.fft.rfft(frames * self.window, n=self.fft_length, axis=-1))
         mel = np.log(np.maximum(np.matmul(spectrum, self.filters), np.array(self.mel_floor)))
-        if self.per_bin_mean is not None:
-            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
-        if self.per_bin_stddev is not None:
-            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
-        return mel[0].astype(np.float32)
+        return self.standardized(mel)

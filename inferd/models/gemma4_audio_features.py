@@ -65,8 +65,59 @@ def preemphasized_frames(
     return frames[..., :-1]
 
 
+def per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
+    """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
+    if value is None:
+        return None
+    flat = np.asarray(value, dtype=np.float64).reshape(-1)
+    if flat.shape[0] != bins:
+        raise AudioFeatureError(f"{name} has {flat.shape[0]} values for {bins} mel bins")
+    return tuple(float(v) for v in flat)
+
+
+def saved_number(settings: Mapping[str, Any], name: str, default: float) -> float:
+    """One of the extractor's numbers as saved (``mel_floor`` as an array: transformers keeps
+    it as one)."""
+    return float(np.asarray(settings.get(name, default)).item())
+
+
+class GemmaLogMelSettings:
+    """What Gemma 3n's and Gemma 4's extractor configs derive alike from their settings: the
+    frame, hop and FFT lengths in samples, and the last step, per-bin standardization."""
+
+    __slots__ = ()
+    sampling_rate: int
+    frame_length_ms: float
+    hop_length_ms: float
+    fft_overdrive: bool
+    per_bin_mean: tuple[float, ...] | None
+    per_bin_stddev: tuple[float, ...] | None
+
+    @property
+    def frame_length(self) -> int:
+        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
+
+    @property
+    def hop_length(self) -> int:
+        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
+
+    @property
+    def fft_length(self) -> int:
+        n = 2 ** math.ceil(math.log2(self.frame_length))
+        return 2 * n if self.fft_overdrive else n
+
+    def standardized(self, mel: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+        """Log-mel [1, frames, bins] less the per-bin mean, over the per-bin deviation (each
+        when set), as the clip's features [frames, bins] in float32."""
+        if self.per_bin_mean is not None:
+            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
+        if self.per_bin_stddev is not None:
+            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
+        return mel[0].astype(np.float32)
+
+
 @dataclass(frozen=True, slots=True)
-class Gemma4AudioFeatureConfig:
+class Gemma4AudioFeatureConfig(GemmaLogMelSettings):
     audio_token: str
     boa_token: str
     eoa_token: str
@@ -102,41 +153,28 @@ class Gemma4AudioFeatureConfig:
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
 
-        def bins(name: str) -> tuple[float, ...] | None:
-            value = settings.get(name)
-            return None if value is None else tuple(float(v) for v in value)
-
         defaults = cls(*tokens)
+        size = int(settings.get("feature_size", defaults.feature_size))
+
+        def number(name: str) -> float:
+            return saved_number(settings, name, getattr(defaults, name))
+
         return cls(
             *tokens,
-            feature_size=int(settings.get("feature_size", defaults.feature_size)),
+            feature_size=size,
             sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=float(settings.get("frame_length_ms", defaults.frame_length_ms)),
-            hop_length_ms=float(settings.get("hop_length_ms", defaults.hop_length_ms)),
-            min_frequency=float(settings.get("min_frequency", defaults.min_frequency)),
-            max_frequency=float(settings.get("max_frequency", defaults.max_frequency)),
-            preemphasis=float(settings.get("preemphasis", defaults.preemphasis)),
+            frame_length_ms=number("frame_length_ms"),
+            hop_length_ms=number("hop_length_ms"),
+            min_frequency=number("min_frequency"),
+            max_frequency=number("max_frequency"),
+            preemphasis=number("preemphasis"),
             preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
             fft_overdrive=bool(settings.get("fft_overdrive", False)),
-            input_scale_factor=float(settings.get("input_scale_factor", 1.0)),
-            # saved as an array (transformers keeps it as one)
-            mel_floor=float(np.asarray(settings.get("mel_floor", defaults.mel_floor)).item()),
-            per_bin_mean=bins("per_bin_mean"),
-            per_bin_stddev=bins("per_bin_stddev"),
+            input_scale_factor=number("input_scale_factor"),
+            mel_floor=number("mel_floor"),
+            per_bin_mean=per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
+            per_bin_stddev=per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
         )
-
-    @property
-    def frame_length(self) -> int:
-        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
-
-    @property
-    def hop_length(self) -> int:
-        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
-
-    @property
-    def fft_length(self) -> int:
-        n = 2 ** math.ceil(math.log2(self.frame_length))
-        return 2 * n if self.fft_overdrive else n
 
     def num_frames(self, samples: int) -> int:
         """Valid frames of a clip of ``samples`` samples (after the cut)."""
@@ -167,8 +205,4 @@ class Gemma4AudioFeatureConfig:
         window = np.hanning(self.frame_length + 1)[:-1].astype(np.float32)  # periodic Hann
         spectrum = np.abs(np.fft.rfft(frames * window, n=self.fft_length, axis=-1))
         mel = np.log(np.matmul(spectrum, self.filters) + np.array(self.mel_floor))
-        if self.per_bin_mean is not None:
-            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
-        if self.per_bin_stddev is not None:
-            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
-        return mel[0].astype(np.float32)
+        return self.standardized(mel)
