@@ -36,7 +36,7 @@ from inferd.models.config import config_from_hf
 from inferd.models.gemma3n_audio import Gemma3nAudioEncoder
 from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma3n_multimodal import Gemma3nMultimodalForCausalLM
-from inferd.serving.multimodal import Gemma3nAudioPrompter, MediaPromptError
+from inferd.serving.multimodal import AudioPrompter, MediaPromptError
 from inferd.serving.served import load_model
 from tests.models.test_llama_parity import chunk_mask
 from tests.models.tiny_gemma3n import (
@@ -174,7 +174,7 @@ def _case(tiny: Tiny, ours: Gemma3nMultimodalForCausalLM, seed: int) -> tuple[An
     inputs = processor(text=[text], audio=[wave], return_tensors="pt")
     features = read_gemma3n_audio_config(directory, ours.config)
     assert features is not None
-    prompter = Gemma3nAudioPrompter(features, load_tokenizer(directory, ours.config), AUDIO_ID)
+    prompter = AudioPrompter(features, load_tokenizer(directory, ours.config), AUDIO_ID)
     clip = DecodedAudio(wave[None], 16_000, f"clip-{seed}", "WAV")
     ids, media = prompter.prepare(text, [clip], add_special=False)
     return ids, inputs, media[0].pixel_values, media[0].positions
