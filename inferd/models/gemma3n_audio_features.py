@@ -27,9 +27,7 @@ import numpy.typing as npt
 from inferd.models.gemma4_audio_features import (
     GemmaLogMelSettings,
     htk_mel_filters,
-    per_bin,
     preemphasized_frames,
-    saved_number,
 )
 from inferd.models.whisper_features import AudioFeatureError
 
@@ -72,37 +70,13 @@ class Gemma3nAudioFeatureConfig(GemmaLogMelSettings):
     def from_hf(
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str], soft_tokens: int
     ) -> Gemma3nAudioFeatureConfig:
-        """From the extractor's settings and the tokenizer's (audio, boa, eoa) tokens. The
-        saved ``frame_length`` and ``hop_length`` (in samples) are ignored, as transformers
-        ignores them on load: it derives both from the ``_ms`` settings (their defaults when
-        unsaved) and the sampling rate."""
+        """From the extractor's settings and the tokenizer's (audio, boa, eoa) tokens."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 3n audio features are not reproducible")
         if settings.get("padding_side", "right") != "right":
             raise AudioFeatureError("Gemma 3n audio padded on the left is not supported")
-        defaults = cls(*tokens)
-        size = int(settings.get("feature_size", defaults.feature_size))
-
-        def number(name: str) -> float:
-            return saved_number(settings, name, getattr(defaults, name))
-
-        return cls(
-            *tokens,
-            soft_tokens=soft_tokens,
-            feature_size=size,
-            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=number("frame_length_ms"),
-            hop_length_ms=number("hop_length_ms"),
-            min_frequency=number("min_frequency"),
-            max_frequency=number("max_frequency"),
-            preemphasis=number("preemphasis"),
-            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
-            fft_overdrive=bool(settings.get("fft_overdrive", True)),
-            input_scale_factor=number("input_scale_factor"),
-            mel_floor=number("mel_floor"),
-            per_bin_mean=per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
-            per_bin_stddev=per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
-        )
+        fields = cls(*tokens).saved_fields(settings)
+        return cls(*tokens, soft_tokens=soft_tokens, **fields)
 
     def num_frames(self, samples: int) -> int:
         """Frames of a clip of ``samples`` samples (cut at ``max_samples``, padded to a

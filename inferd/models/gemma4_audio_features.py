@@ -65,7 +65,7 @@ def preemphasized_frames(
     return frames[..., :-1]
 
 
-def per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
+def _per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
     """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
     if value is None:
         return None
@@ -75,23 +75,55 @@ def per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
     return tuple(float(v) for v in flat)
 
 
-def saved_number(settings: Mapping[str, Any], name: str, default: float) -> float:
-    """One of the extractor's numbers as saved (``mel_floor`` as an array: transformers keeps
-    it as one)."""
-    return float(np.asarray(settings.get(name, default)).item())
-
-
 class GemmaLogMelSettings:
-    """What Gemma 3n's and Gemma 4's extractor configs derive alike from their settings: the
-    frame, hop and FFT lengths in samples, and the last step, per-bin standardization."""
+    """What Gemma 3n's and Gemma 4's extractor configs share (their defaults differ): the
+    settings both save, the frame, hop and FFT lengths in samples derived from them, and the
+    last step, per-bin standardization."""
 
     __slots__ = ()
+    feature_size: int
     sampling_rate: int
     frame_length_ms: float
     hop_length_ms: float
+    min_frequency: float
+    max_frequency: float
+    preemphasis: float
+    preemphasis_htk_flavor: bool
     fft_overdrive: bool
+    input_scale_factor: float
+    mel_floor: float
     per_bin_mean: tuple[float, ...] | None
     per_bin_stddev: tuple[float, ...] | None
+
+    def saved_fields(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields above as the extractor's settings save them, this config's values where
+        unsaved. The saved ``frame_length`` and ``hop_length`` (in samples) are ignored, as
+        transformers ignores them on load: it derives both from the ``_ms`` settings and the
+        sampling rate."""
+
+        def number(name: str) -> float:
+            # mel_floor is saved as an array (transformers keeps it as one)
+            return float(np.asarray(settings.get(name, getattr(self, name))).item())
+
+        def flag(name: str) -> bool:
+            return bool(settings.get(name, getattr(self, name)))
+
+        size = int(settings.get("feature_size", self.feature_size))
+        return dict(
+            feature_size=size,
+            sampling_rate=int(settings.get("sampling_rate", self.sampling_rate)),
+            frame_length_ms=number("frame_length_ms"),
+            hop_length_ms=number("hop_length_ms"),
+            min_frequency=number("min_frequency"),
+            max_frequency=number("max_frequency"),
+            preemphasis=number("preemphasis"),
+            preemphasis_htk_flavor=flag("preemphasis_htk_flavor"),
+            fft_overdrive=flag("fft_overdrive"),
+            input_scale_factor=number("input_scale_factor"),
+            mel_floor=number("mel_floor"),
+            per_bin_mean=_per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
+            per_bin_stddev=_per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
+        )
 
     @property
     def frame_length(self) -> int:
@@ -147,34 +179,10 @@ class Gemma4AudioFeatureConfig(GemmaLogMelSettings):
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str]
     ) -> Gemma4AudioFeatureConfig:
         """From the extractor's settings (``processor_config.json``'s ``feature_extractor``)
-        and the tokenizer's (audio, boa, eoa) tokens. The saved ``frame_length`` and
-        ``hop_length`` (in samples) are ignored, as transformers ignores them on load: it
-        derives both from the ``_ms`` settings and the sampling rate."""
+        and the tokenizer's (audio, boa, eoa) tokens."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
-
-        defaults = cls(*tokens)
-        size = int(settings.get("feature_size", defaults.feature_size))
-
-        def number(name: str) -> float:
-            return saved_number(settings, name, getattr(defaults, name))
-
-        return cls(
-            *tokens,
-            feature_size=size,
-            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=number("frame_length_ms"),
-            hop_length_ms=number("hop_length_ms"),
-            min_frequency=number("min_frequency"),
-            max_frequency=number("max_frequency"),
-            preemphasis=number("preemphasis"),
-            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
-            fft_overdrive=bool(settings.get("fft_overdrive", False)),
-            input_scale_factor=number("input_scale_factor"),
-            mel_floor=number("mel_floor"),
-            per_bin_mean=per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
-            per_bin_stddev=per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
-        )
+        return cls(*tokens, **cls(*tokens).saved_fields(settings))
 
     def num_frames(self, samples: int) -> int:
         """Valid frames of a clip of ``samples`` samples (after the cut)."""
