@@ -110,6 +110,19 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama GGUF (tests/models/tiny.py): a language model 64 wide, as the tiny
+    media models' are, whose tokenizer has no media markers."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.tiny import hf_config, write_gguf
+
+    path = tmp_path_factory.mktemp("llama-lm") / "llama.gguf"
+    write_gguf(AutoModelForCausalLM.from_config(hf_config("llama")), path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Idefics3 (SmolVLM) directory, its transformers model and processor."""
     from tests.models.tiny_vlm import save_tiny_idefics3

@@ -1226,7 +1226,8 @@ def gemma4_decoder_config(
 ) -> ModelConfig:
     """Gemma 4's decoder from its shape, however the checkpoint spells it (a config.json, a
     GGUF's metadata): unscaled GeGLU attention with q/k norms; every K/V-sharing layer must
-    have a source (ModelConfigError otherwise)."""
+    have a source (ModelConfigError otherwise). Gemma 3n's decoder is this one plus its own
+    parts."""
     cfg = ModelConfig(
         architecture="gemma4",
         vocab_size=vocab_size,
@@ -1394,8 +1395,7 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")
     if any(not 0.0 <= s < 1.0 for s in own.sparsity):
         raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
-    cfg = ModelConfig(
-        architecture="gemma3n",
+    decoder = gemma4_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
         intermediate_size=max(own.intermediate_sizes),
@@ -1405,25 +1405,19 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(text["rms_norm_eps"]),
         rope_theta=float(full.get("rope_theta", text.get("rope_theta", 1_000_000.0))),
-        rope_scaling=RopeScaling(),
-        max_position=int(text["max_position_embeddings"]),
-        tie_word_embeddings=tied or not has_lm_head,
-        qk_norm=True,
-        sliding_window=int(text["sliding_window"]) if sliding else None,
-        sliding_layers=sliding,
-        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
-        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
-        hidden_act="gelu_tanh",
         rope_local_theta=float(
             local.get("rope_theta", text.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE))
         ),
-        gemma4=shared,
-        gemma3n=own,
-        gemma3n_audio=_gemma3n_audio_from_hf(hf),
+        max_position=int(text["max_position_embeddings"]),
+        tie_word_embeddings=tied or not has_lm_head,
+        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_layers=sliding,
+        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        layers=shared,
     )
-    for layer in range(layers - shared.kv_shared_layers, layers):
-        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
-    return cfg
+    return replace(
+        decoder, architecture="gemma3n", gemma3n=own, gemma3n_audio=_gemma3n_audio_from_hf(hf)
+    )
 
 
 # transformers' Gemma3nAudioConfig defaults, and Gemma3nConfig's audio settings.

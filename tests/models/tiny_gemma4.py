@@ -210,7 +210,7 @@ def gemma_tokenizer() -> Any:
     kind for Gemma 4 (``LlamaHfVocab``)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from tests.models.tiny import CORPUS, SPECIALS
+    from tests.models.tiny import CORPUS, SPECIALS, with_byte_fallback
 
     trained = Tokenizer(models.BPE(unk_token=GEMMA_UNK, fuse_unk=True))
     trained.normalizer = normalizers.Replace(" ", _SPM_SPACE)
@@ -220,12 +220,7 @@ def gemma_tokenizer() -> Any:
         show_progress=False,
     )
     trained.train_from_iterator(CORPUS, trainer)
-    spec = json.loads(trained.to_str())
-    vocab = spec["model"]["vocab"]
-    for byte in range(256):
-        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    spec["model"]["byte_fallback"] = True
-    tok = Tokenizer.from_str(json.dumps(spec))
+    tok = with_byte_fallback(trained)
     # transformers' GemmaTokenizer: the split finds no space once the normalizer ran.
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     tok.decoder = decoders.Sequence(

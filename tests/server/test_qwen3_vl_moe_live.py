@@ -20,6 +20,7 @@ from inferd.models.config import config_from_hf
 from inferd.models.qwen2_vl_image import prepare_image
 from tests.models.test_idefics3_processor import generated
 from tests.server.live import LiveServer, live_server
+from tests.server.media_replies import assert_greedy_reply, greedy_chat
 from tests.server.test_qwen3_vl_live import NEW, transformers_reply
 from tests.server.test_vision_live import data_url, png_bytes
 
@@ -47,22 +48,12 @@ def test_an_image_reaches_the_experts_as_transformers_takes_it(
     )
     assert configs is not None
     image = generated(90, 120, seed=47)
-    prompt_tokens, _, text, logprobs = transformers_reply(
+    expected, _ = transformers_reply(
         tiny_qwen3_vl_moe, [prepare_image(image, configs[0])], QUESTION
     )
     parts: Any = [
         {"type": "image_url", "image_url": {"url": data_url(png_bytes(image))}},
         {"type": "text", "text": QUESTION},
     ]
-    reply = client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=NEW,
-        temperature=0,
-        logprobs=True,
-        extra_body={"ignore_eos": True},
-    )
-    assert reply.usage is not None and reply.usage.prompt_tokens == prompt_tokens
-    assert reply.choices[0].message.content == text
-    content = reply.choices[0].logprobs.content  # type: ignore[union-attr]
-    assert [t.logprob for t in content] == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
+    reply = greedy_chat(client, parts, NEW, logprobs=True)
+    assert_greedy_reply(reply, expected, LOGPROB_TOLERANCE)
