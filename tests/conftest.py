@@ -110,6 +110,19 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama GGUF (tests/models/tiny.py): a language model 64 wide, as the tiny
+    media models' are, whose tokenizer has no media markers."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.tiny import hf_config, write_gguf
+
+    path = tmp_path_factory.mktemp("llama-lm") / "llama.gguf"
+    write_gguf(AutoModelForCausalLM.from_config(hf_config("llama")), path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Idefics3 (SmolVLM) directory, its transformers model and processor."""
     from tests.models.tiny_vlm import save_tiny_idefics3
@@ -181,6 +194,16 @@ def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, 
 
     directory = tmp_path_factory.mktemp("qwen3_vl")
     model, processor = save_tiny_qwen3_vl(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Qwen3-VL-MoE directory, its transformers model and processor parts."""
+    from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
+
+    directory = tmp_path_factory.mktemp("qwen3_vl_moe")
+    model, processor = save_tiny_qwen3_vl(directory, moe=True)
     return directory, model, processor
 
 

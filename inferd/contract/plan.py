@@ -226,9 +226,9 @@ class _InferdRenderer:
     naming them (format config; the plan talks to ``model.route``); paged KV always on, CPU.
 
     Its prefix cache is on or off, and when on may keep a count of cached prefixes
-    (``--prefix-cache-n``; unset: as many as the pool holds); it caps images per request but
-    has no edge flag, so a plan with an edge bound is refused rather than launched with the
-    bound silently missing.
+    (``--prefix-cache-n``; unset: as many as the pool holds). It caps images per request
+    (``--max-num-images``) and scales each one to an edge bound (``--max-edge``), rendered only
+    when set, so a plan without one keeps its argv.
     """
 
     @staticmethod
@@ -250,11 +250,6 @@ class _InferdRenderer:
         _require(
             lim.paged_attention is PagedAttention.ON,
             "inferd always pages its KV cache: limits.paged_attention must be on",
-        )
-        _require(
-            lim.max_image_edge == 0,
-            "inferd has no image edge flag (it caps only --max-num-images): "
-            "max_image_edge must be 0",
         )
         _require(
             lim.device is Device.CPU and plan.engine.build is Device.CPU,
@@ -298,6 +293,7 @@ class _InferdRenderer:
             ("--prefix-cache-n", lim.prefix_cache_n),
             # Always explicit: the server's default admits images the plan never asked for.
             ("--max-num-images", lim.max_num_images),
+            ("--max-edge", lim.max_image_edge or None),
             ("--seed", lim.seed),
             ("--allowed-media-root", plan.media_root),
             # The safety settings, explicit whatever the release's defaults: no chat page, no

@@ -45,8 +45,14 @@ class Part:
     name: str  # the checkpoint's tensor name
     rows: int  # rows it contributes along dim 0
     cut: Cut | None = None  # None: the whole tensor
+    # Experts stacked [experts, out, in] (``Experts``' layout): each expert's (out, in). A
+    # stack saved with each matrix transposed, as transformers 4 saved Qwen3-VL-MoE's
+    # (published checkpoints), is transposed back, as transformers 5 does (not when square).
+    experts: tuple[int, int] | None = None
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
+        if self.experts is not None and tuple(t.shape[1:]) == self.experts[::-1] != self.experts:
+            t = t.transpose(1, 2).contiguous()
         return t if self.cut is None else self.cut.apply(t)
 
 
@@ -83,14 +89,9 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
             )
         if fused:
             plan[dst + "self_attn.qkv_proj.weight"] = one(att + "qkv_proj.weight", q + 2 * kv)
-            plan[dst + "mlp.gate_up_proj.weight"] = one(mlp + "gate_up_proj.weight", 2 * ff)
         else:
             plan[dst + "self_attn.qkv_proj.weight"] = tuple(
                 Part(att + f"{p}_proj.weight", n) for p, n in (("q", q), ("k", kv), ("v", kv))
-            )
-            plan[dst + "mlp.gate_up_proj.weight"] = (
-                Part(mlp + "gate_proj.weight", ff),
-                Part(mlp + "up_proj.weight", ff),
             )
         if cfg.attention_bias:
             plan[dst + "self_attn.qkv_proj.bias"] = tuple(
@@ -100,8 +101,31 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
             plan[dst + "self_attn.q_norm.weight"] = one(att + "q_norm.weight", cfg.head_dim)
             plan[dst + "self_attn.k_norm.weight"] = one(att + "k_norm.weight", cfg.head_dim)
         plan[dst + "self_attn.o_proj.weight"] = one(att + "o_proj.weight", h)
+        if cfg.moe is not None and i in cfg.moe.layers:
+            plan |= experts_plan(cfg, mlp, dst + "mlp.")
+            plan[dst + "mlp.gate.weight"] = one(mlp + "gate.weight", cfg.moe.num_experts)
+            continue
+        if fused:
+            plan[dst + "mlp.gate_up_proj.weight"] = one(mlp + "gate_up_proj.weight", 2 * ff)
+        else:
+            plan[dst + "mlp.gate_up_proj.weight"] = (
+                Part(mlp + "gate_proj.weight", ff),
+                Part(mlp + "up_proj.weight", ff),
+            )
         plan[dst + "mlp.down_proj.weight"] = one(mlp + "down_proj.weight", h)
     return plan
+
+
+def experts_plan(cfg: ModelConfig, src: str, dst: str) -> Plan:
+    """A layer's experts (layers/moe.py ``Experts``) from the checkpoint's fused stacks under
+    ``src``, to ours under ``dst``."""
+    moe = cfg.moe
+    assert moe is not None
+    h, ff = cfg.hidden_size, moe.intermediate_size
+    return {
+        f"{dst}experts.{name}": (Part(f"{src}experts.{name}", moe.num_experts, experts=shape),)
+        for name, shape in (("gate_up_proj", (2 * ff, h)), ("down_proj", (h, ff)))
+    }
 
 
 def checkpoint_prefix(names: set[str]) -> str:
@@ -254,6 +278,8 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
             Part(prefix + src + "mlp.up_proj.weight", ff * wide),
         )
         plan[dst + "mlp.down_proj.weight"] = one(src + "mlp.down_proj.weight", h)
+        if cfg.moe is not None:
+            plan |= gemma4_moe_plan(cfg, prefix + src, dst + "moe.")
         if g.per_layer_size:
             for name, rows in (
                 ("per_layer_input_gate", g.per_layer_size),
@@ -261,6 +287,24 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
                 ("post_per_layer_input_norm", h),
             ):
                 plan[f"{dst}{name}.weight"] = one(f"{src}{name}.weight", rows)
+    return plan
+
+
+def gemma4_moe_plan(cfg: ModelConfig, src: str, dst: str) -> Plan:
+    """A Gemma 4 layer's experts, router and their norms (models/gemma4.py ``Gemma4MoE``)."""
+    moe = cfg.moe
+    assert moe is not None
+    h, e = cfg.hidden_size, moe.num_experts
+    plan = experts_plan(cfg, src, dst)
+    for ours, theirs, rows in (
+        ("router.proj.weight", "router.proj.weight", e),
+        ("router.scale", "router.scale", h),
+        ("router.per_expert_scale", "router.per_expert_scale", e),
+        ("pre_norm.weight", "pre_feedforward_layernorm_2.weight", h),
+        ("post_norm.weight", "post_feedforward_layernorm_2.weight", h),
+        ("mlp_post_norm.weight", "post_feedforward_layernorm_1.weight", h),
+    ):
+        plan[dst + ours] = (Part(src + theirs, rows),)
     return plan
 
 

@@ -238,6 +238,22 @@ def _clippable(plan: Plan, ours: str, theirs: str, clipped: bool) -> None:
             plan[f"{ours}.{bound}"] = (f"{theirs}.{bound}", _scalar)
 
 
+def _layer_plan(
+    plan: Plan,
+    ours: str,
+    theirs: str,
+    norms: Mapping[str, str],
+    linears: Mapping[str, str],
+    clipped: bool,
+) -> None:
+    """One encoder layer's norms (stored as they are) and ClippableLinears, ``norms`` and
+    ``linears`` naming each of ours (under ``ours``) by the projector's (under ``theirs``)."""
+    for name, stored in norms.items():
+        plan[f"{ours}{name}.weight"] = (f"{theirs}{stored}.weight", None)
+    for name, stored in linears.items():
+        _clippable(plan, ours + name, theirs + stored, clipped)
+
+
 def projector_plan(vision: Gemma4VisionConfig | None, audio: Gemma4AudioConfig | None) -> Plan:
     """Our encoders' parameters (models/gemma4_vision.py, gemma4_audio.py) -> the projector's
     tensors, and how to undo what the converter did to each."""
@@ -269,10 +285,7 @@ def projector_plan(vision: Gemma4VisionConfig | None, audio: Gemma4AudioConfig |
         }
         for i in range(vision.num_layers):
             ours, theirs = f"vision_tower.encoder.layers.{i}.", f"v.blk.{i}."
-            for name, stored in norms.items():
-                plan[f"{ours}{name}.weight"] = (f"{theirs}{stored}.weight", None)
-            for name, stored in linears.items():
-                _clippable(plan, ours + name, theirs + stored, vision.clipped_linears)
+            _layer_plan(plan, ours, theirs, norms, linears, vision.clipped_linears)
     if audio is not None:
         _audio_plan(plan, audio)
     return plan
@@ -315,10 +328,7 @@ def _audio_plan(plan: Plan, audio: Gemma4AudioConfig) -> None:
     }
     for i in range(audio.num_layers):
         ours, theirs = f"audio_tower.layers.{i}.", f"a.blk.{i}."
-        for name, stored in norms.items():
-            plan[f"{ours}{name}.weight"] = (f"{theirs}{stored}.weight", None)
-        for name, stored in linears.items():
-            _clippable(plan, ours + name, theirs + stored, audio.clipped_linears)
+        _layer_plan(plan, ours, theirs, norms, linears, audio.clipped_linears)
         plan[ours + "self_attn.per_dim_scale"] = (
             theirs + "per_dim_scale.weight",
             _inverse_softplus,

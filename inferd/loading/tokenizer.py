@@ -421,7 +421,11 @@ def _add_special_tokens(tok: Tokenizer, vocab: _Vocab, special: frozenset[int]) 
         tok.add_tokens([AddedToken(vocab.tokens[i], special=False, normalized=False) for i in user])
 
 
-def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
+def _file_merges(metadata: Mapping[str, Any], model: str) -> list[tuple[str, str]]:
+    """The merges the file lists, which a ``model`` tokenizer needs."""
+    merges = _str_list(metadata, "merges")
+    if merges is None:
+        raise TokenizerError(f"a {model} tokenizer needs {_key('merges')}")
     pairs: list[tuple[str, str]] = []
     for merge in merges:
         parts = merge.split(" ")
@@ -432,15 +436,13 @@ def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
 
 
 def _build_byte_level(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
-    merges = _str_list(metadata, "merges")
-    if merges is None:
-        raise TokenizerError(f"a gpt2 tokenizer needs {_key('merges')}")
+    merges = _file_merges(metadata, "gpt2")
     pre = metadata.get(_key("pre"))
     pre_tokenizer, ignore_merges = _byte_level_pre_tokenizer(None if pre is None else str(pre))
     tok = Tokenizer(
         BPE(
             vocab=vocab.ids_to_map(),
-            merges=_split_merges(merges),
+            merges=merges,
             fuse_unk=False,
             byte_fallback=False,
             ignore_merges=ignore_merges,
@@ -475,20 +477,31 @@ def _spm_merges(vocab: _Vocab, scores: list[float]) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in ranked]
 
 
-def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: bool) -> Tokenizer:
-    scores = _num_list(metadata, "scores", len(vocab.tokens), float)
-    if scores is None:
-        raise TokenizerError(f"a llama (SentencePiece) tokenizer needs {_key('scores')}")
+def _byte_fallback_bpe(vocab: _Vocab, merges: list[tuple[str, str]]) -> Tokenizer:
+    """SentencePiece's kind of BPE: a piece missing from the vocabulary falls back to its
+    ``<0xNN>`` byte tokens (consecutive unknown tokens fuse into one)."""
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
-    tok = Tokenizer(
+    return Tokenizer(
         BPE(
             vocab=vocab.ids_to_map(),
-            merges=_spm_merges(vocab, scores),
+            merges=merges,
             unk_token=unk,
             fuse_unk=True,
             byte_fallback=True,
         )
     )
+
+
+def _spm_decoders() -> list[decoders.Decoder]:
+    """``▁`` back to spaces, byte tokens back to bytes, joined."""
+    return [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+
+
+def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: bool) -> Tokenizer:
+    scores = _num_list(metadata, "scores", len(vocab.tokens), float)
+    if scores is None:
+        raise TokenizerError(f"a llama (SentencePiece) tokenizer needs {_key('scores')}")
+    tok = _byte_fallback_bpe(vocab, _spm_merges(vocab, scores))
     # llama.cpp prefixes a space to every run of plain text (the start, and after each special
     # token) and keeps spaces the text already has; a normalizer runs once per such run.
     steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", _SPM_SPACE)]
@@ -496,11 +509,7 @@ def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: boo
         steps.insert(0, normalizers.Prepend(_SPM_SPACE))
     tok.normalizer = normalizers.Sequence(steps)
     tok.pre_tokenizer = None
-    chain: list[decoders.Decoder] = [
-        decoders.Replace(_SPM_SPACE, " "),
-        decoders.ByteFallback(),
-        decoders.Fuse(),
-    ]
+    chain = _spm_decoders()
     if add_space_prefix:
         chain.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(chain)
@@ -508,24 +517,10 @@ def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: boo
 
 
 def _build_gemma4(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
-    merges = _str_list(metadata, "merges")
-    if merges is None:
-        raise TokenizerError(f"a gemma4 tokenizer needs {_key('merges')}")
-    unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
-    tok = Tokenizer(
-        BPE(
-            vocab=vocab.ids_to_map(),
-            merges=_split_merges(merges),
-            unk_token=unk,
-            fuse_unk=True,
-            byte_fallback=True,
-        )
-    )
+    tok = _byte_fallback_bpe(vocab, _file_merges(metadata, "gemma4"))
     tok.normalizer = normalizers.Replace(" ", _SPM_SPACE)
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
-    tok.decoder = decoders.Sequence(
-        [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
-    )
+    tok.decoder = decoders.Sequence(_spm_decoders())
     return tok
 
 

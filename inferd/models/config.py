@@ -133,6 +133,28 @@ class QwenVisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """A sparse mixture-of-experts MLP (layers/moe.py): per token, a router's softmax over
+    ``num_experts`` picks the ``top_k`` likeliest, whose weights are renormalized to sum to
+    one, and the token's output is their gated MLPs' outputs (``intermediate_size`` wide each)
+    so weighted. Qwen3-VL-MoE puts it in place of the dense MLP of ``layers``; Gemma 4 beside
+    it, in every layer."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # one expert's
+    layers: tuple[int, ...]  # the decoder layers that have it
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ModelConfigError(
+                f"{self.top_k} experts a token out of {self.num_experts} is not a routing"
+            )
+        if self.intermediate_size <= 0:
+            raise ModelConfigError(f"expert intermediate size {self.intermediate_size}")
+
+
+@dataclass(frozen=True, slots=True)
 class Gemma4Layers:
     """What Gemma 4's decoder adds to Gemma 3's shape (models/gemma4.py): its global layers'
     own head size and key/value heads, values read from the keys' projection there
@@ -336,6 +358,7 @@ class ModelConfig:
     # Gemma 4's per-layer shapes and embeddings (Gemma 3n's PLE and K/V sharing too)
     gemma4: Gemma4Layers | None = None
     gemma3n: Gemma3nLayers | None = None  # Gemma 3n: AltUp, Laurel, MLP widths, sparsity
+    moe: MoeConfig | None = None  # sparse mixture-of-experts MLPs (Qwen3-VL-MoE, Gemma 4)
     gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
     gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
     gemma3n_audio: Gemma3nAudioConfig | None = None  # Gemma 3n's audio encoder
@@ -543,6 +566,7 @@ HF_MODEL_TYPES = {
     "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
     "qwen2_5_vl": "qwen2_5_vl",  # a Qwen2 text model (M-RoPE) under an image/video encoder
     "qwen3_vl": "qwen3_vl",  # a Qwen3 text model (interleaved M-RoPE, deep stack) likewise
+    "qwen3_vl_moe": "qwen3_vl",  # the same with mixture-of-experts MLPs (``ModelConfig.moe``)
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
     "gemma4_text": "gemma4",
@@ -561,8 +585,8 @@ AUDIO_ARCHITECTURES = frozenset({"qwen2_audio"})
 QWEN_VL_ARCHITECTURES = frozenset({"qwen2_5_vl"})
 
 # Qwen3-VL: a Qwen3 decoder with interleaved M-RoPE fed at its first layers by the encoder's
-# deep-stack rows (models/qwen3_vl.py).
-QWEN3_VL_ARCHITECTURES = frozenset({"qwen3_vl"})
+# deep-stack rows (models/qwen3_vl.py); Qwen3-VL-MoE's MLPs are mixtures of experts.
+QWEN3_VL_ARCHITECTURES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -937,21 +961,39 @@ QWEN3_VL_TEXT_DEFAULTS: dict[str, Any] = {
 }
 
 
+# transformers' Qwen3VLMoeTextConfig defaults (head_dim: hidden_size over the heads).
+QWEN3_VL_MOE_TEXT_DEFAULTS: dict[str, Any] = {
+    **QWEN2_DEFAULTS,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 128000,
+    "rope_theta": 500000.0,
+}
+
+
 def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Qwen3-VL: a Qwen3 ``text_config`` (q/k norms, no biases) whose rope settings carry
     ``mrope_section`` (interleaved), and a ``vision_config`` with LayerNorm blocks, a learned
-    position grid and the deep-stack layers."""
+    position grid and the deep-stack layers; Qwen3-VL-MoE's text config adds its experts."""
+    model_type = str(hf.get("model_type"))
     vision, nested = hf.get("vision_config"), hf.get("text_config")
     if not isinstance(vision, Mapping) or not isinstance(nested, Mapping):
-        raise ModelConfigError("config.json of qwen3_vl needs vision_config and text_config")
+        raise ModelConfigError(f"config.json of {model_type} needs vision_config and text_config")
     tied = bool(hf.get("tie_word_embeddings", nested.get("tie_word_embeddings", False)))
     rope = _hf_rope(nested)
     section = rope.get("mrope_section")
     if not isinstance(section, list) or len(section) != 3:
-        raise ModelConfigError("config.json of qwen3_vl lacks rope mrope_section (three values)")
-    decoder = _mrope_decoder(
-        nested, rope, section, QWEN3_VL_TEXT_DEFAULTS, "qwen3", 500000.0, tied, has_lm_head
-    )
+        raise ModelConfigError(
+            f"config.json of {model_type} lacks rope mrope_section (three values)"
+        )
+    moe = model_type == "qwen3_vl_moe"
+    defaults = QWEN3_VL_MOE_TEXT_DEFAULTS if moe else QWEN3_VL_TEXT_DEFAULTS
+    decoder = _mrope_decoder(nested, rope, section, defaults, "qwen3", 500000.0, tied, has_lm_head)
+    if moe:
+        decoder = replace(decoder, moe=_qwen3_vl_moe(nested, decoder.num_layers))
     if decoder.sliding_window is not None:  # transformers' Qwen3-VL attends over everything
         raise ModelConfigError("qwen3_vl with a sliding window is not supported")
     act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
@@ -1030,6 +1072,26 @@ GEMMA4_TEXT_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _qwen3_vl_moe(text: Mapping[str, Any], layers: int) -> MoeConfig | None:
+    """Qwen3-VL-MoE's experts (None: there are none): every ``decoder_sparse_step``-th layer
+    has them except the ``mlp_only_layers``, which keep a dense MLP. Its router renormalizes
+    the top-k weights whatever ``norm_topk_prob`` says (transformers' Qwen3-VL-MoE reads no
+    such key)."""
+    # transformers' defaults; it saves ``num_experts`` as ``num_local_experts``
+    experts = int(text.get("num_experts", text.get("num_local_experts", 60)) or 0)
+    step = int(text.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in text.get("mlp_only_layers") or ()}
+    sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if not experts or not sparse:
+        return None
+    return MoeConfig(
+        num_experts=experts,
+        top_k=int(text.get("num_experts_per_tok", 4)),
+        intermediate_size=int(text.get("moe_intermediate_size", 1408)),
+        layers=sparse,
+    )
+
+
 def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Gemma 4's decoder (``gemma4_text``, or the ``text_config`` of ``gemma4``): Gemma 3's
     layers with the per-layer shapes, K/V sharing and per-layer embeddings of
@@ -1039,8 +1101,6 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError("config.json of gemma4 needs a text_config")
     tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
     text = {**GEMMA4_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
-    if text.get("enable_moe_block"):
-        raise ModelConfigError("gemma4 with mixture-of-experts blocks is not supported yet")
     if text.get("use_bidirectional_attention") == "all":
         raise ModelConfigError("gemma4 use_bidirectional_attention: all is not supported")
     if text.get("attention_bias"):
@@ -1119,6 +1179,8 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         final_softcap=_float_or_none(text.get("final_logit_softcapping")),
         layers=layers_cfg,
     )
+    if text.get("enable_moe_block"):
+        cfg = replace(cfg, moe=_gemma4_moe(text, layers))
     vision = hf.get("vision_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(vision, Mapping):
         bidirectional = text.get("use_bidirectional_attention") == "vision"
@@ -1127,6 +1189,20 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     if isinstance(audio, Mapping):
         cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
     return cfg
+
+
+def _gemma4_moe(text: Mapping[str, Any], layers: int) -> MoeConfig:
+    """Gemma 4's experts (``enable_moe_block``): in every layer, beside the dense MLP."""
+    keys = ("num_experts", "top_k_experts", "moe_intermediate_size")
+    missing = [k for k in keys if not text.get(k)]
+    if missing:
+        raise ModelConfigError(f"gemma4 enable_moe_block without {', '.join(missing)}")
+    return MoeConfig(
+        num_experts=int(text["num_experts"]),
+        top_k=int(text["top_k_experts"]),
+        intermediate_size=int(text["moe_intermediate_size"]),
+        layers=tuple(range(layers)),
+    )
 
 
 def gemma4_decoder_config(
@@ -1150,7 +1226,8 @@ def gemma4_decoder_config(
 ) -> ModelConfig:
     """Gemma 4's decoder from its shape, however the checkpoint spells it (a config.json, a
     GGUF's metadata): unscaled GeGLU attention with q/k norms; every K/V-sharing layer must
-    have a source (ModelConfigError otherwise)."""
+    have a source (ModelConfigError otherwise). Gemma 3n's decoder is this one plus its own
+    parts."""
     cfg = ModelConfig(
         architecture="gemma4",
         vocab_size=vocab_size,
@@ -1318,8 +1395,7 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")
     if any(not 0.0 <= s < 1.0 for s in own.sparsity):
         raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
-    cfg = ModelConfig(
-        architecture="gemma3n",
+    decoder = gemma4_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
         intermediate_size=max(own.intermediate_sizes),
@@ -1329,25 +1405,19 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(text["rms_norm_eps"]),
         rope_theta=float(full.get("rope_theta", text.get("rope_theta", 1_000_000.0))),
-        rope_scaling=RopeScaling(),
-        max_position=int(text["max_position_embeddings"]),
-        tie_word_embeddings=tied or not has_lm_head,
-        qk_norm=True,
-        sliding_window=int(text["sliding_window"]) if sliding else None,
-        sliding_layers=sliding,
-        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
-        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
-        hidden_act="gelu_tanh",
         rope_local_theta=float(
             local.get("rope_theta", text.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE))
         ),
-        gemma4=shared,
-        gemma3n=own,
-        gemma3n_audio=_gemma3n_audio_from_hf(hf),
+        max_position=int(text["max_position_embeddings"]),
+        tie_word_embeddings=tied or not has_lm_head,
+        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_layers=sliding,
+        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        layers=shared,
     )
-    for layer in range(layers - shared.kv_shared_layers, layers):
-        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
-    return cfg
+    return replace(
+        decoder, architecture="gemma3n", gemma3n=own, gemma3n_audio=_gemma3n_audio_from_hf(hf)
+    )
 
 
 # transformers' Gemma3nAudioConfig defaults, and Gemma3nConfig's audio settings.

@@ -17,7 +17,6 @@ the model fills the audio tokens past the clip's own rows with a padding embeddi
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,24 +24,18 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from inferd.models.gemma4_audio_features import htk_mel_filters, preemphasized_frames
+from inferd.models.gemma4_audio_features import (
+    GemmaLogMelSettings,
+    htk_mel_filters,
+    preemphasized_frames,
+)
 from inferd.models.whisper_features import AudioFeatureError
 
 PAD_TO_MULTIPLE = 128  # the extractor pads every clip to a multiple of this many samples
 
 
-def _per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
-    """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
-    if value is None:
-        return None
-    flat = np.asarray(value, dtype=np.float64).reshape(-1)
-    if flat.shape[0] != bins:
-        raise AudioFeatureError(f"{name} has {flat.shape[0]} values for {bins} mel bins")
-    return tuple(float(v) for v in flat)
-
-
 @dataclass(frozen=True, slots=True)
-class Gemma3nAudioFeatureConfig:
+class Gemma3nAudioFeatureConfig(GemmaLogMelSettings):
     audio_token: str
     boa_token: str
     eoa_token: str
@@ -77,51 +70,13 @@ class Gemma3nAudioFeatureConfig:
     def from_hf(
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str], soft_tokens: int
     ) -> Gemma3nAudioFeatureConfig:
-        """From the extractor's settings and the tokenizer's (audio, boa, eoa) tokens. The
-        saved ``frame_length`` and ``hop_length`` (in samples) are ignored, as transformers
-        ignores them on load: it derives both from the ``_ms`` settings (their defaults when
-        unsaved) and the sampling rate."""
+        """From the extractor's settings and the tokenizer's (audio, boa, eoa) tokens."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 3n audio features are not reproducible")
         if settings.get("padding_side", "right") != "right":
             raise AudioFeatureError("Gemma 3n audio padded on the left is not supported")
-        defaults = cls(*tokens)
-        size = int(settings.get("feature_size", defaults.feature_size))
-
-        def number(name: str) -> float:
-            # mel_floor is saved as an array (transformers keeps it as one)
-            return float(np.asarray(settings.get(name, getattr(defaults, name))).item())
-
-        return cls(
-            *tokens,
-            soft_tokens=soft_tokens,
-            feature_size=size,
-            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=number("frame_length_ms"),
-            hop_length_ms=number("hop_length_ms"),
-            min_frequency=number("min_frequency"),
-            max_frequency=number("max_frequency"),
-            preemphasis=number("preemphasis"),
-            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
-            fft_overdrive=bool(settings.get("fft_overdrive", True)),
-            input_scale_factor=number("input_scale_factor"),
-            mel_floor=number("mel_floor"),
-            per_bin_mean=_per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
-            per_bin_stddev=_per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
-        )
-
-    @property
-    def frame_length(self) -> int:
-        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
-
-    @property
-    def hop_length(self) -> int:
-        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
-
-    @property
-    def fft_length(self) -> int:
-        n = 2 ** math.ceil(math.log2(self.frame_length))
-        return 2 * n if self.fft_overdrive else n
+        fields = cls(*tokens).saved_fields(settings)
+        return cls(*tokens, soft_tokens=soft_tokens, **fields)
 
     def num_frames(self, samples: int) -> int:
         """Frames of a clip of ``samples`` samples (cut at ``max_samples``, padded to a
@@ -145,8 +100,4 @@ class Gemma3nAudioFeatureConfig:
         )
         spectrum = np.abs(np.fft.rfft(frames * self.window, n=self.fft_length, axis=-1))
         mel = np.log(np.maximum(np.matmul(spectrum, self.filters), np.array(self.mel_floor)))
-        if self.per_bin_mean is not None:
-            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
-        if self.per_bin_stddev is not None:
-            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
-        return mel[0].astype(np.float32)
+        return self.standardized(mel)

@@ -65,8 +65,91 @@ def preemphasized_frames(
     return frames[..., :-1]
 
 
+def _per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
+    """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
+    if value is None:
+        return None
+    flat = np.asarray(value, dtype=np.float64).reshape(-1)
+    if flat.shape[0] != bins:
+        raise AudioFeatureError(f"{name} has {flat.shape[0]} values for {bins} mel bins")
+    return tuple(float(v) for v in flat)
+
+
+class GemmaLogMelSettings:
+    """What Gemma 3n's and Gemma 4's extractor configs share (their defaults differ): the
+    settings both save, the frame, hop and FFT lengths in samples derived from them, and the
+    last step, per-bin standardization."""
+
+    __slots__ = ()
+    feature_size: int
+    sampling_rate: int
+    frame_length_ms: float
+    hop_length_ms: float
+    min_frequency: float
+    max_frequency: float
+    preemphasis: float
+    preemphasis_htk_flavor: bool
+    fft_overdrive: bool
+    input_scale_factor: float
+    mel_floor: float
+    per_bin_mean: tuple[float, ...] | None
+    per_bin_stddev: tuple[float, ...] | None
+
+    def saved_fields(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields above as the extractor's settings save them, this config's values where
+        unsaved. The saved ``frame_length`` and ``hop_length`` (in samples) are ignored, as
+        transformers ignores them on load: it derives both from the ``_ms`` settings and the
+        sampling rate."""
+
+        def number(name: str) -> float:
+            # mel_floor is saved as an array (transformers keeps it as one)
+            return float(np.asarray(settings.get(name, getattr(self, name))).item())
+
+        def flag(name: str) -> bool:
+            return bool(settings.get(name, getattr(self, name)))
+
+        size = int(settings.get("feature_size", self.feature_size))
+        return dict(
+            feature_size=size,
+            sampling_rate=int(settings.get("sampling_rate", self.sampling_rate)),
+            frame_length_ms=number("frame_length_ms"),
+            hop_length_ms=number("hop_length_ms"),
+            min_frequency=number("min_frequency"),
+            max_frequency=number("max_frequency"),
+            preemphasis=number("preemphasis"),
+            preemphasis_htk_flavor=flag("preemphasis_htk_flavor"),
+            fft_overdrive=flag("fft_overdrive"),
+            input_scale_factor=number("input_scale_factor"),
+            mel_floor=number("mel_floor"),
+            per_bin_mean=_per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
+            per_bin_stddev=_per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
+        )
+
+    @property
+    def frame_length(self) -> int:
+        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
+
+    @property
+    def hop_length(self) -> int:
+        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
+
+    @property
+    def fft_length(self) -> int:
+        n = 2 ** math.ceil(math.log2(self.frame_length))
+        return 2 * n if self.fft_overdrive else n
+
+    def standardized(self, mel: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+        """Log-mel [1, frames, bins] less the per-bin mean, over the per-bin deviation (each
+        when set), as the clip's features [frames, bins] in float32."""
+        if self.per_bin_mean is not None:
+            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
+        if self.per_bin_stddev is not None:
+            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
+        return mel[0].astype(np.float32)
+
+
 @dataclass(frozen=True, slots=True)
-class Gemma4AudioFeatureConfig:
+class Gemma4AudioFeatureConfig(GemmaLogMelSettings):
     audio_token: str
     boa_token: str
     eoa_token: str
@@ -96,47 +179,10 @@ class Gemma4AudioFeatureConfig:
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str]
     ) -> Gemma4AudioFeatureConfig:
         """From the extractor's settings (``processor_config.json``'s ``feature_extractor``)
-        and the tokenizer's (audio, boa, eoa) tokens. The saved ``frame_length`` and
-        ``hop_length`` (in samples) are ignored, as transformers ignores them on load: it
-        derives both from the ``_ms`` settings and the sampling rate."""
+        and the tokenizer's (audio, boa, eoa) tokens."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
-
-        def bins(name: str) -> tuple[float, ...] | None:
-            value = settings.get(name)
-            return None if value is None else tuple(float(v) for v in value)
-
-        defaults = cls(*tokens)
-        return cls(
-            *tokens,
-            feature_size=int(settings.get("feature_size", defaults.feature_size)),
-            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=float(settings.get("frame_length_ms", defaults.frame_length_ms)),
-            hop_length_ms=float(settings.get("hop_length_ms", defaults.hop_length_ms)),
-            min_frequency=float(settings.get("min_frequency", defaults.min_frequency)),
-            max_frequency=float(settings.get("max_frequency", defaults.max_frequency)),
-            preemphasis=float(settings.get("preemphasis", defaults.preemphasis)),
-            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
-            fft_overdrive=bool(settings.get("fft_overdrive", False)),
-            input_scale_factor=float(settings.get("input_scale_factor", 1.0)),
-            # saved as an array (transformers keeps it as one)
-            mel_floor=float(np.asarray(settings.get("mel_floor", defaults.mel_floor)).item()),
-            per_bin_mean=bins("per_bin_mean"),
-            per_bin_stddev=bins("per_bin_stddev"),
-        )
-
-    @property
-    def frame_length(self) -> int:
-        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
-
-    @property
-    def hop_length(self) -> int:
-        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
-
-    @property
-    def fft_length(self) -> int:
-        n = 2 ** math.ceil(math.log2(self.frame_length))
-        return 2 * n if self.fft_overdrive else n
+        return cls(*tokens, **cls(*tokens).saved_fields(settings))
 
     def num_frames(self, samples: int) -> int:
         """Valid frames of a clip of ``samples`` samples (after the cut)."""
@@ -167,8 +213,4 @@ class Gemma4AudioFeatureConfig:
         window = np.hanning(self.frame_length + 1)[:-1].astype(np.float32)  # periodic Hann
         spectrum = np.abs(np.fft.rfft(frames * window, n=self.fft_length, axis=-1))
         mel = np.log(np.matmul(spectrum, self.filters) + np.array(self.mel_floor))
-        if self.per_bin_mean is not None:
-            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
-        if self.per_bin_stddev is not None:
-            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
-        return mel[0].astype(np.float32)
+        return self.standardized(mel)

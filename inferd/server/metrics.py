@@ -119,7 +119,7 @@ class ServerMetrics:
         )
         self.tokens_in = Counter(
             "inferd_request_prompt_tokens_total",
-            "Prompt tokens of requests that finished generating.",
+            "Prompt tokens of requests that started generating.",
             ["model"],
             registry=into,
         )
@@ -296,14 +296,13 @@ class RequestTimer:
                     self.completion_tokens = (self.completion_tokens or 0) + new_tokens
                     self._observe_tokens(model, now, last_token_at, new_tokens)
                     last_token_at = now
-                if out.finished:
-                    if not counted_prompt:
-                        counted_prompt = True
-                        self.prompt_tokens = (self.prompt_tokens or 0) + out.num_prompt_tokens
-                        if self.metrics is not None:
-                            self.metrics.tokens_in.labels(model).inc(out.num_prompt_tokens)
-                    if out.finish_reason in ("error", "abort"):
-                        self.error = out.finish_reason
+                if not counted_prompt:  # at the first output: a run cut short has it too
+                    counted_prompt = True
+                    self.prompt_tokens = (self.prompt_tokens or 0) + out.num_prompt_tokens
+                    if self.metrics is not None:
+                        self.metrics.tokens_in.labels(model).inc(out.num_prompt_tokens)
+                if out.finished and out.finish_reason in ("error", "abort"):
+                    self.error = out.finish_reason
                 yield out
         finally:
             await close_stream(outputs)  # leaving early (timeout, client gone) aborts it

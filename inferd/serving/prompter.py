@@ -26,7 +26,6 @@ from inferd.media.video import FrameSampling
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
-    Gemma3nAudioPrompter,
     Gemma4Prompter,
     GridPrompter,
     ImageItem,
@@ -177,7 +176,7 @@ class AudioModelPrompter(Prompter):
     """Qwen2-Audio's clips (each ``<|AUDIO|>`` marker becomes one placeholder per encoder row)
     or Gemma 3n's (its fixed count of audio tokens between ``boa`` and ``eoa``)."""
 
-    audio: AudioPrompter | Gemma3nAudioPrompter
+    audio: AudioPrompter
 
     kind: ClassVar[str] = "audio"
 
@@ -278,9 +277,7 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
         audio = AudioPrompter(loaded.audio_config, tokenizer, cfg.audio.audio_token_id)
         return AudioModelPrompter(name, tokenizer, audio)
     if cfg.gemma3n_audio is not None and loaded.gemma3n_audio is not None:
-        clips = Gemma3nAudioPrompter(
-            loaded.gemma3n_audio, tokenizer, cfg.gemma3n_audio.audio_token_id
-        )
+        clips = AudioPrompter(loaded.gemma3n_audio, tokenizer, cfg.gemma3n_audio.audio_token_id)
         return AudioModelPrompter(name, tokenizer, clips)
     if cfg.qwen_vision is not None and loaded.visual_configs is not None:
         q, (image_config, video_config) = cfg.qwen_vision, loaded.visual_configs

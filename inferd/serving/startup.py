@@ -229,6 +229,7 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         *head,
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
+        *_describe_experts(model),
         compute,
         f"kernels    {load_ops(model.dtype).description}"
         f"{'  deterministic (batch-invariant)' if cfg.deterministic else ''}",
@@ -239,6 +240,18 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}"
         f"{_describe_cache_options(cfg)}",
         _describe_memory(model),
+    ]
+
+
+def _describe_experts(model: ServedModel) -> list[str]:
+    """The mixture of experts, if the model has one, and that its experts stay dense."""
+    moe = model.config.moe
+    if moe is None:
+        return []
+    return [
+        f"experts    {moe.top_k} of {moe.num_experts} a token ({moe.intermediate_size} wide) "
+        f"in {len(moe.layers)} of {model.config.num_layers} layers; dense (--isq and the "
+        "packed int8/int4 kernels skip them)"
     ]
 
 

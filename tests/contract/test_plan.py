@@ -82,13 +82,15 @@ def test_inferd_argv_renders_the_prefix_count_our_cli_takes(count: int, caching:
 
 @pytest.mark.parametrize("access_log", list(AccessLog))
 @pytest.mark.parametrize("prefix_caching", list(Toggle))
-@pytest.mark.parametrize("images", [0, 3])
+@pytest.mark.parametrize(("images", "edge"), [(0, 0), (3, 0), (3, 448)])
 def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
-    access_log: AccessLog, prefix_caching: Toggle, images: int
+    access_log: AccessLog, prefix_caching: Toggle, images: int, edge: int
 ) -> None:
     """The rendered argv goes through the real ``inferd`` parser to the values in the plan."""
     base = inferd_plan()
-    lim = dataclasses.replace(base.limits, max_num_images=images, prefix_caching=prefix_caching)
+    lim = dataclasses.replace(
+        base.limits, max_num_images=images, max_image_edge=edge, prefix_caching=prefix_caching
+    )
     plan = _replace(base, access_log=access_log, limits=lim)
     args = _parser().parse_args(list(plan.launch_args()))
     assert args.command == "serve" and args.model == plan.model.entry_path
@@ -96,6 +98,7 @@ def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
     assert args.access_log_format == ("json" if access_log is AccessLog.JSON else "text")
     assert args.prefix_caching == str(prefix_caching)
     assert args.max_num_images == images
+    assert args.max_edge == (edge or None)  # no bound: no flag, and the server's default
     assert (args.dtype, args.max_seqs, args.max_seq_len, args.seed) == ("f32", 4, 2048, 7)
     assert (args.max_num_batched_tokens, args.kv_cache_tokens) == (512, 8192)
     assert (args.ui, args.admin_routes) == ("off", "off")  # rendered whatever the defaults
@@ -290,7 +293,6 @@ def test_port_range(port: int) -> None:
         ({"prefix_cache_n": 4, "prefix_caching": Toggle.OFF}, "contradicts"),
         ({"prefix_cache_n": 0}, "contradicts"),
         ({"prefix_caching": None}, "prefix_caching"),
-        ({"max_num_images": 4, "max_image_edge": 1024}, "no image edge flag"),
         ({"device": Device.CUDA}, "cpu"),
         ({"max_batch_size": 4}, "max_batch_size"),
         ({"dtype": None}, "dtype"),

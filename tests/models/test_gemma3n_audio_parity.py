@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 import pytest
 import torch
 
@@ -28,7 +27,6 @@ from inferd.engine.driver import CallerLoop
 from inferd.engine.llm_engine import AdmissionError
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParams
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model, load_tokenizer
 from inferd.loading.hf_processor import read_gemma3n_audio_config
 from inferd.media.types import DecodedAudio
@@ -36,9 +34,10 @@ from inferd.models.config import config_from_hf
 from inferd.models.gemma3n_audio import Gemma3nAudioEncoder
 from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma3n_multimodal import Gemma3nMultimodalForCausalLM
-from inferd.serving.multimodal import Gemma3nAudioPrompter, MediaPromptError
+from inferd.serving.multimodal import AudioPrompter, MediaPromptError
 from inferd.serving.served import load_model
-from tests.models.test_llama_parity import chunk_mask
+from tests.models.paged import paged_logits
+from tests.models.test_gemma4_audio_parity import noisy_tone
 from tests.models.tiny_gemma3n import (
     AUDIO,
     AUDIO_SOFT_TOKENS,
@@ -72,13 +71,6 @@ MESSAGES: list[dict[str, Any]] = [
     }
 ]
 Tiny = tuple[Path, Any, Any]
-
-
-def _wave(samples: int, seed: int) -> npt.NDArray[np.float32]:
-    rng = np.random.default_rng(seed)
-    t = np.arange(samples) / 16_000
-    tone = 0.4 * np.sin(2 * np.pi * 440 * t) + 0.1 * rng.standard_normal(samples)
-    return tone.astype(np.float32)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +110,7 @@ def test_settings_are_read_as_transformers_v4_saved_them(
 def test_features_are_bit_equal(samples: int) -> None:
     from transformers import Gemma3nAudioFeatureExtractor
 
-    wave = _wave(samples, seed=samples)
+    wave = noisy_tone(samples, seed=samples)
     expected = Gemma3nAudioFeatureExtractor(feature_size=MEL_BINS)([wave], return_tensors="np")
     ours = FEATURES.log_mel(wave)
     assert bool(expected["input_features_mask"].all())  # a lone clip has no padded frames
@@ -132,7 +124,7 @@ def test_per_bin_features_at_the_real_width_are_bit_equal() -> None:
     mean = np.linspace(-2.0, 1.0, 128)
     std = np.linspace(0.5, 2.0, 128)
     settings = dict(per_bin_mean=mean.tolist(), per_bin_stddev=std.tolist(), mel_floor=1e-3)
-    wave = _wave(20_000, seed=5)
+    wave = noisy_tone(20_000, seed=5)
     extractor = Gemma3nAudioFeatureExtractor(**settings)
     expected = extractor([wave], return_tensors="np")
     # as transformers saves them: [1, 1, bins] nested lists
@@ -156,7 +148,7 @@ def test_encoder_rows_match_transformers(shape: str) -> None:
     assert cfg is not None
     ours = Gemma3nAudioEncoder(cfg)
     ours.load_state_dict(theirs.state_dict())
-    wave = _wave(16_000 + 1234, seed=1)
+    wave = noisy_tone(16_000 + 1234, seed=1)
     features = torch.from_numpy(FEATURES.log_mel(wave))
     with torch.no_grad():
         out = theirs(features[None], torch.zeros(1, features.shape[0], dtype=torch.bool))
@@ -169,12 +161,12 @@ def _case(tiny: Tiny, ours: Gemma3nMultimodalForCausalLM, seed: int) -> tuple[An
     """The chat's ids as the server prepares them, the processor's inputs, the clip's
     features and its audio tokens' positions."""
     directory, _, processor = tiny
-    wave = _wave(12_000 + 777 * seed, seed=seed)
+    wave = noisy_tone(12_000 + 777 * seed, seed=seed)
     text = processor.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=False)
     inputs = processor(text=[text], audio=[wave], return_tensors="pt")
     features = read_gemma3n_audio_config(directory, ours.config)
     assert features is not None
-    prompter = Gemma3nAudioPrompter(features, load_tokenizer(directory, ours.config), AUDIO_ID)
+    prompter = AudioPrompter(features, load_tokenizer(directory, ours.config), AUDIO_ID)
     clip = DecodedAudio(wave[None], 16_000, f"clip-{seed}", "WAV")
     ids, media = prompter.prepare(text, [clip], add_special=False)
     return ids, inputs, media[0].pixel_values, media[0].positions
@@ -190,25 +182,10 @@ def _forward(
     positions: tuple[int, ...],
 ) -> torch.Tensor:
     """Logits of one prompt in one prefill, the clip's rows over its audio tokens."""
-    n, block = len(ids), 4
-    blocks = -(-n // block)
-    caches = []
-    for layer in range(model.config.num_layers):
-        shape = (blocks + 1, block, *model.config.kv_shape(layer))
-        caches.append((torch.zeros(shape), torch.zeros(shape)))
-    table, pos = torch.arange(1, blocks + 1), torch.arange(n)
-    meta = AttentionMetadata(
-        slot_mapping=table[pos // block] * block + pos % block,
-        decode_rows=None,
-        decode_block_tables=None,
-        decode_lens=None,
-        prefills=(PrefillChunk(0, n, 0, table, chunk_mask(0, n)),),
-    )
-    input_ids = torch.tensor(ids)
     with torch.inference_mode():
-        embeds = model.embed(input_ids)
+        embeds = model.embed(torch.tensor(ids))
         embeds[list(positions)] = model.encode_clip(clip)
-        return model.compute_logits(model(input_ids, pos, meta, caches, embeds=embeds))
+    return paged_logits(model, ids, embeds)
 
 
 def test_audio_prompt_ids_and_logits_match_transformers(
@@ -245,7 +222,7 @@ def test_the_engine_admits_only_clips_the_model_can_encode(tiny_gemma3n_audio: T
     served = load_model(tiny_gemma3n_audio[0], cfg, progress=False, loop=CallerLoop())
     try:
         assert served.modalities["input"] == ["text", "audio"]
-        clip = DecodedAudio(_wave(9_000, seed=4)[None], 16_000, "clip", "WAV")
+        clip = DecodedAudio(noisy_tone(9_000, seed=4)[None], 16_000, "clip", "WAV")
         ids, media = served.prompt(f"Hear {AUDIO} now", [clip])
         m, engine = media[0], served.engine.engine
         assert len(m.positions) == AUDIO_SOFT_TOKENS

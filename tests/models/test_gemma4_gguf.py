@@ -39,7 +39,6 @@ from inferd.serving.served import ServedModel, load_model
 from tests.contract.altered_gguf import rewrite
 from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
 from tests.models.test_idefics3_processor import generated
-from tests.models.tiny import hf_config, write_gguf
 from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides, the same weights: summation order alone
@@ -179,21 +178,12 @@ def test_the_engine_reads_text_images_audio_and_video_as_the_directory(
         np.testing.assert_allclose(logprobs, want_logprobs, atol=LOGPROB_TOLERANCE, err_msg=what)
 
 
-@pytest.fixture(scope="module")
-def llama_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Llama GGUF (no Gemma 4 markers in its tokenizer)."""
-    from transformers import AutoModelForCausalLM
-
-    path = tmp_path_factory.mktemp("llama-lm") / "llama.gguf"
-    write_gguf(AutoModelForCausalLM.from_config(hf_config("llama")), path)
-    return path
-
-
 def test_projectors_that_do_not_fit_are_refused_before_loading(
-    tiny_gemma4_gguf: TinyGemma4Gguf, llama_gguf: Path, tmp_path: Path
+    tiny_gemma4_gguf: TinyGemma4Gguf, tiny_llama_gguf: Path, tmp_path: Path
 ) -> None:
     files = tiny_gemma4_gguf.files
     lm, proj = files["lm-f32"], files["mmproj-f32"]
+    llama = tiny_llama_gguf  # no Gemma 4 markers in its tokenizer
     narrow = rewrite(lm, tmp_path / "narrow.gguf", metadata={"gemma4.embedding_length": 48})
     other_kind = rewrite(
         proj, tmp_path / "gemma3.gguf", metadata={"clip.vision.projector_type": "gemma3"}
@@ -202,7 +192,7 @@ def test_projectors_that_do_not_fit_are_refused_before_loading(
     cases: list[tuple[Path, Path, str]] = [
         (narrow, proj, "image encoder gives 64-wide embeddings; the language model is 48 wide"),
         (lm, other_kind, "projector type 'gemma3' \\+ 'gemma4a' is not supported"),
-        (llama_gguf, proj, "a Gemma 4 projector goes with a gemma4 language model, not 'llama'"),
+        (llama, proj, "a Gemma 4 projector goes with a gemma4 language model, not 'llama'"),
         (lm, mels, "says 128 mel bins, its first conv block has 16 channels"),
         (lm, lm, "is not a multimodal projector .*'gemma4'"),
     ]

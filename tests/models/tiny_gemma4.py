@@ -66,12 +66,13 @@ def text_config(**overrides: Any) -> Any:
 
 def randomize_gemma4(model: torch.nn.Module, seed: int) -> None:
     """Every parameter and each layer's output scalar random; Gemma 4's norms scale by ``w``,
-    so theirs lie around one."""
+    so theirs lie around one (and so do its experts' routers' scales, per channel and per
+    expert)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
                 p.copy_(1 + 0.3 * noise)
             else:
                 p.copy_(noise * (2.4 / p.shape[-1] ** 0.5))
@@ -209,7 +210,7 @@ def gemma_tokenizer() -> Any:
     kind for Gemma 4 (``LlamaHfVocab``)."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-    from tests.models.tiny import CORPUS, SPECIALS
+    from tests.models.tiny import CORPUS, SPECIALS, with_byte_fallback
 
     trained = Tokenizer(models.BPE(unk_token=GEMMA_UNK, fuse_unk=True))
     trained.normalizer = normalizers.Replace(" ", _SPM_SPACE)
@@ -219,12 +220,7 @@ def gemma_tokenizer() -> Any:
         show_progress=False,
     )
     trained.train_from_iterator(CORPUS, trainer)
-    spec = json.loads(trained.to_str())
-    vocab = spec["model"]["vocab"]
-    for byte in range(256):
-        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
-    spec["model"]["byte_fallback"] = True
-    tok = Tokenizer.from_str(json.dumps(spec))
+    tok = with_byte_fallback(trained)
     # transformers' GemmaTokenizer: the split finds no space once the normalizer ran.
     tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
     tok.decoder = decoders.Sequence(

@@ -9,22 +9,26 @@ here (Responses refuses ``input_audio``), so audio goes through chat alone."""
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import openai
 import pytest
-import soundfile
-import torch
 
 from tests.media.corpus import Tone, wav_bytes
 from tests.server.live import LiveServer, live_server
-from tests.server.media_replies import encoder_calls
+from tests.server.media_replies import (
+    Greedy,
+    assert_greedy_reply,
+    encoder_calls,
+    greedy_chat,
+    streamed_text,
+    transformers_greedy,
+    wav_part,
+    wav_samples,
+)
 
 NEW = 8
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides: only summation order differs (~1e-6)
@@ -44,48 +48,21 @@ def server(
         yield live
 
 
-def _reference(tiny: Tiny) -> tuple[list[int], str, list[float]]:
-    """transformers' prompt ids, greedy reply and each reply token's log-probability for one
-    user turn: the clip (as soundfile reads the WAV), then the question."""
+def _reference(tiny: Tiny) -> Greedy:
+    """transformers' greedy reply to one user turn: the clip (as soundfile reads the WAV),
+    then the question."""
     _, hf, processor = tiny
-    samples, rate = soundfile.read(io.BytesIO(wav_bytes(TONE)), dtype="float32")
-    assert rate == 16_000
     content = [{"type": "audio"}, {"type": "text", "text": QUESTION}]
     text = processor.apply_chat_template(
         [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
     )
-    inputs = processor(text=[text], audio=[np.asarray(samples)], return_tensors="pt")
-    with torch.inference_mode():
-        out = hf.generate(
-            **inputs,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    ids = inputs["input_ids"][0].tolist()
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        float(torch.log_softmax(step[0].float(), -1)[token])
-        for step, token in zip(out.logits, tokens, strict=True)
-    ]
-    return ids, processor.tokenizer.decode(tokens, skip_special_tokens=True), logprobs
+    inputs = processor(text=[text], audio=[wav_samples(wav_bytes(TONE))], return_tensors="pt")
+    return transformers_greedy(hf, inputs, processor.tokenizer, NEW)
 
 
 def _ask(client: openai.OpenAI, **more: Any) -> Any:
-    audio = base64.b64encode(wav_bytes(TONE)).decode()
-    parts: Any = [
-        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
-        {"type": "text", "text": QUESTION},
-    ]
-    return client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **more,
-    )
+    parts = [wav_part(wav_bytes(TONE)), {"type": "text", "text": QUESTION}]
+    return greedy_chat(client, parts, NEW, **more)
 
 
 def test_the_startup_says_audio_is_served_and_images_are_not(server: LiveServer) -> None:
@@ -98,18 +75,9 @@ def test_the_startup_says_audio_is_served_and_images_are_not(server: LiveServer)
 def test_a_wav_reaches_the_model_as_transformers_takes_it(
     client: openai.OpenAI, tiny_gemma3n_audio: Tiny, server: LiveServer
 ) -> None:
-    ids, text, logprobs = _reference(tiny_gemma3n_audio)
-    reply = _ask(client, logprobs=True)
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == len(ids)  # the 188 audio tokens and their blank lines
-    assert reply.choices[0].message.content == text
-    # The random model's greedy text says little; each token's log-probability moves with
-    # any audio row out of place.
-    served = [t.logprob for t in reply.choices[0].logprobs.content]
-    assert served == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
+    expected = _reference(tiny_gemma3n_audio)  # its prompt: 188 audio tokens, blank lines
+    assert_greedy_reply(_ask(client, logprobs=True), expected, LOGPROB_TOLERANCE)
 
     calls_before = encoder_calls(server)
-    chunks = list(_ask(client, stream=True))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == text
+    assert streamed_text(_ask(client, stream=True)) == expected.text
     assert encoder_calls(server) == calls_before  # the clip was cached

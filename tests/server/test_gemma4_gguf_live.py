@@ -9,7 +9,6 @@ the language model's stops the command before it serves, with the reason."""
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from tests.media.corpus import wav_bytes
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_gemma4 import TinyGemma4Gguf
 from tests.server.live import LiveServer, live_server
+from tests.server.media_replies import assert_greedy_reply, greedy_chat, streamed_text, wav_part
 from tests.server.test_gemma4_live import LOGPROB_TOLERANCE, NEW, TONE, reference
 from tests.server.test_vision_live import data_url, png_bytes
 
@@ -54,36 +54,24 @@ def test_startup_names_the_projector_and_models_lists_its_media(
 
 
 def _ask(client: openai.OpenAI, picture: bytes, **more: Any) -> Any:
-    audio = base64.b64encode(wav_bytes(TONE)).decode()
-    parts: Any = [
+    parts = [
         {"type": "image_url", "image_url": {"url": data_url(picture)}},
-        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+        wav_part(wav_bytes(TONE)),
         {"type": "text", "text": QUESTION},
     ]
-    return client.chat.completions.create(
-        model="lm-f16",
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **more,
-    )
+    return greedy_chat(client, parts, NEW, model="lm-f16", **more)
 
 
 def test_a_png_and_a_wav_get_the_transformers_reply(
     client: openai.OpenAI, tiny_gemma4_gguf: TinyGemma4Gguf
 ) -> None:
     picture = generated(30, 44, seed=71)
-    ids, text, logprobs = reference(tiny_gemma4_gguf.tiny, ["image", "audio"], QUESTION, picture)
+    # its prompt: the chat template the GGUF carries, each medium's tokens
+    expected = reference(tiny_gemma4_gguf.tiny, ["image", "audio"], QUESTION, picture)
     reply = _ask(client, png_bytes(picture), logprobs=True)
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == len(ids)  # the template's, each medium's tokens
+    assert_greedy_reply(reply, expected, LOGPROB_TOLERANCE)
     assert reply.usage.completion_tokens == NEW
-    assert reply.choices[0].message.content == text
-    served = [t.logprob for t in reply.choices[0].logprobs.content]
-    assert served == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
-    chunks = list(_ask(client, png_bytes(picture), stream=True))
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert streamed_text(_ask(client, png_bytes(picture), stream=True)) == expected.text
 
 
 def test_a_projector_that_does_not_fit_stops_serve(
