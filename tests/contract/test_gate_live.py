@@ -226,13 +226,12 @@ def test_a_canary_mirrors_a_share_of_traffic_and_finds_the_altered_template(
                 answers = [_chat(client, base, sent[rid], rid) for base in (url, old.base_url)]
                 assert answers[0] == answers[1] and answers[0].status == 200, answers
 
+    # One case: the canary's case comparison has its own tests; this one is the traffic's.
+    cases = json.loads((golden.root / "cases.json").read_text())
+    one_case = golden.root / "mirror-cases.json"
+    one_case.write_text(json.dumps(cases | {"cases": cases["cases"][:1]}))
     report = canary(
-        old,
-        new,
-        Executable.inferd_module(),
-        golden.root / "cases.json",
-        golden.root,
-        Mirroring(0.5, traffic),
+        old, new, Executable.inferd_module(), one_case, golden.root, Mirroring(0.5, traffic)
     )
     rows = {r.name: r for r in report.rows if r.kind == "mirror"}
     expected = {rid for rid, data in sent.items() if mirrored(data, 0.5)}

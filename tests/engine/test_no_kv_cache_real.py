@@ -15,9 +15,8 @@ from inferd.engine.sampling import SamplingParams
 CHATS = [
     [{"role": "user", "content": "Name three rivers in Europe."}],
     [{"role": "user", "content": "Write one sentence about a lighthouse."}],
-    [{"role": "user", "content": "What is two plus two? Explain."}],
 ]
-GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
 def _texts(llm: LLM, chats: list[list[dict[str, str]]]) -> list[str]:
@@ -33,7 +32,7 @@ def test_recomputing_every_token_gives_the_cached_greedy_text(
         LLM(str(smollm2_gguf), no_kv_cache=True, **mode) as bare,
         LLM(str(smollm2_gguf), **mode) as cached,
     ):
-        together = _texts(bare, CHATS)  # three requests recomputed side by side
+        together = _texts(bare, CHATS)  # both requests recomputed side by side
         assert together == _texts(cached, CHATS)
         assert [_texts(bare, [chat])[0] for chat in CHATS] == together
         stats = bare.engine.stats()

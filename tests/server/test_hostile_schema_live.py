@@ -111,6 +111,48 @@ async def _hostile(
     return r.status_code, time.monotonic() - started, r.text[:300]
 
 
+HI = [{"role": "user", "content": "Answer."}]
+_ENDLESS = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+# (route, the request's constraint fields): each compiles, then its first token was refused: a
+# 500 (a 200 then an error event when streamed) quoting llguidance's parser state.
+FIRST_TOKEN: list[tuple[str, dict[str, Any]]] = [
+    (
+        "/v1/chat/completions",
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "a", "schema": _ENDLESS},
+            }
+        },
+    ),
+    ("/v1/chat/completions", {"grammar": 'start: "x"{1000000}', "stream": True}),
+    ("/v1/completions", {"grammar": 'root ::= a\na ::= "x" a'}),
+    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": _ENDLESS}}}),
+    (
+        "/v1/messages",
+        {"output_config": {"format": {"type": "json_schema", "schema": _ENDLESS}}, "stream": True},
+    ),
+    (
+        "/v1/responses",
+        {"text": {"format": {"type": "json_schema", "name": "a", "schema": _ENDLESS}}},
+    ),
+]
+
+
+def test_a_constraint_that_fails_at_its_first_token_is_a_short_400(server: LiveServer) -> None:
+    # Before the hostile burst below: its refused compiles go on running on the two compile
+    # threads after their answers, and these compiles would queue behind them.
+    for route, fields in FIRST_TOKEN:
+        anthropic = route == "/v1/messages"
+        body = {"model": "default", "max_tokens": 4, "max_output_tokens": 4, **fields}
+        body |= {"prompt": "Hi"} if route == "/v1/completions" else {}
+        body |= {"input": "Hi"} if route == "/v1/responses" else {"messages": HI}
+        r = httpx.post(server.url + route, json=body, headers=ANTHROPIC, timeout=120)
+        error = refused(r, 400, anthropic=anthropic, says="the constraint fails at its first token")
+        assert "<state>" not in error["message"] and len(error["message"]) < 300, error
+    assert_healthy(server)
+
+
 def test_hostile_constraints_never_stall_other_streams(server: LiveServer) -> None:
     async def run() -> tuple[list[_Stream], dict[str, tuple[int, float, str]], float, float]:
         async with httpx.AsyncClient(base_url=server.url, timeout=120) as client:
@@ -153,44 +195,4 @@ def test_hostile_constraints_never_stall_other_streams(server: LiveServer) -> No
     assert max(gaps) < end - start, (max(gaps), end - start, took)
     for stream in streams:
         assert any(start < t < end for t in stream.arrivals), (end - start, took)
-    assert_healthy(server)
-
-
-HI = [{"role": "user", "content": "Answer."}]
-_ENDLESS = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
-# (route, the request's constraint fields): each compiles, then its first token was refused: a
-# 500 (a 200 then an error event when streamed) quoting llguidance's parser state.
-FIRST_TOKEN: list[tuple[str, dict[str, Any]]] = [
-    (
-        "/v1/chat/completions",
-        {
-            "response_format": {
-                "type": "json_schema",
-                "json_schema": {"name": "a", "schema": _ENDLESS},
-            }
-        },
-    ),
-    ("/v1/chat/completions", {"grammar": 'start: "x"{1000000}', "stream": True}),
-    ("/v1/completions", {"grammar": 'root ::= a\na ::= "x" a'}),
-    ("/v1/messages", {"output_config": {"format": {"type": "json_schema", "schema": _ENDLESS}}}),
-    (
-        "/v1/messages",
-        {"output_config": {"format": {"type": "json_schema", "schema": _ENDLESS}}, "stream": True},
-    ),
-    (
-        "/v1/responses",
-        {"text": {"format": {"type": "json_schema", "name": "a", "schema": _ENDLESS}}},
-    ),
-]
-
-
-def test_a_constraint_that_fails_at_its_first_token_is_a_short_400(server: LiveServer) -> None:
-    for route, fields in FIRST_TOKEN:
-        anthropic = route == "/v1/messages"
-        body = {"model": "default", "max_tokens": 4, "max_output_tokens": 4, **fields}
-        body |= {"prompt": "Hi"} if route == "/v1/completions" else {}
-        body |= {"input": "Hi"} if route == "/v1/responses" else {"messages": HI}
-        r = httpx.post(server.url + route, json=body, headers=ANTHROPIC, timeout=120)
-        error = refused(r, 400, anthropic=anthropic, says="the constraint fails at its first token")
-        assert "<state>" not in error["message"] and len(error["message"]) < 300, error
     assert_healthy(server)
