@@ -9,7 +9,7 @@ As llama.cpp's ``make_qkx3_quants`` (Q4_1, Q4_K) and ``make_qx_quants`` (Q8_0, Q
 ``quant_weights``, each candidate grid step rounds the weights, the scale (and the group's
 offset) are then fitted to those codes by weighted least squares, and the candidate with the
 smallest weighted error wins. The plain grid is one of the candidates, so the weighted error is
-never above plain rounding's.
+never above plain rounding's (and a candidate must beat it by more than rounding noise).
 """
 
 from __future__ import annotations
@@ -47,22 +47,23 @@ def _int4_search(
     x: torch.Tensor, g: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [rows, groups, 32], weights g [1, groups, 32]; the plain fit to start from."""
-    sums = _GroupSums(x, g)
-    best = sums.error(codes, scale, lo)
+    judge = _Judge(x, g)
+    best = judge.error(codes * scale[..., None] + lo[..., None])
     low = x.amin(-1, keepdim=True)
     span = x.amax(-1, keepdim=True) - low
     unit = (x - low) * torch.where(span > 0, 1 / span, torch.zeros_like(span))  # 0..1 a group
+    sum_w, sum_x = _sum(g.expand_as(x)), _sum(g * x)
     for step in INT4_STEPS:
         q = (unit * step).round_().clamp_(0, 15)
         gq = g * q
-        sum_q, sum_q2, sum_xq = (_sum(t) for t in (gq, gq * q, gq * x))
+        sum_q, sum_q2, sum_xq = _sum(gq), _sum(gq * q), _sum(gq * x)
         # Weighted least squares of x ~ s * q + m; D = 0 (one code in the group) gives inf or
         # nan, which never compares smaller below.
-        det = sums.w * sum_q2 - sum_q * sum_q
-        s = ((sums.w * sum_xq - sums.x * sum_q) / det).float()  # stored as float32: judged so
-        m = ((sum_q2 * sums.x - sum_q * sum_xq) / det).float()
-        err = sums.error_of(s, m, sum_q, sum_q2, sum_xq)
-        better = err < best
+        det = sum_w * sum_q2 - sum_q * sum_q
+        s = ((sum_w * sum_xq - sum_x * sum_q) / det).float()  # stored as float32: judged so
+        m = ((sum_q2 * sum_x - sum_q * sum_xq) / det).float()
+        err = judge.error(q * s[..., None] + m[..., None])
+        better = judge.improves(err, best)
         codes = torch.where(better[..., None], q, codes)
         scale, lo, best = (torch.where(better, a, b) for a, b in ((s, scale), (m, lo), (err, best)))
     return codes, scale, lo
@@ -81,16 +82,15 @@ def int8_codes_weighted(
     for rows in _row_blocks(*w.shape):
         x = w[rows].float()
         c = codes[rows].float()
-        sums = _GroupSums(x, g)
-        best = sums.error(c, scale[rows], torch.zeros_like(scale[rows]))
+        judge = _Judge(x, g)
+        best = judge.error(c * scale[rows, None])
         unit = x / x.abs().amax(1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny)
         for step in INT8_STEPS:
             q = (unit * step).round_().clamp_(-127, 127)
             gq = g * q
-            sum_q, sum_q2, sum_xq = (_sum(t) for t in (gq, gq * q, gq * x))
-            s = (sum_xq / sum_q2).float()  # symmetric: the weighted least squares scale
-            err = sums.error_of(s, torch.zeros_like(s), sum_q, sum_q2, sum_xq)
-            better = err < best  # a zero row's nan never is
+            s = (_sum(gq * x) / _sum(gq * q)).float()  # symmetric: the weighted least squares
+            err = judge.error(q * s[:, None])
+            better = judge.improves(err, best)
             c = torch.where(better[:, None], q, c)
             scale[rows] = torch.where(better, s, scale[rows])
             best = torch.where(better, err, best)
@@ -98,43 +98,28 @@ def int8_codes_weighted(
     return codes, scale
 
 
-class _GroupSums:
-    """The weighted sums of a group (the last dimension) that do not depend on the codes."""
+class _Judge:
+    """The weighted squared error of a group's (the last dimension's) approximation, summed
+    term by term: expanding it into sums of the codes would cancel catastrophically where a
+    heavy column's weight is near zero while the group's offset is not."""
 
     def __init__(self, x: torch.Tensor, g: torch.Tensor) -> None:
-        self.g, self.x_in = g, x
-        gx = g * x
-        self.w = _sum(g.expand_as(x))
-        self.x = _sum(gx)
-        self.x2 = _sum(gx * x)
+        self.x, self.g = x, g
+        self.energy = (g * x.square()).sum(-1)
 
-    def error(self, codes: torch.Tensor, scale: torch.Tensor, lo: torch.Tensor) -> torch.Tensor:
-        gq = self.g * codes
-        return self.error_of(scale, lo, _sum(gq), _sum(gq * codes), _sum(gq * self.x_in))
+    def error(self, approx: torch.Tensor) -> torch.Tensor:
+        return (self.g * (approx - self.x).square()).sum(-1)
 
-    def error_of(
-        self,
-        s: torch.Tensor,
-        m: torch.Tensor,
-        sum_q: torch.Tensor,
-        sum_q2: torch.Tensor,
-        sum_xq: torch.Tensor,
-    ) -> torch.Tensor:
-        """sum g (s q + m - x)^2 from the sums (no tensor of the group's size), in float64."""
-        s, m = s.double(), m.double()
-        return (
-            s * s * sum_q2
-            + 2 * s * m * sum_q
-            + m * m * self.w
-            - 2 * s * sum_xq
-            - 2 * m * self.x
-            + self.x2
-        )
+    def improves(self, err: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+        """Where ``err`` beats ``best`` by more than rounding (a millionth of the group's
+        weighted sum of squares): a fit as good stays, so weights already on a 4-bit grid (a
+        GGUF's Q4_0/Q4_1 groups) keep their exact one. nan (no fit) never improves."""
+        return err < best - 1e-6 * self.energy
 
 
 def _sum(t: torch.Tensor) -> torch.Tensor:
-    """A group's sum, as float64 for the error (a small difference of these)."""
-    return t.sum(-1).double()
+    """A group's sum in float64, for the least squares (differences of these)."""
+    return t.sum(-1, dtype=torch.float64)
 
 
 def _normalized(importance: torch.Tensor) -> torch.Tensor | None:
