@@ -37,6 +37,7 @@ from inferd.serving.registry import (
     ModelSlot,
     ModelStatus,
     ProgressCallback,
+    RequantizeReport,
     UnavailableError,
     UnloadReport,
 )
@@ -197,6 +198,16 @@ class Engine:
         try:
             return await self.slot.unload(drain_timeout)
         except ConflictError as exc:
+            raise EngineError(str(exc)) from None
+
+    async def requantize(self, method: str, drain_timeout: float = 30.0) -> RequantizeReport:
+        """Quantize the model's projections again, q8 or q4, from its files, while it serves
+        on; then hold new requests, let the running ones finish (for up to ``drain_timeout``
+        seconds) and swap (``ModelSlot.requantize``). EngineError, nothing changed, when it
+        cannot."""
+        try:
+            return await self.slot.requantize(method, drain_timeout)
+        except (ConflictError, ValueError) as exc:  # QuantizeError: an unknown method
             raise EngineError(str(exc)) from None
 
     def shutdown(self) -> None:

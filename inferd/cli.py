@@ -168,7 +168,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         metavar="FILE",
         default=None,
         help="a llama.cpp multimodal projector (mmproj .gguf) for a GGUF language model: the "
-        "model then takes images (SmolVLM / Idefics3 projectors)",
+        "model then takes images (SmolVLM / Idefics3), or images, video and audio (Gemma 4)",
     )
     p.add_argument(
         "--dtype",
@@ -257,8 +257,36 @@ def _model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefix-caching",
         choices=["on", "off"],
-        default=_on_off(d.prefix_caching),
-        help=f"reuse the KV of shared prompt prefixes (default: {_on_off(d.prefix_caching)})",
+        default=None,
+        help=f"reuse the KV of shared prompt prefixes (default: {_on_off(d.prefix_caching)}, "
+        "unless --prefix-cache-n 0 or --no-kv-cache)",
+    )
+    p.add_argument(
+        "--prefix-cache-n",
+        type=int,
+        default=d.prefix_cache_n,
+        metavar="N",
+        help="cached prefixes kept at most: an entry is a chain of cached blocks no request "
+        "holds (a prefix several requests share is one), the least recently used forgotten "
+        "beyond N; 0: prefix caching off (default: no count, the pool's free blocks keep "
+        "prefixes until it reuses them, least recently freed first)",
+    )
+    p.add_argument(
+        "--max-decode-steps-before-prefill",
+        type=int,
+        default=d.max_decode_steps_before_prefill,
+        metavar="N",
+        help="with replies decoding, prompt work waits for its step: never right after a step "
+        "that ran some, then as soon as it fits one step, else after N steps of decodes alone "
+        "(mistral.rs's scheduler rule: smoother decoding, later first tokens) (default: prompt "
+        "chunks join every step)",
+    )
+    p.add_argument(
+        "--no-kv-cache",
+        action="store_true",
+        default=d.no_kv_cache,
+        help="keep no KV between a request's tokens: each token recomputes the whole sequence "
+        "(a slow reference path); prefix caching and speculative decoding are off with it",
     )
     p.add_argument(
         "--packed-kernels",
@@ -333,7 +361,10 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         encoder_cache_mb=args.encoder_cache_mb,
         max_encoder_tokens=args.max_encoder_tokens_per_step,
         block_size=args.block_size,
-        prefix_caching=args.prefix_caching == "on",
+        prefix_caching=_prefix_caching(args),
+        prefix_cache_n=args.prefix_cache_n,
+        max_decode_steps_before_prefill=args.max_decode_steps_before_prefill,
+        no_kv_cache=args.no_kv_cache,
         packed_kernels=args.packed_kernels == "on",
         seed=args.seed,
         isq=args.isq,
@@ -346,6 +377,18 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         max_loras=getattr(args, "max_loras", EngineConfig().max_loras),  # serve's flag only
         disable_eos_stop=args.disable_eos_stop,
     )
+
+
+def _prefix_caching(args: argparse.Namespace) -> bool:
+    """--prefix-caching as given, else on; an explicit "on" beside a flag that turns it off is
+    a contradiction (EngineConfig refuses the others: a count with "off" or --no-kv-cache)."""
+    if args.prefix_caching != "on":
+        return args.prefix_caching != "off"
+    if args.prefix_cache_n == 0:
+        raise ValueError("--prefix-caching on contradicts --prefix-cache-n 0 (prefix caching off)")
+    if args.no_kv_cache:
+        raise ValueError("--prefix-caching on contradicts --no-kv-cache (no KV is kept)")
+    return True
 
 
 def _load(args: argparse.Namespace):  # type: ignore[no-untyped-def]

@@ -36,6 +36,18 @@ class EngineConfig:
     kv_memory_fraction: float | None = None
     seed: int | None = None
     prefix_caching: bool = True
+    # Cached prefixes the KV pool keeps (engine/kv_cache.py: an entry is a chain of cached blocks
+    # that no request holds; chains sharing a prefix share its blocks), the least recently used
+    # forgotten beyond it. None: as many as the pool holds (blocks are reused least recently
+    # freed first); 0: prefix caching off.
+    prefix_cache_n: int | None = None
+    # With decodes running, prompt work (admissions and prefill chunks) waits for at most this
+    # many steps of decodes alone (engine/scheduler.py, mistral.rs's rule). None: prompt work
+    # joins every step beside the decodes.
+    max_decode_steps_before_prefill: int | None = None
+    # No KV kept between a request's tokens: each token recomputes the whole sequence, a slow
+    # reference path; prefix caching and speculative decoding are off with it.
+    no_kv_cache: bool = False
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
     # An importance matrix file (llama.cpp's GGUF or .dat) ISQ quantizes for (loading/imatrix.py)
@@ -113,3 +125,34 @@ class EngineConfig:
             raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")
         if self.imatrix is not None and self.isq is None:
             raise ValueError("an importance matrix (imatrix) goes with in-situ quantization (isq)")
+        self._check_cache_options()
+
+    def _check_cache_options(self) -> None:
+        """prefix_cache_n, max_decode_steps_before_prefill and no_kv_cache, and the settings
+        they contradict."""
+        if self.prefix_cache_n is not None and self.prefix_cache_n < 0:
+            raise ValueError("prefix_cache_n cannot be negative (0 turns prefix caching off)")
+        if self.max_decode_steps_before_prefill is not None and (
+            self.max_decode_steps_before_prefill < 1
+        ):
+            raise ValueError("max_decode_steps_before_prefill must be at least 1")
+        if self.prefix_cache_n and not self.prefix_caching:
+            raise ValueError(
+                f"prefix_cache_n={self.prefix_cache_n} keeps cached prefixes, but prefix "
+                "caching is off (prefix_cache_n=0 is the same as prefix_caching off)"
+            )
+        if self.prefix_cache_n and self.no_kv_cache:
+            raise ValueError(
+                f"prefix_cache_n={self.prefix_cache_n} keeps cached prefixes, but no_kv_cache "
+                "keeps no KV at all"
+            )
+        if self.no_kv_cache and self.speculative in ("draft", "self"):
+            raise ValueError(
+                f"speculative={self.speculative} needs the KV cache: no_kv_cache recomputes "
+                "every token (use speculative=off)"
+            )
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """Whether the KV pool reuses cached prompt prefixes."""
+        return self.prefix_caching and self.prefix_cache_n != 0 and not self.no_kv_cache

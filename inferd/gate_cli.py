@@ -4,6 +4,7 @@
     inferd gate freeze plan.json --cases cases.json --out GOLDEN   # store its answers
     inferd gate check candidate.json GOLDEN [--report report.json] # exit 1 if it moved
     inferd gate canary live.json candidate.json --cases cases.json   # both served at once
+    inferd gate canary live.json candidate.json --cases cases.json --mirror-share 0.1
     inferd gate promote candidate.json --state DIR --report report.json
     inferd gate rollback --state DIR
 
@@ -14,8 +15,11 @@ another installation is refused before anything starts.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -60,6 +64,21 @@ def add_gate_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     canary.add_argument("--cases", type=Path, required=True)
     canary.add_argument("--report", type=Path, default=None, help="also write the report (JSON)")
     canary.add_argument("--logs", type=Path, default=Path("."), help="where the servers log")
+    canary.add_argument(
+        "--mirror-share",
+        type=float,
+        default=None,
+        metavar="F",
+        help="then serve OLD through a loopback proxy that mirrors this share (0 < F <= 1) of "
+        "its chat requests to NEW and compares the greedy answers",
+    )
+    canary.add_argument("--mirror-port", type=int, default=8190, help="the proxy's port")
+    canary.add_argument(
+        "--mirror-seconds",
+        type=float,
+        default=600.0,
+        help="how long the proxy takes traffic (Ctrl-C ends it sooner)",
+    )
     canary.set_defaults(func=run_gate, step=_canary)
 
     promote = steps.add_parser("promote", help="make a plan that passed the gate the live one")
@@ -167,15 +186,30 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def _canary(args: argparse.Namespace) -> int:
-    from inferd.contract.gate import canary
+    from inferd.contract.gate import GateError, Mirroring, canary
     from inferd.contract.supervisor import Executable
 
     old, new = _read_plan(args.old), _read_plan(args.new)
-    report = canary(old, new, Executable.inferd_module(), args.cases, args.logs)
+    mirroring = None
+    if args.mirror_share is not None:
+        if not 0 < args.mirror_share <= 1:
+            raise GateError(f"--mirror-share must be in (0, 1], got {args.mirror_share}")
+        traffic = _wait_for_traffic(args.mirror_seconds)
+        mirroring = Mirroring(args.mirror_share, traffic, args.mirror_port)
+    report = canary(old, new, Executable.inferd_module(), args.cases, args.logs, mirroring)
     print(report.table())
     if args.report is not None:
         args.report.write_text(json.dumps(report.to_json(), indent=1) + "\n", encoding="utf-8")
     return 0 if report.passed else 1
+
+
+def _wait_for_traffic(seconds: float) -> Callable[[str], None]:
+    def wait(url: str) -> None:
+        print(f"mirroring  send traffic to {url} for {seconds:g}s (Ctrl-C ends it)", flush=True)
+        with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: report what was mirrored
+            time.sleep(seconds)
+
+    return wait
 
 
 def _promote(args: argparse.Namespace) -> int:

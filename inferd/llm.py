@@ -33,7 +33,7 @@ from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParams
 from inferd.serving.loading import load_spec
 from inferd.serving.multimodal import split_image_parts
-from inferd.serving.served import ServedModel
+from inferd.serving.served import Requantization, ServedModel
 from inferd.serving.spec import ModelSpec
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "Usage"]
@@ -178,6 +178,12 @@ class LLM:
             encoded.append((self._text(ids), ids))
             media.append(with_images)
         return self._run(encoded, sampling_params, use_tqdm, media)
+
+    def requantize(self, method: str) -> Requantization:
+        """Quantize the model's projections again, q8 or q4, from its files (as
+        ``--isq``/``isq=`` at load) and generate with them from the next call on; the prefix
+        cache is forgotten (``ServedModel.requantize``)."""
+        return self.model.requantize(method)
 
     def shutdown(self) -> None:
         self.model.shutdown()

@@ -78,12 +78,11 @@ def model_shape(source: str) -> ModelShape:
 
 def _gguf_shape(source: str, path: Path) -> ModelShape:
     from inferd.loading.gguf import GGUFFile
-    from inferd.models.config import config_from_gguf
+    from inferd.loading.gguf_model import gguf_config
 
     gguf = GGUFFile(path)
     infos = gguf.tensor_infos()
-    names = {i.name for i in infos}
-    cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+    cfg = gguf_config(gguf)
     params = sum(math.prod(i.shape) for i in infos)
     projections = sum(
         math.prod(i.shape)

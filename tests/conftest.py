@@ -17,6 +17,7 @@ from tests import skip_policy
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
     from tests.media.corpus import Corpus
+    from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -109,6 +110,19 @@ def minilm_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_llama_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama GGUF (tests/models/tiny.py): a language model 64 wide, as the tiny
+    media models' are, whose tokenizer has no media markers."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.models.tiny import hf_config, write_gguf
+
+    path = tmp_path_factory.mktemp("llama-lm") / "llama.gguf"
+    write_gguf(AutoModelForCausalLM.from_config(hf_config("llama")), path)
+    return path
+
+
+@pytest.fixture(scope="session")
 def tiny_idefics3(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Idefics3 (SmolVLM) directory, its transformers model and processor."""
     from tests.models.tiny_vlm import save_tiny_idefics3
@@ -150,12 +164,46 @@ def tiny_gemma4(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, An
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma3n_audio(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Gemma3nForConditionalGeneration directory (audio; its image encoder
+    stubbed), its transformers model and processor."""
+    from tests.models.tiny_gemma3n import save_tiny_gemma3n_multimodal
+
+    directory = tmp_path_factory.mktemp("gemma3n_audio")
+    model, processor = save_tiny_gemma3n_multimodal(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma4_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma4Gguf:
+    """The tiny random Gemma 4 as llama.cpp ships it: a directory in the shape its projector
+    assumes (weights on Q8_0's grid), and llama.cpp's converter's language model and projector
+    files of it (tests/models/tiny_gemma4.py)."""
+    from tests.models.tiny_gemma4 import TinyGemma4Gguf, convert_tiny_gemma4, save_tiny_gemma4
+
+    directory = tmp_path_factory.mktemp("gemma4-llama-cpp")
+    model, processor = save_tiny_gemma4(directory, llama_cpp=True)
+    files = convert_tiny_gemma4(directory, tmp_path_factory.mktemp("gemma4-gguf"))
+    return TinyGemma4Gguf(directory, model, processor, files)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_vl(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
     """A tiny random Qwen3-VL directory, its transformers model and processor parts."""
     from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
 
     directory = tmp_path_factory.mktemp("qwen3_vl")
     model, processor = save_tiny_qwen3_vl(directory)
+    return directory, model, processor
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any, Any]:
+    """A tiny random Qwen3-VL-MoE directory, its transformers model and processor parts."""
+    from tests.models.tiny_qwen3_vl import save_tiny_qwen3_vl
+
+    directory = tmp_path_factory.mktemp("qwen3_vl_moe")
+    model, processor = save_tiny_qwen3_vl(directory, moe=True)
     return directory, model, processor
 
 

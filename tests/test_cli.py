@@ -87,6 +87,35 @@ def test_kv_cache_dtype_flag_reaches_the_engine_config() -> None:
         EngineConfig(kv_cache_dtype="int4")
 
 
+def test_cache_and_schedule_flags_reach_the_engine_config() -> None:
+    args = _parser().parse_args(
+        ["serve", "--prefix-cache-n", "3", "--max-decode-steps-before-prefill", "2"]
+    )
+    cfg = EngineConfig(prefix_cache_n=3, max_decode_steps_before_prefill=2)
+    assert _engine_config(args) == cfg and cfg.caches_prefixes
+    off = _engine_config(_parser().parse_args(["serve", "--prefix-cache-n", "0"]))
+    assert off.prefix_cache_n == 0 and not off.caches_prefixes
+    bare = _engine_config(_parser().parse_args(["serve", "--no-kv-cache"]))
+    assert bare == EngineConfig(no_kv_cache=True) and not bare.caches_prefixes
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--prefix-caching", "on", "--prefix-cache-n", "0"], "contradicts --prefix-cache-n 0"),
+        (["--prefix-caching", "off", "--prefix-cache-n", "4"], "prefix caching is off"),
+        (["--prefix-caching", "on", "--no-kv-cache"], "contradicts --no-kv-cache"),
+        (["--no-kv-cache", "--prefix-cache-n", "4"], "no_kv_cache keeps no KV"),
+        (["--no-kv-cache", "--speculative", "self"], "needs the KV cache"),
+        (["--prefix-cache-n", "-1"], "cannot be negative"),
+        (["--max-decode-steps-before-prefill", "0"], "at least 1"),
+    ],
+)
+def test_contradictory_cache_flags_are_refused(flags: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        _engine_config(_parser().parse_args(["serve", *flags]))
+
+
 def test_run_config_chats_with_the_files_default_model(smollm2_gguf: Path, tmp_path: Path) -> None:
     """`inferd run --config FILE` chats with the file's default model (or its first chat
     model): the same greedy answer as `inferd run -m` on that model."""

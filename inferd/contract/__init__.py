@@ -6,13 +6,16 @@
 - staging:    EvidenceStore (sniffed, write-once, digest-addressed media; tenant leases)
 - request:    build_chat_request with ordered parts and independent bounds
 - sse:        SseDecoder, the incremental bounded SSE decoder
-- stream:     StreamConsumer, the strict state machine, and its typed outcomes
+- stream:     StreamConsumer, the strict state machine, and its typed outcomes (cancellations
+              typed by who cut the run: caller, connection, server, scheduler)
+- reconcile:  a cancelled run's usage set against the server's access-log record of it
 - client:     open_chat_stream, the httpx transport around StreamConsumer
 - retry:      retry_length_limited: a length-limited run again, larger budget, as the policy allows
 - admission:  AdmissionPool: weighted permits taken before a request reaches the server
 - receipts:   launch, request and stream receipts in canonical JSON
 - identity:   one digest per part of a model (weights, tokenizer, template, processor, quant)
 - gate:       the release gate: freeze a release's answers and speed, check a candidate
+- mirror:     MirrorProxy: a canary's share of live traffic mirrored to the candidate, compared
 - example:    ``python -m inferd.contract.example``
 """
 
@@ -21,6 +24,7 @@ from __future__ import annotations
 from inferd.contract.admission import AdmissionPool, PermitRefused, request_weight
 from inferd.contract.canonical import INTEGRATION_RELEASE, canonical_json, digest_of
 from inferd.contract.client import LiveStream, open_chat_stream
+from inferd.contract.mirror import MirrorProxy, mirrored
 from inferd.contract.plan import (
     AccessLog,
     Device,
@@ -45,6 +49,7 @@ from inferd.contract.receipts import (
     stream_receipt,
     write_receipt,
 )
+from inferd.contract.reconcile import Reconciliation, ServerRecord, reconcile, server_record
 from inferd.contract.request import (
     ChatRequest,
     JsonTooLarge,
@@ -77,8 +82,11 @@ from inferd.contract.staging import (
     sniff,
 )
 from inferd.contract.stream import (
+    CallerCancelled,
     Cancelled,
+    Canceller,
     Complete,
+    ConnectionDropped,
     ContentFiltered,
     Expectation,
     IncompleteLengthLimited,
@@ -86,10 +94,13 @@ from inferd.contract.stream import (
     OutcomeKind,
     ProtocolError,
     Rule,
+    SchedulerCancelled,
+    ServerCancelled,
     StreamConsumer,
     StreamLimits,
     ToolCallsRequested,
     Usage,
+    UsageSource,
 )
 from inferd.contract.supervisor import (
     Executable,
@@ -105,9 +116,12 @@ __all__ = [
     "INTEGRATION_RELEASE",
     "AccessLog",
     "AdmissionPool",
+    "CallerCancelled",
     "Cancelled",
+    "Canceller",
     "ChatRequest",
     "Complete",
+    "ConnectionDropped",
     "ContentFiltered",
     "CrossTenantError",
     "Device",
@@ -127,6 +141,7 @@ __all__ = [
     "MediaPart",
     "MediaTooLarge",
     "MediaType",
+    "MirrorProxy",
     "Modality",
     "ModalityNotAdmitted",
     "ModelFormat",
@@ -141,6 +156,7 @@ __all__ = [
     "ProtocolError",
     "Readiness",
     "ReadinessState",
+    "Reconciliation",
     "RequestBoundError",
     "RequestBounds",
     "RequestError",
@@ -149,6 +165,9 @@ __all__ = [
     "RetriedRun",
     "RetryError",
     "Rule",
+    "SchedulerCancelled",
+    "ServerCancelled",
+    "ServerRecord",
     "SseComment",
     "SseDecoder",
     "SseEvent",
@@ -164,16 +183,20 @@ __all__ = [
     "TooManyMediaParts",
     "ToolCallsRequested",
     "Usage",
+    "UsageSource",
     "assess_models",
     "build_chat_request",
     "canonical_json",
     "digest_of",
     "launch_receipt",
+    "mirrored",
     "open_chat_stream",
     "read_receipt",
+    "reconcile",
     "request_receipt",
     "request_weight",
     "retry_length_limited",
+    "server_record",
     "sniff",
     "stream_receipt",
     "write_receipt",

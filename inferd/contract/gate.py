@@ -19,6 +19,11 @@ performance baseline. ``check`` does the same against a candidate plan and compa
 - environment: a different kernel ISA, dtype or kernel set makes the figures incomparable,
   so it fails.
 
+``canary`` serves two plans at once and compares them the same way, then, given a
+``Mirroring``, on a share of real traffic sent through a proxy in front of the old one
+(``mirror.py``): the caller gets the old release's answers, and each mirrored greedy request
+whose candidate answer differs fails its row.
+
 A case file is JSON: ``{"tolerances": {...}, "cases": [{"id", "body", "refusal"?}]}``; a body
 is a chat completions body without ``model`` and ``stream`` (the gate sets the plan's route,
 temperature 0, the plan's seed and top-k log-probs).
@@ -35,16 +40,17 @@ import re
 import statistics
 import threading
 import time
-from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import httpx
 
 from inferd.contract.canonical import digest_of
-from inferd.contract.identity import changed_parts, model_identity
-from inferd.contract.plan import LaunchPlan, plan_to_dict
+from inferd.contract.identity import changed_parts, model_identity, served_model_path
+from inferd.contract.mirror import MirrorProxy, MirrorStats
+from inferd.contract.plan import LaunchPlan, ModelFormat, plan_to_dict
 from inferd.contract.supervisor import Executable, Supervisor
 
 SCHEMA = "inferd.gate/1"
@@ -207,6 +213,9 @@ class Run:
 @contextlib.contextmanager
 def serving(plan: LaunchPlan, executable: Executable, log_path: Path) -> Iterator[Release]:
     """``plan`` started under the supervisor (ready, semantic probe included) until exit."""
+    if executable.cwd is None and plan.model.format is ModelFormat.CONFIG:
+        # in its bundle: a config's model paths are relative to it
+        executable = replace(executable, cwd=Path(plan.model.local_dir))
     supervisor = Supervisor(plan, executable, log_path=log_path)
     with supervisor, httpx.Client(trust_env=False, timeout=300) as client:
         started = supervisor.start()
@@ -229,7 +238,10 @@ class Release:
         environment = server_environment(self.client, plan)
         answers = [run_case(self.client, plan, case) for case in cases]
         performance = measure(self.client, plan, tolerances, self.cold_load_s, self.pid)
-        identity = model_identity(Path(plan.model.entry_path))
+        try:
+            identity = model_identity(served_model_path(plan))
+        except ValueError as exc:
+            raise GateError(str(exc)) from None
         return Run(
             plan_to_dict(plan),
             plan.identity_sha256(),
@@ -253,15 +265,28 @@ def run_release(
         return release.run(cases, tolerances)
 
 
+@dataclass(frozen=True)
+class Mirroring:
+    """A canary's share of mirrored traffic (``mirror.py``): a proxy on ``port`` (0: any free
+    one) in front of the old release; ``traffic(proxy_url)`` returns once the traffic to mirror
+    has been sent (the CLI waits a while; a test sends its requests)."""
+
+    share: float
+    traffic: Callable[[str], None]
+    port: int = 0
+
+
 def canary(
     old: LaunchPlan,
     new: LaunchPlan,
     executable: Executable,
     cases_path: Path,
     log_dir: Path,
+    mirroring: Mirroring | None = None,
 ) -> Report:
     """Serve both plans side by side (the same machine, at the same time) and compare the
-    new one against the old on the same cases and measurements."""
+    new one against the old on the same cases and measurements, then on the mirrored share of
+    the traffic ``mirroring`` sends through its proxy (one row per mirrored request)."""
     if (old.host, old.port) == (new.host, new.port):
         raise GateError("a canary serves both plans at once: give them different ports")
     cases, tolerances = load_cases(cases_path)
@@ -269,7 +294,33 @@ def canary(
         serving(old, executable, log_dir / "old.log") as live,
         serving(new, executable, log_dir / "new.log") as candidate,
     ):
-        return compare(live.run(cases, tolerances), candidate.run(cases, tolerances))
+        report = compare(live.run(cases, tolerances), candidate.run(cases, tolerances))
+        if mirroring is not None:
+            with MirrorProxy(
+                old.base_url, new.base_url, new.model_route, mirroring.share, port=mirroring.port
+            ) as proxy:
+                mirroring.traffic(proxy.url)
+            report.rows += mirror_rows(proxy.stats, mirroring.share)
+    return report
+
+
+def mirror_rows(stats: MirrorStats, share: float) -> list[Row]:
+    """One row per mirrored request (failed where the greedy answers diverged), then the
+    share's summary."""
+    rows = []
+    for record in stats.records:
+        if not record.compared:
+            detail = "sampled: sent, not compared"
+        else:
+            detail = "; ".join(record.divergences) or "same answer"
+        rows.append(Row("mirror", record.request_id, not record.divergences, detail))
+    diverged = sum(bool(r.divergences) for r in stats.records)
+    compared = sum(r.compared for r in stats.records)
+    summary = (
+        f"{len(stats.records)} of {stats.chat_requests} chat requests mirrored (share "
+        f"{share:g}); {compared} compared, {diverged} diverged, {stats.dropped} dropped"
+    )
+    return [*rows, Row("mirror", "mirrored share", True, summary)]
 
 
 def freeze(
@@ -540,7 +591,7 @@ def compare_answer(old: Answer, new: Answer, tol: Tolerances) -> list[str]:
     distance = logprob_distance(old, new)
     if distance > tol.logprob_distance:
         problems.append(f"log-prob distance {distance:.4f} > {tol.logprob_distance}")
-    if old.schema_valid is not None and not new.schema_valid:
+    if old.schema_valid and not new.schema_valid:  # a regression; invalid before stays a fact
         problems.append("the answer no longer matches its json_schema")
     return problems
 

@@ -15,7 +15,8 @@ weights. Each part is digested on its own, from the files the server reads:
   ``*processor_config.json`` files; the quantization recipe is ``config.json``'s
   ``quantization_config`` (none: the checkpoint's own dtype).
 
-A part the model does not have is ``None``.
+A part the model does not have is ``None``. A plan of a config bundle (``inferd serve
+--config``) is digested through the model its route names (``served_model_path``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from inferd.contract.canonical import digest_of
+from inferd.contract.plan import LaunchPlan, ModelFormat
 
 PARTS = ("weights", "tokenizer", "chat_template", "processor", "quantization")
 _CHUNK = 1 << 22
@@ -34,6 +36,26 @@ _CHUNK = 1 << 22
 def model_identity(path: Path) -> dict[str, str | None]:
     """The digest of each of ``path``'s parts (``PARTS``), a GGUF file or a model directory."""
     return _directory_identity(path) if path.is_dir() else _gguf_identity(path)
+
+
+def served_model_path(plan: LaunchPlan) -> Path:
+    """The file or directory of the model ``plan`` talks to: its GGUF entry, or in a config
+    bundle the ``model_id`` of the entry whose alias (or label) is the plan's route, read
+    relative to the bundle, where the server runs. ValueError when the config names no such
+    model inside the bundle."""
+    entry = Path(plan.model.entry_path)
+    if plan.model.format is not ModelFormat.CONFIG:
+        return entry
+    config = json.loads(entry.read_text(encoding="utf-8"))
+    for label, spec in config.items():
+        if plan.model_route not in (label, spec.get("alias")):
+            continue
+        sources = [v for v in spec.values() if isinstance(v, dict) and "model_id" in v]
+        if len(sources) == 1:
+            path = (entry.parent / str(sources[0]["model_id"])).resolve()
+            if path.is_relative_to(entry.parent.resolve()) and path.exists():
+                return path
+    raise ValueError(f"{entry.name} names no model {plan.model_route!r} inside its bundle")
 
 
 def changed_parts(old: dict[str, str | None], new: dict[str, str | None]) -> list[str]:

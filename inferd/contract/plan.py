@@ -130,7 +130,7 @@ class Limits:
     max_seqs: int
     max_seq_len: int
     paged_attention: PagedAttention
-    prefix_cache_n: int | None  # mistral.rs: how many prefixes it keeps (0: none)
+    prefix_cache_n: int | None  # how many cached prefixes it keeps (0: none; inferd: optional)
     max_num_images: int
     max_image_edge: int  # 0: the plan sets no edge bound
     device: Device
@@ -139,7 +139,7 @@ class Limits:
     kv_cache_tokens: int | None = None  # inferd: KV pool size
     dtype: str | None = None  # inferd: auto | bf16 | f16 | f32
     seed: int | None = None  # inferd: default sampling seed
-    prefix_caching: Toggle | None = None  # inferd: block reuse bounded by the KV pool, no count
+    prefix_caching: Toggle | None = None  # inferd: block reuse, bounded by the pool or the count
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_seq_len"):
@@ -225,9 +225,10 @@ class _InferdRenderer:
     """``inferd serve``: one GGUF file, or a bundle of several models and the ``--config``
     naming them (format config; the plan talks to ``model.route``); paged KV always on, CPU.
 
-    Its prefix cache reuses KV blocks until the pool needs them, so it is on or off, never a
-    count; it caps images per request but has no edge flag, so a plan with an edge bound is
-    refused rather than launched with the bound silently missing.
+    Its prefix cache is on or off, and when on may keep a count of cached prefixes
+    (``--prefix-cache-n``; unset: as many as the pool holds). It caps images per request
+    (``--max-num-images``) and scales each one to an edge bound (``--max-edge``), rendered only
+    when set, so a plan without one keeps its argv.
     """
 
     @staticmethod
@@ -251,16 +252,6 @@ class _InferdRenderer:
             "inferd always pages its KV cache: limits.paged_attention must be on",
         )
         _require(
-            lim.prefix_cache_n is None,
-            "inferd's prefix cache keeps no count of prefixes: leave prefix_cache_n unset and "
-            "set limits.prefix_caching on or off",
-        )
-        _require(
-            lim.max_image_edge == 0,
-            "inferd has no image edge flag (it caps only --max-num-images): "
-            "max_image_edge must be 0",
-        )
-        _require(
             lim.device is Device.CPU and plan.engine.build is Device.CPU,
             "inferd computes on the CPU: device and engine.build must be cpu",
         )
@@ -269,6 +260,12 @@ class _InferdRenderer:
         )
         explicit = ("dtype", "max_num_batched_tokens", "kv_cache_tokens", "prefix_caching")
         _require_set(lim, explicit, given=True, engine=plan.engine.kind)
+        counted = lim.prefix_cache_n
+        _require(
+            counted is None or (counted > 0) == (lim.prefix_caching is Toggle.ON),
+            "limits.prefix_cache_n contradicts limits.prefix_caching: a count of prefixes needs "
+            "it on, and 0 (no prefix cache) needs it off",
+        )
 
     @staticmethod
     def route(plan: LaunchPlan) -> str:
@@ -293,8 +290,10 @@ class _InferdRenderer:
             ("--max-num-batched-tokens", lim.max_num_batched_tokens),
             ("--kv-cache-tokens", lim.kv_cache_tokens),
             ("--prefix-caching", lim.prefix_caching),
+            ("--prefix-cache-n", lim.prefix_cache_n),
             # Always explicit: the server's default admits images the plan never asked for.
             ("--max-num-images", lim.max_num_images),
+            ("--max-edge", lim.max_image_edge or None),
             ("--seed", lim.seed),
             ("--allowed-media-root", plan.media_root),
             # The safety settings, explicit whatever the release's defaults: no chat page, no

@@ -17,6 +17,7 @@ from inferd.contract.canonical import INTEGRATION_RELEASE, canonical_json, sha25
 from inferd.contract.plan import LaunchPlan
 from inferd.contract.request import ChatRequest
 from inferd.contract.stream import (
+    Cancelled,
     Finished,
     Outcome,
     ProtocolError,
@@ -159,7 +160,7 @@ def stream_receipt(
         response_id=outcome.response_id if isinstance(outcome, Finished) else None,
         text_sha256=sha256_hex(encoded),
         text_bytes=len(encoded),
-        usage=outcome.usage if isinstance(outcome, Finished) else None,
+        usage=outcome.usage if isinstance(outcome, Finished | Cancelled) else None,
     )
 
 

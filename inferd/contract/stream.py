@@ -8,6 +8,22 @@ or in one choices-free chunk right after it) with prompt + completion == total a
 completion <= max_tokens; exactly one ``[DONE]``; then end of bytes. Anything else is a
 ``ProtocolError`` naming the rule. Only ``Complete`` is success: partial text after a
 dropped connection looks plausible, and that is exactly why it is never promoted.
+
+A run cut short is a ``Cancelled`` typed by who cut it (seed 000 keeps these states apart):
+
+- ``CallerCancelled``: the caller stopped reading and closed the connection (``cancel()``);
+- ``ConnectionDropped``: the transport failed mid-stream (a reset, a truncated body);
+- ``ServerCancelled``: the server ended the stream with an error event (its own failure,
+  a shutdown that cut the request);
+- ``SchedulerCancelled``: the server's engine stopped the sequence: its deadline
+  (``request_timeout``) or an abort (``abort``).
+
+Each keeps the partial text and what is known of the usage, never invented: the server's own
+figures when it sent them before the cut (inferd puts them on its error event when the request
+asked for usage), else the output deltas that arrived (a lower bound of what the server
+computed: tokens generated after the last read never reach the caller), else nothing
+(``tokens_received`` None: not one chunk arrived). ``reconcile.py`` sets these against what
+the server recorded.
 """
 
 from __future__ import annotations
@@ -18,7 +34,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from inferd.contract.canonical import canonical_json
 from inferd.contract.sse import DecodeLimits, DecodeRule, SseComment, SseDecoder, SseEvent, SseItem
@@ -46,7 +62,6 @@ class Rule(StrEnum):
     # events and chunks
     NAMED_EVENT = "named_event"
     INVALID_JSON = "invalid_json"
-    SERVER_ERROR = "server_error"
     NOT_A_CHUNK = "not_a_chunk"
     RESPONSE_ID = "response_id"
     RESPONSE_ID_DRIFT = "response_id_drift"
@@ -67,7 +82,6 @@ class Rule(StrEnum):
     TERMINAL_MISSING = "terminal_missing"
     DONE_MISSING = "done_missing"
     UNEXPECTED_EOF = "unexpected_eof"
-    TRANSPORT = "transport"
     TOOL_CALL = "tool_call"  # a streamed tool call out of order, renamed or not valid JSON
 
 
@@ -77,7 +91,27 @@ class OutcomeKind(StrEnum):
     TOOL_CALLS = "tool_calls"
     CONTENT_FILTERED = "content_filtered"
     PROTOCOL_ERROR = "protocol_error"
-    CANCELLED = "cancelled"
+    CALLER_CANCELLED = "cancelled_by_caller"
+    CONNECTION_DROPPED = "cancelled_by_connection"
+    SERVER_CANCELLED = "cancelled_by_server"
+    SCHEDULER_CANCELLED = "cancelled_by_scheduler"
+
+
+class Canceller(StrEnum):
+    """Who cut a run short."""
+
+    CALLER = "caller"
+    CONNECTION = "connection"
+    SERVER = "server"
+    SCHEDULER = "scheduler"
+
+
+class UsageSource(StrEnum):
+    """How a cancelled run's completion tokens are known."""
+
+    SERVER = "server"  # the server's own usage arrived before the cut
+    RECEIVED = "received"  # counted as they arrived: a lower bound of what the server computed
+    UNKNOWN = "unknown"  # not one chunk arrived: nothing is known
 
 
 @dataclass(frozen=True)
@@ -148,13 +182,61 @@ class ProtocolError:
 
 @dataclass(frozen=True)
 class Cancelled:
-    """The caller stopped waiting; says nothing about whether the server stopped computing."""
+    """A run cut short, by whoever ``by`` names; says nothing about whether the server stopped
+    computing (see ``reconcile.py``)."""
 
     partial_text: str
+    usage: Usage | None = None  # the server's own figures, when it sent them before the cut
+    tokens_received: int | None = None  # output deltas that arrived; None: not one chunk did
+    detail: str = ""  # what cut it, sanitized: the transport's error, the server's error event
+    code: str | None = None  # the server's error code, when it said why
 
-    kind: ClassVar[OutcomeKind] = OutcomeKind.CANCELLED
+    kind: ClassVar[OutcomeKind]
+    by: ClassVar[Canceller]
     finish_reason: ClassVar[str | None] = None
     ok: ClassVar[bool] = False
+
+    @property
+    def usage_source(self) -> UsageSource:
+        if self.usage is not None:
+            return UsageSource.SERVER
+        return UsageSource.UNKNOWN if self.tokens_received is None else UsageSource.RECEIVED
+
+    @property
+    def completion_tokens(self) -> int | None:
+        """The server's count if it sent one, else the count received, else None (unknown)."""
+        return self.usage.completion_tokens if self.usage is not None else self.tokens_received
+
+
+@dataclass(frozen=True)
+class CallerCancelled(Cancelled):
+    kind = OutcomeKind.CALLER_CANCELLED
+    by = Canceller.CALLER
+
+
+@dataclass(frozen=True)
+class ConnectionDropped(Cancelled):
+    kind = OutcomeKind.CONNECTION_DROPPED
+    by = Canceller.CONNECTION
+
+
+@dataclass(frozen=True)
+class ServerCancelled(Cancelled):
+    kind = OutcomeKind.SERVER_CANCELLED
+    by = Canceller.SERVER
+
+
+@dataclass(frozen=True)
+class SchedulerCancelled(Cancelled):
+    kind = OutcomeKind.SCHEDULER_CANCELLED
+    by = Canceller.SCHEDULER
+
+
+_C = TypeVar("_C", bound=Cancelled)
+
+# Error codes by which the server says its engine stopped the sequence, not that it failed:
+# inferd's deadline (--request-timeout) and an engine abort (the model unloaded under it).
+SCHEDULER_CODES = frozenset({"request_timeout", "abort"})
 
 
 Outcome = (
@@ -163,7 +245,10 @@ Outcome = (
     | ContentFiltered
     | ToolCallsRequested
     | ProtocolError
-    | Cancelled
+    | CallerCancelled
+    | ConnectionDropped
+    | ServerCancelled
+    | SchedulerCancelled
 )
 
 
@@ -257,6 +342,7 @@ class StreamConsumer:
         self._text: list[str] = []
         self._text_bytes = 0
         self._tool_calls: list[str] = []
+        self._tokens_received = 0  # chunks whose delta carried output: one decode step each
         self._assembler = ToolCallAssembler(self.limits.max_text_bytes)
         self._role_seen = False
         self._envelope: tuple[str, int] | None = None
@@ -279,6 +365,11 @@ class StreamConsumer:
     @property
     def text(self) -> str:
         return "".join(self._text)
+
+    @property
+    def tokens_received(self) -> int:
+        """Chunks so far whose delta carried output (see ``_delta``)."""
+        return self._tokens_received
 
     @property
     def wire_sha256(self) -> str:
@@ -305,15 +396,16 @@ class StreamConsumer:
         return self._outcome
 
     def cancel(self) -> Outcome:
-        """The caller stops reading. A decided failure stays; anything else is Cancelled."""
+        """The caller stops reading. A decided outcome stays; anything else (even after
+        ``[DONE]``: end of bytes never came) is ``CallerCancelled``."""
         if self._outcome is None:
-            self._outcome = Cancelled(self.text)
+            self._outcome = self._cancelled(CallerCancelled)
         return self._outcome
 
     def transport_failed(self, detail: str) -> Outcome:
+        """The connection failed before end of bytes: ``ConnectionDropped``."""
         if self._outcome is None:
-            self._fail(Rule.TRANSPORT, detail)
-        assert self._outcome is not None
+            self._outcome = self._cancelled(ConnectionDropped, detail)
         return self._outcome
 
     def timed_out(self) -> Outcome:
@@ -326,6 +418,10 @@ class StreamConsumer:
     # -- internals -----------------------------------------------------------------------
     def _fail(self, rule: Rule, detail: str) -> None:
         self._outcome = ProtocolError(rule, detail, self.text)
+
+    def _cancelled(self, cancelled: type[_C], detail: str = "", code: str | None = None) -> _C:
+        received = None if self._envelope is None else self._tokens_received
+        return cancelled(self.text, self._usage, received, detail, code)
 
     def _check_time(self, at: float | None) -> bool:
         if at is None:
@@ -342,6 +438,8 @@ class StreamConsumer:
 
     def _accept(self, items: Iterable[SseItem]) -> None:
         for item in items:
+            if self._outcome is not None:  # the server ended the stream: the rest is moot
+                return
             try:
                 self._item(item)
             except _Violation as v:
@@ -365,7 +463,8 @@ class StreamConsumer:
             return
         chunk = _parse_json(event.data)
         if "error" in chunk and "object" not in chunk:
-            raise _Violation(Rule.SERVER_ERROR, _error_summary(chunk["error"]))
+            self._server_ended(chunk)
+            return
         self._check_envelope(chunk)
         choices = chunk.get("choices")
         if not isinstance(choices, list):
@@ -375,6 +474,20 @@ class StreamConsumer:
             self._open_chunk(choices, usage)
         else:
             self._after_terminal(choices, usage)
+
+    def _server_ended(self, event: dict[str, Any]) -> None:
+        """An error event: the server cut the run. Its engine (a deadline, an abort) or
+        itself (a failure, a shutdown), by the error's code; its usage, if it sent one."""
+        error = event["error"]
+        code = error.get("code") if isinstance(error, dict) else None
+        code = sanitize_text(code, 64) if isinstance(code, str) else None
+        if event.get("usage") is not None:
+            self._usage = _usage(event["usage"], self.expect.max_tokens)
+        detail = _error_summary(error)
+        if code in SCHEDULER_CODES:
+            self._outcome = self._cancelled(SchedulerCancelled, detail, code)
+        else:
+            self._outcome = self._cancelled(ServerCancelled, detail, code)
 
     def _check_envelope(self, chunk: dict[str, Any]) -> None:
         if chunk.get("object") != "chat.completion.chunk":
@@ -438,6 +551,10 @@ class StreamConsumer:
         return _FINISHED[reason]
 
     def _delta(self, delta: dict[str, Any]) -> None:
+        # inferd (and vLLM) stream one decode step per chunk, so this counts tokens; a step
+        # whose text is held back (part of a character) sends none, so it is a lower bound.
+        if any(delta.get(k) for k in ("content", "reasoning_content", "tool_calls")):
+            self._tokens_received += 1
         role = delta.get("role")
         if role is not None:
             if role != "assistant" or self._role_seen:

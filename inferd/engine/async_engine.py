@@ -3,9 +3,9 @@
 Steps run wherever the engine's loop owner runs them (engine/driver.py): the main thread under
 `inferd serve`, a thread of its own when embedded. Each request gets an asyncio.Queue. The
 stepping thread never touches the event loop's objects directly: it hands outputs over with
-``call_soon_threadsafe``. Adds and aborts travel the other way through a locked inbox, applied
-between steps. Leaving ``generate`` early (client gone, task cancelled) aborts the request, which
-frees its KV blocks at the next step boundary.
+``call_soon_threadsafe``. Adds, aborts and calls (``between_steps``: a weight swap) travel the
+other way through a locked inbox, applied between steps. Leaving ``generate`` early (client
+gone, task cancelled) aborts the request, which frees its KV blocks at the next step boundary.
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ import contextlib
 import itertools
 import logging
 import threading
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from inferd.engine.driver import EngineLoop
 from inferd.engine.llm_engine import AdmissionError, LLMEngine, TextCodec
@@ -36,6 +38,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+T = TypeVar("T")
+
 
 class EngineBusyError(RuntimeError):
     """The waiting queue is full; callers should retry later."""
@@ -45,12 +49,29 @@ class EngineStoppedError(RuntimeError):
     """The engine is shut down."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Call(Generic[T]):
+    """Work for the loop owner's thread between two steps, and where its result goes."""
+
+    fn: Callable[[LLMEngine], T]
+    result: Future[T]
+
+    def run(self, engine: LLMEngine) -> None:
+        if not self.result.set_running_or_notify_cancel():
+            return
+        try:
+            self.result.set_result(self.fn(engine))
+        except Exception as exc:  # the caller's to handle; the loop goes on
+            self.result.set_exception(exc)
+
+
 @dataclass(slots=True)
 class _Inbox:
     wake: threading.Event
     lock: threading.Lock = field(default_factory=threading.Lock)
     adds: list[Request] = field(default_factory=list)
     aborts: list[str] = field(default_factory=list)
+    calls: list[_Call[Any]] = field(default_factory=list)
 
 
 class AsyncEngine:
@@ -149,6 +170,24 @@ class AsyncEngine:
     def stats(self) -> EngineStats:
         return self.engine.stats()
 
+    def between_steps(self, fn: Callable[[LLMEngine], T]) -> Future[T]:
+        """Run ``fn(engine)`` on the loop owner's thread between two steps (now, when called
+        there), after the adds and aborts queued before it: no step runs meanwhile. The
+        future fails with EngineStoppedError if the engine shuts down first."""
+        call = _Call(fn, Future())
+        with self._inbox.lock:  # _retire fails the calls queued before it under this lock
+            if self._stopped.is_set():
+                call.result.set_exception(EngineStoppedError("the engine is shut down"))
+                return call.result
+            here = self._loop.on_loop_thread()
+            if not here:
+                self._inbox.calls.append(call)
+        if here:
+            call.run(self.engine)
+        else:
+            self._inbox.wake.set()
+        return call.result
+
     def shutdown(self, timeout: float = 10.0) -> None:
         """End every request still here, leave the loop owner and close the engine."""
         self._stopped.set()
@@ -161,7 +200,8 @@ class AsyncEngine:
 
     # -- the loop owner's thread -------------------------------------------------------------
     def run_once(self) -> bool:
-        """Apply queued adds and aborts, then one step if there is work; True if anything ran."""
+        """Apply queued adds, aborts and calls, then one step if there is work; True if
+        anything ran."""
         if self._stopped.is_set():
             self._retire()
             return True
@@ -178,17 +218,22 @@ class AsyncEngine:
         return True
 
     def _retire(self) -> None:
-        """Leave the loop owner and end every request still here."""
+        """Leave the loop owner, end every request still here and refuse the calls queued."""
         if self._retired.is_set():
             return
         self._loop.unregister(self)
         self._deliver(self.engine.fail_all("the engine shut down"))
         self._retired.set()
+        with self._inbox.lock:
+            calls, self._inbox.calls = self._inbox.calls, []
+        for call in calls:
+            call.result.set_exception(EngineStoppedError("the engine is shut down"))
 
     def _drain_inbox(self) -> list[RequestOutput]:
         with self._inbox.lock:
             adds, self._inbox.adds = self._inbox.adds, []
             aborts, self._inbox.aborts = self._inbox.aborts, []
+            calls, self._inbox.calls = self._inbox.calls, []
         outputs: list[RequestOutput] = []
         for request in adds:
             self.engine.add_built(request)
@@ -196,6 +241,8 @@ class AsyncEngine:
             out = self.engine.abort(rid)
             if out is not None:
                 outputs.append(out)
+        for call in calls:  # after the aborts: their blocks are free again
+            call.run(self.engine)
         return outputs
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:

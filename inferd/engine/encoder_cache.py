@@ -45,6 +45,11 @@ class EncoderCache:
         self.stats.hits += 1
         return value
 
+    def clear(self) -> None:
+        """Forget every entry (the encoder's weights changed; the counters stay)."""
+        self._entries.clear()
+        self.used_bytes = 0
+
     def put(self, digest: str, value: torch.Tensor) -> None:
         """Keep ``value`` (counted as a miss: it was just computed) if it fits the budget."""
         self.stats.misses += 1

@@ -15,6 +15,17 @@ identity, the request's cache salt). A new request reuses the longest chain of c
 that matches its prompt. Freed blocks keep their content and stay findable until the pool hands
 them out again, least recently freed first.
 
+Entries (``--prefix-cache-n``): the cached blocks form a tree, each block under the one before
+it. An entry is a free block that ends a chain (no cached block follows it, no request holds
+it): the chain a finished or preempted request leaves. Requests that leave the same chain leave
+one entry; chains sharing a prefix (a system prompt) are one entry each and share its blocks.
+A longer prompt hitting an entry's whole chain takes its last block out of the entries until it
+is freed again, as the most recently used; a request leaving a chain already kept (the same
+prompt again: its last block was recomputed, not taken) makes that entry the most recently
+used. With a limit, the least recently used entries beyond it are forgotten: their blocks, back
+to the first one that another chain or a request still uses, lose their hash (they stay free,
+findable no more). Blocks in use are never forgotten.
+
 Sliding windows: when every layer of the model attends only to the last ``window`` keys
 (Mistral, Phi-3 with a window), a block whose every position lies behind the window of the
 request's next token is never read again; it is given back at once and its entry in the
@@ -64,17 +75,26 @@ class PrefixCacheStats:
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int) -> None:
+    def __init__(self, num_blocks: int, max_entries: int | None = None) -> None:
+        """``max_entries``: prefix-cache entries kept at most (module doc); None: no limit."""
         if num_blocks < 2:
             raise ValueError(
                 "the KV cache needs at least 2 blocks (one is the reserved null block)"
             )
         self.num_blocks = num_blocks
+        self.max_entries = max_entries
         # Free blocks in eviction order (least recently freed first); O(1) removal on a hit.
         self._free: OrderedDict[int, None] = OrderedDict((i, None) for i in range(1, num_blocks))
         self._refs = [0] * num_blocks
         self._hash_of: list[BlockHash | None] = [None] * num_blocks
         self._block_of: dict[BlockHash, int] = {}
+        # The tree of cached blocks: each one's parent (None: a chain's first block) and the
+        # number of cached blocks under each hash (kept by hash: a parent reused and cached
+        # again under the same content keeps its children).
+        self._parent_of: list[BlockHash | None] = [None] * num_blocks
+        self._children: dict[BlockHash, int] = {}
+        # Entries (module doc): their last blocks, least recently used first.
+        self._entries: OrderedDict[int, None] = OrderedDict()
 
     @property
     def num_free(self) -> int:
@@ -87,6 +107,10 @@ class BlockPool:
     @property
     def num_cached(self) -> int:
         return len(self._block_of)
+
+    @property
+    def num_entries(self) -> int:
+        return len(self._entries)
 
     def ref_count(self, block_id: int) -> int:
         return self._refs[block_id]
@@ -111,28 +135,91 @@ class BlockPool:
             self._refs[i] -= 1
             if self._refs[i] == 0:
                 self._free[i] = None
+                if self._ends_chain(i):
+                    self._entries[i] = None
+        self._trim_entries()
 
     def lookup(self, block_hash: BlockHash) -> int | None:
         return self._block_of.get(block_hash)
+
+    def touch(self, block_hash: BlockHash) -> None:
+        """The entry ending at ``block_hash``, if any, is the most recently used now."""
+        block = self._block_of.get(block_hash)
+        if block is not None and block in self._entries:
+            self._entries.move_to_end(block)
 
     def take_cached(self, block_id: int) -> None:
         """Share a cached block with one more request."""
         if self._refs[block_id] == 0:
             del self._free[block_id]
+            self._entries.pop(block_id, None)
         self._refs[block_id] += 1
 
-    def register(self, block_id: int, block_hash: BlockHash) -> None:
-        """Mark a full block as holding the content ``block_hash`` (first writer wins)."""
+    def register(self, block_id: int, block_hash: BlockHash, parent: BlockHash | None) -> None:
+        """Mark a full block as holding the content ``block_hash``, under the block whose hash
+        is ``parent`` (None: the first of its chain); the first writer wins."""
         if block_hash in self._block_of or self._hash_of[block_id] is not None:
             return
         self._hash_of[block_id] = block_hash
         self._block_of[block_hash] = block_id
+        self._parent_of[block_id] = parent
+        if parent is not None:
+            self._children[parent] = self._children.get(parent, 0) + 1
+            above = self._block_of.get(parent)
+            if above is not None:
+                self._entries.pop(above, None)  # its chain goes on: it ends none now
+
+    def _ends_chain(self, block_id: int) -> bool:
+        block_hash = self._hash_of[block_id]
+        return block_hash is not None and block_hash not in self._children
+
+    def _trim_entries(self) -> None:
+        """Forget the least recently used entries beyond the limit (module doc)."""
+        while self.max_entries is not None and len(self._entries) > self.max_entries:
+            block, _ = self._entries.popitem(last=False)
+            while True:  # up the chain while the blocks are free and on no other chain
+                parent = self._forget(block)
+                above = self._block_of.get(parent) if parent is not None else None
+                if above is None or self._refs[above] > 0 or not self._ends_chain(above):
+                    break
+                block = above
+
+    def forget_contents(self) -> None:
+        """No block is found by its content any more (the keys and values in them came from
+        weights the model no longer has); the blocks and their owners stay as they are, and
+        with no cached block there is no tree and no entry left either."""
+        self._hash_of = [None] * self.num_blocks
+        self._block_of.clear()
+        self._parent_of = [None] * self.num_blocks
+        self._children.clear()
+        self._entries.clear()
 
     def _evict(self, block_id: int) -> None:
-        old = self._hash_of[block_id]
-        if old is not None:
-            del self._block_of[old]
-            self._hash_of[block_id] = None
+        """The pool reuses a free block: its cached content goes. The chain it ended, if any,
+        now ends one block earlier: the pool reuses the least recently freed blocks, so that
+        shorter entry counts as the least recently used."""
+        if self._hash_of[block_id] is None:
+            return
+        parent = self._forget(block_id)
+        above = self._block_of.get(parent) if parent is not None else None
+        if above is not None and self._refs[above] == 0 and self._ends_chain(above):
+            self._entries[above] = None
+            self._entries.move_to_end(above, last=False)
+
+    def _forget(self, block_id: int) -> BlockHash | None:
+        """Drop a block's cached content; returns its parent's hash."""
+        block_hash, parent = self._hash_of[block_id], self._parent_of[block_id]
+        assert block_hash is not None
+        del self._block_of[block_hash]
+        self._hash_of[block_id] = self._parent_of[block_id] = None
+        self._entries.pop(block_id, None)
+        if parent is not None:
+            left = self._children[parent] - 1
+            if left:
+                self._children[parent] = left
+            else:
+                del self._children[parent]
+        return parent
 
 
 def tokens_held(num_tokens: int, chunk: int, block_size: int, window: int | None) -> int:
@@ -155,16 +242,18 @@ class KVCacheManager:
         block_size: int,
         *,
         prefix_caching: bool = True,
+        max_prefix_entries: int | None = None,
         model_key: str = "",
         window: int | None = None,
     ) -> None:
-        """``window``: set when every layer slides (``ModelConfig.uniform_window``): blocks
-        behind it are freed as requests advance."""
+        """``max_prefix_entries``: prefix-cache entries kept at most (module doc; None: no
+        limit). ``window``: set when every layer slides (``ModelConfig.uniform_window``):
+        blocks behind it are freed as requests advance."""
         if window is not None and window < 1:
             raise ValueError("the sliding window must hold at least one key")
         self.block_size = block_size
         self.window = window
-        self.pool = BlockPool(num_blocks)
+        self.pool = BlockPool(num_blocks, max_prefix_entries)
         self.prefix_caching = prefix_caching
         self.model_key = model_key
         self.stats = PrefixCacheStats()
@@ -202,15 +291,20 @@ class KVCacheManager:
         self.stats.hits += request.num_computed_tokens
         return request.num_computed_tokens
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix: no later request reuses a block computed before."""
+        self.pool.forget_contents()
+
     def cache_full_blocks(self, request: Request) -> None:
         """Register the blocks this request has completely computed."""
         if not self.prefix_caching:
             return
         full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
-        for index, block_hash in enumerate(self._hashes(request, full)):
+        hashes = self._hashes(request, full)
+        for index, block_hash in enumerate(hashes):
             block = request.block_ids[index]
             if block != NULL_BLOCK:  # freed behind the window: nothing left to register
-                self.pool.register(block, block_hash)
+                self.pool.register(block, block_hash, hashes[index - 1] if index else None)
 
     def allocate_slots(self, request: Request, num_new_tokens: int) -> bool:
         """Make room for the next ``num_new_tokens`` of ``request``; False if the pool is short.
@@ -237,6 +331,9 @@ class KVCacheManager:
 
     def free(self, request: Request) -> None:
         self.pool.release([b for b in request.block_ids if b != NULL_BLOCK])
+        full = min(request.num_computed_tokens // self.block_size, len(request.block_ids))
+        if self.prefix_caching and full:  # the chain it leaves was used (module doc: entries)
+            self.pool.touch(self._hashes(request, full)[-1])
         request.block_ids = []
 
     def _free_behind_window(self, request: Request) -> None:

@@ -156,6 +156,8 @@ class LLMEngine:
                 raise _media_error(f"an {m.modality}'s rows must replace its placeholder tokens")
             if m.modality == "audio" and self.model_config.gemma4_audio is not None:
                 self._check_gemma4_clip(m)
+            elif m.modality == "audio" and self.model_config.gemma3n_audio is not None:
+                self._check_gemma3n_clip(m)
             elif m.modality == "audio":
                 self._check_clip(m)
             elif self.model_config.gemma4_vision is not None:
@@ -231,6 +233,20 @@ class LLMEngine:
             raise _media_error(
                 f"an audio clip of {m.frames} frames has {Gemma4AudioConfig.num_tokens(m.frames)} "
                 f"rows, not {len(m.positions)}"
+            )
+
+    def _check_gemma3n_clip(self, m: MediaInput) -> None:
+        """Gemma 3n: a clip's log-mel frames [frames, mel bins] encode to at most the model's
+        count of audio tokens, which its placeholders are (padding fills the rest)."""
+        audio = self.model_config.gemma3n_audio
+        assert audio is not None
+        if tuple(m.pixel_values.shape) != (m.frames, audio.mel_bins) or m.frames < 1:
+            raise _media_error(f"an audio clip's features must be [frames, {audio.mel_bins}]")
+        rows = audio.num_rows(m.frames)
+        if rows > audio.soft_tokens or len(m.positions) != audio.soft_tokens:
+            raise _media_error(
+                f"an audio clip of {m.frames} frames ({rows} rows) fills {audio.soft_tokens} "
+                f"placeholder tokens, not {len(m.positions)}"
             )
 
     def _check_grid(self, m: MediaInput) -> None:
@@ -363,6 +379,21 @@ class LLMEngine:
         if self.grammars is not None:
             self.grammars.shutdown()
 
+    def swap_weights(self, install: Callable[[LlamaForCausalLM], None]) -> None:
+        """Change the model's weights (``install`` does, between two steps) when no request
+        has computed anything on the old ones (RuntimeError, nothing changed, while one has);
+        then the prefix and encoder caches forget what the old weights computed."""
+        started = [
+            r for r in self._core.requests.values() if r.num_computed_tokens or r.output_token_ids
+        ]
+        if started:
+            raise RuntimeError(
+                f"{len(started)} request(s) already run on the current weights; drain them first"
+            )
+        install(self.model)
+        self._core.scheduler.kv.reset_prefix_cache()
+        self._core.runner.encoder_cache.clear()
+
     def has_unfinished(self) -> bool:
         return self._core.has_work
 
@@ -384,6 +415,7 @@ class LLMEngine:
             last_step_seconds=core.last_step_seconds,
             prefix_cache_queries=sched.kv.stats.queries,
             prefix_cache_hits=sched.kv.stats.hits,
+            prefix_cache_entries=sched.kv.pool.num_entries,
             images_encoded=core.runner.encoder_cache.stats.misses,
             encoder_cache_hits=core.runner.encoder_cache.stats.hits,
             speculative_drafted=sched.speculator.drafted if sched.speculator else 0,

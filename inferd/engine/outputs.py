@@ -56,6 +56,7 @@ class EngineStats:
     last_step_seconds: float
     prefix_cache_queries: int = 0  # prompt tokens looked up
     prefix_cache_hits: int = 0  # prompt tokens found cached
+    prefix_cache_entries: int = 0  # cached chains no request holds (engine/kv_cache.py)
     images_encoded: int = 0  # images the encoder ran on (misses of the encoder cache)
     encoder_cache_hits: int = 0  # images whose encoder rows came from the encoder cache
     speculative_drafted: int = 0  # drafted tokens verified (engine/speculative.py)

@@ -137,7 +137,13 @@ class ModelRunner:
     def execute(self, output: SchedulerOutput) -> StepResult:
         """Run one step: logits of the sampling rows (and of prompt rows where asked for)."""
         inputs = self.prepare(output)
-        embeds = self._embeddings(inputs) if inputs.media else None
+        embeds = None
+        if inputs.media:
+            # Encoder rows are prompt rows: dense, so an image's rows do not depend on how many
+            # tiles or clips were encoded beside it (the batch-size kernels would switch to the
+            # int8 copies below ``small_batch`` rows), as the decoder's prompt rows are.
+            with dense_rows():
+                embeds = self._embeddings(inputs)
         positions = inputs.positions if inputs.rope_positions is None else inputs.rope_positions
         with self._row_kernels(output), lora_rows(_row_adapters(output)):
             hidden = self.model(

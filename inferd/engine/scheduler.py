@@ -28,6 +28,18 @@ place, and requests behind it with resident adapters (or none) go first.
 When the KV pool runs dry, the newest running request is preempted: its blocks are freed and it
 is recomputed later from its tokens.
 
+``max_decode_steps_before_prefill`` (N; mistral.rs's knob, unset by default): with decodes
+running, prompt work (running prefills' chunks and admissions) joins a step only when it is due,
+as mistral.rs decides between a prompt step and a decode step: never in the step right after
+one that ran prompt work, then as soon as all of it completes within the step's budget (a short
+prompt), else once N steps of decodes alone have run. So a long prompt is prefilled one chunk
+every N + 1 steps, and the decodes' steps are slowed by prompt work at most every other step.
+(mistral.rs never batches prompts with decodes; here a prompt step still runs the decodes.)
+
+``no_kv_cache``: once a chunk has sampled a token its request's blocks are freed and its
+computed count goes back to 0, so every token recomputes the whole sequence (prompt and output
+so far), chunked by the budget as a prompt is; nothing is registered in the prefix cache.
+
 Speculation (engine/speculative.py): a decode may carry drafted tokens after its last one; the
 chunk then computes them too, and ``settle`` records how many the model accepted and gives back
 the blocks of the rest. Drafts never preempt anyone: without room for them a decode goes alone.
@@ -92,6 +104,10 @@ class SchedulerConfig:
     max_waiting: int = _DEFAULTS.max_waiting
     # Encoder output rows a step may compute (engine/encoder_budget.py); None: the token budget.
     max_encoder_tokens: int | None = _DEFAULTS.max_encoder_tokens
+    # With decodes running, steps of decodes alone before prompt work must join (module doc);
+    # None: prompt work joins every step.
+    max_decode_steps_before_prefill: int | None = _DEFAULTS.max_decode_steps_before_prefill
+    no_kv_cache: bool = _DEFAULTS.no_kv_cache  # every token recomputes its sequence (module doc)
 
     @property
     def encoder_tokens(self) -> int:
@@ -117,6 +133,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        self.decode_steps = 0  # steps of decodes alone since prompt work last ran
 
     @property
     def has_work(self) -> bool:
@@ -144,8 +161,37 @@ class Scheduler:
         encoder = EncoderBudget(self.config.encoder_tokens, self._is_encoded)
         decodes = [r for r in self.running if _remaining(r) == 1]
         prefills = [r for r in self.running if _remaining(r) > 1]
-        drafts = self._drafts(decodes, prompts_pending=bool(prefills or self.waiting))
+        prompts = self._prompts_due(decodes, prefills)
+        drafts = self._drafts(decodes, prompts_pending=prompts and bool(prefills or self.waiting))
         budget = self._schedule_running(decodes, budget, chunks, preempted, encoder, drafts)
+        decoded = len(chunks)
+        if prompts:
+            self._admit_prompts(prefills, budget, chunks, preempted, failed, encoder)
+        alone = 0 < decoded == len(chunks)  # decodes ran, and no prompt work
+        self.decode_steps = self.decode_steps + 1 if alone else 0
+        return SchedulerOutput(tuple(chunks), tuple(preempted), tuple(failed))
+
+    def _prompts_due(self, decodes: list[Request], prefills: list[Request]) -> bool:
+        """Whether prompt work may join this step (module doc: max_decode_steps_before_prefill)."""
+        limit = self.config.max_decode_steps_before_prefill
+        if limit is None or not decodes or not (prefills or self.waiting):
+            return True
+        if self.decode_steps == 0:
+            return False  # the last step ran prompt work: this one decodes alone
+        left = self.config.max_num_batched_tokens - len(decodes)
+        pending = sum(map(_remaining, prefills)) or _remaining(self.waiting[0])
+        return pending <= left or self.decode_steps >= limit
+
+    def _admit_prompts(
+        self,
+        prefills: list[Request],
+        budget: int,
+        chunks: list[ScheduledChunk],
+        preempted: list[str],
+        failed: list[tuple[Request, AdapterLoadError]],
+        encoder: EncoderBudget,
+    ) -> None:
+        """Chunks of the running prefills, then of waiting requests, within ``budget``."""
         reserve = min(self._short_waiting_tokens(), budget // 2)
         left = self._schedule_running(prefills, budget - reserve, chunks, preempted, encoder)
         budget = left + reserve
@@ -180,7 +226,6 @@ class Scheduler:
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, n))
             budget -= n
             long_in_flight |= need > self.config.max_num_batched_tokens
-        return SchedulerOutput(tuple(chunks), tuple(preempted), tuple(failed))
 
     def _adapter_resident(
         self, request: Request, failed: list[tuple[Request, AdapterLoadError]]
@@ -275,9 +320,14 @@ class Scheduler:
     def advance(self, output: SchedulerOutput) -> None:
         """Record that the scheduled chunks were computed."""
         for chunk in output.chunks:
+            request = chunk.request
+            if self.config.no_kv_cache and chunk.completes:
+                self.kv.free(request)  # its next token recomputes the whole sequence
+                request.num_computed_tokens = 0
+                continue
             # Drafts count as computed only once accepted (``settle``).
-            chunk.request.num_computed_tokens = chunk.start + chunk.num_tokens - len(chunk.draft)
-            self.kv.cache_full_blocks(chunk.request)
+            request.num_computed_tokens = chunk.start + chunk.num_tokens - len(chunk.draft)
+            self.kv.cache_full_blocks(request)
 
     def settle(self, request: Request, accepted: int) -> None:
         """After a verified chunk's tokens were appended: its ``accepted`` drafts' KV stands

@@ -361,8 +361,9 @@ class Speculator:
 
 def speculator_for(config: EngineConfig, drafter: Drafter | None = None) -> Speculator | None:
     """The engine's speculator as its settings ask (None: off). ``drafter``: the draft model
-    of ``draft`` and ``self`` (serving/draft.py loads it)."""
-    if config.speculative == "off":
+    of ``draft`` and ``self`` (serving/draft.py loads it). Off without a KV cache: every
+    token recomputes its sequence, drafts would too."""
+    if config.speculative == "off" or config.no_kv_cache:
         return None
     if (drafter is None) != (config.speculative == "ngram"):
         raise ValueError(f"speculative={config.speculative!r} drafts with a draft model")

@@ -123,6 +123,10 @@ class PackedKind(enum.Enum):
 VNNI_KINDS = (PackedKind.INT4_VNNI, PackedKind.INT8_VNNI)
 
 
+# A projection's packed copy as ``Linear.use_packed_only`` takes it: kind, codes, scales.
+PackedWeight = tuple[PackedKind, torch.Tensor, torch.Tensor]
+
+
 # Decode batches up to here run the int4 x int8 kernel where a layer has it: it beat oneDNN's
 # dense bf16 at every size measured, 1 to 256 rows (benchmarks/int4_int8.py).
 INT4_INT8_ROWS = 256

@@ -1,4 +1,5 @@
-"""Build a Llama-family model from a GGUF file: config from metadata, weights dequantized."""
+"""Build a model from a GGUF file: config from metadata, weights dequantized (the Llama family's
+layouts here, Gemma 4's in loading/gguf_gemma4.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import logging
 import math
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import replace
 
 import torch
 from gguf import GGMLQuantizationType
@@ -15,15 +15,18 @@ from inferd.layers.linear import (
     INT4_GROUP,
     VNNI_TILE,
     PackedKind,
+    PackedWeight,
     pack_int4_vnni_groups,
     pack_int8_vnni,
 )
 from inferd.layers.rotary import inverse_frequencies
 from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
 from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
-from inferd.loading.mmproj import Projector
+from inferd.loading.gguf_gemma4 import ARCH as GEMMA4
+from inferd.loading.gguf_gemma4 import gemma4_config, gemma4_weight_plan
+from inferd.loading.projector import AnyProjector
 from inferd.loading.quantize import Isq
-from inferd.loading.weights import PackedWeight, WeightSource, build_empty, fill
+from inferd.loading.weights import WeightSource, build_empty, fill
 from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, config_from_gguf
 from inferd.models.llama import LlamaForCausalLM
 
@@ -49,47 +52,26 @@ def load_gguf_model(
     progress: bool = True,
     packed_kernels: bool = True,
     isq: Isq | None = None,
-    projector: Projector | None = None,
+    projector: AnyProjector | None = None,
 ) -> tuple[LlamaForCausalLM, ModelConfig]:
     """Build the model; ``packed_kernels`` adds int4/int8 copies for small batches (bf16; f32
     on AVX2);
     ``isq`` quantizes every projection instead (see loading/quantize.py); ``projector`` (a
-    checked ``--mmproj`` file) adds its image encoder and connector to the decoder."""
-    infos = {info.name: info for info in gguf.tensor_infos()}
-    names = set(infos)
-    cfg = config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+    checked ``--mmproj`` file) adds its encoders and their projections to the decoder."""
+    names = {info.name for info in gguf.tensor_infos()}
+    cfg = gguf_config(gguf)
     if projector is not None:
-        cfg = replace(cfg, vision=projector.vision)
+        cfg = projector.configure(cfg)
     if any(n.startswith("rope_factors_") for n in names):
         raise ModelConfigError("LongRoPE scaling (rope_factors_* tensors) is not supported yet")
-    freq_factors = gguf.load_tensor("rope_freqs.weight") if "rope_freqs.weight" in names else None
+    freq_factors = None  # Gemma 4's rope_freqs mark its proportional RoPE: in its config
+    if "rope_freqs.weight" in names and cfg.gemma4 is None:
+        freq_factors = gguf.load_tensor("rope_freqs.weight")
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling, freq_factors)
     model = build_empty(cfg, inv_freq, dtype)
-    plan = _weight_plan(cfg)
-    if cfg.tie_word_embeddings:
-        plan["lm_head.weight"] = plan["embed_tokens.weight"]
-
-    def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
-        def load() -> torch.Tensor:
-            parts = [transform(gguf.load_tensor(s), s) for s in sources]
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-        return load
-
-    weights = [
-        WeightSource(
-            target,
-            read(srcs, transform),
-            _packed_kind(infos[s].qtype for s in srcs),
-            _packed_reader(gguf, [infos[s] for s in srcs], transform, _pack_rows(cfg)),
-        )
-        for target, (srcs, transform) in plan.items()
-    ]
-    if projector is not None:  # the encoder's plain nn.Linear layers are never packed
-        weights += [
-            WeightSource(ours, projector.reader(theirs))
-            for ours, theirs in projector.weight_plan().items()
-        ]
+    weights = decoder_sources(gguf, cfg)
+    if projector is not None:
+        weights += projector.weight_sources()
     fill(
         model,
         weights,
@@ -102,7 +84,52 @@ def load_gguf_model(
     return model, cfg
 
 
+def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
+    """Each parameter of the decoder ``cfg`` describes and how to read it from the file: the
+    float32 weight (dequantized), the small-batch packing that keeps it exact, and the VNNI
+    copy straight from the file's blocks where there is one."""
+    infos = {info.name: info for info in gguf.tensor_infos()}
+    plan: dict[str, tuple[list[str], Transform]] = (
+        {ours: (theirs, keep) for ours, theirs in gemma4_weight_plan(cfg).items()}
+        if cfg.gemma4 is not None
+        else _weight_plan(cfg)
+    )
+    if cfg.tie_word_embeddings:
+        plan["lm_head.weight"] = plan["embed_tokens.weight"]
+
+    def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
+        def load() -> torch.Tensor:
+            parts = [transform(gguf.load_tensor(s), s) for s in sources]
+            return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+        return load
+
+    return [
+        WeightSource(
+            target,
+            read(srcs, transform),
+            _packed_kind(infos[s].qtype for s in srcs),
+            _packed_reader(gguf, [infos[s] for s in srcs], transform, _pack_rows(cfg)),
+        )
+        for target, (srcs, transform) in plan.items()
+    ]
+
+
+def gguf_config(gguf: GGUFFile) -> ModelConfig:
+    """The decoder's config from the file's metadata (and, for Gemma 4, its tensors)."""
+    if gguf.get("general.architecture") == GEMMA4:
+        return gemma4_config(gguf)
+    names = {info.name for info in gguf.tensor_infos()}
+    return config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
+
+
 Transform = Callable[[torch.Tensor, str], torch.Tensor]
+
+
+def keep(t: torch.Tensor, _: str) -> torch.Tensor:
+    """A tensor stored as we hold it."""
+    return t
+
 
 # Source blocks that are affine 4-bit groups of 32: int4 repacks them without further loss.
 _INT4_EXACT = frozenset({GGMLQuantizationType.Q4_0, GGMLQuantizationType.Q4_1})
@@ -170,9 +197,6 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
     only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
     ``1 + w``; the projections' tensors are ``llama_cpp_tensors``'."""
-
-    def keep(t: torch.Tensor, _: str) -> torch.Tensor:
-        return t
 
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
         if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:

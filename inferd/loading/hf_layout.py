@@ -45,8 +45,14 @@ class Part:
     name: str  # the checkpoint's tensor name
     rows: int  # rows it contributes along dim 0
     cut: Cut | None = None  # None: the whole tensor
+    # Experts stacked [experts, out, in] (``Experts``' layout): each expert's (out, in). A
+    # stack saved with each matrix transposed, as transformers 4 saved Qwen3-VL-MoE's
+    # (published checkpoints), is transposed back, as transformers 5 does (not when square).
+    experts: tuple[int, int] | None = None
 
     def take(self, t: torch.Tensor) -> torch.Tensor:
+        if self.experts is not None and tuple(t.shape[1:]) == self.experts[::-1] != self.experts:
+            t = t.transpose(1, 2).contiguous()
         return t if self.cut is None else self.cut.apply(t)
 
 
@@ -83,14 +89,9 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
             )
         if fused:
             plan[dst + "self_attn.qkv_proj.weight"] = one(att + "qkv_proj.weight", q + 2 * kv)
-            plan[dst + "mlp.gate_up_proj.weight"] = one(mlp + "gate_up_proj.weight", 2 * ff)
         else:
             plan[dst + "self_attn.qkv_proj.weight"] = tuple(
                 Part(att + f"{p}_proj.weight", n) for p, n in (("q", q), ("k", kv), ("v", kv))
-            )
-            plan[dst + "mlp.gate_up_proj.weight"] = (
-                Part(mlp + "gate_proj.weight", ff),
-                Part(mlp + "up_proj.weight", ff),
             )
         if cfg.attention_bias:
             plan[dst + "self_attn.qkv_proj.bias"] = tuple(
@@ -100,8 +101,31 @@ def hf_plan(cfg: ModelConfig, prefix: str = "model.") -> Plan:
             plan[dst + "self_attn.q_norm.weight"] = one(att + "q_norm.weight", cfg.head_dim)
             plan[dst + "self_attn.k_norm.weight"] = one(att + "k_norm.weight", cfg.head_dim)
         plan[dst + "self_attn.o_proj.weight"] = one(att + "o_proj.weight", h)
+        if cfg.moe is not None and i in cfg.moe.layers:
+            plan |= experts_plan(cfg, mlp, dst + "mlp.")
+            plan[dst + "mlp.gate.weight"] = one(mlp + "gate.weight", cfg.moe.num_experts)
+            continue
+        if fused:
+            plan[dst + "mlp.gate_up_proj.weight"] = one(mlp + "gate_up_proj.weight", 2 * ff)
+        else:
+            plan[dst + "mlp.gate_up_proj.weight"] = (
+                Part(mlp + "gate_proj.weight", ff),
+                Part(mlp + "up_proj.weight", ff),
+            )
         plan[dst + "mlp.down_proj.weight"] = one(mlp + "down_proj.weight", h)
     return plan
+
+
+def experts_plan(cfg: ModelConfig, src: str, dst: str) -> Plan:
+    """A layer's experts (layers/moe.py ``Experts``) from the checkpoint's fused stacks under
+    ``src``, to ours under ``dst``."""
+    moe = cfg.moe
+    assert moe is not None
+    h, ff = cfg.hidden_size, moe.intermediate_size
+    return {
+        f"{dst}experts.{name}": (Part(f"{src}experts.{name}", moe.num_experts, experts=shape),)
+        for name, shape in (("gate_up_proj", (2 * ff, h)), ("down_proj", (h, ff)))
+    }
 
 
 def checkpoint_prefix(names: set[str]) -> str:
@@ -254,6 +278,8 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
             Part(prefix + src + "mlp.up_proj.weight", ff * wide),
         )
         plan[dst + "mlp.down_proj.weight"] = one(src + "mlp.down_proj.weight", h)
+        if cfg.moe is not None:
+            plan |= gemma4_moe_plan(cfg, prefix + src, dst + "moe.")
         if g.per_layer_size:
             for name, rows in (
                 ("per_layer_input_gate", g.per_layer_size),
@@ -264,9 +290,28 @@ def gemma4_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     return plan
 
 
+def gemma4_moe_plan(cfg: ModelConfig, src: str, dst: str) -> Plan:
+    """A Gemma 4 layer's experts, router and their norms (models/gemma4.py ``Gemma4MoE``)."""
+    moe = cfg.moe
+    assert moe is not None
+    h, e = cfg.hidden_size, moe.num_experts
+    plan = experts_plan(cfg, src, dst)
+    for ours, theirs, rows in (
+        ("router.proj.weight", "router.proj.weight", e),
+        ("router.scale", "router.scale", h),
+        ("router.per_expert_scale", "router.per_expert_scale", e),
+        ("pre_norm.weight", "pre_feedforward_layernorm_2.weight", h),
+        ("post_norm.weight", "post_feedforward_layernorm_2.weight", h),
+        ("mlp_post_norm.weight", "post_feedforward_layernorm_1.weight", h),
+    ):
+        plan[dst + ours] = (Part(src + theirs, rows),)
+    return plan
+
+
 def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     """Gemma 3n's decoder (models/gemma3n.py) under ``model.`` (Gemma3nForCausalLM) or
-    ``model.language_model.`` (Gemma3nForConditionalGeneration, whose encoders stay unread).
+    ``model.language_model.`` (Gemma3nForConditionalGeneration, whose media tables and audio
+    encoder ``gemma_media_plan`` reads; its image encoder stays unread).
     Each of our layers reads its checkpoint layer (``Gemma3nLayers.source_layers``); under a
     MatFormer slice the MLPs keep their first ``intermediate_sizes[i]`` units and the PLE
     tables the blocks of the layers kept. K/V-sharing layers have no k/v projections."""
@@ -298,14 +343,6 @@ def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     }
     if not cfg.tie_word_embeddings:
         plan["lm_head.weight"] = (Part("lm_head.weight", cfg.vocab_size),)
-    for vocab in g.media_vocab:  # top-level modules of Gemma3nModel, beside language_model
-        for ours, rows in (
-            ("embedding", vocab.size),
-            ("hard_embedding_norm", vocab.hidden_size),
-            ("embedding_projection", h),
-        ):
-            name = f"{vocab.name}.{ours}.weight"
-            plan[name] = (Part("model." + name, rows),)
     for i in range(1, k):
         for table in ("altup_projections", "altup_unembed_projections"):
             plan[f"{table}.{i - 1}.weight"] = one(f"{table}.{i - 1}.weight", h)
@@ -352,16 +389,17 @@ def gemma3n_plan(cfg: ModelConfig, names: set[str]) -> Plan:
     return plan
 
 
-# Gemma 4's encoders and their projections into the text model, under ``model.`` with our
-# modules' names (models/gemma4_vision.py).
-GEMMA4_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
+# Gemma 4's and Gemma 3n's encoders and their projections into the text model, under
+# ``model.`` with our modules' names (models/gemma4_vision.py, models/gemma3n_audio.py; Gemma 3n's
+# ``embed_vision`` and ``embed_audio`` tables too).
+GEMMA_MEDIA_MODULES = ("vision_tower.", "embed_vision.", "audio_tower.", "embed_audio.")
 
 
-def gemma4_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
-    """Our Gemma 4 encoders' parameters (name -> shape) to their checkpoint names, one to one
-    (a clipped projection's bounds are scalars: one row)."""
+def gemma_media_plan(shapes: dict[str, tuple[int, ...]]) -> Plan:
+    """Our Gemma 4 or Gemma 3n encoders' parameters (name -> shape) to their checkpoint names,
+    one to one (a clipped projection's bounds are scalars: one row)."""
     return {
         name: (Part("model." + name, shape[0] if shape else 1),)
         for name, shape in shapes.items()
-        if name.startswith(GEMMA4_MEDIA_MODULES)
+        if name.startswith(GEMMA_MEDIA_MODULES)
     }

@@ -23,8 +23,8 @@ from inferd.loading.hf_layout import (
     checkpoint_prefix,
     gemma3_vision_plan,
     gemma3n_plan,
-    gemma4_media_plan,
     gemma4_plan,
+    gemma_media_plan,
     hf_plan,
     qwen2_audio_text_plan,
     qwen_vl_plan,
@@ -104,40 +104,45 @@ def load_safetensors_model(
     cfg = read_model_config(directory, checkpoint, config_overrides, matformer)
     inv_freq = inverse_frequencies(cfg.rotary_size, cfg.rope_theta, cfg.rope_scaling)
     model = build_empty(cfg, inv_freq, dtype)
-    if cfg.gemma3n is not None:
-        plan = gemma3n_plan(cfg, set(checkpoint.names()))
-    elif cfg.gemma4 is not None:
-        plan = gemma4_plan(cfg, set(checkpoint.names()))
-        plan |= gemma4_media_plan({n: tuple(p.shape) for n, p in model.named_parameters()})
-    elif cfg.vision is not None and cfg.vision.pooled:
-        names = set(checkpoint.names())
-        plan = gemma3_vision_plan(cfg, {n: p.shape[0] for n, p in model.named_parameters()}, names)
-    elif cfg.vision is not None:
-        plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX)
-        plan |= vision_plan({n: p.shape[0] for n, p in model.named_parameters()})
-    elif cfg.qwen_vision is not None:
-        params = {n: p.shape[0] for n, p in model.named_parameters()}
-        plan = qwen_vl_plan(cfg, params, set(checkpoint.names()))
-    elif cfg.audio is not None:
-        names = set(checkpoint.names())
-        plan = qwen2_audio_text_plan(cfg, names)
-        plan |= audio_plan({n: p.shape[0] for n, p in model.named_parameters()}, names)
-    else:
-        plan = hf_plan(cfg, checkpoint_prefix(set(checkpoint.names())))
-    items = list(plan.items())
-    if cfg.tie_word_embeddings:  # after the embedding: a packed copy for decode in bf16
-        items.append(("lm_head.weight", plan["embed_tokens.weight"]))
-
+    sources = decoder_sources(directory, checkpoint, model)
     fill(
         model,
-        weight_sources(directory, checkpoint, items),
+        sources,
         dtype,
-        total=len(items),
+        total=len(sources),
         packed_kernels=packed_kernels,
         isq=isq,
         progress=progress,
     )
     return model, cfg
+
+
+def decoder_sources(
+    directory: Path, checkpoint: SafetensorsCheckpoint, model: LlamaForCausalLM
+) -> list[WeightSource]:
+    """Each parameter of ``model`` (built from the checkpoint's config; its media encoders'
+    parameters are named after it) and its reader from the checkpoint."""
+    cfg = model.config
+    names = set(checkpoint.names())
+    shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    rows = {n: shape[0] for n, shape in shapes.items() if shape}  # (scalars: Gemma 4 alone)
+    if cfg.gemma4 is not None:  # Gemma 4 and Gemma 3n
+        plan = gemma3n_plan(cfg, names) if cfg.gemma3n is not None else gemma4_plan(cfg, names)
+        plan |= gemma_media_plan(shapes)
+    elif cfg.vision is not None and cfg.vision.pooled:
+        plan = gemma3_vision_plan(cfg, rows, names)
+    elif cfg.vision is not None:
+        plan = hf_plan(cfg, IDEFICS3_TEXT_PREFIX) | vision_plan(rows)
+    elif cfg.qwen_vision is not None:
+        plan = qwen_vl_plan(cfg, rows, names)
+    elif cfg.audio is not None:
+        plan = qwen2_audio_text_plan(cfg, names) | audio_plan(rows, names)
+    else:
+        plan = hf_plan(cfg, checkpoint_prefix(names))
+    items = list(plan.items())
+    if cfg.tie_word_embeddings:  # after the embedding: a packed copy for decode in bf16
+        items.append(("lm_head.weight", plan["embed_tokens.weight"]))
+    return weight_sources(directory, checkpoint, items)
 
 
 def weight_sources(

@@ -11,6 +11,7 @@ from pathlib import Path
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
 from inferd.models.gemma3_image import Gemma3ImageConfig
+from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_image import Gemma4ImageConfig
 from inferd.models.gemma4_video import Gemma4VideoConfig
@@ -183,10 +184,13 @@ def read_qwen3_video_config(directory: Path, cfg: ModelConfig) -> Qwen3VideoConf
 TOKENIZER_CONFIG = "tokenizer_config.json"
 
 
-def _gemma4_tokens(directory: Path, names: tuple[str, str, str]) -> tuple[str, str, str]:
-    """The media tokens Gemma 4's tokenizer names (``image_token``, ``boi_token``, ...)."""
+def _media_tokens(directory: Path, names: tuple[str, str, str]) -> tuple[str, str, str]:
+    """The media tokens a Gemma tokenizer names (``image_token``, ``boi_token``, ...): at the
+    top of its settings, or (as transformers v4 saved them) in ``extra_special_tokens``."""
     settings = read_json(directory / TOKENIZER_CONFIG)
-    tokens = tuple(settings.get(n) for n in names)
+    extra = settings.get("extra_special_tokens")
+    extra = extra if isinstance(extra, dict) else {}
+    tokens = tuple(settings.get(n) or extra.get(n) for n in names)
     if not all(isinstance(t, str) and t for t in tokens):
         raise ModelConfigError(f"{directory}: {TOKENIZER_CONFIG} does not name {', '.join(names)}")
     return tokens[0], tokens[1], tokens[2]  # type: ignore[return-value]
@@ -202,7 +206,7 @@ def read_gemma4_image_config(directory: Path, cfg: ModelConfig) -> Gemma4ImageCo
     )
     if not isinstance(settings, dict) or not settings:
         raise ModelConfigError(f"{directory}: no image processor settings ({PROCESSOR_CONFIG})")
-    tokens = _gemma4_tokens(directory, ("image_token", "boi_token", "eoi_token"))
+    tokens = _media_tokens(directory, ("image_token", "boi_token", "eoi_token"))
     try:
         image = Gemma4ImageConfig.from_hf(settings, tokens)
     except ImageConfigError as e:
@@ -223,7 +227,7 @@ def read_gemma4_audio_config(directory: Path, cfg: ModelConfig) -> Gemma4AudioFe
     settings = read_json(directory / PROCESSOR_CONFIG).get("feature_extractor")
     if not isinstance(settings, dict) or not settings:
         raise ModelConfigError(f"{directory}: no feature extractor settings ({PROCESSOR_CONFIG})")
-    tokens = _gemma4_tokens(directory, ("audio_token", "boa_token", "eoa_token"))
+    tokens = _media_tokens(directory, ("audio_token", "boa_token", "eoa_token"))
     try:
         features = Gemma4AudioFeatureConfig.from_hf(settings, tokens)
     except AudioFeatureError as e:
@@ -232,6 +236,44 @@ def read_gemma4_audio_config(directory: Path, cfg: ModelConfig) -> Gemma4AudioFe
         raise ModelConfigError(
             f"{directory}: the feature extractor makes {features.feature_size} mel bins, the "
             f"encoder takes {audio.conv_channels[0]}"
+        )
+    return features
+
+
+def read_gemma3n_audio_config(
+    directory: Path, cfg: ModelConfig
+) -> Gemma3nAudioFeatureConfig | None:
+    """How to featurize audio for a Gemma 3n model (the processor's ``feature_extractor``
+    settings, else ``preprocessor_config.json``'s, where published checkpoints keep them beside
+    the image processor's); None for a model without its audio encoder. The processor's
+    ``audio_seq_length`` (tokens a clip stands for) must be the model's, and the longest clip
+    must encode to no more rows."""
+    audio = cfg.gemma3n_audio
+    if audio is None:
+        return None
+    processor = read_json(directory / PROCESSOR_CONFIG)
+    preprocessor = read_json(directory / PREPROCESSOR_CONFIG)
+    settings = processor.get("feature_extractor") or preprocessor
+    if not isinstance(settings, dict) or "feature_size" not in settings:
+        raise ModelConfigError(f"{directory}: no feature extractor settings ({PROCESSOR_CONFIG})")
+    tokens = _media_tokens(directory, ("audio_token", "boa_token", "eoa_token"))
+    length = processor.get("audio_seq_length") or preprocessor.get("audio_seq_length")
+    soft_tokens = int(length or audio.soft_tokens)
+    try:
+        features = Gemma3nAudioFeatureConfig.from_hf(settings, tokens, soft_tokens)
+    except AudioFeatureError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    if features.feature_size != audio.mel_bins:
+        raise ModelConfigError(
+            f"{directory}: the feature extractor makes {features.feature_size} mel bins, the "
+            f"encoder takes {audio.mel_bins}"
+        )
+    longest = audio.num_rows(features.num_frames(features.max_samples))
+    if soft_tokens != audio.soft_tokens or longest > soft_tokens:
+        raise ModelConfigError(
+            f"{directory}: the processor writes {soft_tokens} audio tokens a clip, the model "
+            f"fills {audio.soft_tokens} and a {features.max_samples}-sample clip encodes to "
+            f"{longest} rows"
         )
     return features
 
@@ -249,7 +291,7 @@ def read_gemma4_video_config(directory: Path, cfg: ModelConfig) -> Gemma4VideoCo
     settings = read_json(directory / PROCESSOR_CONFIG).get("video_processor") or read_json(
         directory / VIDEO_PREPROCESSOR_CONFIG
     )
-    tokens = _gemma4_tokens(directory, ("image_token", "boi_token", "eoi_token"))
+    tokens = _media_tokens(directory, ("image_token", "boi_token", "eoi_token"))
     video_token = read_json(directory / TOKENIZER_CONFIG).get("video_token") or GEMMA4_VIDEO_TOKEN
     try:
         video = Gemma4VideoConfig.from_hf(settings or {}, tokens, str(video_token))

@@ -1,10 +1,11 @@
-"""A llama.cpp multimodal projector (``--mmproj FILE``) beside a GGUF language model.
+"""The Idefics3 / SmolVLM kind of llama.cpp multimodal projector (``--mmproj FILE``), and
+what every kind shares (loading/projector.py opens a file and picks its kind).
 
 llama.cpp keeps a vision-language model's image encoder apart from its language model: an
 ``mmproj`` GGUF whose ``general.architecture`` is ``clip``, its settings under ``clip.*`` keys
-and its tensors under ``v.*`` (the vision transformer) and ``mm.*`` (the connector). inferd reads
-the Idefics3 / SmolVLM kind (``clip.projector_type`` = ``idefics3``): a SigLIP encoder
-(models/vision.py) and a pixel-shuffle connector (models/idefics3.py) on a Llama decoder.
+and its tensors under ``v.*`` (the vision transformer) and ``mm.*`` (the connector). This kind
+(``clip.projector_type`` = ``idefics3``) is a SigLIP encoder (models/vision.py) and a
+pixel-shuffle connector (models/idefics3.py) on a Llama decoder.
 
 Everything is checked before any weight is read, so a projector that does not fit the language
 model (another projector type, another width, a tokenizer without the image tokens) fails at
@@ -23,8 +24,8 @@ tokenizer, chat template and the image marker tokens come from the language mode
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,8 @@ import torch
 from PIL import Image
 
 from inferd.loading.gguf import GGUFFile
-from inferd.models.config import LLAMA_FAMILY, ModelConfigError, VisionConfig
+from inferd.loading.weights import WeightSource
+from inferd.models.config import LLAMA_FAMILY, ModelConfig, ModelConfigError, VisionConfig
 from inferd.models.idefics3_image import (
     FAKE_TOKEN,
     GLOBAL_TOKEN,
@@ -41,8 +43,7 @@ from inferd.models.idefics3_image import (
     Idefics3ImageConfig,
 )
 
-PROJECTOR_TYPES = ("idefics3",)  # the ones inferd can run
-CLIP_ARCHITECTURE = "clip"  # llama.cpp's general.architecture for a projector file
+IDEFICS3 = "idefics3"  # its clip.projector_type
 _WHOLE_TOKEN_TYPES = (3, 4)  # llama.cpp's CONTROL and USER_DEFINED: matched whole in text
 
 
@@ -63,12 +64,25 @@ class Projector:
     def path(self) -> Path:
         return self.gguf.path
 
-    def weight_plan(self) -> dict[str, str]:
-        """Our encoder and connector parameters -> the projector's tensor names."""
-        return projector_plan(self.vision.num_layers)
+    def configure(self, cfg: ModelConfig) -> ModelConfig:
+        """The language model's config with this encoder added."""
+        return replace(cfg, vision=self.vision)
 
-    def reader(self, name: str) -> Callable[[], torch.Tensor]:
-        return lambda: self.gguf.load_tensor(name)
+    def weight_sources(self) -> list[WeightSource]:
+        """Our encoder and connector parameters, read from the projector as stored."""
+        return [
+            WeightSource(ours, tensor_reader(self.gguf, theirs))
+            for ours, theirs in projector_plan(self.vision.num_layers).items()
+        ]
+
+
+def tensor_reader(
+    gguf: GGUFFile, name: str, transform: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> Callable[[], torch.Tensor]:
+    """Reads tensor ``name`` of ``gguf`` (float32), through ``transform`` where given."""
+    if transform is None:
+        return lambda: gguf.load_tensor(name)
+    return lambda: transform(gguf.load_tensor(name))
 
 
 def projector_plan(num_layers: int) -> dict[str, str]:
@@ -102,30 +116,17 @@ def projector_plan(num_layers: int) -> dict[str, str]:
     return plan
 
 
-def open_projector(path: str | Path, lm: Mapping[str, Any]) -> Projector:
-    """Open and check the projector at ``path`` against the language model's GGUF metadata
-    ``lm``; ProjectorError (or GGUFError for a file that is no GGUF) says what does not fit."""
-    gguf = GGUFFile(path)
+def idefics3_projector(gguf: GGUFFile, lm: Mapping[str, Any]) -> Projector:
+    """Check the idefics3 projector ``gguf`` against the language model's GGUF metadata ``lm``;
+    ProjectorError says what does not fit."""
     meta = gguf.metadata
     where = str(gguf.path)
-    arch = meta.get("general.architecture")
-    if arch != CLIP_ARCHITECTURE:
-        raise ProjectorError(
-            f"{where} is not a multimodal projector (general.architecture is {arch!r}, a "
-            f"projector's is {CLIP_ARCHITECTURE!r})"
-        )
     if not meta.get("clip.has_vision_encoder", False):
         raise ProjectorError(f"{where} has no vision encoder (clip.has_vision_encoder)")
-    kind = meta.get("clip.vision.projector_type") or meta.get("clip.projector_type")
-    if kind not in PROJECTOR_TYPES:
-        raise ProjectorError(
-            f"{where}: projector type {kind!r} is not supported (supported: "
-            f"{', '.join(PROJECTOR_TYPES)}: SmolVLM / Idefics3)"
-        )
     lm_arch = str(lm.get("general.architecture", ""))
     if lm_arch not in LLAMA_FAMILY:
         raise ProjectorError(
-            f"{where}: an {kind} projector goes with a Llama-architecture language model "
+            f"{where}: an {IDEFICS3} projector goes with a Llama-architecture language model "
             f"(SmolVLM's), not {lm_arch!r}"
         )
     vision = _vision_config(where, meta, _image_token_id(where, lm))
@@ -133,10 +134,35 @@ def open_projector(path: str | Path, lm: Mapping[str, Any]) -> Projector:
     _check_tensors(gguf, vision)
     image = _image_config(where, meta, vision)
     _check_grid_tokens(where, lm, image)
-    return Projector(gguf, str(kind), vision, image)
+    return Projector(gguf, IDEFICS3, vision, image)
 
 
-def _get(where: str, meta: Mapping[str, Any], key: str) -> Any:
+def whole_token_ids(
+    where: str, lm: Mapping[str, Any], names: Sequence[str], kind: str
+) -> list[int]:
+    """The ids of marker tokens ``names`` in the language model's vocabulary, each of which
+    must be a control or user-defined token (matched whole in text: a normal token's text is
+    split by the BPE, and the encoder's rows would miss it); ``kind`` names the model family
+    the projector goes with, for the message."""
+    tokens = list(lm.get("tokenizer.ggml.tokens") or [])
+    missing = [t for t in names if t not in tokens]
+    if missing:
+        raise ProjectorError(
+            f"{where}: the language model's tokenizer has no {', '.join(missing)} token; this "
+            f"projector goes with a {kind} language model"
+        )
+    types = list(lm.get("tokenizer.ggml.token_type") or [])
+    plain = [t for t in names if types and types[tokens.index(t)] not in _WHOLE_TOKEN_TYPES]
+    if plain:
+        raise ProjectorError(
+            f"{where}: the language model's tokenizer has {', '.join(plain)} as a normal token, "
+            "not a control or user-defined one it keeps whole"
+        )
+    return [tokens.index(t) for t in names]
+
+
+def required(where: str, meta: Mapping[str, Any], key: str) -> Any:
+    """Metadata key ``key`` of the projector at ``where``; ProjectorError when absent."""
     value = meta.get(key)
     if value is None:
         raise ProjectorError(f"{where}: the projector's metadata lacks {key}")
@@ -149,14 +175,14 @@ def _vision_config(where: str, meta: Mapping[str, Any], image_token_id: int) -> 
     v = "clip.vision."
     try:
         return VisionConfig(
-            hidden_size=int(_get(where, meta, v + "embedding_length")),
-            intermediate_size=int(_get(where, meta, v + "feed_forward_length")),
-            num_layers=int(_get(where, meta, v + "block_count")),
-            num_heads=int(_get(where, meta, v + "attention.head_count")),
-            image_size=int(_get(where, meta, v + "image_size")),
-            patch_size=int(_get(where, meta, v + "patch_size")),
-            layer_norm_eps=float(_get(where, meta, v + "attention.layer_norm_epsilon")),
-            scale_factor=int(_get(where, meta, v + "projector.scale_factor")),
+            hidden_size=int(required(where, meta, v + "embedding_length")),
+            intermediate_size=int(required(where, meta, v + "feed_forward_length")),
+            num_layers=int(required(where, meta, v + "block_count")),
+            num_heads=int(required(where, meta, v + "attention.head_count")),
+            image_size=int(required(where, meta, v + "image_size")),
+            patch_size=int(required(where, meta, v + "patch_size")),
+            layer_norm_eps=float(required(where, meta, v + "attention.layer_norm_epsilon")),
+            scale_factor=int(required(where, meta, v + "projector.scale_factor")),
             image_token_id=image_token_id,
             hidden_act="gelu_tanh",  # llama.cpp's GELU is the tanh form, as SigLIP's
         )
@@ -166,25 +192,8 @@ def _vision_config(where: str, meta: Mapping[str, Any], image_token_id: int) -> 
 
 def _image_token_id(where: str, lm: Mapping[str, Any]) -> int:
     """The ``<image>`` placeholder's id; the language model must know the image markers."""
-    tokens = list(lm.get("tokenizer.ggml.tokens") or [])
-    missing = [t for t in (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN) if t not in tokens]
-    if missing:
-        raise ProjectorError(
-            f"{where}: the language model's tokenizer has no {', '.join(missing)} token; this "
-            "projector goes with a SmolVLM / Idefics3 language model"
-        )
-    types = list(lm.get("tokenizer.ggml.token_type") or [])
-    plain = [
-        t
-        for t in (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN)
-        if types and types[tokens.index(t)] not in _WHOLE_TOKEN_TYPES
-    ]
-    if plain:  # a normal token's text is split by the BPE: the image rows would miss it
-        raise ProjectorError(
-            f"{where}: the language model's tokenizer has {', '.join(plain)} as a normal token, "
-            "not a control or user-defined one it keeps whole"
-        )
-    return tokens.index(IMAGE_TOKEN)
+    markers = (IMAGE_TOKEN, FAKE_TOKEN, GLOBAL_TOKEN)
+    return whole_token_ids(where, lm, markers, "SmolVLM / Idefics3")[0]
 
 
 def _check_grid_tokens(where: str, lm: Mapping[str, Any], image: Idefics3ImageConfig) -> None:
@@ -267,8 +276,8 @@ def _expected_shapes(vision: VisionConfig) -> dict[str, tuple[int, ...]]:
 
 
 def _image_config(where: str, meta: Mapping[str, Any], vision: VisionConfig) -> Idefics3ImageConfig:
-    mean = [float(x) for x in _get(where, meta, "clip.vision.image_mean")]
-    std = [float(x) for x in _get(where, meta, "clip.vision.image_std")]
+    mean = [float(x) for x in required(where, meta, "clip.vision.image_mean")]
+    std = [float(x) for x in required(where, meta, "clip.vision.image_std")]
     if len(mean) != 3 or len(std) != 3:
         raise ProjectorError(f"{where}: image_mean and image_std need three values (RGB)")
     longest = meta.get("clip.vision.preproc_image_size")

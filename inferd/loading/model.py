@@ -21,6 +21,7 @@ from inferd.loading.hf_processor import (
     Gemma4Processing,
     ImageConfig,
     read_audio_config,
+    read_gemma3n_audio_config,
     read_gemma4_processing,
     read_image_config,
     read_qwen3_video_config,
@@ -30,10 +31,13 @@ from inferd.loading.hf_processor import (
 from inferd.loading.hf_tokenizer import chat_template_source
 from inferd.loading.imatrix import Imatrix
 from inferd.loading.matformer import MatformerSlice, matformer_slice
-from inferd.loading.mmproj import ProjectorError, open_projector
+from inferd.loading.mmproj import Projector, ProjectorError
+from inferd.loading.mmproj_gemma4 import Gemma4Projector
+from inferd.loading.projector import open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
 from inferd.models.config import ModelConfig, ModelConfigError
+from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.llama import LlamaForCausalLM
 from inferd.models.qwen2_vl_image import QwenVisualConfig
 from inferd.models.qwen3_vl_video import Qwen3VideoConfig
@@ -60,12 +64,13 @@ class LoadedModel:
     isq: Isq | None = None
     image_config: ImageConfig | None = None  # how to prepare images (vision models)
     audio_config: WhisperFeatureConfig | None = None  # how to featurize audio (audio models)
-    projector: Path | None = None  # the --mmproj file the image encoder came from
+    projector: Path | None = None  # the --mmproj file the encoders came from
     # Qwen2.5-VL: how to prepare images and videos (its image and video processors' settings).
     visual_configs: tuple[QwenVisualConfig, QwenVisualConfig] | None = None
     video_config: SmolVLMVideoConfig | None = None  # SmolVLM2: how to sample and prepare videos
     qwen3_video: Qwen3VideoConfig | None = None  # Qwen3-VL: how to sample and prepare videos
     gemma4: Gemma4Processing | None = None  # Gemma 4: how to prepare images, videos, audio
+    gemma3n_audio: Gemma3nAudioFeatureConfig | None = None  # Gemma 3n: how to featurize audio
 
 
 def resolve_dtype(name: str) -> torch.dtype:
@@ -102,7 +107,7 @@ def load(
     (quantized for ``imatrix``'s importance, if given: loading/imatrix.py);
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
-    projector file for a GGUF language model (loading/mmproj.py); ``config_overrides``: merged
+    projector file for a GGUF language model (loading/projector.py); ``config_overrides``: merged
     into a Hugging Face directory's config.json (a GGUF file has none: refused);
     ``matformer``: (slice table, slice name), the MatFormer slice of a Gemma 3n directory to
     build (loading/matformer.py), read before any weight."""
@@ -177,8 +182,9 @@ def _load_gguf(
         tokenizer,
         template,
         isq=isq,
-        image_config=projector.image,
+        image_config=projector.image if isinstance(projector, Projector) else None,
         projector=projector.path,
+        gemma4=projector.processing if isinstance(projector, Gemma4Projector) else None,
     )
 
 
@@ -204,9 +210,10 @@ def _load_hf(
     )
     if cfg.gemma3n is not None and cfg.gemma3n.unserved_media:
         log.warning(
-            "%s: gemma3n's %s encoders are not served yet; serving its text model only",
+            "%s: gemma3n's %s encoder (MobileNet-v5) is not served; serving %s",
             directory,
             " and ".join(cfg.gemma3n.unserved_media),
+            " and ".join(cfg.input_modalities),
         )
     tokenizer = load_tokenizer(directory, cfg)
     template_source = chat_template or chat_template_source(directory)
@@ -227,4 +234,5 @@ def _load_hf(
         video_config=video,
         qwen3_video=read_qwen3_video_config(directory, cfg),
         gemma4=read_gemma4_processing(directory, cfg),
+        gemma3n_audio=read_gemma3n_audio_config(directory, cfg),
     )

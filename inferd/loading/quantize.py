@@ -42,6 +42,7 @@ from inferd.layers.linear import (
     INT4_GROUP,
     Linear,
     PackedKind,
+    PackedWeight,
     int4_codes,
     int4_kernel_tensors,
     int4_packable,
@@ -70,6 +71,40 @@ def isq_kind(method: str) -> PackedKind:
         raise QuantizeError(
             f"unknown in-situ quantization {method!r}; choose {', '.join(ISQ_METHODS)}"
         ) from None
+
+
+# mistral.rs's ISQ names (its ``--isq`` and ``/re_isq``'s ``ggml_type``, read case-blind, as it
+# reads them) that one of ours serves: the same bits per weight, not the same blocks. Its 8-bit
+# types scale blocks of 32 (Q8_0, Q8_1) or 256 (Q8K); q8 scales each output row. Its 4-bit ones
+# are affine groups of 32 (Q4_1, and Q4_0 a case of it) or sub-blocks of 32 with 6-bit scales
+# (Q4K); q4 keeps a float scale and minimum per group of 32, as fine or finer. "8" and "4" are
+# its shorthands for the best type of that width. Its other types (2, 3, 5 and 6 bits, HQQ,
+# AFQ, FP8) have no kernel here.
+MISTRALRS_ISQ_NAMES = {
+    "8": "q8",
+    "q8_0": "q8",
+    "q8_1": "q8",
+    "q8k": "q8",
+    "4": "q4",
+    "q4_0": "q4",
+    "q4_1": "q4",
+    "q4k": "q4",
+}
+
+
+def isq_method(name: str) -> str:
+    """Our method (q8 | q4) for an ISQ name: ours, or one of mistral.rs's that it serves."""
+    if name in ISQ_METHODS:
+        return name
+    method = MISTRALRS_ISQ_NAMES.get(name.lower())
+    if method is None:
+        as_q8 = ", ".join(n.upper() for n, m in MISTRALRS_ISQ_NAMES.items() if m == "q8")
+        as_q4 = ", ".join(n.upper() for n, m in MISTRALRS_ISQ_NAMES.items() if m == "q4")
+        raise QuantizeError(
+            f"in-situ quantization {name[:40]!r} is not served; choose q8 or q4, or mistral.rs's "
+            f"{as_q8} (served as q8) or {as_q4} (served as q4)"
+        )
+    return method
 
 
 # --- one weight ----------------------------------------------------------------------------------
@@ -136,12 +171,17 @@ def quantize_weight(
     return QuantizedWeight(PackedKind.INT8, q8, scale)
 
 
-def install(layer: Linear, weight: QuantizedWeight) -> None:
-    """Make ``layer`` serve every batch from ``weight``; its dense weight is dropped."""
+def kernel_form(layer: Linear, weight: QuantizedWeight) -> PackedWeight:
+    """What ``layer.use_packed_only`` takes to serve ``weight`` (made without touching it)."""
     if weight.q.shape[0] != layer.out_features:
         raise QuantizeError(f"quantized weight has {weight.q.shape[0]} rows, expected {layer}")
     packed, scales = weight.kernel_tensors(torch.bfloat16)  # the kernels' fast dtype
-    layer.use_packed_only(weight.kind, packed, scales)
+    return weight.kind, packed, scales
+
+
+def install(layer: Linear, weight: QuantizedWeight) -> None:
+    """Make ``layer`` serve every batch from ``weight``; its dense weight is dropped."""
+    layer.use_packed_only(*kernel_form(layer, weight))
 
 
 # --- which layers, and the policy -----------------------------------------------------------------
@@ -173,24 +213,28 @@ class Isq:
         """Every decoder projection, and lm_head unless it is the (dense) embedding."""
         return isinstance(layer, Linear) and not (module == "lm_head" and tied)
 
-    def apply(self, module: str, layer: Linear, source: torch.Tensor | None) -> None:
-        """Install the stored weight, else quantize ``source`` (float32, before any rounding)."""
+    def weight(self, module: str, source: torch.Tensor | None) -> QuantizedWeight:
+        """The stored weight, else ``source`` (float32, before any rounding) quantized."""
         weight = self.stored.get(module)
         if weight is None:
             if source is None:
                 raise QuantizeError(f"no weight for {module}")
             importance = self.imatrix.importance(module) if self.imatrix is not None else None
-            if importance is not None and importance.numel() != layer.in_features:
+            if importance is not None and importance.numel() != source.shape[-1]:
                 raise QuantizeError(
                     f"the importance matrix has {importance.numel()} inputs for {module}, which "
-                    f"takes {layer.in_features}: it was made for another model"
+                    f"takes {source.shape[-1]}: it was made for another model"
                 )
             weight = quantize_weight(source, self.kind_for(module), importance)
             if importance is not None:
                 self.weighted.add(module)
         if self.collect:
             self.quantized[module] = weight
-        install(layer, weight)
+        return weight
+
+    def apply(self, module: str, layer: Linear, source: torch.Tensor | None) -> None:
+        """Install ``weight(module, source)`` in ``layer``."""
+        install(layer, self.weight(module, source))
 
 
 def linear_modules(model: torch.nn.Module) -> Iterator[tuple[str, Linear]]:

@@ -10,6 +10,9 @@ them (which is what the GGUF's author tested against):
   split the original ``tokenizer.json`` used.
 * ``tokenizer.ggml.model == "llama"``: SentencePiece BPE with byte fallback; merges are
   derived from the token scores, as SentencePiece merges the highest-scoring pair first.
+* ``tokenizer.ggml.model == "gemma4"``: Gemma 4's BPE over text whose spaces are ``▁``, with
+  byte fallback and the file's merges, no space prefix; llama.cpp splits the text into runs of
+  newlines and runs of anything else first (no merge crosses them), and always adds BOS.
 
 Token types (llama.cpp ``llama_token_type``): 1 normal, 2 unknown, 3 control,
 4 user-defined, 5 unused, 6 byte.
@@ -418,7 +421,11 @@ def _add_special_tokens(tok: Tokenizer, vocab: _Vocab, special: frozenset[int]) 
         tok.add_tokens([AddedToken(vocab.tokens[i], special=False, normalized=False) for i in user])
 
 
-def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
+def _file_merges(metadata: Mapping[str, Any], model: str) -> list[tuple[str, str]]:
+    """The merges the file lists, which a ``model`` tokenizer needs."""
+    merges = _str_list(metadata, "merges")
+    if merges is None:
+        raise TokenizerError(f"a {model} tokenizer needs {_key('merges')}")
     pairs: list[tuple[str, str]] = []
     for merge in merges:
         parts = merge.split(" ")
@@ -429,15 +436,13 @@ def _split_merges(merges: list[str]) -> list[tuple[str, str]]:
 
 
 def _build_byte_level(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
-    merges = _str_list(metadata, "merges")
-    if merges is None:
-        raise TokenizerError(f"a gpt2 tokenizer needs {_key('merges')}")
+    merges = _file_merges(metadata, "gpt2")
     pre = metadata.get(_key("pre"))
     pre_tokenizer, ignore_merges = _byte_level_pre_tokenizer(None if pre is None else str(pre))
     tok = Tokenizer(
         BPE(
             vocab=vocab.ids_to_map(),
-            merges=_split_merges(merges),
+            merges=merges,
             fuse_unk=False,
             byte_fallback=False,
             ignore_merges=ignore_merges,
@@ -472,20 +477,31 @@ def _spm_merges(vocab: _Vocab, scores: list[float]) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in ranked]
 
 
-def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: bool) -> Tokenizer:
-    scores = _num_list(metadata, "scores", len(vocab.tokens), float)
-    if scores is None:
-        raise TokenizerError(f"a llama (SentencePiece) tokenizer needs {_key('scores')}")
+def _byte_fallback_bpe(vocab: _Vocab, merges: list[tuple[str, str]]) -> Tokenizer:
+    """SentencePiece's kind of BPE: a piece missing from the vocabulary falls back to its
+    ``<0xNN>`` byte tokens (consecutive unknown tokens fuse into one)."""
     unk = vocab.tokens[vocab.unk_id] if vocab.unk_id is not None else None
-    tok = Tokenizer(
+    return Tokenizer(
         BPE(
             vocab=vocab.ids_to_map(),
-            merges=_spm_merges(vocab, scores),
+            merges=merges,
             unk_token=unk,
             fuse_unk=True,
             byte_fallback=True,
         )
     )
+
+
+def _spm_decoders() -> list[decoders.Decoder]:
+    """``▁`` back to spaces, byte tokens back to bytes, joined."""
+    return [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+
+
+def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: bool) -> Tokenizer:
+    scores = _num_list(metadata, "scores", len(vocab.tokens), float)
+    if scores is None:
+        raise TokenizerError(f"a llama (SentencePiece) tokenizer needs {_key('scores')}")
+    tok = _byte_fallback_bpe(vocab, _spm_merges(vocab, scores))
     # llama.cpp prefixes a space to every run of plain text (the start, and after each special
     # token) and keeps spaces the text already has; a normalizer runs once per such run.
     steps: list[normalizers.Normalizer] = [normalizers.Replace(" ", _SPM_SPACE)]
@@ -493,14 +509,18 @@ def _build_spm(metadata: Mapping[str, Any], vocab: _Vocab, add_space_prefix: boo
         steps.insert(0, normalizers.Prepend(_SPM_SPACE))
     tok.normalizer = normalizers.Sequence(steps)
     tok.pre_tokenizer = None
-    chain: list[decoders.Decoder] = [
-        decoders.Replace(_SPM_SPACE, " "),
-        decoders.ByteFallback(),
-        decoders.Fuse(),
-    ]
+    chain = _spm_decoders()
     if add_space_prefix:
         chain.append(decoders.Strip(content=" ", left=1, right=0))
     tok.decoder = decoders.Sequence(chain)
+    return tok
+
+
+def _build_gemma4(metadata: Mapping[str, Any], vocab: _Vocab) -> Tokenizer:
+    tok = _byte_fallback_bpe(vocab, _file_merges(metadata, "gemma4"))
+    tok.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[^\n]+|\n+"), behavior="isolated")
+    tok.decoder = decoders.Sequence(_spm_decoders())
     return tok
 
 
@@ -524,9 +544,12 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
         token_bytes = tuple(_byte_level_token_bytes(t) for t in vocab.tokens)
         # llama.cpp's default when the key is absent: only the Llama 3 family adds BOS.
         add_bos_default = metadata.get(_key("pre")) in _LLAMA3_NAMES
-    elif vocab.model == "llama":
-        add_space_prefix = _flag(metadata, "add_space_prefix", True)
-        tok = _build_spm(metadata, vocab, add_space_prefix)
+    elif vocab.model in ("llama", "gemma4"):
+        if vocab.model == "llama":
+            add_space_prefix = _flag(metadata, "add_space_prefix", True)
+            tok = _build_spm(metadata, vocab, add_space_prefix)
+        else:
+            tok = _build_gemma4(metadata, vocab)
         token_bytes = tuple(
             _spm_token_bytes(t, k) for t, k in zip(vocab.tokens, vocab.types, strict=True)
         )
@@ -534,12 +557,13 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
     else:
         raise TokenizerError(
             f"unsupported tokenizer model {vocab.model!r} (tokenizer.ggml.model); "
-            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece)"
+            "supported: 'gpt2' (byte-level BPE), 'llama' (SentencePiece), 'gemma4'"
         )
 
     special = vocab.special_ids()
     _add_special_tokens(tok, vocab, special)
-    add_bos = _flag(metadata, "add_bos_token", add_bos_default)
+    # llama.cpp adds Gemma 4's BOS whatever the file says (llama-vocab.cpp, "workaround").
+    add_bos = vocab.model == "gemma4" or _flag(metadata, "add_bos_token", add_bos_default)
     bos = vocab.tokens[vocab.bos_id] if vocab.bos_id is not None else None
     eos = vocab.tokens[vocab.eos_id] if vocab.eos_id is not None else None
     if add_bos and bos is not None and vocab.bos_id is not None:
@@ -553,6 +577,7 @@ def tokenizer_from_gguf(metadata: Mapping[str, Any]) -> TokenizerBundle:
         add_bos=add_bos,
         special_ids=special,
         token_bytes=token_bytes,
-        model_type=vocab.model,
+        # the byte table's kind: Gemma 4's pieces are SentencePiece's
+        model_type="llama" if vocab.model == "gemma4" else vocab.model,
         add_space_prefix=add_space_prefix,
     )

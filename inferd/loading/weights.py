@@ -19,7 +19,7 @@ from inferd import kernels
 from inferd.config import DEFAULT_MAX_MODEL_LEN
 from inferd.host_memory import release_free_heap
 from inferd.layers.embedding import Embedding
-from inferd.layers.linear import Linear, PackedKind, packed_on_huge_pages
+from inferd.layers.linear import Linear, PackedKind, PackedWeight, packed_on_huge_pages
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
 from inferd.models.config import (
@@ -45,6 +45,10 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
+    if cfg.architecture == "gemma3n" and cfg.gemma3n_audio is not None:
+        from inferd.models.gemma3n_multimodal import Gemma3nMultimodalForCausalLM
+
+        return Gemma3nMultimodalForCausalLM
     if cfg.architecture == "gemma3n":
         from inferd.models.gemma3n import Gemma3nForCausalLM
 
@@ -96,10 +100,6 @@ def build_empty(cfg: ModelConfig, inv_freq: torch.Tensor, dtype: torch.dtype) ->
     return model
 
 
-# A projection's packed copy as the VNNI kernels take it: kind, codes, scales.
-PackedWeight = tuple[PackedKind, torch.Tensor, torch.Tensor]
-
-
 @dataclass(frozen=True, slots=True)
 class WeightSource:
     """One parameter to fill: how to read it (float32) and, for the small-batch int4/int8
@@ -133,19 +133,16 @@ def fill(
             module_name, _, param = src.target.rpartition(".")
             layer = model.get_submodule(module_name)
             tied_head = module_name == "lm_head" and cfg.tie_word_embeddings
-            quantize = (
-                isq is not None and param == "weight" and isq.applies(module_name, layer, tied_head)
-            )
-            if quantize and isq is not None and module_name in isq.stored:
-                assert isinstance(layer, Linear)
-                isq.apply(module_name, layer, None)  # the store has it: skip the source
+            quantized = isq_layer(model, src.target, isq) if isq is not None else None
+            if quantized is not None and isq is not None and module_name in isq.stored:
+                isq.apply(module_name, quantized, None)  # the store has it: skip the source
                 bar.update(1)
                 continue
             if tied_head and model.embed_tokens.packed is not None:
                 model.lm_head = model.embed_tokens.packed  # one packed table for both
                 bar.update(1)
                 continue
-            lean_source = lean and not quantize and param == "weight"
+            lean_source = lean and quantized is None and param == "weight"
             if lean_source and src.read_packed and _fill_packed(model, layer, src.read_packed):
                 # The pieces' temporaries go back to the OS now: glibc would keep them, and
                 # the next weight's would land elsewhere (1B: 0.8 GiB more at the end).
@@ -160,9 +157,8 @@ def fill(
                 continue
             weight = src.read()
             _set(layer, param, weight, dtype)
-            if quantize and isq is not None:
-                assert isinstance(layer, Linear)
-                isq.apply(module_name, layer, weight)
+            if quantized is not None and isq is not None:
+                isq.apply(module_name, quantized, weight)
             elif pack and param == "weight" and isinstance(layer, Linear):
                 layer.pack(src.pack_kind, source=weight)
             bar.update(1)
@@ -173,6 +169,16 @@ def fill(
         raise ModelConfigError(f"the checkpoint lacks {len(missing)} tensors, e.g. {missing[0]}")
     model.eval().requires_grad_(False)
     packed_on_huge_pages(model)
+
+
+def isq_layer(model: LlamaForCausalLM, target: str, isq: Isq) -> Linear | None:
+    """The projection whose weight ``target`` names, when ``isq`` quantizes it; else None."""
+    module_name, _, param = target.rpartition(".")
+    layer = model.get_submodule(module_name)
+    tied_head = module_name == "lm_head" and model.config.tie_word_embeddings
+    if param != "weight" or not isinstance(layer, Linear):
+        return None
+    return layer if isq.applies(module_name, layer, tied_head) else None
 
 
 def _fill_packed(

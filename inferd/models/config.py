@@ -133,6 +133,28 @@ class QwenVisionConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class MoeConfig:
+    """A sparse mixture-of-experts MLP (layers/moe.py): per token, a router's softmax over
+    ``num_experts`` picks the ``top_k`` likeliest, whose weights are renormalized to sum to
+    one, and the token's output is their gated MLPs' outputs (``intermediate_size`` wide each)
+    so weighted. Qwen3-VL-MoE puts it in place of the dense MLP of ``layers``; Gemma 4 beside
+    it, in every layer."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int  # one expert's
+    layers: tuple[int, ...]  # the decoder layers that have it
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.num_experts:
+            raise ModelConfigError(
+                f"{self.top_k} experts a token out of {self.num_experts} is not a routing"
+            )
+        if self.intermediate_size <= 0:
+            raise ModelConfigError(f"expert intermediate size {self.intermediate_size}")
+
+
+@dataclass(frozen=True, slots=True)
 class Gemma4Layers:
     """What Gemma 4's decoder adds to Gemma 3's shape (models/gemma4.py): its global layers'
     own head size and key/value heads, values read from the keys' projection there
@@ -179,8 +201,52 @@ class Gemma3nLayers:
     sparsity: tuple[float, ...]  # each layer's target sparsity of its MLP gate; 0: dense
     source_layers: tuple[int, ...]  # the checkpoint layer of each of ours
     source_num_layers: int  # layers in the checkpoint (its PLE tables hold as many blocks)
-    unserved_media: tuple[str, ...] = ()  # the checkpoint's encoders we do not run yet
+    unserved_media: tuple[str, ...] = ()  # the checkpoint's encoders we do not run (image)
     media_vocab: tuple[Gemma3nMediaVocab, ...] = ()  # ids embedded by an encoder's table
+
+
+@dataclass(frozen=True, slots=True)
+class Gemma3nAudioConfig:
+    """Gemma 3n's audio encoder (models/gemma3n_audio.py, transformers' Gemma3nAudioEncoder: a
+    Universal Speech Model conformer): two conv blocks over the log-mel frames (each normed by a
+    cumulative group norm), conformer layers with chunked local attention (relative positions,
+    soft-capped logits), a light causal conv and two half-weighted feed-forwards, then every
+    ``reduction``-th row, projected by ``embed_audio``. A clip stands in the prompt as
+    ``soft_tokens`` audio tokens whatever its length: rows past its own are padding's."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    mel_bins: int  # input_feat_size
+    conv_channels: tuple[int, int]  # sscp_conv_channel_size
+    conv_kernels: tuple[tuple[int, int], tuple[int, int]]  # (time, frequency) per block
+    conv_strides: tuple[tuple[int, int], tuple[int, int]]
+    group_norm_eps: float
+    lconv_kernel_size: int  # conf_conv_kernel_size: the light conv's (causal, depthwise)
+    residual_weight: float  # a feed-forward's output is scaled by this before its add
+    chunk_size: int
+    context_left: int  # a frame sees this many frames back, itself included
+    context_right: int  # and this many ahead
+    logit_cap: float
+    reduction: int  # conf_reduction_factor: every this-th row of the conformer's output
+    gradient_clipping: float
+    rms_norm_eps: float
+    soft_tokens: int  # audio_soft_tokens_per_image: the audio tokens of any clip
+    audio_token_id: int
+
+    def __post_init__(self) -> None:
+        if self.hidden_size % self.num_heads:
+            raise ModelConfigError(
+                f"audio hidden size {self.hidden_size} is not a multiple of {self.num_heads} heads"
+            )
+
+    def num_rows(self, frames: int) -> int:
+        """Encoder rows of a clip of ``frames`` mel frames: after the two convolutions (each
+        padded by ``kernel - 1`` frames after the clip: ``ceil(frames / stride)`` rows) and the
+        reduction."""
+        for stride, _ in self.conv_strides:
+            frames = -(-frames // stride)
+        return -(-frames // self.reduction)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,8 +358,10 @@ class ModelConfig:
     # Gemma 4's per-layer shapes and embeddings (Gemma 3n's PLE and K/V sharing too)
     gemma4: Gemma4Layers | None = None
     gemma3n: Gemma3nLayers | None = None  # Gemma 3n: AltUp, Laurel, MLP widths, sparsity
+    moe: MoeConfig | None = None  # sparse mixture-of-experts MLPs (Qwen3-VL-MoE, Gemma 4)
     gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
     gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
+    gemma3n_audio: Gemma3nAudioConfig | None = None  # Gemma 3n's audio encoder
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -319,6 +387,8 @@ class ModelConfig:
             return self.audio.audio_token_id
         if self.gemma4_audio is not None and modality == "audio":
             return self.gemma4_audio.audio_token_id
+        if self.gemma3n_audio is not None and modality == "audio":
+            return self.gemma3n_audio.audio_token_id
         if self.gemma4_vision is not None and modality in ("image", "video"):
             g = self.gemma4_vision
             return g.image_token_id if modality == "image" else g.video_token_id
@@ -496,12 +566,13 @@ HF_MODEL_TYPES = {
     "qwen2_audio": "qwen2_audio",  # a Qwen2 text model under a Whisper-style audio encoder
     "qwen2_5_vl": "qwen2_5_vl",  # a Qwen2 text model (M-RoPE) under an image/video encoder
     "qwen3_vl": "qwen3_vl",  # a Qwen3 text model (interleaved M-RoPE, deep stack) likewise
+    "qwen3_vl_moe": "qwen3_vl",  # the same with mixture-of-experts MLPs (``ModelConfig.moe``)
     "gemma3_text": "gemma3",
     "gemma3": "gemma3",  # Gemma3ForConditionalGeneration: a SigLIP encoder over Gemma 3 text
     "gemma4_text": "gemma4",
     "gemma4": "gemma4",  # Gemma4ForConditionalGeneration: Gemma 4 text under its encoders
     "gemma3n_text": "gemma3n",
-    "gemma3n": "gemma3n",  # Gemma3nForConditionalGeneration: its text model (encoders not run)
+    "gemma3n": "gemma3n",  # Gemma3nForConditionalGeneration: text and audio (no image encoder)
 }
 
 # Architectures whose decoder takes an image encoder's rows (models/idefics3.py runs them all).
@@ -514,8 +585,8 @@ AUDIO_ARCHITECTURES = frozenset({"qwen2_audio"})
 QWEN_VL_ARCHITECTURES = frozenset({"qwen2_5_vl"})
 
 # Qwen3-VL: a Qwen3 decoder with interleaved M-RoPE fed at its first layers by the encoder's
-# deep-stack rows (models/qwen3_vl.py).
-QWEN3_VL_ARCHITECTURES = frozenset({"qwen3_vl"})
+# deep-stack rows (models/qwen3_vl.py); Qwen3-VL-MoE's MLPs are mixtures of experts.
+QWEN3_VL_ARCHITECTURES = frozenset({"qwen3_vl", "qwen3_vl_moe"})
 
 # The class transformers names in ``architectures`` for each of ours (written by convert).
 HF_ARCHITECTURES = {
@@ -890,21 +961,39 @@ QWEN3_VL_TEXT_DEFAULTS: dict[str, Any] = {
 }
 
 
+# transformers' Qwen3VLMoeTextConfig defaults (head_dim: hidden_size over the heads).
+QWEN3_VL_MOE_TEXT_DEFAULTS: dict[str, Any] = {
+    **QWEN2_DEFAULTS,
+    "hidden_size": 2048,
+    "intermediate_size": 5632,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 16,
+    "max_position_embeddings": 128000,
+    "rope_theta": 500000.0,
+}
+
+
 def _qwen3_vl_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Qwen3-VL: a Qwen3 ``text_config`` (q/k norms, no biases) whose rope settings carry
     ``mrope_section`` (interleaved), and a ``vision_config`` with LayerNorm blocks, a learned
-    position grid and the deep-stack layers."""
+    position grid and the deep-stack layers; Qwen3-VL-MoE's text config adds its experts."""
+    model_type = str(hf.get("model_type"))
     vision, nested = hf.get("vision_config"), hf.get("text_config")
     if not isinstance(vision, Mapping) or not isinstance(nested, Mapping):
-        raise ModelConfigError("config.json of qwen3_vl needs vision_config and text_config")
+        raise ModelConfigError(f"config.json of {model_type} needs vision_config and text_config")
     tied = bool(hf.get("tie_word_embeddings", nested.get("tie_word_embeddings", False)))
     rope = _hf_rope(nested)
     section = rope.get("mrope_section")
     if not isinstance(section, list) or len(section) != 3:
-        raise ModelConfigError("config.json of qwen3_vl lacks rope mrope_section (three values)")
-    decoder = _mrope_decoder(
-        nested, rope, section, QWEN3_VL_TEXT_DEFAULTS, "qwen3", 500000.0, tied, has_lm_head
-    )
+        raise ModelConfigError(
+            f"config.json of {model_type} lacks rope mrope_section (three values)"
+        )
+    moe = model_type == "qwen3_vl_moe"
+    defaults = QWEN3_VL_MOE_TEXT_DEFAULTS if moe else QWEN3_VL_TEXT_DEFAULTS
+    decoder = _mrope_decoder(nested, rope, section, defaults, "qwen3", 500000.0, tied, has_lm_head)
+    if moe:
+        decoder = replace(decoder, moe=_qwen3_vl_moe(nested, decoder.num_layers))
     if decoder.sliding_window is not None:  # transformers' Qwen3-VL attends over everything
         raise ModelConfigError("qwen3_vl with a sliding window is not supported")
     act = _VISION_ACTIVATIONS.get(str(vision.get("hidden_act", "gelu_pytorch_tanh")))
@@ -983,6 +1072,26 @@ GEMMA4_TEXT_DEFAULTS: dict[str, Any] = {
 }
 
 
+def _qwen3_vl_moe(text: Mapping[str, Any], layers: int) -> MoeConfig | None:
+    """Qwen3-VL-MoE's experts (None: there are none): every ``decoder_sparse_step``-th layer
+    has them except the ``mlp_only_layers``, which keep a dense MLP. Its router renormalizes
+    the top-k weights whatever ``norm_topk_prob`` says (transformers' Qwen3-VL-MoE reads no
+    such key)."""
+    # transformers' defaults; it saves ``num_experts`` as ``num_local_experts``
+    experts = int(text.get("num_experts", text.get("num_local_experts", 60)) or 0)
+    step = int(text.get("decoder_sparse_step") or 1)
+    dense = {int(i) for i in text.get("mlp_only_layers") or ()}
+    sparse = tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0)
+    if not experts or not sparse:
+        return None
+    return MoeConfig(
+        num_experts=experts,
+        top_k=int(text.get("num_experts_per_tok", 4)),
+        intermediate_size=int(text.get("moe_intermediate_size", 1408)),
+        layers=sparse,
+    )
+
+
 def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Gemma 4's decoder (``gemma4_text``, or the ``text_config`` of ``gemma4``): Gemma 3's
     layers with the per-layer shapes, K/V sharing and per-layer embeddings of
@@ -992,8 +1101,6 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError("config.json of gemma4 needs a text_config")
     tied = bool(hf.get("tie_word_embeddings", text.get("tie_word_embeddings", True)))
     text = {**GEMMA4_TEXT_DEFAULTS, **{k: v for k, v in text.items() if v is not None}}
-    if text.get("enable_moe_block"):
-        raise ModelConfigError("gemma4 with mixture-of-experts blocks is not supported yet")
     if text.get("use_bidirectional_attention") == "all":
         raise ModelConfigError("gemma4 use_bidirectional_attention: all is not supported")
     if text.get("attention_bias"):
@@ -1054,8 +1161,7 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         global_rotary_fraction=fraction,
         pad_token_id=int(text.get("pad_token_id") or 0),
     )
-    cfg = ModelConfig(
-        architecture="gemma4",
+    cfg = gemma4_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
         intermediate_size=int(text["intermediate_size"]),
@@ -1065,20 +1171,16 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(text["rms_norm_eps"]),
         rope_theta=float(full.get("rope_theta", 1_000_000.0)),
-        rope_scaling=RopeScaling(),
+        rope_local_theta=float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE)),
         max_position=int(text["max_position_embeddings"]),
         tie_word_embeddings=tied or not has_lm_head,
-        qk_norm=True,
         sliding_window=int(text["sliding_window"]) if sliding else None,
         sliding_layers=sliding,
         final_softcap=_float_or_none(text.get("final_logit_softcapping")),
-        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
-        hidden_act="gelu_tanh",
-        rope_local_theta=float(local.get("rope_theta", GEMMA3_LOCAL_ROPE_BASE)),
-        gemma4=layers_cfg,
+        layers=layers_cfg,
     )
-    for layer in range(layers - layers_cfg.kv_shared_layers, layers):
-        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
+    if text.get("enable_moe_block"):
+        cfg = replace(cfg, moe=_gemma4_moe(text, layers))
     vision = hf.get("vision_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(vision, Mapping):
         bidirectional = text.get("use_bidirectional_attention") == "vision"
@@ -1086,6 +1188,71 @@ def _gemma4_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     audio = hf.get("audio_config") if hf.get("model_type") == "gemma4" else None
     if isinstance(audio, Mapping):
         cfg = replace(cfg, gemma4_audio=_gemma4_audio_from_hf(hf, audio))
+    return cfg
+
+
+def _gemma4_moe(text: Mapping[str, Any], layers: int) -> MoeConfig:
+    """Gemma 4's experts (``enable_moe_block``): in every layer, beside the dense MLP."""
+    keys = ("num_experts", "top_k_experts", "moe_intermediate_size")
+    missing = [k for k in keys if not text.get(k)]
+    if missing:
+        raise ModelConfigError(f"gemma4 enable_moe_block without {', '.join(missing)}")
+    return MoeConfig(
+        num_experts=int(text["num_experts"]),
+        top_k=int(text["top_k_experts"]),
+        intermediate_size=int(text["moe_intermediate_size"]),
+        layers=tuple(range(layers)),
+    )
+
+
+def gemma4_decoder_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    intermediate_size: int,
+    num_layers: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    rms_norm_eps: float,
+    rope_theta: float,
+    rope_local_theta: float,
+    max_position: int,
+    tie_word_embeddings: bool,
+    sliding_window: int | None,
+    sliding_layers: tuple[int, ...],
+    final_softcap: float | None,
+    layers: Gemma4Layers,
+) -> ModelConfig:
+    """Gemma 4's decoder from its shape, however the checkpoint spells it (a config.json, a
+    GGUF's metadata): unscaled GeGLU attention with q/k norms; every K/V-sharing layer must
+    have a source (ModelConfigError otherwise). Gemma 3n's decoder is this one plus its own
+    parts."""
+    cfg = ModelConfig(
+        architecture="gemma4",
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=rms_norm_eps,
+        rope_theta=rope_theta,
+        rope_scaling=RopeScaling(),
+        max_position=max_position,
+        tie_word_embeddings=tie_word_embeddings,
+        qk_norm=True,
+        sliding_window=sliding_window,
+        sliding_layers=sliding_layers,
+        final_softcap=final_softcap,
+        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
+        hidden_act="gelu_tanh",
+        rope_local_theta=rope_local_theta,
+        gemma4=layers,
+    )
+    for layer in range(num_layers - layers.kv_shared_layers, num_layers):
+        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
     return cfg
 
 
@@ -1173,9 +1340,10 @@ def _gemma3n_media_vocab(hf: Mapping[str, Any]) -> tuple[Gemma3nMediaVocab, ...]
 
 
 def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
-    """Gemma 3n's decoder (``gemma3n_text``, or the ``text_config`` of ``gemma3n``, whose
-    audio and image encoders are not run): Gemma 4's layer parts (PLE, K/V sharing, q/k/v
-    norms, unscaled attention; one head shape for all layers) plus ``Gemma3nLayers``."""
+    """Gemma 3n's decoder (``gemma3n_text``, or the ``text_config`` of ``gemma3n``, whose audio
+    encoder is ``gemma3n_audio`` and whose image encoder is not run): Gemma 4's layer parts (PLE,
+    K/V sharing, q/k/v norms, unscaled attention; one head shape for all layers) plus
+    ``Gemma3nLayers``."""
     tied = bool(hf.get("tie_word_embeddings", True))
     text = gemma3n_text_config(hf)
     if text.get("attention_bias"):
@@ -1215,10 +1383,11 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         sparsity=tuple(float(s) for s in text["activation_sparsity_pattern"]),
         source_layers=tuple(range(layers)),
         source_num_layers=layers,
-        unserved_media=tuple(
-            m
-            for m, key in (("audio", "audio_config"), ("image", "vision_config"))
-            if hf.get("model_type") == "gemma3n" and isinstance(hf.get(key), Mapping)
+        # MobileNet-v5 (transformers builds it with timm): not served; images are refused
+        unserved_media=(
+            ("image",)
+            if hf.get("model_type") == "gemma3n" and isinstance(hf.get("vision_config"), Mapping)
+            else ()
         ),
         media_vocab=_gemma3n_media_vocab(hf),
     )
@@ -1226,8 +1395,7 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")
     if any(not 0.0 <= s < 1.0 for s in own.sparsity):
         raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
-    cfg = ModelConfig(
-        architecture="gemma3n",
+    decoder = gemma4_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
         intermediate_size=max(own.intermediate_sizes),
@@ -1237,24 +1405,82 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         head_dim=head_dim,
         rms_norm_eps=float(text["rms_norm_eps"]),
         rope_theta=float(full.get("rope_theta", text.get("rope_theta", 1_000_000.0))),
-        rope_scaling=RopeScaling(),
-        max_position=int(text["max_position_embeddings"]),
-        tie_word_embeddings=tied or not has_lm_head,
-        qk_norm=True,
-        sliding_window=int(text["sliding_window"]) if sliding else None,
-        sliding_layers=sliding,
-        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
-        attention_scale=1.0,  # the q/k norms stand in for the usual 1/sqrt(head size)
-        hidden_act="gelu_tanh",
         rope_local_theta=float(
             local.get("rope_theta", text.get("rope_local_base_freq", GEMMA3_LOCAL_ROPE_BASE))
         ),
-        gemma4=shared,
-        gemma3n=own,
+        max_position=int(text["max_position_embeddings"]),
+        tie_word_embeddings=tied or not has_lm_head,
+        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_layers=sliding,
+        final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        layers=shared,
     )
-    for layer in range(layers - shared.kv_shared_layers, layers):
-        cfg.kv_source(layer)  # every sharing layer has a source (raises otherwise)
-    return cfg
+    return replace(
+        decoder, architecture="gemma3n", gemma3n=own, gemma3n_audio=_gemma3n_audio_from_hf(hf)
+    )
+
+
+# transformers' Gemma3nAudioConfig defaults, and Gemma3nConfig's audio settings.
+GEMMA3N_AUDIO_DEFAULTS: dict[str, Any] = {
+    "hidden_size": 1536,
+    "input_feat_size": 128,
+    "rms_norm_eps": 1e-6,
+    "gradient_clipping": 1e10,
+    "conf_attention_chunk_size": 12,
+    "conf_attention_context_left": 13,
+    "conf_attention_context_right": 0,
+    "conf_attention_logit_cap": 50.0,
+    "conf_num_attention_heads": 8,
+    "conf_num_hidden_layers": 12,
+    "conf_conv_kernel_size": 5,
+    "conf_reduction_factor": 4,
+    "conf_residual_weight": 0.5,
+    "sscp_conv_channel_size": [128, 32],
+    "sscp_conv_group_norm_eps": 1e-3,
+    "sscp_conv_kernel_size": [[3, 3], [3, 3]],
+    "sscp_conv_stride_size": [[2, 2], [2, 2]],
+}
+GEMMA3N_AUDIO_TOKENS = {"audio_soft_tokens_per_image": 188, "audio_token_id": 262_273}
+
+
+def _pairs(value: Any, what: str) -> tuple[tuple[int, int], tuple[int, int]]:
+    pairs = [tuple(int(v) for v in pair) for pair in value]
+    if len(pairs) != 2 or any(len(pair) != 2 for pair in pairs):
+        raise ModelConfigError(f"gemma3n audio needs two (time, frequency) {what}, not {value}")
+    return (pairs[0][0], pairs[0][1]), (pairs[1][0], pairs[1][1])
+
+
+def _gemma3n_audio_from_hf(hf: Mapping[str, Any]) -> Gemma3nAudioConfig | None:
+    """The audio encoder of a Gemma3nForConditionalGeneration config (None without one)."""
+    audio = hf.get("audio_config")
+    if hf.get("model_type") != "gemma3n" or not isinstance(audio, Mapping):
+        return None
+    a = {**GEMMA3N_AUDIO_DEFAULTS, **{k: x for k, x in audio.items() if x is not None}}
+    top = {**GEMMA3N_AUDIO_TOKENS, **{k: hf[k] for k in GEMMA3N_AUDIO_TOKENS if hf.get(k)}}
+    channels = [int(c) for c in a["sscp_conv_channel_size"]]
+    if len(channels) != 2:
+        raise ModelConfigError(f"gemma3n audio needs two conv channel counts, not {channels}")
+    return Gemma3nAudioConfig(
+        hidden_size=int(a["hidden_size"]),
+        num_layers=int(a["conf_num_hidden_layers"]),
+        num_heads=int(a["conf_num_attention_heads"]),
+        mel_bins=int(a["input_feat_size"]),
+        conv_channels=(channels[0], channels[1]),
+        conv_kernels=_pairs(a["sscp_conv_kernel_size"], "conv kernel sizes"),
+        conv_strides=_pairs(a["sscp_conv_stride_size"], "conv strides"),
+        group_norm_eps=float(a["sscp_conv_group_norm_eps"]),
+        lconv_kernel_size=int(a["conf_conv_kernel_size"]),
+        residual_weight=float(a["conf_residual_weight"]),
+        chunk_size=int(a["conf_attention_chunk_size"]),
+        context_left=int(a["conf_attention_context_left"]),
+        context_right=int(a["conf_attention_context_right"]),
+        logit_cap=float(a["conf_attention_logit_cap"]),
+        reduction=int(a["conf_reduction_factor"]),
+        gradient_clipping=float(a["gradient_clipping"]),
+        rms_norm_eps=float(a["rms_norm_eps"]),
+        soft_tokens=int(top["audio_soft_tokens_per_image"]),
+        audio_token_id=int(top["audio_token_id"]),
+    )
 
 
 # transformers' Gemma4AudioConfig defaults.

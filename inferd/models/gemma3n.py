@@ -21,7 +21,9 @@ What Gemma 3n adds:
   there is no per-layer output scalar;
 - PLE ids past the narrow table (the media soft tokens' ids) read its row 0;
 - in a ConditionalGeneration checkpoint the ids of the image and audio ranges (their markers
-  and soft tokens) are embedded by those encoders' own tables (``MediaTokenEmbedder``).
+  and soft tokens) are embedded by those encoders' own tables (``MediaTokenEmbedder``), whose
+  audio one also projects the audio encoder's rows (models/gemma3n_multimodal.py);
+- the PLE's constant scales are rounded to the model's dtype first, as transformers' are.
 """
 
 from __future__ import annotations
@@ -129,24 +131,36 @@ class Laurel(nn.Module):
 
 class MediaTokenEmbedder(nn.Module):
     """The embeddings of one media vocabulary range (``Gemma3nMediaVocab``): its own table,
-    normed, projected to the text width, normed again without a weight."""
+    normed, projected to the text width, normed again without a weight (``embed_ids``). With
+    ``soft``, its encoder's rows take the same way through a norm of their own
+    (``embed_soft``: transformers' Gemma3nMultimodalEmbedder on ``inputs_embeds``)."""
 
-    def __init__(self, cfg: ModelConfig, vocab: Gemma3nMediaVocab) -> None:
+    def __init__(self, cfg: ModelConfig, vocab: Gemma3nMediaVocab, soft: bool = False) -> None:
         super().__init__()
         self.offset, self.size, self.eps = vocab.offset, vocab.size, vocab.rms_norm_eps
         self.embedding = Embedding(vocab.size, vocab.hidden_size)
         self.hard_embedding_norm = Gemma4RMSNorm(vocab.hidden_size, vocab.rms_norm_eps)
+        if soft:
+            self.soft_embedding_norm = Gemma4RMSNorm(vocab.hidden_size, vocab.rms_norm_eps)
         self.embedding_projection = Linear(vocab.hidden_size, cfg.hidden_size)
+
+    def embed_ids(self, ids: torch.Tensor) -> torch.Tensor:
+        """The embeddings of ids of this range."""
+        rows = self.hard_embedding_norm.forward(self.embedding(ids - self.offset))
+        return unit_rms(self.embedding_projection.forward(rows), self.eps)
+
+    def embed_soft(self, rows: torch.Tensor) -> torch.Tensor:
+        """The encoder's rows [n, encoder width] in the text model's width."""
+        rows = self.soft_embedding_norm.forward(rows)
+        return unit_rms(self.embedding_projection.forward(rows), self.eps)
 
     def overlay(self, input_ids: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``x`` with the rows of this range's ids replaced by their embeddings."""
         inside = (input_ids >= self.offset) & (input_ids < self.offset + self.size)
         if not bool(inside.any()):
             return x
-        rows = self.embedding(input_ids[inside] - self.offset)
-        rows = self.embedding_projection.forward(self.hard_embedding_norm.forward(rows))
         out = x.clone()
-        out[inside] = unit_rms(rows, self.eps).to(x.dtype)
+        out[inside] = self.embed_ids(input_ids[inside]).to(x.dtype)
         return out
 
 
@@ -220,8 +234,9 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
         others = range(1, g.altup_inputs)
         self.altup_projections = nn.ModuleList(Linear(size, size) for _ in others)
         self.altup_unembed_projections = nn.ModuleList(Linear(size, size) for _ in others)
-        for vocab in g.media_vocab:  # embed_vision, embed_audio
-            setattr(self, vocab.name, MediaTokenEmbedder(cfg, vocab))
+        for vocab in g.media_vocab:  # embed_vision, embed_audio (whose encoder may be served)
+            soft = vocab.name == "embed_audio" and cfg.gemma3n_audio is not None
+            setattr(self, vocab.name, MediaTokenEmbedder(cfg, vocab, soft))
         self.media_vocab = tuple(vocab.name for vocab in g.media_vocab)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -240,6 +255,9 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
 
     def lora_target(self, layer: int, name: str) -> tuple[Linear, int, int]:
         raise ModelConfigError("LoRA adapters on gemma3n models are not supported yet")
+
+    def ple_scale(self, value: float, dtype: torch.dtype) -> float | torch.Tensor:
+        return torch.tensor(value, dtype=dtype)  # transformers' buffers, cast to the dtype
 
     def ple_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         shared = self.config.gemma4

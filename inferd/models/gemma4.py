@@ -14,7 +14,11 @@
 - per-layer embeddings (PLE): a second, narrow embedding of the token ids plus a projection
   of the input embeddings give each layer a small vector, which gates a residual branch after
   its MLP (a media placeholder's ids count as padding there);
-- each layer's output is multiplied by a learned scalar; the logits are soft-capped.
+- each layer's output is multiplied by a learned scalar; the logits are soft-capped;
+- with ``enable_moe_block`` (26B-A4B) each layer adds a mixture of experts beside its dense
+  MLP: the router reads the MLP's input before its norm (normed without a weight, scaled per
+  channel), the experts read it under a norm of their own, and the two outputs, each normed,
+  are summed before the layer's post-MLP norm; the routing weights are scaled per expert.
 """
 
 from __future__ import annotations
@@ -31,9 +35,10 @@ from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_win
 from inferd.layers.embedding import Embedding
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
+from inferd.layers.moe import Experts, top_k_routing
 from inferd.layers.norm import RMSNorm
 from inferd.layers.rotary import RotaryEmbedding
-from inferd.models.config import Gemma4Layers, ModelConfig, ModelConfigError
+from inferd.models.config import Gemma4Layers, ModelConfig, ModelConfigError, MoeConfig
 from inferd.models.gemma import Gemma2ForCausalLM
 from inferd.models.llama import KVCache, LlamaMLP
 
@@ -127,6 +132,43 @@ class Gemma4Attention(nn.Module, KernelUser):
         return self.o_proj.forward(out.reshape(n, self.q_size))
 
 
+class Gemma4Router(nn.Module):
+    """Gemma 4's router: the residual stream normed (no weight), scaled per channel and by
+    ``1 / sqrt(hidden)``, to expert logits; the top-k weights (float32) scaled per expert."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        self.eps, self.top_k = cfg.rms_norm_eps, moe.top_k
+        self.root = cfg.hidden_size**-0.5
+        self.scale = nn.Parameter(torch.ones(cfg.hidden_size), requires_grad=False)
+        # torch's Linear, not ours: ISQ and the packed kernels leave the router dense.
+        self.proj = nn.Linear(cfg.hidden_size, moe.num_experts, bias=False)
+        self.per_expert_scale = nn.Parameter(torch.ones(moe.num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.proj(unit_rms(x, self.eps) * self.scale * self.root)
+        weights, experts = top_k_routing(logits, self.top_k)
+        return weights * self.per_expert_scale[experts], experts
+
+
+class Gemma4MoE(nn.Module):
+    """The experts beside a layer's dense MLP, with their router and norms."""
+
+    def __init__(self, cfg: ModelConfig, moe: MoeConfig) -> None:
+        super().__init__()
+        size, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.router = Gemma4Router(cfg, moe)
+        self.experts = Experts(moe.num_experts, size, moe.intermediate_size, gelu=True)
+        self.pre_norm = Gemma4RMSNorm(size, eps)
+        self.post_norm = Gemma4RMSNorm(size, eps)
+        self.mlp_post_norm = Gemma4RMSNorm(size, eps)  # the dense MLP's output's
+
+    def forward(self, x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """The MLP's output on ``x`` given the dense MLP's (``dense``)."""
+        moe = self.experts(self.pre_norm.forward(x), *self.router(x))
+        return self.mlp_post_norm.forward(dense) + self.post_norm.forward(moe)
+
+
 class Gemma4DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
@@ -139,6 +181,7 @@ class Gemma4DecoderLayer(nn.Module):
         wide = g.double_wide_mlp and cfg.kv_source(layer) != layer
         mlp_cfg = replace(cfg, intermediate_size=cfg.intermediate_size * (2 if wide else 1))
         self.mlp = LlamaMLP(mlp_cfg)
+        self.moe = Gemma4MoE(cfg, cfg.moe) if cfg.moe is not None else None
         self.post_feedforward_norm = Gemma4RMSNorm(size, eps)
         self.per_layer_input_gate: Linear | None = None
         if g.per_layer_size:
@@ -159,6 +202,8 @@ class Gemma4DecoderLayer(nn.Module):
         h = self.self_attn.forward(self.input_norm.forward(x), rotation, meta, cache)
         x = x + self.post_attention_norm.forward(h)
         h = self.mlp.forward(self.pre_feedforward_norm.forward(x))
+        if self.moe is not None:
+            h = self.moe(x, h)
         x = x + self.post_feedforward_norm.forward(h)
         if self.per_layer_input_gate is not None and per_layer is not None:
             gate = F.gelu(self.per_layer_input_gate.forward(x), approximate="tanh")
@@ -230,10 +275,15 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
         dtype = embeds.dtype
         shape = (input_ids.shape[0], self.config.num_layers, g.per_layer_size)
         by_id = table(self.ple_ids(input_ids)) * torch.tensor(g.per_layer_size**0.5, dtype=dtype)
-        scale = self.config.hidden_size**-0.5
+        scale = self.ple_scale(self.config.hidden_size**-0.5, dtype)
         projected = self.per_layer_model_projection.forward(embeds) * scale
         projected = self.per_layer_projection_norm.forward(projected.view(shape))
-        return (projected + by_id.view(shape)) * 2**-0.5
+        return (projected + by_id.view(shape)) * self.ple_scale(2**-0.5, dtype)
+
+    def ple_scale(self, value: float, dtype: torch.dtype) -> float | torch.Tensor:
+        """A constant the PLE rows are scaled by, as the reference multiplies: Gemma 4 by the
+        exact number (Gemma 3n rounds it to the model's dtype first)."""
+        return value
 
     def forward(
         self,

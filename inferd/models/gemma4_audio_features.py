@@ -28,17 +28,16 @@ from inferd.models.whisper_features import AudioFeatureError
 
 
 def htk_mel_filters(
-    num_bins: int, num_mels: int, low: float, high: float, sampling_rate: int
+    bins: npt.NDArray[Any], num_mels: int, low: float, high: float
 ) -> npt.NDArray[np.float64]:
     """Triangular filters evenly spaced on the HTK mel scale between ``low`` and ``high``
-    Hz, unnormalized: [num_bins, num_mels]."""
+    Hz, unnormalized, over the FFT bins at frequencies ``bins``: [len(bins), num_mels]."""
 
     def to_mel(hz: Any) -> Any:
         return 2595.0 * np.log10(1.0 + hz / 700.0)
 
     mels = np.linspace(to_mel(low), to_mel(high), num_mels + 2)
     edges = 700.0 * (np.power(10, mels / 2595.0) - 1.0)
-    bins = np.linspace(0, sampling_rate // 2, num_bins)
     slopes = edges[None, :] - bins[:, None]
     widths = np.diff(edges)
     falling = -slopes[:, :-2] / widths[:-1]
@@ -46,8 +45,111 @@ def htk_mel_filters(
     return np.maximum(np.zeros(1), np.minimum(falling, rising))
 
 
+def preemphasized_frames(
+    wave: npt.NDArray[Any], frame_length: int, hop: int, preemphasis: float, htk_flavor: bool
+) -> npt.NDArray[Any]:
+    """The frames [1, count, frame_length] of a clip [1, samples]: windows of
+    ``frame_length + 1`` samples every ``hop`` (as many as fit), each keeping its first
+    ``frame_length`` samples or, with pre-emphasis, their differences (HTK's flavor scales the
+    first sample instead of dropping it), as Gemma's audio feature extractors frame a clip."""
+    size = frame_length + 1
+    count = max(0, (wave.shape[1] - size) // hop + 1)
+    strides = (wave.strides[0], wave.strides[1] * hop, wave.strides[1])
+    frames = np.lib.stride_tricks.as_strided(wave, (1, count, size), strides)
+    if preemphasis > 0.0 and htk_flavor:
+        first = frames[..., :1] * (1.0 - preemphasis)
+        rest = frames[..., 1:-1] - preemphasis * frames[..., :-2]
+        return np.concatenate([first, rest], axis=-1)
+    if preemphasis > 0.0:
+        return frames[..., 1:] - preemphasis * frames[..., :-1]
+    return frames[..., :-1]
+
+
+def _per_bin(value: Any, bins: int, name: str) -> tuple[float, ...] | None:
+    """Per-bin statistics as saved ([bins], or transformers' [1, 1, bins] as nested lists)."""
+    if value is None:
+        return None
+    flat = np.asarray(value, dtype=np.float64).reshape(-1)
+    if flat.shape[0] != bins:
+        raise AudioFeatureError(f"{name} has {flat.shape[0]} values for {bins} mel bins")
+    return tuple(float(v) for v in flat)
+
+
+class GemmaLogMelSettings:
+    """What Gemma 3n's and Gemma 4's extractor configs share (their defaults differ): the
+    settings both save, the frame, hop and FFT lengths in samples derived from them, and the
+    last step, per-bin standardization."""
+
+    __slots__ = ()
+    feature_size: int
+    sampling_rate: int
+    frame_length_ms: float
+    hop_length_ms: float
+    min_frequency: float
+    max_frequency: float
+    preemphasis: float
+    preemphasis_htk_flavor: bool
+    fft_overdrive: bool
+    input_scale_factor: float
+    mel_floor: float
+    per_bin_mean: tuple[float, ...] | None
+    per_bin_stddev: tuple[float, ...] | None
+
+    def saved_fields(self, settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields above as the extractor's settings save them, this config's values where
+        unsaved. The saved ``frame_length`` and ``hop_length`` (in samples) are ignored, as
+        transformers ignores them on load: it derives both from the ``_ms`` settings and the
+        sampling rate."""
+
+        def number(name: str) -> float:
+            # mel_floor is saved as an array (transformers keeps it as one)
+            return float(np.asarray(settings.get(name, getattr(self, name))).item())
+
+        def flag(name: str) -> bool:
+            return bool(settings.get(name, getattr(self, name)))
+
+        size = int(settings.get("feature_size", self.feature_size))
+        return dict(
+            feature_size=size,
+            sampling_rate=int(settings.get("sampling_rate", self.sampling_rate)),
+            frame_length_ms=number("frame_length_ms"),
+            hop_length_ms=number("hop_length_ms"),
+            min_frequency=number("min_frequency"),
+            max_frequency=number("max_frequency"),
+            preemphasis=number("preemphasis"),
+            preemphasis_htk_flavor=flag("preemphasis_htk_flavor"),
+            fft_overdrive=flag("fft_overdrive"),
+            input_scale_factor=number("input_scale_factor"),
+            mel_floor=number("mel_floor"),
+            per_bin_mean=_per_bin(settings.get("per_bin_mean"), size, "per_bin_mean"),
+            per_bin_stddev=_per_bin(settings.get("per_bin_stddev"), size, "per_bin_stddev"),
+        )
+
+    @property
+    def frame_length(self) -> int:
+        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
+
+    @property
+    def hop_length(self) -> int:
+        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
+
+    @property
+    def fft_length(self) -> int:
+        n = 2 ** math.ceil(math.log2(self.frame_length))
+        return 2 * n if self.fft_overdrive else n
+
+    def standardized(self, mel: npt.NDArray[Any]) -> npt.NDArray[np.float32]:
+        """Log-mel [1, frames, bins] less the per-bin mean, over the per-bin deviation (each
+        when set), as the clip's features [frames, bins] in float32."""
+        if self.per_bin_mean is not None:
+            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
+        if self.per_bin_stddev is not None:
+            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
+        return mel[0].astype(np.float32)
+
+
 @dataclass(frozen=True, slots=True)
-class Gemma4AudioFeatureConfig:
+class Gemma4AudioFeatureConfig(GemmaLogMelSettings):
     audio_token: str
     boa_token: str
     eoa_token: str
@@ -68,13 +170,8 @@ class Gemma4AudioFeatureConfig:
     filters: npt.NDArray[np.float64] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        filters = htk_mel_filters(
-            self.fft_length // 2 + 1,
-            self.feature_size,
-            self.min_frequency,
-            self.max_frequency,
-            self.sampling_rate,
-        )
+        bins = np.linspace(0, self.sampling_rate // 2, self.fft_length // 2 + 1)
+        filters = htk_mel_filters(bins, self.feature_size, self.min_frequency, self.max_frequency)
         object.__setattr__(self, "filters", filters)
 
     @classmethod
@@ -82,47 +179,10 @@ class Gemma4AudioFeatureConfig:
         cls, settings: Mapping[str, Any], tokens: tuple[str, str, str]
     ) -> Gemma4AudioFeatureConfig:
         """From the extractor's settings (``processor_config.json``'s ``feature_extractor``)
-        and the tokenizer's (audio, boa, eoa) tokens. The saved ``frame_length`` and
-        ``hop_length`` (in samples) are ignored, as transformers ignores them on load: it
-        derives both from the ``_ms`` settings and the sampling rate."""
+        and the tokenizer's (audio, boa, eoa) tokens."""
         if float(settings.get("dither") or 0.0):
             raise AudioFeatureError("dithered Gemma 4 audio features are not reproducible")
-
-        def bins(name: str) -> tuple[float, ...] | None:
-            value = settings.get(name)
-            return None if value is None else tuple(float(v) for v in value)
-
-        defaults = cls(*tokens)
-        return cls(
-            *tokens,
-            feature_size=int(settings.get("feature_size", defaults.feature_size)),
-            sampling_rate=int(settings.get("sampling_rate", defaults.sampling_rate)),
-            frame_length_ms=float(settings.get("frame_length_ms", defaults.frame_length_ms)),
-            hop_length_ms=float(settings.get("hop_length_ms", defaults.hop_length_ms)),
-            min_frequency=float(settings.get("min_frequency", defaults.min_frequency)),
-            max_frequency=float(settings.get("max_frequency", defaults.max_frequency)),
-            preemphasis=float(settings.get("preemphasis", defaults.preemphasis)),
-            preemphasis_htk_flavor=bool(settings.get("preemphasis_htk_flavor", True)),
-            fft_overdrive=bool(settings.get("fft_overdrive", False)),
-            input_scale_factor=float(settings.get("input_scale_factor", 1.0)),
-            # saved as an array (transformers keeps it as one)
-            mel_floor=float(np.asarray(settings.get("mel_floor", defaults.mel_floor)).item()),
-            per_bin_mean=bins("per_bin_mean"),
-            per_bin_stddev=bins("per_bin_stddev"),
-        )
-
-    @property
-    def frame_length(self) -> int:
-        return round(self.sampling_rate * self.frame_length_ms / 1000.0)
-
-    @property
-    def hop_length(self) -> int:
-        return round(self.sampling_rate * self.hop_length_ms / 1000.0)
-
-    @property
-    def fft_length(self) -> int:
-        n = 2 ** math.ceil(math.log2(self.frame_length))
-        return 2 * n if self.fft_overdrive else n
+        return cls(*tokens, **cls(*tokens).saved_fields(settings))
 
     def num_frames(self, samples: int) -> int:
         """Valid frames of a clip of ``samples`` samples (after the cut)."""
@@ -145,25 +205,12 @@ class Gemma4AudioFeatureConfig:
         if self.input_scale_factor != 1.0:
             wave = wave * self.input_scale_factor
         wave = np.pad(wave, ((0, 0), (self.frame_length // 2, 0)), mode="constant")
-        size, hop = self.frame_length + 1, self.hop_length
-        count = (wave.shape[1] - size) // hop + 1
-        if count <= 0:
+        frames = preemphasized_frames(
+            wave, self.frame_length, self.hop_length, self.preemphasis, self.preemphasis_htk_flavor
+        )
+        if not frames.shape[1]:
             return np.zeros((0, self.feature_size), dtype=np.float32)
-        strides = (wave.strides[0], wave.strides[1] * hop, wave.strides[1])
-        frames = np.lib.stride_tricks.as_strided(wave, (1, count, size), strides)
-        if self.preemphasis > 0.0 and self.preemphasis_htk_flavor:
-            first = frames[..., :1] * (1.0 - self.preemphasis)
-            rest = frames[..., 1:-1] - self.preemphasis * frames[..., :-2]
-            frames = np.concatenate([first, rest], axis=-1)
-        elif self.preemphasis > 0.0:
-            frames = frames[..., 1:] - self.preemphasis * frames[..., :-1]
-        else:
-            frames = frames[..., :-1]
         window = np.hanning(self.frame_length + 1)[:-1].astype(np.float32)  # periodic Hann
         spectrum = np.abs(np.fft.rfft(frames * window, n=self.fft_length, axis=-1))
         mel = np.log(np.matmul(spectrum, self.filters) + np.array(self.mel_floor))
-        if self.per_bin_mean is not None:
-            mel = mel - np.array(self.per_bin_mean).reshape(1, 1, -1)
-        if self.per_bin_stddev is not None:
-            mel = mel / np.array(self.per_bin_stddev).reshape(1, 1, -1)
-        return mel[0].astype(np.float32)
+        return self.standardized(mel)

@@ -22,6 +22,7 @@ from inferd.layers.attention import AttentionMetadata, attend_paged, sliding_win
 from inferd.layers.embedding import Embedding
 from inferd.layers.kernel_user import KernelUser
 from inferd.layers.linear import Linear
+from inferd.layers.moe import SparseMoeBlock
 from inferd.layers.norm import RMSNorm
 from inferd.layers.registered import Registered
 from inferd.layers.rotary import RotaryEmbedding
@@ -94,6 +95,16 @@ class LlamaMLP(nn.Module, KernelUser):
         return self.down_proj.forward(act)
 
 
+def make_mlp(cfg: ModelConfig, layer: int) -> LlamaMLP | SparseMoeBlock:
+    """A decoder layer's MLP: a mixture of experts where ``cfg.moe`` names the layer
+    (Qwen3-VL-MoE's), else dense."""
+    moe = cfg.moe
+    if moe is None or layer not in moe.layers:
+        return LlamaMLP(cfg)
+    gelu = cfg.hidden_act == "gelu_tanh"
+    return SparseMoeBlock(cfg.hidden_size, moe.num_experts, moe.top_k, moe.intermediate_size, gelu)
+
+
 class SplitResidualLayer(nn.Module):
     """A decoder layer whose output stays a pair (residual, delta) on the model's hot path, so
     the next norm does the add (``forward_split``); ``forward`` adds them for other callers (a
@@ -164,14 +175,14 @@ class LlamaDecoderLayer(SplitResidualLayer):
     input_norm = Registered[RMSNorm]()
     self_attn = Registered[LlamaAttention]()
     post_attention_norm = Registered[RMSNorm]()
-    mlp = Registered[LlamaMLP]()
+    mlp = Registered[LlamaMLP | SparseMoeBlock]()
 
-    def __init__(self, cfg: ModelConfig) -> None:
+    def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__()
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = LlamaAttention(cfg)
         self.post_attention_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg)
+        self.mlp = make_mlp(cfg, layer)
 
     def forward_split(
         self,
@@ -192,6 +203,8 @@ class LlamaDecoderLayer(SplitResidualLayer):
         return x, self.mlp.forward(h)
 
     def stack_layer(self, kernel: StackKernel, dtype: torch.dtype) -> Any | None:
+        if not isinstance(self.mlp, LlamaMLP):
+            return None  # the stack has no experts
         norms = {"input_norm": self.input_norm, "mlp_norm": self.post_attention_norm}
         return stack_layer(kernel, self.self_attn, self.mlp, norms, dtype)
 
@@ -222,7 +235,7 @@ class LlamaForCausalLM(nn.Module, KernelUser):
         self._stack, self._stack_built = None, False  # rebuilt on these ops
 
     def make_layer(self, cfg: ModelConfig, layer: int) -> nn.Module:
-        return LlamaDecoderLayer(cfg)
+        return LlamaDecoderLayer(cfg, layer)
 
     def make_norm(self, cfg: ModelConfig) -> RMSNorm:
         return RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -343,10 +356,17 @@ class LlamaForCausalLM(nn.Module, KernelUser):
             "k_proj": (attn.qkv_proj, q, kv),
             "v_proj": (attn.qkv_proj, q + kv, kv),
             "o_proj": (attn.o_proj, 0, cfg.hidden_size),
-            "gate_proj": (mlp.gate_up_proj, 0, ff),
-            "up_proj": (mlp.gate_up_proj, ff, ff),
-            "down_proj": (mlp.down_proj, 0, cfg.hidden_size),
         }
+        if isinstance(mlp, LlamaMLP):
+            targets |= {
+                "gate_proj": (mlp.gate_up_proj, 0, ff),
+                "up_proj": (mlp.gate_up_proj, ff, ff),
+                "down_proj": (mlp.down_proj, 0, cfg.hidden_size),
+            }
+        elif name in ("gate_proj", "up_proj", "down_proj"):
+            raise ModelConfigError(
+                f"LoRA target {name!r} of layer {layer}: its MLP is a mixture of experts"
+            )
         if name not in targets:
             raise ModelConfigError(f"LoRA target {name!r} is not one of {sorted(targets)}")
         return targets[name]

@@ -45,6 +45,7 @@ from inferd.server.openai_completions import create_completion
 from inferd.server.openai_embeddings import create_embedding
 from inferd.server.operations import docs_urls, install_operations
 from inferd.server.options import ServerOptions
+from inferd.server.requantize_api import re_isq
 from inferd.server.responses_api import (
     cancel_response,
     create_response,
@@ -120,6 +121,7 @@ def build_app(
     _routes(app, "/v1/models/unload", unload_model, ["POST"])
     _routes(app, "/v1/models/reload", reload_model, ["POST"])
     _routes(app, "/v1/models/status", model_status, ["POST"])
+    _routes(app, "/v1/re_isq", re_isq, ["POST"])  # mistral.rs's /re_isq
     _routes(app, "/v1/load_lora_adapter", load_lora_adapter, ["POST"])
     _routes(app, "/v1/unload_lora_adapter", unload_lora_adapter, ["POST"])
     _routes(app, "/v1/completions", model_ready(create_completion, "chat"), ["POST"])

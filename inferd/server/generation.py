@@ -416,14 +416,16 @@ async def stream_events(
     streams: Sequence[AsyncIterator[RequestOutput]],
     keepalive: float,
     on_output: Callable[[int, RequestOutput], Iterable[bytes]],
-    usage: Callable[[int], bytes] | None = None,
+    usage: Callable[[int], dict[str, Any]] | None = None,
 ) -> AsyncIterator[bytes]:
     """The body of an OpenAI-style SSE stream over every choice's engine stream.
 
     ``on_output(choice index, output)`` turns each output into events, with a keep-alive
-    comment whenever ``keepalive`` seconds pass without one. A failure ends the stream with
-    an error event and ``[DONE]``; otherwise, after the last output, ``usage(total output
-    tokens)`` gives the usage event when the caller asked for one, then ``[DONE]``.
+    comment whenever ``keepalive`` seconds pass without one. ``usage(total output tokens)``
+    is the usage chunk, given when the caller asked for one: after the last output, before
+    ``[DONE]``. A failure ends the stream with an error event and ``[DONE]``; when the caller
+    asked for usage, the error event carries the chunk's ``usage`` too, counting what was
+    generated before the failure, so a client can reconcile a run the server cut short.
     """
     async for event in events(streams, keepalive):
         if isinstance(event, Piece):
@@ -432,11 +434,14 @@ async def stream_events(
         elif isinstance(event, KeepAlive):
             yield sse.KEEPALIVE
         elif isinstance(event, Failure):
-            yield sse.event(openai_error(event))
+            body = openai_error(event)
+            if usage is not None:
+                body["usage"] = usage(event.output_tokens)["usage"]
+            yield sse.event(body)
             yield sse.DONE
             return
         elif usage is not None:
-            yield usage(event.output_tokens)
+            yield sse.event(usage(event.output_tokens))
     yield sse.DONE
 
 

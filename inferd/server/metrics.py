@@ -119,7 +119,7 @@ class ServerMetrics:
         )
         self.tokens_in = Counter(
             "inferd_request_prompt_tokens_total",
-            "Prompt tokens of requests that finished generating.",
+            "Prompt tokens of requests that started generating.",
             ["model"],
             registry=into,
         )
@@ -162,6 +162,13 @@ ENGINE_SERIES = (
         "prefix_cache_queries",
         "counter",
         "Prompt tokens looked up in the prefix cache.",
+    ),
+    (
+        "inferd_prefix_cache_entries",
+        "prefix_cache_entries",
+        "gauge",
+        "Cached prompt prefixes kept (chains of cached blocks no request holds; "
+        "--prefix-cache-n bounds them).",
     ),
     ("inferd_images_encoded_total", "images_encoded", "counter", "Images run through an encoder."),
     (
@@ -213,6 +220,7 @@ class EngineCollector(Collector):
                 metric.add_metric([model], getattr(s, attr, 0) or 0)
             yield metric
         yield self._kv_capacity()
+        yield self._weights()
 
     def _kv_capacity(self) -> Metric:
         """The pool's size in tokens, labelled with how it stores them (--kv-cache-dtype)."""
@@ -225,6 +233,18 @@ class EngineCollector(Collector):
             tokens = getattr(model, "kv_cache_tokens", None)
             if tokens is not None:
                 metric.add_metric([name, getattr(model, "kv_cache_dtype", "")], tokens)
+        return metric
+
+    def _weights(self) -> Metric:
+        """The RAM each model's weights take, labelled with its in-situ quantization: both
+        change when it is re-quantized (POST /re_isq)."""
+        metric = GaugeMetricFamily(
+            "inferd_model_weight_bytes",
+            "Bytes the model's weights take in RAM (packed copies included), by its ISQ method.",
+            labels=["model", "isq"],
+        )
+        for name, model in sorted(self.state.models.items()):
+            metric.add_metric([name, model.isq or "none"], model.weight_bytes)
         return metric
 
     def describe(self) -> Iterator[Metric]:
@@ -276,14 +296,13 @@ class RequestTimer:
                     self.completion_tokens = (self.completion_tokens or 0) + new_tokens
                     self._observe_tokens(model, now, last_token_at, new_tokens)
                     last_token_at = now
-                if out.finished:
-                    if not counted_prompt:
-                        counted_prompt = True
-                        self.prompt_tokens = (self.prompt_tokens or 0) + out.num_prompt_tokens
-                        if self.metrics is not None:
-                            self.metrics.tokens_in.labels(model).inc(out.num_prompt_tokens)
-                    if out.finish_reason in ("error", "abort"):
-                        self.error = out.finish_reason
+                if not counted_prompt:  # at the first output: a run cut short has it too
+                    counted_prompt = True
+                    self.prompt_tokens = (self.prompt_tokens or 0) + out.num_prompt_tokens
+                    if self.metrics is not None:
+                        self.metrics.tokens_in.labels(model).inc(out.num_prompt_tokens)
+                if out.finished and out.finish_reason in ("error", "abort"):
+                    self.error = out.finish_reason
                 yield out
         finally:
             await close_stream(outputs)  # leaving early (timeout, client gone) aborts it

@@ -467,12 +467,12 @@ async def _stream(
             finish = out.finish_reason
             yield chunk(index, {}, "tool_calls" if reader.called and finish == "stop" else finish)
 
-    def usage(output_tokens: int) -> bytes:
+    def usage(output_tokens: int) -> dict[str, Any]:
         body = completion.envelope("chat.completion.chunk")
         body["choices"] = []
         reasoning = sum(reasoning_tokens) if thinking is not None else None
         body["usage"] = _usage(num_prompt_tokens, output_tokens, reasoning)
-        return sse.event(body)
+        return body
 
     for index in range(len(streams)):
         yield chunk(index, {"role": "assistant", "content": ""}, None)

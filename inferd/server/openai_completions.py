@@ -321,10 +321,8 @@ async def _stream(
         if out.text or (lps and lps["tokens"]) or out.finished:
             yield chunk(index, out.text, out.finish_reason, lps)
 
-    def usage(output_tokens: int) -> bytes:
-        return sse.event(
-            envelope | {"choices": [], "usage": _usage(num_prompt_tokens, output_tokens)}
-        )
+    def usage(output_tokens: int) -> dict[str, Any]:
+        return envelope | {"choices": [], "usage": _usage(num_prompt_tokens, output_tokens)}
 
     for index, echo in enumerate(echoes):
         if echo and not echo_pending[index]:

@@ -27,6 +27,7 @@ REQUEST_MODELS = {
     "/v1/messages/count_tokens": ("inferd.server.anthropic_protocol", "CountTokensRequest"),
     "/v1/tokenize": ("inferd.server.tokenize", "TokenizeRequest"),
     "/v1/detokenize": ("inferd.server.tokenize", "DetokenizeRequest"),
+    "/v1/re_isq": ("inferd.server.requantize_api", "ReIsqRequest"),
 }
 OPEN_PATHS = ("/health",)
 

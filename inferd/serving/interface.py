@@ -13,6 +13,7 @@ from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.engine.thinking import ThinkingSpec
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
 from inferd.loading.lora import LoraError, check_name
+from inferd.loading.quantize import QuantizeError, isq_method
 
 __all__ = [
     "ADAPTER_CHANGED",
@@ -26,6 +27,7 @@ __all__ = [
     "LoraError",
     "MediaInput",
     "NoChatTemplateError",
+    "QuantizeError",
     "RenderedChat",
     "RequestOutput",
     "SamplingParamError",
@@ -33,4 +35,5 @@ __all__ = [
     "ThinkingSpec",
     "TokenLogprob",
     "check_name",
+    "isq_method",
 ]

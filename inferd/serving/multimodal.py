@@ -26,6 +26,7 @@ from inferd.loading.hf_processor import Gemma4Processing, ImageConfig
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.models.gemma3_image import AROUND, Gemma3ImageConfig
+from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_image import Gemma4ImageConfig
 from inferd.models.gemma4_video import Gemma4VideoConfig
@@ -294,7 +295,13 @@ def surround_markers(
 
 @dataclass(frozen=True, slots=True)
 class AudioPrompter:
-    config: WhisperFeatureConfig
+    """Qwen2-Audio's clips (each marker one placeholder per encoder row), or Gemma 3n's: the
+    audio token the chat template writes becomes what its processor puts there, a blank line,
+    ``boa`` + the model's fixed count of audio tokens + ``eoa``, a blank line (the blank lines
+    tokenized with their neighbours, as Gemma 3's images'); each clip a MediaInput of all its
+    log-mel frames."""
+
+    config: WhisperFeatureConfig | Gemma3nAudioFeatureConfig
     tokenizer: TokenizerBundle
     audio_token_id: int
     marker: str = AUDIO_TOKEN  # what the chat template writes where a clip goes
@@ -309,12 +316,19 @@ class AudioPrompter:
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its audio markers expanded, and one MediaInput per clip
         (resampled to the feature extractor's rate, down-mixed, featurized)."""
-        expander = MarkerExpander(self.tokenizer, self.audio_token_id, self.marker, "audio")
-        items = [self._expansion(clip) for clip in clips]
+        cfg, marker = self.config, self.marker
+        if isinstance(cfg, Gemma3nAudioFeatureConfig):  # its config names its own marker
+            marker = cfg.audio_token
+            text, literal_spans = surround_markers(text, marker, AROUND, literal_spans)
+            items = [gemma_clip(cfg, clip) for clip in clips]
+        else:
+            items = [self._expansion(cfg, clip) for clip in clips]
+        expander = MarkerExpander(self.tokenizer, self.audio_token_id, marker, "audio")
         return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
 
-    def _expansion(self, clip: DecodedAudio) -> Expansion:
-        prepared = prepare_audio(clip, self.config)
+    @staticmethod
+    def _expansion(cfg: WhisperFeatureConfig, clip: DecodedAudio) -> Expansion:
+        prepared = prepare_audio(clip, cfg)
 
         def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
             made = MediaInput(
@@ -323,6 +337,29 @@ class AudioPrompter:
             return (made,)
 
         return Expansion(prepared.prompt_text(), prepared.num_embeddings, media)
+
+
+def gemma_clip(
+    cfg: Gemma3nAudioFeatureConfig | Gemma4AudioFeatureConfig, clip: DecodedAudio
+) -> Expansion:
+    """A Gemma clip resampled to its extractor's rate, down-mixed and featurized: its prompt
+    text (Gemma 3n's the same for any clip, its fixed count of audio tokens; Gemma 4's as long
+    as the clip), and a MediaInput of all its log-mel frames [frames, mel bins], which the
+    model's ``encode_audio`` takes."""
+    samples = clip.resampled(cfg.sampling_rate).mono()
+    if not cfg.num_frames(len(samples)):
+        raise MediaPromptError("an audio clip is too short to encode")
+    if isinstance(cfg, Gemma3nAudioFeatureConfig):
+        text, tokens = cfg.prompt_text(), cfg.soft_tokens
+    else:
+        text, tokens = cfg.prompt_text(len(samples)), cfg.num_tokens(len(samples))
+    features = torch.from_numpy(cfg.log_mel(samples))
+    frames = int(features.shape[0])
+
+    def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
+        return (MediaInput(clip.digest, positions, features, modality="audio", frames=frames),)
+
+    return Expansion(text, tokens, media)
 
 
 @dataclass(frozen=True, slots=True)
@@ -499,7 +536,7 @@ class Gemma4Prompter:
             videos = [self._video(p.video, m) for m in media if isinstance(m, DecodedVideo)]
             groups.append(MarkerGroup(p.video.video_token, self.video_token_id, "video", videos))
         if p.audio is not None:
-            clips = [self._clip(p.audio, m) for m in media if isinstance(m, DecodedAudio)]
+            clips = [gemma_clip(p.audio, m) for m in media if isinstance(m, DecodedAudio)]
             groups.append(MarkerGroup(p.audio.audio_token, self.audio_token_id, "audio", clips))
         return expand_markers(self.tokenizer, text, groups, literal_spans=literal_spans)
 
@@ -548,17 +585,3 @@ class Gemma4Prompter:
 
         text = cfg.prompt_text(video.frame_indices, video.fps, size)
         return Expansion(text, size * len(frames), media)
-
-    @staticmethod
-    def _clip(cfg: Gemma4AudioFeatureConfig, clip: DecodedAudio) -> Expansion:
-        samples = clip.resampled(cfg.sampling_rate).mono()
-        features = torch.from_numpy(cfg.log_mel(samples))
-        frames = int(features.shape[0])
-        if not cfg.num_tokens(len(samples)):
-            raise MediaPromptError("an audio clip is too short to encode")
-
-        def media(positions: tuple[int, ...]) -> tuple[MediaInput, ...]:
-            made = MediaInput(clip.digest, positions, features, modality="audio", frames=frames)
-            return (made,)
-
-        return Expansion(cfg.prompt_text(len(samples)), cfg.num_tokens(len(samples)), media)

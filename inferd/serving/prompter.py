@@ -5,10 +5,10 @@ medium is decoded: the modalities the model takes, an image's token cost, the au
 video sampling, and whether the chat template wants every content as a list of parts.
 
 One prompter per kind of model: text only, images (Idefics3/SmolVLM, Gemma 3; SmolVLM2's videos
-too), audio (Qwen2-Audio), image and video grids (Qwen2.5-VL, Qwen3-VL), and Gemma 4's images,
-videos and audio together. Each composes the
-per-modality marker expansion of serving/multimodal.py, and refuses what its model does not take
-with the same messages the server has always given.
+too), audio (Qwen2-Audio, Gemma 3n), image and video grids (Qwen2.5-VL, Qwen3-VL), and Gemma 4's
+images, videos and audio together. Each composes the per-modality marker expansion of
+serving/multimodal.py, and refuses what its model does not take with the same messages the
+server has always given.
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ class ImageModelPrompter(Prompter):
 
 @dataclass(frozen=True, slots=True)
 class AudioModelPrompter(Prompter):
-    """Qwen2-Audio's clips: each ``<|AUDIO|>`` marker becomes one placeholder per encoder row."""
+    """Qwen2-Audio's clips (each ``<|AUDIO|>`` marker becomes one placeholder per encoder row)
+    or Gemma 3n's (its fixed count of audio tokens between ``boa`` and ``eoa``)."""
 
     audio: AudioPrompter
 
@@ -275,6 +276,9 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
     if cfg.audio is not None and loaded.audio_config is not None:
         audio = AudioPrompter(loaded.audio_config, tokenizer, cfg.audio.audio_token_id)
         return AudioModelPrompter(name, tokenizer, audio)
+    if cfg.gemma3n_audio is not None and loaded.gemma3n_audio is not None:
+        clips = AudioPrompter(loaded.gemma3n_audio, tokenizer, cfg.gemma3n_audio.audio_token_id)
+        return AudioModelPrompter(name, tokenizer, clips)
     if cfg.qwen_vision is not None and loaded.visual_configs is not None:
         q, (image_config, video_config) = cfg.qwen_vision, loaded.visual_configs
         grid = GridPrompter(

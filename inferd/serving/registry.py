@@ -5,12 +5,18 @@ Each model sits in a ModelSlot with a status::
 
     loading ──ok──> loaded ──unload──> unloading ──drained──> unloaded ──reload──> reloading
        └──fail──> error ──reload──> reloading ──ok──> loaded ; ──fail──> error
+    loaded ──requantize──> requantizing ──swapped, or refused──> loaded
 
 Loads run one at a time on one loader thread per process, never on the event loop; callers
 await them. Every model keeps its own engine thread and KV pool, so one model failing to load
 (or being unloaded) leaves the others serving. Unloading drains: the slot stops admitting
 requests at once, running ones may finish until a deadline, then the rest are aborted (their
 streams end with an error event) and the engine shuts down.
+
+Re-quantizing (``requantize``, ``POST /re_isq``) makes the new weights on the loader thread
+while the model serves on, then drains the same way (requests arriving meanwhile wait, as for
+a load) and swaps them between two engine steps; one still running at the deadline is not cut:
+the swap is called off and the model serves on as it was.
 """
 
 from __future__ import annotations
@@ -26,9 +32,11 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from inferd.loading.quantize import isq_kind
+from inferd.loading.requantize import Requantized
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
 from inferd.serving.loading import ModelKind, Servable
-from inferd.serving.served import ServedModel
+from inferd.serving.served import Requantization, ServedModel
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +50,7 @@ class ModelStatus(StrEnum):
     UNLOADING = "unloading"
     UNLOADED = "unloaded"
     RELOADING = "reloading"
+    REQUANTIZING = "requantizing"
     ERROR = "error"
 
 
@@ -74,6 +83,13 @@ ProgressCallback = Callable[[LoadEvent], None]
 class UnloadReport:
     drained: int  # requests running at the unload that finished before the deadline
     aborted: int  # requests still running at the deadline, ended with an error
+
+
+@dataclass(frozen=True, slots=True)
+class RequantizeReport:
+    change: Requantization
+    drained: int  # requests running when the swap waited for them (all finished)
+    seconds: float  # the whole operation: quantizing, draining, swapping
 
 
 _load_order = itertools.count()  # which model loaded first, process-wide
@@ -111,6 +127,7 @@ class ModelSlot:
     adapters: list[ModelSlot] = field(default_factory=list, repr=False)  # a base's adapters
     _future: Future[Servable] | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _requantizing: bool = field(default=False, repr=False)  # from the first step to the last
 
     @classmethod
     def of_loaded(cls, model: Servable) -> ModelSlot:
@@ -256,6 +273,79 @@ class ModelSlot:
         self.start_loading()
         return await self.wait_loaded()
 
+    # -- re-quantizing ---------------------------------------------------------------------
+    async def requantize(self, method: str, drain_timeout: float) -> RequantizeReport:
+        """Quantize the model's projections again with ``method`` (q8 | q4) and serve from
+        them (module doc). ConflictError, the model serving on unchanged, when it is not a
+        loaded chat model, is busy re-quantizing, cannot re-read its files, or still runs a
+        request after ``drain_timeout`` seconds; QuantizeError for an unknown method."""
+        started = time.perf_counter()
+        isq_kind(method)  # an unknown method: QuantizeError before anything starts
+        with self._lock:
+            model = self.model
+            if self.status is not ModelStatus.LOADED or not isinstance(model, ServedModel):
+                raise ConflictError(f"the model {self.id!r} is {self.status}, not a loaded model")
+            if self._requantizing:
+                raise ConflictError(f"the model {self.id!r} is being re-quantized already")
+            self._requantizing = True
+        try:
+            try:
+                new = await asyncio.wrap_future(
+                    _loader_pool().submit(model.prepare_requantize, method)
+                )
+            except (OSError, ValueError) as exc:  # QuantizeError, ModelConfigError included
+                raise ConflictError(f"cannot re-quantize {self.id!r}: {exc}") from None
+            return await self._swap_drained(model, new, drain_timeout, started)
+        finally:
+            with self._lock:
+                self._requantizing = False
+
+    async def _swap_drained(
+        self, model: ServedModel, new: Requantized, drain_timeout: float, started: float
+    ) -> RequantizeReport:
+        """Hold new requests (they wait, as for a load), let the running ones finish, swap."""
+        with self._lock:
+            if self.status is not ModelStatus.LOADED or self.model is not model:
+                raise ConflictError(f"the model {self.id!r} was {self.status} meanwhile")
+            self.status = ModelStatus.REQUANTIZING
+            held: Future[Servable] = Future()
+            self._future = held  # what ensure_loaded waits for
+        adapters = [a for a in self.adapters if a.status is ModelStatus.LOADED]
+        for adapter in adapters:  # they run on this engine: held too
+            with adapter._lock:
+                adapter.status = ModelStatus.REQUANTIZING
+        try:
+            running = self.in_flight()
+            if not await self._drain(drain_timeout):
+                raise ConflictError(
+                    f"{self.in_flight()} request(s) still run on {self.id!r} after "
+                    f"{drain_timeout:g}s; it was not re-quantized, try again"
+                )
+            try:
+                change = await asyncio.wrap_future(model.swap_weights(new))
+            except RuntimeError as exc:  # a request got under way, or the engine stopped
+                raise ConflictError(f"cannot re-quantize {self.id!r}: {exc}") from None
+        finally:
+            for adapter in adapters:
+                with adapter._lock:
+                    if isinstance(adapter.model, ServedModel):
+                        adapter.model.isq = model.isq
+                    adapter.status = ModelStatus.LOADED
+            with self._lock:
+                self.status = ModelStatus.LOADED
+            held.set_result(model)
+        seconds = time.perf_counter() - started
+        log.info("model %s re-quantized to %s in %.1fs", self.id, change.method, seconds)
+        return RequantizeReport(change, running, seconds)
+
+    async def _drain(self, timeout: float) -> bool:
+        """Until no request runs on the model, for at most ``timeout`` seconds: whether none
+        does."""
+        deadline = time.monotonic() + timeout
+        while self.in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(_POLL)
+        return not self.in_flight()
+
     # -- unloading --------------------------------------------------------------------------
     async def unload(self, drain_timeout: float = DEFAULT_DRAIN_TIMEOUT) -> UnloadReport:
         """Stop admitting, let running requests finish for up to ``drain_timeout`` seconds,
@@ -271,9 +361,7 @@ class ModelSlot:
             with adapter._lock:
                 adapter.status = ModelStatus.UNLOADING
         running = self.in_flight()
-        deadline = time.monotonic() + drain_timeout
-        while self.in_flight() and time.monotonic() < deadline:
-            await asyncio.sleep(_POLL)
+        await self._drain(drain_timeout)
         aborted = self.in_flight()
         if aborted and isinstance(model, ServedModel):
             log.warning("unloading %s: aborting %d unfinished request(s)", self.id, aborted)

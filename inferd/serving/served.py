@@ -8,6 +8,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -35,6 +36,8 @@ from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_tex
 from inferd.loading.imatrix_file import read_imatrix
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
+from inferd.loading.quantize import Isq, QuantizeError, isq_kind
+from inferd.loading.requantize import Requantized, prepare
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.video import FrameSampling
 from inferd.models.config import ModelConfig
@@ -69,6 +72,7 @@ class ServedModel:
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     weight_bytes: int = 0  # the RAM its weights take (packed copies included)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+    projector: Path | None = None  # the --mmproj file its encoders came from (requantize reads it)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
     # A LoRA adapter's view of a base model (``with_adapter``): its requests run with adapter
@@ -172,10 +176,57 @@ class ServedModel:
         """``params`` with this view's adapter (unchanged for a base model)."""
         return params if self.lora is None else dataclasses.replace(params, lora=self.lora)
 
+    def requantize(self, method: str) -> Requantization:
+        """Quantize every projection again with ``method`` (q8 | q4) from the model's files, as
+        a load under ``--isq METHOD`` would (loading/requantize.py), and serve from the new
+        weights. Blocks (off the event loop); refused (RuntimeError, nothing changed) while a
+        request runs on the current weights: drain first (``ModelSlot.requantize`` does)."""
+        return self.swap_weights(self.prepare_requantize(method)).result()
+
+    def prepare_requantize(self, method: str) -> Requantized:
+        """The new weights of ``requantize``, made while the model serves on (it is not
+        touched). QuantizeError for an unknown method or an adapter's view."""
+        isq_kind(method)
+        if self.lora is not None:
+            raise QuantizeError(
+                f"{self.id!r} is a LoRA adapter on {self.parent!r}; re-quantize {self.parent!r}"
+            )
+        return prepare(self.engine.engine.model, self.source, Isq(method), self.projector)
+
+    def swap_weights(self, new: Requantized) -> Future[Requantization]:
+        """Serve from ``new`` from the next engine step on, the prefix cache forgotten
+        (``LLMEngine.swap_weights``, between two steps)."""
+
+        def swap(engine: LLMEngine) -> Requantization:
+            previous, before = self.isq, self.weight_bytes
+            engine.swap_weights(new.install)
+            self.isq, self.weight_bytes = new.isq.method, resident_bytes(engine.model)
+            log.info(
+                "%s re-quantized (isq %s -> %s): weights %.0f -> %.0f MiB, prefix cache cleared",
+                self.id,
+                previous or "none",
+                self.isq,
+                before / 2**20,
+                self.weight_bytes / 2**20,
+            )
+            return Requantization(previous, self.isq, before, self.weight_bytes)
+
+        return self.engine.between_steps(swap)
+
     def shutdown(self) -> None:
         if self.lora is not None:
             return  # an adapter's view: the base model's slot owns the engine
         self.engine.shutdown()
+
+
+@dataclass(frozen=True, slots=True)
+class Requantization:
+    """What ``ServedModel.requantize`` changed: the ISQ method, and the RAM the weights take."""
+
+    previous: str | None
+    method: str
+    weight_bytes_before: int
+    weight_bytes: int
 
 
 def load_model(
@@ -195,7 +246,7 @@ def load_model(
     ``chat_template``: Jinja source that replaces the model's own template. ``loop``: who steps
     the engine (engine/driver.py); by default a thread of its own. ``tool_call_parser``: the
     tool-call syntax (structured/tool_syntax), when not the one the template shows. ``mmproj``:
-    a llama.cpp multimodal projector for a GGUF language model (loading/mmproj.py).
+    a llama.cpp multimodal projector for a GGUF language model (loading/projector.py).
     ``config_overrides``: merged into a Hugging Face directory's config.json. ``matformer``:
     (slice table, slice name) of a Gemma 3n MatFormer slice (loading/matformer.py)."""
     started = time.perf_counter()
@@ -272,12 +323,18 @@ def assemble(
     )
     scheduler = Scheduler(
         SchedulerConfig(
-            cfg.max_num_seqs, cfg.max_num_batched_tokens, cfg.max_waiting, cfg.max_encoder_tokens
+            cfg.max_num_seqs,
+            cfg.max_num_batched_tokens,
+            cfg.max_waiting,
+            cfg.max_encoder_tokens,
+            max_decode_steps_before_prefill=cfg.max_decode_steps_before_prefill,
+            no_kv_cache=cfg.no_kv_cache,
         ),
         KVCacheManager(
             num_blocks,
             cfg.block_size,
-            prefix_caching=cfg.prefix_caching,
+            prefix_caching=cfg.caches_prefixes,
+            max_prefix_entries=cfg.prefix_cache_n,
             model_key=source.digest,
             window=mcfg.uniform_window,
         ),
@@ -318,6 +375,7 @@ def assemble(
         sizing=sizing,
         weight_bytes=resident_bytes(model),
         isq=isq.method if isq is not None else None,
+        projector=loaded.projector,
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )
 

@@ -21,7 +21,7 @@ from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.lora import adapter_slot, parse_lora_flags, serve_adapters
-from inferd.serving.prompter import ImageModelPrompter
+from inferd.serving.prompter import Gemma4ModelPrompter, ImageModelPrompter
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
@@ -130,7 +130,7 @@ def _adapters(model: Servable, args: argparse.Namespace) -> list[ServedModel]:
 
 
 def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
-    """Gemma 3n: the MatFormer slice served, and the media encoders left unserved."""
+    """Gemma 3n: the MatFormer slice served, and which of its media encoders are."""
     if not isinstance(model, ServedModel) or model.config.gemma3n is None:
         return []
     g = model.config.gemma3n
@@ -146,27 +146,51 @@ def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
             f"MLP widths {', '.join(map(str, widths))}"
         )
     if g.unserved_media:
+        served = [m for m in model.modalities["input"] if m != "text"]
         lines.append(
-            f"media      {' and '.join(g.unserved_media)} encoders of gemma3n are not served "
-            "yet: text only (media in a request is refused)"
+            f"media      gemma3n serves {' and '.join(served) or 'no media (text only)'}; its "
+            f"{' and '.join(g.unserved_media)} encoder is not served (MobileNet-v5): "
+            f"{' and '.join(g.unserved_media)} input is refused"
         )
     return lines
 
 
 def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
-    """The projector line: which file gave the image encoder, and how it takes images."""
+    """The projector line: which file gave the encoders, and how they take media."""
     if spec.mmproj is None or not isinstance(model, ServedModel):
         return []
+    if isinstance(model.prompter, Gemma4ModelPrompter):
+        return [f"projector  {spec.mmproj}  (gemma4: {_gemma4_encoders(model.prompter)})"]
     if not isinstance(model.prompter, ImageModelPrompter):
         return []
     vision, images = model.config.vision, model.prompter.images.config
-    assert vision is not None and isinstance(images, Idefics3ImageConfig)  # mmproj: idefics3 only
+    assert vision is not None and isinstance(images, Idefics3ImageConfig)
     split = f"long side {images.longest_edge} px, split" if images.splitting else "not split"
     return [
         f"projector  {spec.mmproj}  (idefics3: image encoder {vision.num_layers} layers, "
         f"hidden {vision.hidden_size}; {images.tile} px tiles of {images.image_seq_len} "
         f"tokens, images {split})"
     ]
+
+
+def _gemma4_encoders(prompter: Gemma4ModelPrompter) -> str:
+    """What each of a Gemma 4 projector's encoders takes."""
+    processing = prompter.media.processing
+    parts = []
+    if processing.image is not None:
+        image = processing.image
+        parts.append(
+            f"images of up to {image.max_soft_tokens} tokens ({image.patch_size} px patches "
+            f"pooled {image.pooling}x{image.pooling})"
+        )
+    if processing.video is not None:
+        video = processing.video
+        parts.append(
+            f"videos of {video.num_frames} frames of up to {video.frames.max_soft_tokens} tokens"
+        )
+    if processing.audio is not None:
+        parts.append(f"audio as {processing.audio.feature_size} mel bins")
+    return "; ".join(parts)
 
 
 def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
@@ -205,6 +229,7 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         *head,
         f"arch       {c.architecture}  {c.num_layers} layers, hidden {c.hidden_size}, "
         f"{c.num_heads} heads / {c.num_kv_heads} kv heads, vocab {c.vocab_size}",
+        *_describe_experts(model),
         compute,
         f"kernels    {load_ops(model.dtype).description}"
         f"{'  deterministic (batch-invariant)' if cfg.deterministic else ''}",
@@ -212,9 +237,40 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
         # context, the pool and why, lowered context included.
         f"engine     max seqs {model.engine_config.max_num_seqs}, batch tokens "
         f"{cfg.max_num_batched_tokens}, {sizing}"
-        f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}",
+        f"{'  eos stops nothing (--disable-eos-stop)' if cfg.disable_eos_stop else ''}"
+        f"{_describe_cache_options(cfg)}",
         _describe_memory(model),
     ]
+
+
+def _describe_experts(model: ServedModel) -> list[str]:
+    """The mixture of experts, if the model has one, and that its experts stay dense."""
+    moe = model.config.moe
+    if moe is None:
+        return []
+    return [
+        f"experts    {moe.top_k} of {moe.num_experts} a token ({moe.intermediate_size} wide) "
+        f"in {len(moe.layers)} of {model.config.num_layers} layers; dense (--isq and the "
+        "packed int8/int4 kernels skip them)"
+    ]
+
+
+def _describe_cache_options(cfg: EngineConfig) -> str:
+    """The engine line's note on --no-kv-cache, --prefix-cache-n and
+    --max-decode-steps-before-prefill, when set."""
+    notes = []
+    if cfg.no_kv_cache:
+        notes.append(
+            "no KV cache (--no-kv-cache): every token recomputes its whole sequence; "
+            "prefix caching and speculative decoding off"
+        )
+    elif cfg.prefix_cache_n == 0:
+        notes.append("prefix caching off (--prefix-cache-n 0)")
+    elif cfg.prefix_cache_n is not None:
+        notes.append(f"prefix cache keeps {cfg.prefix_cache_n} entries")
+    if cfg.max_decode_steps_before_prefill is not None:
+        notes.append(f"prompts wait at most {cfg.max_decode_steps_before_prefill} decode steps")
+    return "".join(f"  {note}" for note in notes)
 
 
 def _describe_memory(model: ServedModel) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from inferd.cli import main
 from inferd.contract.gate import (
     Answer,
     GateError,
@@ -18,7 +19,9 @@ from inferd.contract.gate import (
     compare,
     load_cases,
 )
-from inferd.contract.plan import PlanError, plan_from_dict, plan_to_dict
+from inferd.contract.identity import model_identity, served_model_path
+from inferd.contract.live import PROMPT
+from inferd.contract.plan import LaunchPlan, ModelFormat, PlanError, plan_from_dict, plan_to_dict
 from tests.contract.helpers import inferd_plan
 
 PERF = Performance(
@@ -125,6 +128,11 @@ def test_a_schema_answer_must_stay_valid_and_the_request_must_be_the_frozen_one(
     }
 
 
+def test_a_schema_answer_invalid_in_the_golden_may_stay_invalid() -> None:
+    old = _answer(["{"], schema_valid=False)
+    assert compare(_run(old), _run(dataclasses.replace(old))).passed
+
+
 def test_performance_regressions_beyond_the_tolerances_fail() -> None:
     slower = dataclasses.replace(PERF, ttft_p50_s=0.14, itl_p99_s=0.09, throughput_tok_s=30.0)
     failed = _failed(compare(_run(_answer(["a"])), _run(_answer(["a"]), perf=slower)).rows)
@@ -157,8 +165,26 @@ def test_case_files_are_checked(tmp_path: Path) -> None:
     with pytest.raises(GateError, match="not a case file"):
         load_cases(path)
     cases, tolerances = load_cases(Path("examples/gate/cases.json"))
-    assert len(cases) == 7 and sum(c.refusal for c in cases) == 2
+    assert len(cases) == 10 and sum(c.refusal for c in cases) == 1
     assert tolerances.logprob_distance == 0.05
+
+
+def test_the_case_file_carries_each_modality_and_the_seeds_worked_example() -> None:
+    cases = {c.id: c.body for c in load_cases(Path("examples/gate/cases.json"))[0]}
+
+    def parts(case: str) -> list[str]:
+        content = cases[case]["messages"][0]["content"]
+        return [p["type"] for p in content] if isinstance(content, list) else ["text"]
+
+    assert parts("image")[0] == "image_url" and parts("audio")[0] == "audio_url"
+    assert parts("video")[0] == "video_url"
+    # the seed's order: the PNG, the WAV and the MP4, then the text
+    assert parts("worked-example") == ["image_url", "audio_url", "video_url", "text"]
+    worked = cases["worked-example"]["messages"][0]["content"]
+    for part, mime in zip(worked, ("image/png", "audio/wav", "video/mp4"), strict=False):
+        assert part[part["type"]]["url"].startswith(f"data:{mime};base64,")
+    assert worked[3]["text"] == PROMPT
+    assert {"json-schema", "tool-call", "adversarial-temperature"} <= set(cases)
 
 
 def test_a_plan_round_trips_through_json_with_its_identity() -> None:
@@ -171,3 +197,65 @@ def test_a_plan_round_trips_through_json_with_its_identity() -> None:
         plan_from_dict(data)
     with pytest.raises(PlanError, match="lacks 'engine'"):
         plan_from_dict({})
+
+
+def _config_plan(root: Path, models: dict[str, object]) -> LaunchPlan:
+    """An inferd plan of a config bundle at ``root`` (named by its digest), route ``tiny``."""
+    base = inferd_plan(local_root=str(root))
+    bundle = Path(base.model.local_dir)
+    bundle.mkdir(parents=True)
+    (bundle / "models.json").write_text(json.dumps(models))
+    model = dataclasses.replace(
+        base.model, format=ModelFormat.CONFIG, entry="models.json", route="tiny"
+    )
+    return dataclasses.replace(base, model=model)
+
+
+def test_a_config_plan_is_identified_by_the_model_its_route_names(tmp_path: Path) -> None:
+    plan = _config_plan(
+        tmp_path,
+        {
+            "a": {"Plain": {"model_id": "./other"}, "alias": "other"},
+            "b": {"Plain": {"model_id": "./tiny"}, "alias": "tiny"},
+        },
+    )
+    bundle = Path(plan.model.local_dir)
+    for name in ("tiny", "other"):
+        (bundle / name).mkdir()
+        (bundle / name / "model.safetensors").write_bytes(name.encode())
+    (bundle / "tiny" / "processor_config.json").write_text("{}")
+    assert served_model_path(plan) == (bundle / "tiny").resolve()
+    identity = model_identity(served_model_path(plan))
+    assert identity["processor"] is not None
+    assert identity["weights"] != model_identity(bundle / "other")["weights"]
+
+
+@pytest.mark.parametrize(
+    "models",
+    [
+        {"b": {"Plain": {"model_id": "./missing"}, "alias": "tiny"}},
+        {"b": {"Plain": {"model_id": "../escaped"}, "alias": "tiny"}},
+        {"b": {"Plain": {"model_id": "./other"}, "alias": "other"}},
+    ],
+)
+def test_a_config_plan_whose_route_is_not_in_its_bundle_is_refused(
+    tmp_path: Path, models: dict[str, object]
+) -> None:
+    plan = _config_plan(tmp_path, models)
+    (Path(plan.model.local_dir) / "other").mkdir()
+    (tmp_path / "escaped").mkdir()
+    with pytest.raises(ValueError, match="names no model 'tiny' inside its bundle"):
+        served_model_path(plan)
+
+
+def test_canary_refuses_a_mirrored_share_outside_zero_to_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = []
+    for port in (8301, 8302):
+        path = tmp_path / f"{port}.json"
+        path.write_text(json.dumps(plan_to_dict(inferd_plan(port=port))))
+        paths.append(str(path))
+    args = ["gate", "canary", *paths, "--cases", "examples/gate/cases.json"]
+    assert main([*args, "--mirror-share", "1.5"]) == 2
+    assert "--mirror-share must be in (0, 1], got 1.5" in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """``inferd gate`` end to end on the default model: a plan and a golden frozen through the
 real CLI, then checks of candidates served by real ``inferd serve`` processes — the unchanged
 release passes; a release whose chat template, tokenizer or quantization was altered fails,
-naming the cases that moved. Speed regressions are the comparison's (test_gate.py): timings
+naming the cases that moved; a canary against the altered template finds it in a mirrored share
+of real traffic too. Speed regressions are the comparison's (test_gate.py): timings
 here vary with the machine's load, so these case files tolerate any speed."""
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from gguf import GGMLQuantizationType, GGUFReader
 
 from inferd.bench.process import free_port
 from inferd.cli import main
+from inferd.contract.gate import Mirroring, canary
+from inferd.contract.mirror import ChatAnswer, chat_answer, mirrored
 from inferd.contract.plan import plan_from_dict
 from inferd.contract.rollout import LIVE, PREVIOUS, Rollout, adopt, read_plan
 from inferd.contract.supervisor import Executable
@@ -74,8 +77,9 @@ def test_the_golden_holds_answers_identity_and_figures(golden: Golden) -> None:
     assert answers["tool-call"]["finish_reason"] == "tool_calls"
     assert answers["tool-call"]["tool_calls"][0]["name"] == "get_weather"
     assert answers["adversarial-temperature"]["status"] == 400
-    refused = answers["adversarial-image-to-text-model"]
-    assert refused["status"] == 400 and len(refused["evidence"]) == 1  # the PNG's digest
+    for media, digests in (("image", 1), ("audio", 1), ("video", 1), ("worked-example", 3)):
+        refused = answers[media]  # a text model refuses media before reading it
+        assert refused["status"] == 400 and len(refused["evidence"]) == digests, refused
     assert all(
         0 < len(a["logprobs"]) <= a["usage"]["completion_tokens"]  # the end token: none
         for a in answers.values()
@@ -99,13 +103,20 @@ def test_the_unchanged_release_passes(golden: Golden) -> None:
     assert all(r["detail"] == "same" for r in _rows(report, "identity").values())
 
 
+def _pirate_template(g: Golden) -> Path:
+    """The release's GGUF with another system prompt in its chat template (written once)."""
+    altered = g.root / "template" / g.model.name
+    if not altered.exists():
+        template = GGUFReader(str(g.model)).fields["tokenizer.chat_template"].contents()
+        assert SMOLLM_SYSTEM in template
+        altered.parent.mkdir()
+        new = template.replace(SMOLLM_SYSTEM, "You are a pirate.")
+        rewrite(g.model, altered, metadata={"tokenizer.chat_template": new})
+    return altered
+
+
 def test_an_altered_chat_template_fails_naming_the_cases(golden: Golden) -> None:
-    template = GGUFReader(str(golden.model)).fields["tokenizer.chat_template"].contents()
-    assert SMOLLM_SYSTEM in template
-    altered = golden.root / "template" / golden.model.name
-    altered.parent.mkdir()
-    new = template.replace(SMOLLM_SYSTEM, "You are a pirate.")
-    rewrite(golden.model, altered, metadata={"tokenizer.chat_template": new})
+    altered = _pirate_template(golden)
     code, report = _check(golden, _plan(golden.root, altered, "template"), "template")
     assert code == 1 and not report["passed"]
     identity = _rows(report, "identity")
@@ -185,3 +196,55 @@ def test_a_canary_then_a_promotion_keeps_the_previous_release_ready(golden: Gold
     finally:
         rollout.stop()
     assert not rollout.running
+
+
+def test_a_canary_mirrors_a_share_of_traffic_and_finds_the_altered_template(
+    golden: Golden,
+) -> None:
+    """Real traffic through the canary's proxy: every caller gets the live release's answer
+    (the same as asking it directly), the requests the digest picks are mirrored to the
+    candidate, and each of them shows the candidate's other chat template."""
+    old, new = (
+        plan_from_dict(json.loads(_plan(golden.root, model, name).read_text()))
+        for model, name in ((golden.model, "mirror-old"), (_pirate_template(golden), "mirror-new"))
+    )
+    sent: dict[str, bytes] = {}
+
+    def traffic(url: str) -> None:
+        with httpx.Client(trust_env=False, timeout=300) as client:
+            for i in range(8):
+                body = {
+                    "model": old.model_route,
+                    "messages": [{"role": "user", "content": f"Name a colour, then count to {i}."}],
+                    "max_tokens": 6,
+                    "temperature": 0,
+                }
+                if i % 2 == 0:  # streamed, with the usage chunk that counts the prompt
+                    body |= {"stream": True, "stream_options": {"include_usage": True}}
+                rid = f"mirror-{i}"
+                sent[rid] = json.dumps(body).encode()
+                answers = [_chat(client, base, sent[rid], rid) for base in (url, old.base_url)]
+                assert answers[0] == answers[1] and answers[0].status == 200, answers
+
+    report = canary(
+        old,
+        new,
+        Executable.inferd_module(),
+        golden.root / "cases.json",
+        golden.root,
+        Mirroring(0.5, traffic),
+    )
+    rows = {r.name: r for r in report.rows if r.kind == "mirror"}
+    expected = {rid for rid, data in sent.items() if mirrored(data, 0.5)}
+    assert 0 < len(expected) < len(sent) and set(rows) == expected | {"mirrored share"}
+    for rid in expected:
+        assert not rows[rid].passed and "prompt_tokens" in rows[rid].detail, rows[rid]
+    assert rows["mirrored share"].detail.startswith(f"{len(expected)} of 8 chat requests")
+    assert not report.passed
+
+
+def _chat(client: httpx.Client, base: str, body: bytes, rid: str) -> ChatAnswer:
+    headers = {"content-type": "application/json", "x-request-id": rid}
+    response = client.post(base + "/v1/chat/completions", content=body, headers=headers)
+    content_type = response.headers.get("content-type", "")
+    return chat_answer(response.status_code, content_type, response.content)

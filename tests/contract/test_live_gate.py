@@ -4,9 +4,10 @@ One server for the module, launched by the Supervisor from a pinned plan (distri
 digest, digest-addressed bundle, loopback, explicit limits, JSON access logs on stderr, which
 the last test reads back for the request ids sent). Frozen text requests go out
 through the request builder and come back through the strict consumer; receipts are
-written and re-verified. Then the hostile cases: a client that drops mid-stream, a slow
-consumer, a server killed mid-stream (and restarted with backoff), and a stop with a
-stream still in flight. The tests run in file order and share the server.
+written and re-verified. Then the hostile cases: a client that drops mid-stream (its usage
+reconciled with the server's access log), a slow consumer, a server killed mid-stream (and
+restarted with backoff), and a stop with a stream still in flight. The tests run in file
+order and share the server.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from inferd.contract.receipts import (
     stream_receipt,
     write_receipt,
 )
+from inferd.contract.reconcile import reconcile, server_record
 from inferd.contract.request import (
     ChatRequest,
     MediaPart,
@@ -44,14 +46,17 @@ from inferd.contract.request import (
 from inferd.contract.retry import LengthRetryPolicy, retry_length_limited
 from inferd.contract.staging import EvidenceStore, Modality
 from inferd.contract.stream import (
-    Cancelled,
+    CallerCancelled,
     Complete,
+    ConnectionDropped,
     IncompleteLengthLimited,
     Outcome,
     ProtocolError,
     Rule,
+    ServerCancelled,
     StreamLimits,
     ToolCallsRequested,
+    UsageSource,
     outcome_text,
 )
 from inferd.contract.supervisor import (
@@ -339,14 +344,19 @@ def test_refusals_keep_only_a_sanitized_body_prefix(gate: Gate, tmp_path: Path) 
         gate.measured[request.request_id] = outcome.detail
 
 
-def test_client_drop_mid_stream(gate: Gate) -> None:
+def test_client_drop_mid_stream_is_reconciled_with_the_servers_record(gate: Gate) -> None:
+    """The caller cancels once three tokens have arrived. The server aborts the sequence, and
+    its access log records the disconnect with at least the tokens the caller counted (the
+    difference: tokens generated after its last read), within max_tokens, and the prompt tokens
+    a complete run of the same prompt was billed."""
     request = _request(gate, "gate-drop", LONG_PROMPT, 256)
     with open_chat_stream(gate.client, gate.plan.base_url, request, LIMITS) as stream:
-        while not stream.text and stream.pump():
+        while stream.consumer.tokens_received < 3 and stream.pump():
             pass
         outcome = stream.cancel()
         _record(gate, request, stream, outcome)
-    assert isinstance(outcome, Cancelled) and outcome.partial_text and not outcome.ok
+    assert isinstance(outcome, CallerCancelled) and outcome.partial_text and not outcome.ok
+    assert outcome.usage_source is UsageSource.RECEIVED and outcome.completion_tokens >= 3
     # The server notices the dropped connection and aborts the sequence.
     dropped = time.monotonic()
     deadline = dropped + 120
@@ -355,6 +365,22 @@ def test_client_drop_mid_stream(gate: Gate) -> None:
         time.sleep(0.05)
     gate.measured["drop_to_abort_s"] = round(time.monotonic() - dropped, 3)
     assert gate.supervisor.readiness().ready
+    log = gate.supervisor.log_path
+    while (record := server_record(log.read_text("utf-8"), "gate-drop")) is None:
+        assert time.monotonic() < deadline, "the server never logged the dropped request's end"
+        time.sleep(0.05)
+    reconciled = reconcile(outcome, record, request.max_tokens)
+    assert reconciled.consistent, reconciled.problems
+    assert record.outcome == "client_disconnected" and reconciled.undelivered is not None
+    assert reconciled.server_tokens is not None and reconciled.server_tokens < request.max_tokens
+    capped = gate.measured["gate-capped"]
+    assert isinstance(capped, dict) and isinstance(capped["usage"], dict)
+    assert record.prompt_tokens == capped["usage"]["prompt_tokens"]
+    gate.measured["drop_reconciled"] = {
+        "client_tokens": reconciled.client_tokens,
+        "server_tokens": reconciled.server_tokens,
+        "undelivered": reconciled.undelivered,
+    }
 
 
 def test_slow_consumer_gets_the_same_complete_answer(gate: Gate) -> None:
@@ -373,9 +399,9 @@ def test_server_killed_mid_stream_is_incomplete_then_restarted(gate: Gate) -> No
         sup.kill()
         outcome = stream.run()
         _record(gate, request, stream, outcome)
-    assert isinstance(outcome, ProtocolError) and not outcome.ok, outcome
-    assert outcome.rule in (Rule.TRANSPORT, Rule.UNEXPECTED_EOF) and outcome.partial_text
-    gate.measured["killed_outcome"] = f"{outcome.rule}: {outcome.detail}"
+    assert isinstance(outcome, ConnectionDropped) and not outcome.ok, outcome
+    assert outcome.partial_text and outcome.usage_source is UsageSource.RECEIVED
+    gate.measured["killed_outcome"] = f"{outcome.kind}: {outcome.detail}"
     assert not sup.alive() and sup.readiness().state is ReadinessState.UNREACHABLE
 
     restarted = sup.watch_once()  # liveness failed: restarted, with the backoff
@@ -400,7 +426,8 @@ def test_stop_with_a_stream_in_flight_reports_it(gate: Gate) -> None:
         outcome = stream.run()
     assert report.incomplete == ("gate-stopped",) and not report.drained
     assert report.method in (StopMethod.TERMINATED, StopMethod.KILLED)
-    assert not isinstance(outcome, Complete) and not outcome.ok, outcome
+    # the supervisor kills the server before its own drain (30 s) would cut the stream
+    assert isinstance(outcome, ConnectionDropped | ServerCancelled) and not outcome.ok, outcome
     gate.measured["stop"] = {"method": str(report.method), "outcome": str(outcome.kind)}
 
 

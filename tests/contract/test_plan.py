@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from inferd.cli import _parser
+from inferd.cli import _engine_config, _parser
 from inferd.config import DTYPES
 from inferd.contract.example import example_plan
 from inferd.contract.plan import (
@@ -67,15 +67,30 @@ def test_inferd_argv_renders_json_access_logs_images_and_prefix_caching() -> Non
     assert "--max-edge" not in args and "--prefix-cache-n" not in args
 
 
+@pytest.mark.parametrize(("count", "caching"), [(4, Toggle.ON), (0, Toggle.OFF)])
+def test_inferd_argv_renders_the_prefix_count_our_cli_takes(count: int, caching: Toggle) -> None:
+    """A count of prefixes renders as --prefix-cache-n, and the real parser and engine config
+    take it (0: prefix caching off, which the plan must also say)."""
+    base = inferd_plan()
+    lim = dataclasses.replace(base.limits, prefix_cache_n=count, prefix_caching=caching)
+    args = _replace(base, limits=lim).launch_args()
+    pairs = dict(zip(args[1::2], args[2::2], strict=False))
+    assert (pairs["--prefix-cache-n"], pairs["--prefix-caching"]) == (str(count), str(caching))
+    cfg = _engine_config(_parser().parse_args(list(args)))
+    assert cfg.prefix_cache_n == count and cfg.caches_prefixes == (count > 0)
+
+
 @pytest.mark.parametrize("access_log", list(AccessLog))
 @pytest.mark.parametrize("prefix_caching", list(Toggle))
-@pytest.mark.parametrize("images", [0, 3])
+@pytest.mark.parametrize(("images", "edge"), [(0, 0), (3, 0), (3, 448)])
 def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
-    access_log: AccessLog, prefix_caching: Toggle, images: int
+    access_log: AccessLog, prefix_caching: Toggle, images: int, edge: int
 ) -> None:
     """The rendered argv goes through the real ``inferd`` parser to the values in the plan."""
     base = inferd_plan()
-    lim = dataclasses.replace(base.limits, max_num_images=images, prefix_caching=prefix_caching)
+    lim = dataclasses.replace(
+        base.limits, max_num_images=images, max_image_edge=edge, prefix_caching=prefix_caching
+    )
     plan = _replace(base, access_log=access_log, limits=lim)
     args = _parser().parse_args(list(plan.launch_args()))
     assert args.command == "serve" and args.model == plan.model.entry_path
@@ -83,6 +98,7 @@ def test_inferd_argv_parses_with_our_cli_as_the_plan_says(
     assert args.access_log_format == ("json" if access_log is AccessLog.JSON else "text")
     assert args.prefix_caching == str(prefix_caching)
     assert args.max_num_images == images
+    assert args.max_edge == (edge or None)  # no bound: no flag, and the server's default
     assert (args.dtype, args.max_seqs, args.max_seq_len, args.seed) == ("f32", 4, 2048, 7)
     assert (args.max_num_batched_tokens, args.kv_cache_tokens) == (512, 8192)
     assert (args.ui, args.admin_routes) == ("off", "off")  # rendered whatever the defaults
@@ -125,6 +141,7 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
         (mrs, "max_num_images", 2), (mrs, "max_image_edge", 512),
         (inf, "max_num_batched_tokens", 256), (inf, "kv_cache_tokens", 4096),
         (inf, "dtype", "bf16"), (inf, "seed", 8), (inf, "prefix_caching", Toggle.OFF),
+        (inf, "prefix_cache_n", 4),
     ]  # fmt: skip
     out += [(f"limits.{name}", base, _limits(base, **{name: v})) for base, name, v in changes]
     return out
@@ -273,10 +290,9 @@ def test_port_range(port: int) -> None:
     ("change", "message"),
     [
         ({"paged_attention": PagedAttention.OFF}, "paged_attention"),
-        ({"prefix_cache_n": 4}, "prefix cache"),
-        ({"prefix_cache_n": 0}, "prefix cache"),
+        ({"prefix_cache_n": 4, "prefix_caching": Toggle.OFF}, "contradicts"),
+        ({"prefix_cache_n": 0}, "contradicts"),
         ({"prefix_caching": None}, "prefix_caching"),
-        ({"max_num_images": 4, "max_image_edge": 1024}, "no image edge flag"),
         ({"device": Device.CUDA}, "cpu"),
         ({"max_batch_size": 4}, "max_batch_size"),
         ({"dtype": None}, "dtype"),

@@ -19,8 +19,9 @@ from inferd.contract.fixtures import (
     render,
 )
 from inferd.contract.stream import (
-    Cancelled,
+    CallerCancelled,
     Complete,
+    ConnectionDropped,
     ContentFiltered,
     Expectation,
     IncompleteLengthLimited,
@@ -135,9 +136,6 @@ CASES: dict[str, Case] = {
     "invalid_json": Case(Rule.INVALID_JSON, _insert(TEXT, "data: {not json")),
     "duplicate_key": Case(Rule.INVALID_JSON, _insert(TEXT, 'data: {"id":"a","id":"b"}')),
     "nan": Case(Rule.INVALID_JSON, _set(TEXT, ("created",), float("nan"))),
-    "server_error": Case(
-        Rule.SERVER_ERROR, _insert(TEXT2, {"error": {"message": "boom", "type": "server_error"}})
-    ),
     "wrong_object": Case(Rule.NOT_A_CHUNK, _set(TEXT, ("object",), "chat.completion")),
     "not_an_object": Case(Rule.NOT_A_CHUNK, _insert(TEXT, "data: [1, 2]")),
     "created_not_int": Case(Rule.NOT_A_CHUNK, _set(ROLE, ("created",), "now")),
@@ -256,15 +254,15 @@ def test_transport_failure_after_done_is_not_complete() -> None:
     consumer = StreamConsumer(EXPECT)
     consumer.feed(render(example_items()))
     outcome = consumer.transport_failed("connection reset")
-    assert isinstance(outcome, ProtocolError) and outcome.rule is Rule.TRANSPORT
-    assert outcome.partial_text == EXAMPLE_TEXT and not outcome.ok
+    assert outcome == ConnectionDropped(EXAMPLE_TEXT, Usage(128, 9, 137), 7, "connection reset")
+    assert not outcome.ok
 
 
 def test_cancel_keeps_partial_text_and_is_not_success() -> None:
     consumer = StreamConsumer(EXPECT)
     consumer.feed(_bytes(CASES["unexpected_eof"]))
     outcome = consumer.cancel()
-    assert outcome == Cancelled("Evidence spans") and not outcome.ok
+    assert outcome == CallerCancelled("Evidence spans", None, 2) and not outcome.ok
     assert consumer.finish() == outcome  # a later EOF does not change the decision
 
 
@@ -308,7 +306,7 @@ def test_error_bodies_are_sanitized() -> None:
 
 def test_every_rule_has_a_test() -> None:
     tested = {c.rule for c in CASES.values()}
-    tested |= {Rule.IDLE_TIMEOUT, Rule.TOTAL_TIMEOUT, Rule.TRANSPORT}
+    tested |= {Rule.IDLE_TIMEOUT, Rule.TOTAL_TIMEOUT}
     tested |= {Rule.HTTP_STATUS, Rule.CONTENT_TYPE, Rule.REQUEST_ID_ECHO, Rule.HEADERS_BOUND}
     tested |= {Rule.TOOL_CALL}  # test_a_broken_tool_call_stream_is_a_protocol_error
     assert tested == set(Rule)

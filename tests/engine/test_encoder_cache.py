@@ -74,3 +74,14 @@ def test_encoder_batches_hold_one_modality_and_clips_weigh_their_tiles() -> None
         [f"a{per_call}"],
         ["i3"],
     ]
+
+
+def test_clear_forgets_every_entry_and_keeps_the_counters() -> None:
+    cache = EncoderCache(budget_bytes=100)
+    cache.put("a", rows(3))
+    assert cache.get("a") is not None
+    cache.clear()
+    assert len(cache) == 0 and cache.used_bytes == 0 and cache.get("a") is None
+    assert (cache.stats.hits, cache.stats.misses) == (1, 1)
+    cache.put("b", rows(6))  # the whole budget is free again
+    assert "b" in cache

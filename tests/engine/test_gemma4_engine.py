@@ -81,6 +81,25 @@ def test_the_step_budget_changes_nothing(tiny_gemma4: Any) -> None:
     assert tokens == expected and len(tokens) == 4
 
 
+def test_in_bf16_the_encoders_run_dense_as_the_prompt_rows_do(tiny_gemma4: Any) -> None:
+    """The default dtype and kernels: encoder rows are prompt rows and run through the dense
+    weight, as the decoder's prompt rows do, not through the int8 copies that serve small
+    decode batches (whose int8 activations would cost the media some accuracy, and whose
+    use would depend on how many rows were encoded together). So the prompt's
+    log-probabilities are the same bits as with the packed copies switched off."""
+    runs = []
+    for packed in (True, False):
+        served = served_with(
+            tiny_gemma4[0], dtype="bf16", packed_kernels=packed, max_num_batched_tokens=4096
+        )
+        try:
+            runs.append(run(served, f"packed-{packed}")[0])
+        finally:
+            served.shutdown()
+    assert len(runs[0]) > 300
+    assert runs[0] == runs[1]
+
+
 def test_media_that_do_not_fit_their_placeholders_are_refused(tiny_gemma4: Any) -> None:
     served = served_with(tiny_gemma4[0])
     try:

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from inferd.engine.kv_cache import KVCacheManager
 from inferd.engine.request import RequestStatus
-from inferd.engine.scheduler import Scheduler, SchedulerConfig, _whole_spans
+from inferd.engine.scheduler import Scheduler, SchedulerConfig, SchedulerOutput, _whole_spans
 from tests.engine.helpers import make_request
 
 
@@ -195,3 +195,63 @@ def test_chunks_never_end_inside_a_bidirectional_span() -> None:
     resumed.num_computed_tokens = 4  # as after a prefix-cache hit inside the span
     assert _whole_spans(resumed, 3) == 8  # 4-7 would end inside: on to the span's end
     assert _whole_spans(resumed, 10) == 10  # 4-14 ends past it
+
+
+def _step_kinds(limit: int | None, steps: int) -> str:
+    """Per step, "P" when it ran prompt work (the long prompt's chunks), else "D" (decodes
+    alone), for a 30-token prompt arriving while a reply decodes (budget 8: chunks of 7)."""
+    config = SchedulerConfig(4, 8, max_decode_steps_before_prefill=limit)
+    s = Scheduler(config, KVCacheManager(64, 4))
+    s.add(make_request("short", 3, max_tokens=100))
+    _run_step(s)  # its prompt step; it decodes from now on
+    s.add(make_request("long", 30, max_tokens=100))
+    kinds = ""
+    for _ in range(steps):
+        out = s.schedule()
+        assert any(c.request.request_id == "short" for c in out.chunks)  # it never waits
+        prompt = [c for c in out.chunks if c.start < c.request.num_prompt_tokens]
+        kinds += "P" if prompt else "D"
+        s.advance(out)
+        for chunk in out.chunks:
+            if chunk.completes:
+                chunk.request.output_token_ids.append(7)
+    return kinds
+
+
+def test_max_decode_steps_before_prefill_spaces_the_prompt_chunks() -> None:
+    """mistral.rs's rule: prompt work never in the step after one that ran some, then after N
+    steps of decodes alone, or at once when what is left fits the step (the last 2 tokens)."""
+    assert _step_kinds(None, 6) == "PPPPPD"  # chunks of 7, 7, 7, 7, 2 beside the decode
+    assert _step_kinds(2, 16) == "DDPDDPDDPDDPDPDD"
+    assert _step_kinds(1, 10) == "DPDPDPDPDP"
+
+
+def test_no_kv_cache_recomputes_the_whole_sequence_for_every_token() -> None:
+    """Each sampled token frees the request's blocks: the next step computes its prompt and
+    output again from position 0, chunked by the budget as a prompt is."""
+
+    def chunks(no_kv_cache: bool) -> list[tuple[int, int]]:
+        config = SchedulerConfig(4, 4, no_kv_cache=no_kv_cache)
+        s = Scheduler(config, KVCacheManager(64, 4, prefix_caching=False))
+        s.add(make_request("r", 5, max_tokens=3))
+        seen = []
+        while s.has_work:
+            out = s.schedule()
+            seen += [(c.start, c.num_tokens) for c in out.chunks]
+            _run_step_after(s, out)
+        assert s.kv.pool.num_used == 0
+        return seen
+
+    assert chunks(False) == [(0, 4), (4, 1), (5, 1), (6, 1)]
+    assert chunks(True) == [(0, 4), (4, 1), (0, 4), (4, 2), (0, 4), (4, 3)]
+
+
+def _run_step_after(s: Scheduler, out: SchedulerOutput) -> None:
+    """``_run_step`` for a step already scheduled."""
+    s.advance(out)
+    for chunk in out.chunks:
+        if chunk.completes:
+            req = chunk.request
+            req.output_token_ids.append(7)
+            if len(req.output_token_ids) >= req.params.max_tokens:
+                s.finish(req, RequestStatus.FINISHED_LENGTH)

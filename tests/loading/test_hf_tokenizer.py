@@ -14,7 +14,7 @@ from inferd.config import EngineConfig
 from inferd.loading.hf_model import generation_stop_ids
 from inferd.loading.hf_tokenizer import chat_template_source, tokenizer_from_hf
 from inferd.serving.served import load_model
-from tests.models.tiny import CHATML, CORPUS, VOCAB, save_tiny, write_tokenizer
+from tests.models.tiny import CHATML, CORPUS, VOCAB, save_tiny, with_byte_fallback, write_tokenizer
 
 TEXTS = [
     "The quick brown fox.",
@@ -67,12 +67,7 @@ def _spm_tokenizer() -> Tokenizer:
         vocab_size=200, special_tokens=["<unk>", "<s>", "</s>"], show_progress=False
     )
     tok.train_from_iterator([t for t in CORPUS if t.isascii()], trainer)
-    spec = json.loads(tok.to_str())
-    vocab = spec["model"]["vocab"]
-    for b in range(256):
-        vocab.setdefault(f"<0x{b:02X}>", len(vocab))
-    spec["model"]["byte_fallback"] = True
-    spm = Tokenizer.from_str(json.dumps(spec))
+    spm = with_byte_fallback(tok)
     spm.decoder = decoders.Sequence(
         [
             decoders.Replace("\u2581", " "),

@@ -21,10 +21,12 @@ Caches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 def empty_caches(model: Any, num_tokens: int) -> Caches:
-    """Zeroed key and value blocks for ``num_tokens``, plus block 0 that no table names."""
+    """Zeroed key and value blocks for ``num_tokens``, plus block 0 that no table names, each
+    layer's at its own shape (Gemma 4's global layers)."""
     cfg = model.config
-    shape = (-(-num_tokens // BLOCK_SIZE) + 1, BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    return [(torch.zeros(shape), torch.zeros(shape)) for _ in range(cfg.num_layers)]
+    blocks = (-(-num_tokens // BLOCK_SIZE) + 1, BLOCK_SIZE)
+    shapes = [(*blocks, *cfg.kv_shape(layer)) for layer in range(cfg.num_layers)]
+    return [(torch.zeros(shape), torch.zeros(shape)) for shape in shapes]
 
 
 def paged_logits(

@@ -1,11 +1,14 @@
 """Gemma 3n's decoder (models/gemma3n.py) against transformers' Gemma3nForCausalLM on a tiny
 random checkpoint (tests/models/tiny_gemma3n.py): float32 logits of a 110-token prompt (the
 window is 8), whole and in chunks through the paged cache, the greedy continuation, the same
-through the engine; the text model of a Gemma3nForConditionalGeneration directory; and a
-MatFormer slice against transformers' model of the sliced config with the cut weights."""
+through the engine; bf16, the dtype users run, against transformers' bf16 and the float32
+reference; the text path of a Gemma3nForConditionalGeneration directory (its audio path:
+test_gemma3n_audio_parity.py); and a MatFormer slice against transformers' model of the sliced
+config with the cut weights."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,7 @@ import torch
 
 from inferd import LLM, SamplingParams
 from inferd.engine.runner import ModelRunner
+from inferd.layers.linear import dense_rows
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.loading.matformer import MatformerSlice, matformer_slice, read_matformer_slices
 from inferd.loading.model import load
@@ -24,12 +28,14 @@ from tests.models.test_llama_parity import full_forward
 from tests.models.tiny import VOCAB
 from tests.models.tiny_gemma3n import (
     MATFORMER_CSV,
+    MEDIA_VOCAB,
+    MEDIA_VOCAB_SIZE,
+    MM_TEXT,
+    MM_VOCAB,
     PLE_VOCAB,
     SLICE_NAME,
     SLICE_WIDTHS,
     WINDOW,
-    multimodal_logits,
-    save_tiny_gemma3n_multimodal,
     save_tiny_gemma3n_text,
     slice_reference,
 )
@@ -114,23 +120,95 @@ def test_kv_sharing_layers_hold_no_cache_of_their_own(pair: tuple[Any, LlamaForC
     assert caches[5] is caches[2] and caches[6] is caches[4] and caches[7] is caches[2]
 
 
-def test_conditional_generation_directory_serves_its_text_model(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_conditional_generation_directory_serves_text_and_audio(
+    tiny_gemma3n_audio: tuple[Path, Any, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A Gemma3nForConditionalGeneration directory loads its language model and the tables
-    of its image and audio ranges of ids (the encoders' tensors are left unread), says its
-    media encoders are not served, and takes text only; its logits are the whole model's."""
-    hf, embedders = save_tiny_gemma3n_multimodal(tmp_path)
+    """A Gemma3nForConditionalGeneration directory loads its language model, the tables of its
+    image and audio ranges of ids and its audio encoder (the image encoder's tensors are left
+    unread), says its image encoder is not served, and takes text and audio; a text prompt's
+    logits, ids of both ranges among them, are the whole model's."""
+    directory, hf, _ = tiny_gemma3n_audio
     with caplog.at_level("WARNING"):
-        loaded = load(tmp_path, dtype="f32", progress=False, packed_kernels=False)
-    assert "audio and image encoders are not served yet" in caplog.text
-    assert loaded.config.input_modalities == ("text",)
-    ids = PROMPT[:60]
-    assert any(256 <= i < 288 for i in ids) and any(288 <= i < 320 for i in ids)
-    expected = multimodal_logits(hf, embedders, ids)
+        loaded = load(directory, dtype="f32", progress=False, packed_kernels=False)
+    assert "image encoder (MobileNet-v5) is not served; serving text and audio" in caplog.text
+    assert loaded.config.input_modalities == ("text", "audio")
+    ids = torch.randint(3, MM_VOCAB, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    for offset, _ in MEDIA_VOCAB.values():
+        assert any(offset <= i < offset + MEDIA_VOCAB_SIZE for i in ids)
+    assert any(i < MM_TEXT for i in ids)
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
     logits = full_forward(loaded.model, ids, block_size=4, chunk=9)
     assert (logits - expected).abs().max() < LOGIT_TOLERANCE
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+# --- bf16 --------------------------------------------------------------------------------------
+
+BF16_REGRET = 0.5  # a bf16 pick may differ from float32's at a near-tie, never at a clear one
+
+
+@pytest.fixture(scope="module")
+def pair_bf16(tiny: tuple[Path, Any]) -> tuple[Any, LlamaForCausalLM]:
+    ours, _ = load_safetensors_model(tiny[0], torch.bfloat16, progress=False)
+    return copy.deepcopy(tiny[1]).to(torch.bfloat16), ours
+
+
+def test_bf16_per_layer_inputs_are_transformers_bits(
+    pair_bf16: tuple[Any, LlamaForCausalLM],
+) -> None:
+    """The per-layer embeddings in bf16, their constant scales rounded to bf16 first as
+    transformers' Gemma 3n rounds them."""
+    hf, ours = pair_bf16
+    ids = torch.tensor(PROMPT)
+    with torch.no_grad(), dense_rows():
+        embeds = hf.model.embed_tokens(ids[None])
+        expected = hf.model.project_per_layer_inputs(
+            embeds, hf.model.get_per_layer_inputs(ids[None])
+        )
+        assert isinstance(ours, Gemma3nForCausalLM)
+        got = ours.per_layer_inputs(ids, embeds[0])
+    assert torch.equal(got, expected[0])
+
+
+def test_bf16_prompt_logits_are_as_close_to_f32_as_transformers_bf16(
+    pair: tuple[Any, LlamaForCausalLM], pair_bf16: tuple[Any, LlamaForCausalLM]
+) -> None:
+    """Prompt logits as the engine computes them in bf16 (every prompt row through the dense
+    bf16 weights): no further from the float32 reference than transformers' bf16 ones, and
+    picking its tokens as often."""
+    hf, ours = pair_bf16
+    with torch.no_grad():
+        reference = pair[0](torch.tensor([PROMPT])).logits[0]
+        theirs = hf(torch.tensor([PROMPT])).logits[0].float()
+    with dense_rows():
+        logits = full_forward(ours, PROMPT, block_size=4).float()
+    ours_error = (logits - reference).abs().mean()
+    theirs_error = (theirs - reference).abs().mean()
+    assert ours_error < 1.25 * theirs_error, (ours_error, theirs_error)
+    wanted = reference.argmax(-1)
+    agree = (logits.argmax(-1) == wanted).float().mean()
+    assert agree >= (theirs.argmax(-1) == wanted).float().mean() - 0.05
+
+
+def test_bf16_engine_greedy_picks_what_f32_picks_up_to_near_ties(
+    tiny: tuple[Path, Any],
+) -> None:
+    """The engine in bf16 (chunked prefill, paged cache, decode steps through its default
+    kernels): each greedy token is the float32 reference's top one, or within a near-tie of it,
+    given the same text before it."""
+    directory, hf = tiny
+    config = dict(dtype="bf16", block_size=4, kv_cache_tokens=256, max_num_batched_tokens=8)
+    with LLM(str(directory), **config) as llm:
+        reply = llm.generate(
+            [PROMPT], SamplingParams(max_tokens=16, temperature=0.0), use_tqdm=False
+        )
+    tokens = list(reply[0].outputs[0].token_ids)
+    with torch.no_grad():
+        reference = hf(torch.tensor([PROMPT + tokens])).logits[0, len(PROMPT) - 1 : -1]
+    picked = reference[torch.arange(len(tokens)), torch.tensor(tokens)]
+    regret = reference.max(-1).values - picked
+    assert regret.max() < BF16_REGRET, regret
 
 
 def test_lora_targets_are_refused_with_a_clear_message(

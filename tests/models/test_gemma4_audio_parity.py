@@ -18,12 +18,12 @@ import numpy.typing as npt
 import pytest
 import torch
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.loading.hf_processor import read_gemma4_audio_config
 from inferd.models.config import Gemma4AudioConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
+from tests.models.paged import paged_logits
 from tests.models.test_gemma4_vision_parity import IMAGE_CONFIG, _image, _spans
 from tests.models.tiny_gemma4 import (
     AUDIO,
@@ -56,7 +56,8 @@ MESSAGES: list[dict[str, Any]] = [
 ]
 
 
-def _wave(samples: int, seed: int) -> npt.NDArray[np.float32]:
+def noisy_tone(samples: int, seed: int) -> npt.NDArray[np.float32]:
+    """An A (440 Hz) under seeded noise, at 16 kHz."""
     rng = np.random.default_rng(seed)
     t = np.arange(samples) / 16_000
     tone = 0.4 * np.sin(2 * np.pi * 440 * t) + 0.1 * rng.standard_normal(samples)
@@ -89,7 +90,7 @@ def test_extractor_settings_are_read(
 def test_features_are_bit_equal(samples: int) -> None:
     from transformers import Gemma4AudioFeatureExtractor
 
-    wave = _wave(samples, seed=samples)
+    wave = noisy_tone(samples, seed=samples)
     expected = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS)([wave], return_tensors="np")
     valid = int(expected["input_features_mask"][0].sum())
     ours = FEATURES.log_mel(wave)
@@ -103,7 +104,7 @@ def test_preemphasis_and_per_bin_features_are_bit_equal() -> None:
     mean = tuple(float(x) for x in np.linspace(-2.0, 1.0, MEL_BINS))
     std = tuple(float(x) for x in np.linspace(0.5, 2.0, MEL_BINS))
     settings = dict(preemphasis=0.97, per_bin_mean=mean, per_bin_stddev=std, mel_floor=1e-5)
-    wave = _wave(20_000, seed=5)
+    wave = noisy_tone(20_000, seed=5)
     extractor = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS, **settings)
     expected = extractor([wave], return_tensors="np")
     cfg = Gemma4AudioFeatureConfig.from_hf(
@@ -117,7 +118,7 @@ def test_encoder_rows_match_transformers(
     checkpoint: tuple[str, Any, Any, Gemma4MultimodalForCausalLM],
 ) -> None:
     _, hf, processor, ours = checkpoint
-    wave = _wave(16_000 + 1234, seed=1)
+    wave = noisy_tone(16_000 + 1234, seed=1)
     inputs = processor.feature_extractor([wave], return_tensors="pt")
     with torch.no_grad():
         out = hf.model.get_audio_features(inputs["input_features"], inputs["input_features_mask"])
@@ -139,21 +140,6 @@ def _forward(
 ) -> torch.Tensor:
     """Logits of one prompt in one prefill: the clip's rows over its audio tokens, the image's
     over its image tokens (which see each other both ways)."""
-    n, block = len(ids), 4
-    blocks = -(-n // block)
-    caches = []
-    for layer in range(model.config.num_layers):
-        shape = (blocks + 1, block, *model.config.kv_shape(layer))
-        caches.append((torch.zeros(shape), torch.zeros(shape)))
-    table, pos = torch.arange(1, blocks + 1), torch.arange(n)
-    spans = _spans(ids, mm_token_id(IMAGE))
-    meta = AttentionMetadata(
-        slot_mapping=table[pos // block] * block + pos % block,
-        decode_rows=None,
-        decode_block_tables=None,
-        decode_lens=None,
-        prefills=(PrefillChunk(0, n, 0, table, None, bidirectional=spans),),
-    )
     input_ids = torch.tensor(ids)
     with torch.inference_mode():
         embeds = model.embed(input_ids)
@@ -161,11 +147,11 @@ def _forward(
         embeds[input_ids == mm_token_id(IMAGE)] = model.encode_patches(
             image.patches, image.positions
         )
-        return model.compute_logits(model(input_ids, pos, meta, caches, embeds=embeds))
+    return paged_logits(model, ids, embeds, spans=_spans(ids, mm_token_id(IMAGE)))
 
 
 def _case(processor: Any, seed: int) -> tuple[list[int], Any, torch.Tensor, Any]:
-    wave = _wave(12_000 + 777 * seed, seed=seed)
+    wave = noisy_tone(12_000 + 777 * seed, seed=seed)
     picture = _image(20, 30, seed=seed)
     image = IMAGE_CONFIG.prepare(picture)
     ids, text = _prompt(processor, len(wave), image)

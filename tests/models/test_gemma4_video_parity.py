@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 import torch
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.models.gemma4_image import PreparedGemma4Image, video_prompt_text
 from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
+from tests.models.paged import paged_logits
 from tests.models.test_gemma4_vision_parity import IMAGE_CONFIG, _image, _spans
 from tests.models.tiny_gemma4 import MAX_SOFT_TOKENS, VIDEO, mm_token_id, save_tiny_gemma4
 
@@ -86,28 +86,14 @@ def _forward(
     """Logits of one prompt in one prefill: each frame's rows over its video tokens, which see
     each other both ways."""
     token = mm_token_id(VIDEO)
-    n, block = len(ids), 4
-    blocks = -(-n // block)
-    caches = []
-    for layer in range(model.config.num_layers):
-        shape = (blocks + 1, block, *model.config.kv_shape(layer))
-        caches.append((torch.zeros(shape), torch.zeros(shape)))
-    table, pos = torch.arange(1, blocks + 1), torch.arange(n)
     spans = _spans(ids, token)
     assert len(spans) == len(frames)  # a frame's tokens are one span, apart from the next's
-    meta = AttentionMetadata(
-        slot_mapping=table[pos // block] * block + pos % block,
-        decode_rows=None,
-        decode_block_tables=None,
-        decode_lens=None,
-        prefills=(PrefillChunk(0, n, 0, table, None, bidirectional=spans),),
-    )
     input_ids = torch.tensor(ids)
     with torch.inference_mode():
         embeds = model.embed(input_ids)
         rows = [model.encode_patches(f.patches, f.positions) for f in frames]
         embeds[input_ids == token] = torch.cat(rows)
-        return model.compute_logits(model(input_ids, pos, meta, caches, embeds=embeds))
+    return paged_logits(model, ids, embeds, spans=spans)
 
 
 def test_video_prompt_logits_match_transformers(checkpoint: tuple[Any, Any, Any]) -> None:

@@ -18,12 +18,12 @@ import pytest
 import torch
 from PIL import Image
 
-from inferd.layers.attention import AttentionMetadata, PrefillChunk
 from inferd.loading.hf_model import load_safetensors_model
 from inferd.loading.hf_processor import read_gemma4_image_config
 from inferd.models.config import ModelConfigError
 from inferd.models.gemma4_image import Gemma4ImageConfig, PreparedGemma4Image
 from inferd.models.gemma4_multimodal import Gemma4MultimodalForCausalLM
+from tests.models.paged import paged_logits
 from tests.models.tiny_gemma4 import (
     BOI,
     EOI,
@@ -122,28 +122,12 @@ def _forward(
     """Logits of one prompt in one prefill, each image's rows over its tokens, which see each
     other both ways (the engine's ``bidirectional_spans``)."""
     token = mm_token_id(IMAGE)
-    n, block = len(ids), 4
-    blocks = -(-n // block)
-    caches = []
-    for layer in range(model.config.num_layers):
-        shape = (blocks + 1, block, *model.config.kv_shape(layer))
-        caches.append((torch.zeros(shape), torch.zeros(shape)))
-    table = torch.arange(1, blocks + 1)
-    pos = torch.arange(n)
-    chunk = PrefillChunk(0, n, 0, table, None, bidirectional=_spans(ids, token))
-    meta = AttentionMetadata(
-        slot_mapping=table[pos // block] * block + pos % block,
-        decode_rows=None,
-        decode_block_tables=None,
-        decode_lens=None,
-        prefills=(chunk,),
-    )
     input_ids = torch.tensor(ids)
     with torch.inference_mode():
         embeds = model.embed(input_ids)
         rows = [model.encode_patches(i.patches, i.positions) for i in images]
         embeds[input_ids == token] = torch.cat(rows)
-        return model.compute_logits(model(input_ids, pos, meta, caches, embeds=embeds))
+    return paged_logits(model, ids, embeds, spans=_spans(ids, token))
 
 
 def test_image_prompt_logits_match_transformers(

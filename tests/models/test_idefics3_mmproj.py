@@ -29,7 +29,6 @@ from inferd.serving.served import ServedModel, load_model
 from tests.models.paged import image_embeddings, paged_logits
 from tests.models.test_idefics3_parity import CASES, expand
 from tests.models.test_idefics3_processor import generated
-from tests.models.tiny import hf_config, write_gguf
 from tests.models.tiny_mmproj import write_language_model, write_mmproj, write_smolvlm_ggufs
 from tests.models.tiny_vlm import vlm_tokenizer
 
@@ -113,20 +112,10 @@ def test_a_projector_without_preproc_size_takes_one_tile(
     assert prepared.num_tiles == 1 and prepared.tiles.shape[-2:] == (32, 32)
 
 
-@pytest.fixture(scope="module")
-def text_only_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A Llama GGUF of the same width whose tokenizer has no image tokens."""
-    from transformers import AutoModelForCausalLM
-
-    path = tmp_path_factory.mktemp("text-lm") / "text.gguf"
-    write_gguf(AutoModelForCausalLM.from_config(hf_config("llama")), path)
-    return path
-
-
 def test_mismatched_projectors_are_refused_before_loading(
     ggufs: tuple[Path, Path],
     tiny_idefics3: tuple[Path, Any, Any],
-    text_only_gguf: Path,
+    tiny_llama_gguf: Path,
     tmp_path: Path,
 ) -> None:
     hf_dir, hf, processor = tiny_idefics3
@@ -150,7 +139,7 @@ def test_mismatched_projectors_are_refused_before_loading(
         (lm, narrow, "gives 32-wide embeddings .* language model is 64 wide"),
         (lm, wide_mlp, r"tensor v.blk.0.ffn_up.weight has shape \(80, 48\), .* says \(96, 48\)"),
         (lm, lm, "is not a multimodal projector .*'llama'"),
-        (text_only_gguf, proj, "tokenizer has no <image>"),
+        (tiny_llama_gguf, proj, "tokenizer has no <image>"),
         (split_image, proj, "has <image> as a normal token"),
         (no_mark, proj, "split into up to 3x3 tiles, .* has no <row_3_col_2> token"),
         (hf_dir, proj, "--mmproj goes with a GGUF language model"),

@@ -54,6 +54,17 @@ def byte_level_tokenizer(
     return tok
 
 
+def with_byte_fallback(trained: Tokenizer) -> Tokenizer:
+    """A trained BPE with SentencePiece's byte fallback: the ``<0x00>`` ... ``<0xFF>`` tokens
+    it lacks appended to its vocabulary, for the bytes of pieces it does not know."""
+    spec = json.loads(trained.to_str())
+    vocab = spec["model"]["vocab"]
+    for byte in range(256):
+        vocab.setdefault(f"<0x{byte:02X}>", len(vocab))
+    spec["model"]["byte_fallback"] = True
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def write_tokenizer(directory: Path, tok: Tokenizer | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     (tok or byte_level_tokenizer()).save(str(directory / "tokenizer.json"))

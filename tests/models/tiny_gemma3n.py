@@ -10,11 +10,15 @@ the wrong place cannot go unnoticed.
 ``slice_reference`` builds what a MatFormer slice of it must equal: transformers' model from
 the sliced config with the sliced weights (the MLPs' first units, the layers kept, their
 blocks of the PLE tables).
+
+``save_tiny_gemma3n_multimodal`` puts the same decoder under a tiny audio encoder (two
+conformer layers) as a Gemma3nForConditionalGeneration with its processor; transformers builds
+its image encoder with timm, absent here, so an empty module stands in for it (the checkpoint
+has none of its tensors, as inferd reads none).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -112,32 +116,194 @@ def save_tiny_gemma3n_text(directory: Path, seed: int = 0, **overrides: Any) -> 
     return model
 
 
-# The ConditionalGeneration model's media ranges of the vocabulary: ids 256..287 (image) and
-# 288..319 (audio) are embedded by the encoders' own tables, of these widths.
-MEDIA_VOCAB = {"embed_vision": (256, 8), "embed_audio": (288, 12)}
+# --- Gemma3nForConditionalGeneration: the decoder above under the audio encoder -------------
+
+# Its vocabulary: text below 336 (the tokenizer's BPE and chat markers, the PLE table's ids),
+# then the image range 336..367 and the audio range 368..399, each embedded by its encoder's
+# own table; the end-of-media markers and soft tokens open each range, as in the real one.
+MM_VOCAB, MM_TEXT = 400, 336
+MEDIA_VOCAB = {"embed_vision": (336, 8), "embed_audio": (368, 12)}  # offset, table width
 MEDIA_VOCAB_SIZE = 32
+BOI, IMAGE, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
+BOA, AUDIO, EOA = "<start_of_audio>", "<audio_soft_token>", "<end_of_audio>"
+TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]
+MEL_BINS = 16
+AUDIO_SOFT_TOKENS = 188  # the real processor's and model's: every clip fills as many tokens
+# Gemma's turns over content parts, an audio part written as the audio token.
+TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role'])"
+    " + '\\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image_soft_token>' }}"
+    "{% elif part['type'] == 'audio' %}{{ '<audio_soft_token>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}{{ '<end_of_turn>\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{% endif %}"
+)
 
 
-def media_embedders(seed: int = 0) -> dict[str, Any]:
-    """transformers' Gemma3nMultimodalEmbedder of each media range, randomized."""
-    from types import SimpleNamespace
+def mm_token_id(name: str) -> int:
+    return int(_mm_tokenizer().convert_tokens_to_ids(name))
 
-    from transformers.models.gemma3n.modeling_gemma3n import Gemma3nMultimodalEmbedder
 
-    out = {}
-    for n, (name, (offset, width)) in enumerate(MEDIA_VOCAB.items()):
-        media = SimpleNamespace(
-            hidden_size=width, rms_norm_eps=1e-6, vocab_offset=offset, vocab_size=MEDIA_VOCAB_SIZE
-        )
-        embedder = Gemma3nMultimodalEmbedder(media, SimpleNamespace(hidden_size=64)).float()
-        randomize_gemma3n(embedder, seed + 1 + n)
-        out[name] = embedder.eval()
-    return out
+def _mm_tokenizer() -> Any:
+    """A byte-level BPE of ``MM_TEXT`` ids (the chat and begin-of-media markers among its
+    specials), then the image range's end marker and soft token, fillers to the audio range,
+    and its end marker and soft token at its first two ids."""
+    from tokenizers import AddedToken
+    from transformers import PreTrainedTokenizerFast
+
+    from tests.models.tiny import byte_level_tokenizer
+
+    tok = byte_level_tokenizer(MM_TEXT, [*TURN_TOKENS, BOI, BOA])
+    fillers = [f"<unused_image_{i}>" for i in range(MEDIA_VOCAB_SIZE - 2)]
+    tok.add_special_tokens(
+        [AddedToken(t, special=True) for t in [EOI, IMAGE, *fillers, EOA, AUDIO]]
+    )
+    assert tok.token_to_id(EOA) == MEDIA_VOCAB["embed_audio"][0]
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<end_of_turn>",
+        pad_token="<|endoftext|>",
+        extra_special_tokens={
+            "image_token": IMAGE,
+            "boi_token": BOI,
+            "eoi_token": EOI,
+            "audio_token": AUDIO,
+            "boa_token": BOA,
+            "eoa_token": EOA,
+        },
+    )
+    fast.chat_template = TEMPLATE
+    return fast
+
+
+def audio_config(**overrides: Any) -> dict[str, Any]:
+    """Two conformer layers 32 wide, chunks of 4 frames seeing 4 back (itself included), as
+    the real one's 12 and 13; conv channels unlike the mel bins; a logit cap and a clipping
+    bound low enough to bend some values."""
+    settings: dict[str, Any] = dict(
+        hidden_size=32,
+        input_feat_size=MEL_BINS,
+        conf_num_hidden_layers=2,
+        conf_num_attention_heads=2,
+        sscp_conv_channel_size=[8, 6],
+        conf_attention_chunk_size=4,
+        conf_attention_context_left=5,
+        conf_attention_context_right=0,
+        conf_attention_logit_cap=5.0,
+        gradient_clipping=4.0,
+        vocab_offset=MEDIA_VOCAB["embed_audio"][0],
+        vocab_size=MEDIA_VOCAB_SIZE,
+        rms_norm_eps=1e-6,
+    )
+    settings.update(overrides)
+    return settings
+
+
+def mm_config(audio_overrides: dict[str, Any] | None = None) -> Any:
+    from transformers import Gemma3nConfig
+
+    text = text_config(
+        vocab_size=MM_VOCAB,
+        vocab_size_per_layer_input=MM_TEXT,
+        eos_token_id=mm_token_id("<end_of_turn>"),
+    )
+    vision = {
+        "hidden_size": MEDIA_VOCAB["embed_vision"][1],
+        "vocab_offset": MEDIA_VOCAB["embed_vision"][0],
+        "vocab_size": MEDIA_VOCAB_SIZE,
+    }
+    return Gemma3nConfig(
+        text_config=text.to_dict(),
+        vision_config=vision,
+        audio_config=audio_config(**(audio_overrides or {})),
+        audio_soft_tokens_per_image=AUDIO_SOFT_TOKENS,
+        vision_soft_tokens_per_image=16,
+        boi_token_id=mm_token_id(BOI),
+        eoi_token_id=mm_token_id(EOI),
+        image_token_id=mm_token_id(IMAGE),
+        boa_token_id=mm_token_id(BOA),
+        eoa_token_id=mm_token_id(EOA),
+        audio_token_id=mm_token_id(AUDIO),
+        tie_word_embeddings=True,
+    )
+
+
+def build_tiny_gemma3n_multimodal(
+    seed: int = 0, audio_overrides: dict[str, Any] | None = None
+) -> Any:
+    """The randomized tiny Gemma3nForConditionalGeneration in float32 eval mode, eager
+    attention, less its image encoder: transformers builds that MobileNet with timm (absent
+    here), so an empty module stands in for it (the audio and text paths never call it)."""
+    from unittest import mock
+
+    from transformers import Gemma3nForConditionalGeneration
+    from transformers.models.gemma3n import modeling_gemma3n
+
+    build = modeling_gemma3n.AutoModel.from_config
+
+    def without_vision(config: Any, **kwargs: Any) -> Any:
+        if config.model_type == "gemma3n_vision":
+            return torch.nn.Module()
+        return build(config, **kwargs)
+
+    torch.manual_seed(seed)
+    with mock.patch.object(modeling_gemma3n.AutoModel, "from_config", without_vision):
+        model = Gemma3nForConditionalGeneration(mm_config(audio_overrides)).float()
+    randomize_gemma3n(model, seed)
+    model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
+    model.config._attn_implementation = "eager"
+    model.config.get_text_config()._attn_implementation = "eager"
+    return model.eval()
+
+
+def save_tiny_gemma3n_multimodal(
+    directory: Path, seed: int = 0, audio_overrides: dict[str, Any] | None = None
+) -> tuple[Any, Any]:
+    """The tiny Gemma3nForConditionalGeneration (``build_tiny_gemma3n_multimodal``) and its
+    processor (audio feature extractor at ``MEL_BINS`` mel bins, image processor, tokenizer)
+    saved in ``directory``; returns both."""
+    from transformers import Gemma3nAudioFeatureExtractor, Gemma3nProcessor
+    from transformers.models.siglip import SiglipImageProcessorPil
+
+    model = build_tiny_gemma3n_multimodal(seed, audio_overrides)
+    model.save_pretrained(str(directory))
+    processor = Gemma3nProcessor(
+        feature_extractor=Gemma3nAudioFeatureExtractor(feature_size=MEL_BINS),
+        image_processor=SiglipImageProcessorPil(),
+        tokenizer=_mm_tokenizer(),
+        chat_template=TEMPLATE,
+        audio_seq_length=AUDIO_SOFT_TOKENS,
+        image_seq_length=16,
+    )
+    processor.save_pretrained(str(directory))
+    return model, processor
+
+
+def text_model(full: Any) -> Any:
+    """transformers' Gemma3nForCausalLM on the decoder of the ConditionalGeneration ``full``
+    (its weights shared): the model its MatFormer slices cut."""
+    from transformers import Gemma3nForCausalLM
+
+    model = Gemma3nForCausalLM(full.config.get_text_config()).float()
+    model.model = full.model.language_model
+    model.lm_head = full.lm_head
+    model.generation_config.eos_token_id = None
+    return model.eval()
+
+
+def media_embedders(full: Any) -> dict[str, Any]:
+    """The ConditionalGeneration ``full``'s embedders of its media ranges of ids."""
+    return {name: getattr(full.model, name) for name in MEDIA_VOCAB}
 
 
 def multimodal_logits(hf: Any, embedders: dict[str, Any], ids: list[int]) -> torch.Tensor:
     """The logits Gemma3nForConditionalGeneration gives a text prompt: ids of the media ranges
-    embedded by their embedders, the PLE of the ids, then ``hf``'s text model and head."""
+    embedded by their embedders, the PLE of the ids, then ``hf``'s text model and head (a
+    MatFormer slice of the decoder under the whole model's embedders)."""
     input_ids = torch.tensor([ids])
     model = hf.model
     with torch.no_grad():
@@ -160,51 +326,6 @@ def multimodal_greedy(hf: Any, embedders: dict[str, Any], ids: list[int], n: int
     return out[len(ids) :]
 
 
-def save_tiny_gemma3n_multimodal(directory: Path, seed: int = 0) -> tuple[Any, dict[str, Any]]:
-    """The same decoder as a Gemma3nForConditionalGeneration directory: its weights under
-    ``model.language_model.``, the media ranges' embedders beside it, a config.json with
-    vision and audio configs and an encoder tensor (transformers builds its MobileNet tower
-    with timm, absent here, so the directory is written by hand). Returns the text model and
-    the embedders (``multimodal_logits`` runs them as the whole model would)."""
-    from safetensors.torch import save_file
-
-    model = build_tiny_gemma3n(seed)
-    embedders = media_embedders(seed)
-    tensors = {
-        "model.language_model." + name.removeprefix("model."): p.detach().contiguous()
-        for name, p in model.named_parameters()
-        if name.startswith("model.")
-    }
-    for name, embedder in embedders.items():
-        for key, p in embedder.named_parameters():
-            tensors[f"model.{name}.{key}"] = p.detach().contiguous()
-    tensors["model.audio_tower.conformer.0.norm.weight"] = torch.ones(8)
-    directory.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
-    config = {
-        "architectures": ["Gemma3nForConditionalGeneration"],
-        "model_type": "gemma3n",
-        "text_config": {**model.config.to_dict(), "model_type": "gemma3n_text"},
-        **{
-            key: {
-                "model_type": f"gemma3n_{kind}",
-                "hidden_size": MEDIA_VOCAB[name][1],
-                "vocab_size": MEDIA_VOCAB_SIZE,
-                "vocab_offset": MEDIA_VOCAB[name][0],
-                "rms_norm_eps": 1e-6,
-            }
-            for key, kind, name in (
-                ("vision_config", "vision", "embed_vision"),
-                ("audio_config", "audio", "embed_audio"),
-            )
-        },
-        "tie_word_embeddings": True,
-    }
-    (directory / "config.json").write_text(json.dumps(config, indent=1))
-    write_tokenizer(directory)
-    return model, embedders
-
-
 def slice_reference(full: Any) -> Any:
     """transformers' model of the MatFormer slice ``SLICE_NAME`` of ``full``: the sliced
     config written out by hand, the weights copied and cut from the full model."""
@@ -212,6 +333,9 @@ def slice_reference(full: Any) -> Any:
 
     kept = [i for i in range(len(LAYER_TYPES)) if i not in SKIPPED]
     cfg = text_config(
+        vocab_size=full.config.vocab_size,
+        vocab_size_per_layer_input=full.config.vocab_size_per_layer_input,
+        eos_token_id=full.config.eos_token_id,
         num_hidden_layers=len(kept),
         layer_types=[LAYER_TYPES[i] for i in kept],
         intermediate_size=SLICE_WIDTHS,

@@ -12,6 +12,8 @@ cannot go unnoticed.
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +66,13 @@ def text_config(**overrides: Any) -> Any:
 
 def randomize_gemma4(model: torch.nn.Module, seed: int) -> None:
     """Every parameter and each layer's output scalar random; Gemma 4's norms scale by ``w``,
-    so theirs lie around one."""
+    so theirs lie around one (and so do its experts' routers' scales, per channel and per
+    expert)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=g)
-            if "norm" in name:
+            if "norm" in name or name.endswith(("router.scale", "per_expert_scale")):
                 p.copy_(1 + 0.3 * noise)
             else:
                 p.copy_(noise * (2.4 / p.shape[-1] ** 0.5))
@@ -169,13 +172,18 @@ def mm_token_id(name: str) -> int:
     return (SPECIALS + EXTRA).index(name)
 
 
-def _mm_tokenizer() -> Any:
+def _mm_tokenizer(gemma: bool = False) -> Any:
+    """The byte-level tokenizer, or with ``gemma`` Gemma's own kind (``gemma_tokenizer``, its
+    ``<bos>`` written by the template)."""
     from transformers import PreTrainedTokenizerFast
 
     from tests.models.tiny import byte_level_tokenizer
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=byte_level_tokenizer(MM_VOCAB, EXTRA),
+        tokenizer_object=gemma_tokenizer() if gemma else byte_level_tokenizer(MM_VOCAB, EXTRA),
+        bos_token=GEMMA_BOS if gemma else None,
+        add_bos_token=gemma,
+        unk_token=GEMMA_UNK if gemma else None,
         eos_token="<end_of_turn>",
         pad_token="<|endoftext|>",
         extra_special_tokens={
@@ -187,8 +195,39 @@ def _mm_tokenizer() -> Any:
             "eoa_token": EOA,
         },
     )
-    fast.chat_template = TEMPLATE
+    fast.chat_template = "{{ bos_token }}" + TEMPLATE if gemma else TEMPLATE
     return fast
+
+
+GEMMA_BOS, GEMMA_UNK = "<bos>", "<unk>"
+_SPM_SPACE = "\u2581"
+
+
+def gemma_tokenizer() -> Any:
+    """A tokenizer of Gemma's kind, ``MM_VOCAB`` tokens: BPE over text whose spaces are ``▁``,
+    with byte fallback (``<0x00>`` ... ``<0xFF>``), the chat and media markers first (the ids
+    ``mm_token_id`` gives), then ``<bos>`` and ``<unk>``. llama.cpp's converter takes only this
+    kind for Gemma 4 (``LlamaHfVocab``)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from tests.models.tiny import CORPUS, SPECIALS, with_byte_fallback
+
+    trained = Tokenizer(models.BPE(unk_token=GEMMA_UNK, fuse_unk=True))
+    trained.normalizer = normalizers.Replace(" ", _SPM_SPACE)
+    trainer = trainers.BpeTrainer(
+        vocab_size=MM_VOCAB - 256,
+        special_tokens=[*SPECIALS, *EXTRA, GEMMA_BOS, GEMMA_UNK],
+        show_progress=False,
+    )
+    trained.train_from_iterator(CORPUS, trainer)
+    tok = with_byte_fallback(trained)
+    # transformers' GemmaTokenizer: the split finds no space once the normalizer ran.
+    tok.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(_SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    )
+    assert tok.get_vocab_size() == MM_VOCAB
+    return tok
 
 
 def vision_config(**overrides: Any) -> dict[str, Any]:
@@ -232,7 +271,11 @@ def audio_config(**overrides: Any) -> dict[str, Any]:
     return settings
 
 
-def mm_config(audio_overrides: dict[str, Any] | None = None, **text_overrides: Any) -> Any:
+def mm_config(
+    audio_overrides: dict[str, Any] | None = None,
+    vision_overrides: dict[str, Any] | None = None,
+    **text_overrides: Any,
+) -> Any:
     from transformers import Gemma4Config
 
     text = text_config(
@@ -244,7 +287,7 @@ def mm_config(audio_overrides: dict[str, Any] | None = None, **text_overrides: A
     )
     return Gemma4Config(
         text_config=text.to_dict(),
-        vision_config=vision_config(),
+        vision_config=vision_config(**(vision_overrides or {})),
         audio_config=audio_config(**(audio_overrides or {})),
         image_token_id=mm_token_id(IMAGE),
         boi_token_id=mm_token_id(BOI),
@@ -268,12 +311,60 @@ def randomize_clip_bounds(model: torch.nn.Module, seed: int) -> None:
                 b.fill_(1.5 + float(torch.rand((), generator=g)))
 
 
+Q8_0_BLOCK = 32  # values per Q8_0 block, along a tensor's rows
+
+
+def on_q8_0_grid(model: torch.nn.Module) -> None:
+    """Every weight of two or more dimensions made exactly representable in Q8_0 and in float16,
+    so that llama.cpp's converter stores the same values at each of its output types: in each
+    block of 32 along a row, multiples of a power of two ``d`` between -127 d and 127 d, the
+    largest magnitude exactly 127 d (the quantizer's scale is the largest magnitude over 127).
+    Only what the checkpoint saves: a buffer transformers computes (the audio's relative
+    position table) stays as it computes it."""
+    with torch.no_grad():
+        for tensor in model.state_dict().values():  # sharing the parameters' storage
+            if tensor.dim() < 2 or not tensor.is_floating_point():
+                continue
+            rows = tensor.view(-1, tensor.shape[-1])
+            for start in range(0, rows.shape[1], Q8_0_BLOCK):
+                block = rows[:, start : start + Q8_0_BLOCK]
+                largest = block.abs().amax(-1, keepdim=True).clamp_min(1e-6)
+                step = 2.0 ** torch.ceil(torch.log2(largest / 127))
+                steps = torch.round(block / step).clamp(-127, 127)
+                top = steps.abs().argmax(-1, keepdim=True)
+                sign = torch.where(steps.gather(-1, top) < 0, -1.0, 1.0)
+                steps.scatter_(-1, top, 127 * sign)
+                block.copy_(steps * step)
+
+
+# What llama.cpp's Gemma 4 projector assumes rather than records (tools/mtmd: pooling 3; audio
+# attention in chunks of 12 seeing 13 back, logits capped at 50): the shape ``llama_cpp`` gives
+# the encoders, so that the converted files describe this model. ``input_feat_size`` is what the
+# converter writes as the projector's mel bins.
+LLAMA_CPP_VISION: dict[str, Any] = {"pooling_kernel_size": 3}
+LLAMA_CPP_AUDIO: dict[str, Any] = {
+    "attention_chunk_size": 12,
+    "attention_context_left": 13,
+    "attention_logit_cap": 50.0,
+    "input_feat_size": MEL_BINS,
+}
+LLAMA_CPP_SOFT_TOKENS = 280  # the image processor's default budget
+
+
 def save_tiny_gemma4(
-    directory: Path, seed: int = 0, audio_overrides: dict[str, Any] | None = None
+    directory: Path,
+    seed: int = 0,
+    audio_overrides: dict[str, Any] | None = None,
+    *,
+    llama_cpp: bool = False,
 ) -> tuple[Any, Any]:
     """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor,
     audio feature extractor and tokenizer) saved in ``directory``; returns both (the model in
-    float32 eval mode)."""
+    float32 eval mode). ``llama_cpp``: the encoders in the shape llama.cpp's projector assumes
+    (``LLAMA_CPP_VISION``, ``LLAMA_CPP_AUDIO``), the image processor at its default budget and
+    Gemma's kind of tokenizer (``gemma_tokenizer``), as llama.cpp's converter takes them; and
+    the weights on Q8_0's grid (``on_q8_0_grid``), so its float32, float16 and Q8_0 files all
+    hold this very model."""
     from transformers import (
         Gemma4AudioFeatureExtractor,
         Gemma4ForConditionalGeneration,
@@ -281,8 +372,11 @@ def save_tiny_gemma4(
         Gemma4Processor,
     )
 
+    if llama_cpp:
+        audio_overrides = {**LLAMA_CPP_AUDIO, **(audio_overrides or {})}
+    config = mm_config(audio_overrides, LLAMA_CPP_VISION if llama_cpp else None)
     torch.manual_seed(seed)
-    model = Gemma4ForConditionalGeneration(mm_config(audio_overrides)).float()
+    model = Gemma4ForConditionalGeneration(config).float()
     randomize_gemma4(model, seed)
     randomize_clip_bounds(model, seed)
     with torch.no_grad():  # a standardization that moves the features
@@ -292,11 +386,15 @@ def save_tiny_gemma4(
         model.model.vision_tower.std_scale.uniform_(
             0.5, 1.5, generator=torch.Generator().manual_seed(seed)
         )
+    if llama_cpp:
+        on_q8_0_grid(model)
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
     model.save_pretrained(str(directory))
     model.config._attn_implementation = "eager"
+    pooling = config.vision_config.pooling_kernel_size
+    soft_tokens = LLAMA_CPP_SOFT_TOKENS if llama_cpp else MAX_SOFT_TOKENS
     images = Gemma4ImageProcessorPil(
-        patch_size=PATCH, pooling_kernel_size=POOLING, max_soft_tokens=MAX_SOFT_TOKENS
+        patch_size=PATCH, pooling_kernel_size=pooling, max_soft_tokens=soft_tokens
     )
 
     class ProcessorWithoutVideo(Gemma4Processor):  # type: ignore[misc]
@@ -307,22 +405,25 @@ def save_tiny_gemma4(
                 return None
             return super().check_argument_for_proper_class(name, argument)
 
-    tokenizer = _mm_tokenizer()
+    tokenizer = _mm_tokenizer(gemma=llama_cpp)
     features = Gemma4AudioFeatureExtractor(feature_size=MEL_BINS)
     processor = ProcessorWithoutVideo(
         feature_extractor=features,
         image_processor=images,
         tokenizer=tokenizer,
         video_processor=None,
-        chat_template=TEMPLATE,
-        image_seq_length=MAX_SOFT_TOKENS,
+        chat_template=tokenizer.chat_template,
+        image_seq_length=soft_tokens,
     )
+    if llama_cpp:  # every marker special: llama.cpp's converter makes those control tokens
+        extra = [*tokenizer.extra_special_tokens, "<start_of_turn>"]
+        tokenizer.add_special_tokens({"extra_special_tokens": extra})
     # transformers v5's layout (its save_pretrained needs the video processor we lack):
     # the settings in processor_config.json, the media tokens in tokenizer_config.json.
     settings = {
         "image_processor": images.to_dict(),
         "feature_extractor": features.to_dict(),
-        "video_processor": video_processor_settings(),
+        "video_processor": video_processor_settings(pooling, 32 if llama_cpp else VIDEO_FRAMES),
     }
     settings["image_processor"]["resample"] = int(images.resample)
     settings["feature_extractor"]["mel_floor"] = float(features.mel_floor)
@@ -331,9 +432,9 @@ def save_tiny_gemma4(
     return model.eval(), processor
 
 
-def video_processor_settings() -> dict[str, Any]:
+def video_processor_settings(pooling: int = POOLING, frames: int = VIDEO_FRAMES) -> dict[str, Any]:
     """What Gemma4VideoProcessor saves (it needs torchvision, absent here, to be built): its
-    defaults, at the tiny encoder's patches and ``VIDEO_FRAMES`` frames."""
+    defaults, at the tiny encoder's patches and pooling, keeping ``frames`` frames."""
     return {
         "video_processor_type": "Gemma4VideoProcessor",
         "do_convert_rgb": True,
@@ -345,8 +446,51 @@ def video_processor_settings() -> dict[str, Any]:
         "image_std": [1.0, 1.0, 1.0],
         "resample": 3,
         "do_sample_frames": True,
-        "num_frames": VIDEO_FRAMES,
+        "num_frames": frames,
         "patch_size": PATCH,
-        "pooling_kernel_size": POOLING,
+        "pooling_kernel_size": pooling,
         "max_soft_tokens": 70,
     }
+
+
+# --- The same model as llama.cpp ships it: a language model GGUF plus a projector -------------
+
+# The files convert_tiny_gemma4 writes: (name, outtype, projector or language model).
+GGUF_FILES = (
+    ("lm-f32", "f32", False),
+    ("lm-f16", "f16", False),
+    ("lm-q8_0", "q8_0", False),
+    ("mmproj-f32", "f32", True),
+    ("mmproj-f16", "f16", True),
+)
+
+
+@dataclass(frozen=True)
+class TinyGemma4Gguf:
+    """A ``llama_cpp`` checkpoint (its directory, transformers model and processor) and
+    llama.cpp's files of it, by name (``GGUF_FILES``)."""
+
+    directory: Path
+    hf: Any
+    processor: Any
+    files: dict[str, Path]
+
+    @property
+    def tiny(self) -> tuple[Path, Any, Any]:
+        """As the ``tiny_gemma4`` fixture gives a checkpoint."""
+        return self.directory, self.hf, self.processor
+
+
+def convert_tiny_gemma4(directory: Path, out: Path) -> dict[str, Path]:
+    """llama.cpp's converter's files of the ``llama_cpp`` checkpoint in ``directory``, written
+    into ``out`` two at a time (``GGUF_FILES``)."""
+    from tests.models.llama_cpp_convert import convert, converter
+
+    converter()  # fetched once, before the conversions run side by side
+
+    def one(spec: tuple[str, str, bool]) -> tuple[str, Path]:
+        name, outtype, mmproj = spec
+        return name, convert(directory, out / f"{name}.gguf", outtype, mmproj=mmproj)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, GGUF_FILES))

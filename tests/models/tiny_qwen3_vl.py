@@ -9,6 +9,10 @@ tokenizer holding the vision tokens; the video processor's settings are written 
 The encoder has three blocks, the first two feeding the deep stack (so decoder layers 0 and 1
 both take rows), and a 4x4 position grid that every image's grid resamples (up or down).
 The decoder's heads are 32 wide: 16 rotary pairs, interleaved over the three axes.
+
+With ``moe``, the same model as Qwen3-VL-MoE (``Qwen3VLMoeForConditionalGeneration``): layers
+0 and 2 route each token to 2 of 4 experts (24 wide), layer 1 keeps a dense MLP
+(``mlp_only_layers``).
 """
 
 from __future__ import annotations
@@ -28,16 +32,28 @@ VIDEO_MIN_PIXELS = 64 * 64
 VIDEO_MAX_PIXELS = 32 * 32 * 24  # over all frames: four frames of at most 6 groups each
 SECTIONS = [6, 5, 5]
 DEEPSTACK = [0, 1]
+EXPERTS = dict(
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=24,
+    decoder_sparse_step=1,
+    mlp_only_layers=[1],
+)
 
 
-def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcessor]:
-    """The randomized tiny model and its processor parts (images), saved in ``directory``;
-    returns both (the model in float32 eval mode, eager attention)."""
+def save_tiny_qwen3_vl(
+    directory: Path, seed: int = 0, moe: bool = False
+) -> tuple[Any, TinyProcessor]:
+    """The randomized tiny model (with ``moe``, Qwen3-VL-MoE's) and its processor parts
+    (images), saved in ``directory``; returns both (the model in float32 eval mode, eager
+    attention)."""
     from transformers import (
         PreTrainedTokenizerFast,
         Qwen2VLImageProcessorPil,
         Qwen3VLConfig,
         Qwen3VLForConditionalGeneration,
+        Qwen3VLMoeConfig,
+        Qwen3VLMoeForConditionalGeneration,
     )
 
     fast = PreTrainedTokenizerFast(
@@ -62,6 +78,7 @@ def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcess
             "mrope_interleaved": True,
         },
         pad_token_id=0,
+        **(EXPERTS if moe else {}),
     )
     vision = dict(
         depth=3,
@@ -75,7 +92,8 @@ def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcess
         num_position_embeddings=16,
         deepstack_visual_indexes=DEEPSTACK,
     )
-    config = Qwen3VLConfig(
+    config_class = Qwen3VLMoeConfig if moe else Qwen3VLConfig
+    config = config_class(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image_pad|>"],
@@ -85,7 +103,8 @@ def save_tiny_qwen3_vl(directory: Path, seed: int = 0) -> tuple[Any, TinyProcess
         tie_word_embeddings=False,
     )
     torch.manual_seed(seed)
-    model = Qwen3VLForConditionalGeneration(config).float()
+    model_class = Qwen3VLMoeForConditionalGeneration if moe else Qwen3VLForConditionalGeneration
+    model = model_class(config).float()
     randomize(model, seed)
     with torch.no_grad():  # vision rows on the scale of token rows, as in trained models
         visual = model.model.visual

@@ -8,6 +8,9 @@ import pytest
 
 from tests.server.live import LiveServer, live_server
 
+# the live tests' shared checks report what differed, as the tests' own asserts do
+pytest.register_assert_rewrite("tests.server.media_replies")
+
 
 @pytest.fixture(scope="session")
 def server(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:

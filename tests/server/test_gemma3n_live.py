@@ -5,8 +5,9 @@ chat template writes.
 - a Gemma3nForCausalLM directory, served whole (``-m DIR --dtype f32``);
 - a Gemma3nForConditionalGeneration directory cut by a MatFormer slice
   (``--matformer-config FILE --matformer-slice NAME``): the startup lines name the slice and
-  say the media encoders are not served; the reply is transformers' model of the sliced config
-  with the cut weights; an image is refused with a 400 in OpenAI's envelope;
+  say audio is served and images are not; the reply is transformers' model of the sliced
+  config with the cut weights; an image is refused with a 400 in OpenAI's envelope (audio
+  through the whole model: test_gemma3n_audio_live.py);
 - a slice name the table lacks, or a table that is not one, stops the startup with a clear
   message.
 """
@@ -26,10 +27,12 @@ import torch
 from tests.models.tiny_gemma3n import (
     MATFORMER_CSV,
     SLICE_NAME,
+    media_embedders,
     multimodal_greedy,
     save_tiny_gemma3n_multimodal,
     save_tiny_gemma3n_text,
     slice_reference,
+    text_model,
 )
 from tests.server.live import LiveServer, live_server
 
@@ -87,9 +90,10 @@ def sliced(
     tmp_path_factory: pytest.TempPathFactory, table: Path
 ) -> Iterator[tuple[LiveServer, str]]:
     directory = tmp_path_factory.mktemp("gemma3n-mm")
-    full, embedders = save_tiny_gemma3n_multimodal(directory / "model")
-    expected = reference_reply(directory / "model", slice_reference(full), embedders)
-    assert expected != reference_reply(directory / "model", full, embedders)  # the slice shows
+    full, _ = save_tiny_gemma3n_multimodal(directory / "model")
+    decoder, embedders = text_model(full), media_embedders(full)
+    expected = reference_reply(directory / "model", slice_reference(decoder), embedders)
+    assert expected != reference_reply(directory / "model", decoder, embedders)  # it shows
     args = ["-m", str(directory / "model"), "--dtype", "f32"]
     args += ["--matformer-config", str(table), "--matformer-slice", SLICE_NAME]
     with live_server(args, directory / "serve.log") as live:
@@ -110,7 +114,7 @@ def test_a_slice_of_the_multimodal_checkpoint_replies_as_transformers_sliced_mod
     startup = server.log.read_text()
     assert f"matformer  slice '{SLICE_NAME}'" in startup
     assert "6 of 8 layers (skipped 3, 6), MLP widths 48, 64, 96, 128" in startup
-    assert "audio and image encoders of gemma3n are not served yet: text only" in startup
+    assert "gemma3n serves audio; its image encoder is not served" in startup
     assert chat(server, MESSAGES).choices[0].message.content == expected
 
 

@@ -12,8 +12,6 @@ video processor resizes with torchvision, which is not installed here."""
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import re
 from collections.abc import Iterator
@@ -22,10 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import openai
 import pytest
-import soundfile
 import torch
 
 from inferd.loading.hf_processor import read_gemma4_video_config
@@ -37,7 +33,18 @@ from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_gemma4 import AUDIO, IMAGE, VIDEO, VIDEO_FRAMES, mm_token_id
 from tests.server.live import LiveServer, live_server
-from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
+from tests.server.media_replies import (
+    Greedy,
+    Reply,
+    assert_greedy_reply,
+    encoder_calls,
+    greedy_chat,
+    image_on_anthropic_and_responses,
+    streamed_text,
+    transformers_greedy,
+    wav_part,
+    wav_samples,
+)
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
@@ -70,20 +77,10 @@ def _video_bytes() -> bytes:
 TONE = Tone(16_000, 0.9, (440.0,))
 
 
-def _wave() -> np.ndarray:
-    """The WAV's samples as soundfile reads them (what transformers' users hand it)."""
-    samples, rate = soundfile.read(io.BytesIO(wav_bytes(TONE)), dtype="float32")
-    assert rate == 16_000
-    return np.asarray(samples)
-
-
-def _reference(
-    tiny: Tiny, parts: list[str], question: str, picture: Any = None
-) -> tuple[list[int], str, list[float]]:
-    """transformers' prompt ids, greedy reply and each reply token's log-probability for one
-    user turn: ``parts`` (image, audio,
-    video, in this order when present), then ``question``; the video's frames as the server's
-    sampling keeps them, each prepared at the video budget."""
+def reference(tiny: Tiny, parts: list[str], question: str, picture: Any = None) -> Greedy:
+    """transformers' greedy reply to one user turn: ``parts`` (image, audio, video, in this
+    order when present), then ``question``; the video's frames as the server's sampling keeps
+    them, each prepared at the video budget."""
     directory, hf, processor = tiny
     tok = processor.tokenizer
     content = [{"type": kind} for kind in parts] + [{"type": "text", "text": question}]
@@ -97,7 +94,7 @@ def _reference(
         inputs |= {"pixel_values": images["pixel_values"]}
         inputs |= {"image_position_ids": images["image_position_ids"]}
     if "audio" in parts:
-        features = processor.feature_extractor([_wave()], return_tensors="pt")
+        features = processor.feature_extractor([wav_samples(wav_bytes(TONE))], return_tensors="pt")
         text = text.replace(AUDIO, processor.replace_audio_token(features, 0), 1)
         inputs |= {"input_features": features["input_features"]}
         inputs |= {"input_features_mask": features["input_features_mask"]}
@@ -113,20 +110,7 @@ def _reference(
     )
     inputs |= {"input_ids": input_ids, "attention_mask": torch.ones_like(input_ids)}
     inputs |= {"mm_token_type_ids": types}
-    with torch.inference_mode():
-        out = hf.generate(
-            **inputs,
-            max_new_tokens=NEW,
-            do_sample=False,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    tokens = out.sequences[0, len(ids) :].tolist()
-    logprobs = [
-        float(torch.log_softmax(step[0].float(), -1)[token])
-        for step, token in zip(out.logits, tokens, strict=True)
-    ]
-    return ids, tok.decode(tokens, skip_special_tokens=True), logprobs
+    return transformers_greedy(hf, inputs, tok, NEW)
 
 
 def _video_reference(directory: Path, processor: Any, text: str) -> tuple[str, dict[str, Any]]:
@@ -162,21 +146,13 @@ def _video_reference(directory: Path, processor: Any, text: str) -> tuple[str, d
 
 
 def _ask(client: openai.OpenAI, image: bytes, **more: Any) -> Any:
-    audio = base64.b64encode(wav_bytes(TONE)).decode()
-    parts: Any = [
+    parts = [
         {"type": "image_url", "image_url": {"url": data_url(image)}},
-        {"type": "input_audio", "input_audio": {"data": audio, "format": "wav"}},
+        wav_part(wav_bytes(TONE)),
         {"type": "video_url", "video_url": {"url": data_url(_video_bytes(), "video/mp4")}},
         {"type": "text", "text": QUESTION},
     ]
-    return client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **more,
-    )
+    return greedy_chat(client, parts, NEW, **more)
 
 
 def test_models_lists_image_video_and_audio_input(server: LiveServer) -> None:
@@ -188,22 +164,15 @@ def test_a_png_a_wav_and_an_mp4_reach_the_model_as_transformers_takes_them(
     client: openai.OpenAI, tiny_gemma4: Tiny, server: LiveServer
 ) -> None:
     picture = generated(30, 44, seed=51)
-    ids, text, logprobs = _reference(tiny_gemma4, ["image", "audio", "video"], QUESTION, picture)
-    assert len(re.findall(r"\d\d:\d\d ", tiny_gemma4[2].tokenizer.decode(ids))) == VIDEO_FRAMES
+    expected = reference(tiny_gemma4, ["image", "audio", "video"], QUESTION, picture)
+    times = re.findall(r"\d\d:\d\d ", tiny_gemma4[2].tokenizer.decode(expected.ids))
+    assert len(times) == VIDEO_FRAMES  # the prompt holds each frame after its time
 
     reply = _ask(client, png_bytes(picture), logprobs=True)
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == len(ids)  # each medium's tokens, the frames' times
-    assert reply.choices[0].message.content == text
-    # The random model's greedy text says little; each token's log-probability moves with
-    # any media row or attention span out of place.
-    served = [t.logprob for t in reply.choices[0].logprobs.content]
-    assert served == pytest.approx(logprobs, abs=LOGPROB_TOLERANCE)
+    assert_greedy_reply(reply, expected, LOGPROB_TOLERANCE)  # each medium's tokens, the times
 
     calls_before = encoder_calls(server)
-    chunks = list(_ask(client, png_bytes(picture), stream=True))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == text
+    assert streamed_text(_ask(client, png_bytes(picture), stream=True)) == expected.text
     assert encoder_calls(server) == calls_before  # the image, clip and frames were cached
 
 
@@ -212,10 +181,10 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
 ) -> None:
     picture = generated(40, 26, seed=53)
     question = "Describe it."
-    ids, text, _ = _reference(tiny_gemma4, ["image"], question, picture)
+    expected = reference(tiny_gemma4, ["image"], question, picture)
     url = data_url(png_bytes(picture))
     claude, responses, counted = image_on_anthropic_and_responses(
         server, client, url, question, NEW
     )
-    assert claude == responses == Reply(len(ids), text)
-    assert counted == len(ids)
+    assert claude == responses == Reply(len(expected.ids), expected.text)
+    assert counted == len(expected.ids)

@@ -120,6 +120,12 @@ def chat(content: Any, **extra: Any) -> dict[str, Any]:
     return {"messages": [{"role": "user", "content": content}], "max_tokens": 4, **extra}
 
 
+def _prompt_tokens(http: httpx.Client, body: dict[str, Any]) -> int:
+    """The prompt tokens a complete run of ``body``'s messages is billed."""
+    resp = http.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+    return int(resp.raise_for_status().json()["usage"]["prompt_tokens"])
+
+
 def image_part(url: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": url}}
 
@@ -729,6 +735,8 @@ def test_a_client_that_leaves_mid_stream_is_logged_as_disconnected(
     end = wait_for_end(ops, "ops-leaver-1")
     assert end["status"] == 200 and end["outcome"] == "client_disconnected"
     assert 0 < (end["completion_tokens"] or 0) < 400
+    # known from the first output, so a run cut short is billed its prompt too
+    assert end["prompt_tokens"] == _prompt_tokens(http, body)
     samples = scrape(http)
     outcome = 'outcome="client_disconnected"'
     assert samples[f"inferd_http_request_outcomes_total{{{outcome},{ROUTE}}}"] >= 1

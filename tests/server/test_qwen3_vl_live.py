@@ -2,10 +2,10 @@
 videos, and an image and a video (MP4, ``video_url``) sent through the OpenAI SDK (strict) reach
 the model as transformers' Qwen3-VL takes them: the video's frames sampled by its video
 processor's settings, one run of placeholders per temporal patch after its timestamp. The
-oracle: usage equal to transformers' prompt length and the greedy reply equal to its generate
-on the same pixels, streamed and not; the same video twice is encoded once (its temporal
-patches kept in the encoder cache). An image likewise through the Anthropic and Responses
-APIs (neither has a video part)."""
+oracle: usage equal to transformers' prompt length and the greedy reply (and each token's
+log-probability) equal to its generate on the same pixels, streamed and not; the same video
+twice is encoded once (its temporal patches kept in the encoder cache). An image likewise
+through the Anthropic and Responses APIs (neither has a video part)."""
 
 from __future__ import annotations
 
@@ -31,10 +31,20 @@ from tests.media.corpus import Clip, _mp4
 from tests.models.test_idefics3_processor import generated
 from tests.models.test_qwen3_vl_parity import Media, expand_all, reference
 from tests.server.live import LiveServer, live_server
-from tests.server.media_replies import Reply, encoder_calls, image_on_anthropic_and_responses
+from tests.server.media_replies import (
+    Greedy,
+    Reply,
+    assert_greedy_reply,
+    encoder_calls,
+    greedy_chat,
+    image_on_anthropic_and_responses,
+    streamed_text,
+    transformers_greedy,
+)
 from tests.server.test_vision_live import data_url, png_bytes
 
 NEW = 8
+LOGPROB_TOLERANCE = 1e-4  # float32 on both sides: only summation order differs
 QUESTION = "What do the picture and the clip show?"
 
 
@@ -67,11 +77,11 @@ def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
     return prepare_qwen3_video(decoded.frames, decoded.frame_indices, decoded.fps, cfg)
 
 
-def _reference(
+def transformers_reply(
     tiny_qwen3_vl: tuple[Path, Any, Any], prepared: list[Media], question: str = QUESTION
-) -> tuple[int, str, str]:
-    """transformers' prompt length, prompt text and greedy reply for the turn: the media
-    (an image, then a video if given), then ``question``."""
+) -> tuple[Greedy, str]:
+    """transformers' greedy reply and its prompt text for the turn: the media (an image, then
+    a video if given), then ``question``."""
     _, hf, processor = tiny_qwen3_vl
     tok = processor.tokenizer
     kinds = ["image", "video"][: len(prepared)]
@@ -82,25 +92,16 @@ def _reference(
     expanded = expand_all(text, prepared)
     ids = tok(expanded)["input_ids"]
     inputs = reference(hf, ids, prepared) | {"attention_mask": torch.ones(1, len(ids))}
-    with torch.inference_mode():
-        out = hf.generate(**inputs, max_new_tokens=NEW, do_sample=False)
-    return len(ids), expanded, tok.decode(out[0, len(ids) :].tolist(), skip_special_tokens=True)
+    return transformers_greedy(hf, inputs, tok, NEW), expanded
 
 
 def _ask(client: openai.OpenAI, image: bytes, video: bytes, **more: Any) -> Any:
-    parts: Any = [
+    parts = [
         {"type": "image_url", "image_url": {"url": data_url(image)}},
         {"type": "video_url", "video_url": {"url": data_url(video, "video/mp4")}},
         {"type": "text", "text": QUESTION},
     ]
-    return client.chat.completions.create(
-        model="default",
-        messages=[{"role": "user", "content": parts}],
-        max_tokens=NEW,
-        temperature=0,
-        extra_body={"ignore_eos": True},
-        **more,
-    )
+    return greedy_chat(client, parts, NEW, **more)
 
 
 def test_models_lists_image_and_video_input(server: LiveServer) -> None:
@@ -122,18 +123,14 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     video = _video_bytes()
     prepared: list[Media] = [prepare_image(image, configs[0]), _prepared_video(video, video_cfg)]
     assert len(prepared[1].seconds) == 3  # type: ignore[union-attr]
-    prompt_tokens, expanded, text = _reference(tiny_qwen3_vl, prepared)
+    expected, expanded = transformers_reply(tiny_qwen3_vl, prepared)
     assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
 
-    reply = _ask(client, png_bytes(image), video)
-    assert reply.usage is not None
-    assert reply.usage.prompt_tokens == prompt_tokens  # every run's placeholders, timestamps
-    assert reply.choices[0].message.content == text
+    reply = _ask(client, png_bytes(image), video, logprobs=True)
+    assert_greedy_reply(reply, expected, LOGPROB_TOLERANCE)  # every run's placeholders, times
 
     calls_before = encoder_calls(server)
-    chunks = list(_ask(client, png_bytes(image), video, stream=True))
-    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert streamed == text
+    assert streamed_text(_ask(client, png_bytes(image), video, stream=True)) == expected.text
     assert encoder_calls(server) == calls_before  # each temporal patch came from the cache
 
 
@@ -145,7 +142,7 @@ def test_an_image_reaches_the_model_on_the_anthropic_and_responses_apis(
     assert configs is not None
     image = generated(70, 130, seed=43)
     question = "Describe it."
-    prompt_tokens, _, text = _reference(tiny_qwen3_vl, [prepare_image(image, configs[0])], question)
+    expected, _ = transformers_reply(tiny_qwen3_vl, [prepare_image(image, configs[0])], question)
     url = data_url(png_bytes(image))
     claude, responses, _ = image_on_anthropic_and_responses(server, client, url, question, NEW)
-    assert claude == responses == Reply(prompt_tokens, text)
+    assert claude == responses == Reply(len(expected.ids), expected.text)

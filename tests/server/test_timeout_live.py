@@ -26,6 +26,8 @@ import httpx
 import openai
 import pytest
 
+from inferd.contract.reconcile import ServerRecord, reconcile
+from inferd.contract.stream import Expectation, SchedulerCancelled, StreamConsumer, UsageSource
 from tests.server.live import LiveServer, live_server
 
 ENV_KEYS = ("env-key-1", "env-key-2")
@@ -178,6 +180,52 @@ def test_a_stream_past_the_deadline_ends_with_an_error_event_then_done(
         for _ in stream:
             pass
     assert TIMEOUT_MESSAGE in str(info.value.body)
+
+
+def test_a_stream_past_the_deadline_is_the_schedulers_cut_and_reconciles_with_the_log(
+    server: LiveServer, http: httpx.Client
+) -> None:
+    """Read by the client contract's strict consumer, the deadline's error event is the
+    scheduler's cancellation carrying the server's usage of what it generated (the request
+    asked for usage); it equals the access log's line, and covers every token received."""
+    model = http.get("/v1/models").json()["data"][0]["id"]
+    body = {**LONG, "model": model, "stream": True, "stream_options": {"include_usage": True}}
+    consumer = StreamConsumer(Expectation(model, LONG["max_tokens"], require_usage=True))
+    with http.stream(
+        "POST", "/v1/chat/completions", json=body, headers={"x-request-id": "t-contract"}
+    ) as resp:
+        assert resp.status_code == 200
+        for data in resp.iter_raw():
+            consumer.feed(data)
+    outcome = consumer.finish()
+    assert isinstance(outcome, SchedulerCancelled) and outcome.code == "request_timeout", outcome
+    assert outcome.usage is not None and outcome.usage_source is UsageSource.SERVER
+    assert outcome.tokens_received is not None
+    assert 0 < outcome.tokens_received <= outcome.usage.completion_tokens < LONG["max_tokens"]
+    line = _end_line(server, "t-contract")
+    fields = dict(part.split("=", 1) for part in line.split(" ")[2:])
+    record = ServerRecord(
+        "t-contract",
+        int(fields["status"]),
+        fields["outcome"],
+        fields.get("error"),
+        int(fields["prompt_tokens"]),
+        int(fields["completion_tokens"]),
+    )
+    reconciled = reconcile(outcome, record, LONG["max_tokens"])
+    assert reconciled.consistent and reconciled.undelivered == 0, reconciled.problems
+    assert record.prompt_tokens == outcome.usage.prompt_tokens
+
+
+def _end_line(server: LiveServer, request_id: str) -> str:
+    """The text access log's request_end line for ``request_id``, once it is written."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for line in server.log.read_text().splitlines():
+            if " request_end " in line and f"request_id={request_id} " in line:
+                return line
+        time.sleep(0.1)
+    raise AssertionError(f"no request_end line for {request_id}")
 
 
 @pytest.mark.parametrize("anthropic_caller", [False, True])
