@@ -133,7 +133,7 @@ def _model_args(p: argparse.ArgumentParser) -> None:
         help=f"a .gguf file, a model directory, a store name or a Hugging Face repo id "
         f"(org/name, from the local HF cache) (default: {DEFAULT_MODEL})",
     )
-    add_model_tool_args(p)  # --isq, --revision
+    add_model_tool_args(p)  # --isq, --imatrix, --revision
     p.add_argument(
         "--chat-template",
         metavar="FILE",
@@ -368,6 +368,7 @@ def _engine_config(args: argparse.Namespace) -> EngineConfig:
         packed_kernels=args.packed_kernels == "on",
         seed=args.seed,
         isq=args.isq,
+        imatrix=args.imatrix,
         deterministic=args.deterministic,
         speculative=args.speculative,
         num_speculative_tokens=args.num_speculative_tokens,

@@ -50,6 +50,8 @@ class EngineConfig:
     no_kv_cache: bool = False
     packed_kernels: bool = True  # int4/int8 weight copies for small batches (bf16; f32 on AVX2)
     isq: str | None = None  # in-situ quantization of each projection: q8 | q4 (loading/quantize.py)
+    # An importance matrix file (llama.cpp's GGUF or .dat) ISQ quantizes for (loading/imatrix.py)
+    imatrix: str | None = None
     # Bit-identical output for a request and seed whatever else runs: batch-invariant kernels
     # (dense rows, one-query attention for every row; engine/runner.py), at a speed cost.
     deterministic: bool = False
@@ -121,6 +123,8 @@ class EngineConfig:
             raise ValueError("max_loras must be at least 1")
         if self.isq not in (None, "q8", "q4"):
             raise ValueError(f"isq must be q8 or q4, not {self.isq!r}")
+        if self.imatrix is not None and self.isq is None:
+            raise ValueError("an importance matrix (imatrix) goes with in-situ quantization (isq)")
         self._check_cache_options()
 
     def _check_cache_options(self) -> None:

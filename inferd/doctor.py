@@ -147,6 +147,7 @@ def store_info(home: Path | None = None) -> dict[str, Any]:
             "source_digest": f"sha256:{q.source_digest}",
             "method": q.method,
             "group_size": q.group_size,
+            "imatrix": f"sha256:{q.imatrix}" if q.imatrix else None,
             "files": {rel: f"sha256:{d}" for rel, d in q.files.items()},
             "path": str(path),
         }

@@ -1,4 +1,4 @@
-"""The model-tool commands of ``inferd``: convert, quantize, doctor, tune.
+"""The model-tool commands of ``inferd``: convert, quantize, imatrix, doctor, tune.
 
 Registered by ``cli.py``; each handler imports what it needs when it runs, so that
 ``inferd --help`` stays quick.
@@ -36,9 +36,51 @@ def add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
     add_revision_arg(quantize)
     quantize.add_argument("--isq", choices=["q8", "q4"], required=True, help=_ISQ_HELP)
     quantize.add_argument(
+        "--imatrix",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="an importance matrix (llama.cpp's GGUF or .dat file, e.g. from `inferd imatrix`): "
+        "each group's grid minimises the importance-weighted error; stored as its own entry",
+    )
+    quantize.add_argument(
         "--force", action="store_true", help="quantize again even if the store has it"
     )
     quantize.set_defaults(func=_quantize)
+
+    imatrix = sub.add_parser(
+        "imatrix",
+        help="compute a model's importance matrix from calibration text (llama.cpp's format)",
+    )
+    imatrix.add_argument("-m", "--model", default=DEFAULT_MODEL, help=_MODEL_HELP)
+    add_revision_arg(imatrix)
+    imatrix.add_argument(
+        "--calibration", type=Path, required=True, metavar="FILE", help="a UTF-8 text file"
+    )
+    imatrix.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="OUT",
+        help="the file to write: llama.cpp's GGUF imatrix (its legacy format for a .dat name)",
+    )
+    imatrix.add_argument(
+        "--chunk-size",
+        type=int,
+        default=512,
+        help="tokens a chunk (each read as a sequence of its own; llama-imatrix's -c)",
+    )
+    imatrix.add_argument(
+        "--chunks", type=int, default=None, help="read at most this many chunks (default: all)"
+    )
+    imatrix.add_argument(
+        "--dtype",
+        choices=["f32", "bf16"],
+        default="f32",
+        help="the compute dtype (default: f32, the statistics of the unrounded model)",
+    )
+    imatrix.set_defaults(func=_imatrix)
 
     doctor = sub.add_parser("doctor", help="report this host: torch, CPU features, memory, store")
     doctor.add_argument("--json", action="store_true", help="print JSON")
@@ -65,7 +107,7 @@ def add_tool_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) 
         "dtype; int8 holds about twice the tokens of bf16)",
     )
     tune.set_defaults(func=_tune)
-    for sp in (convert, quantize, doctor, tune):
+    for sp in (convert, quantize, imatrix, doctor, tune):
         sp.add_argument("--log-level", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
@@ -77,8 +119,15 @@ _ISQ_HELP = "in-situ quantization of every projection: q8 (int8) or q4 (int4, gr
 
 
 def add_model_tool_args(p: argparse.ArgumentParser) -> None:
-    """``--isq`` and ``--revision`` for serve and run."""
+    """``--isq``, ``--imatrix`` and ``--revision`` for serve and run."""
     p.add_argument("--isq", choices=["q8", "q4"], default=None, help=_ISQ_HELP)
+    p.add_argument(
+        "--imatrix",
+        metavar="FILE",
+        default=None,
+        help="with --isq: quantize for this importance matrix (llama.cpp's GGUF or .dat file; "
+        "the store's entry made with it, if `inferd quantize --imatrix` made one)",
+    )
     add_revision_arg(p)
 
 
@@ -109,9 +158,10 @@ def print_quantized(home: Path) -> None:
 
     for folder, q in list_quantized(home):
         size = sum((folder / rel).stat().st_size for rel in q.files if (folder / rel).is_file())
+        matrix = f"  imatrix sha256:{q.imatrix[:16]}…" if q.imatrix else ""
         print(
             f"{q.name:<10} {q.method} of {q.source_name} (group {q.group_size or 'row'}) "
-            f"{size / 2**20:8.1f} MiB  source sha256:{q.source_digest[:16]}…"
+            f"{size / 2**20:8.1f} MiB  source sha256:{q.source_digest[:16]}…{matrix}"
         )
 
 
@@ -129,20 +179,51 @@ def _convert(args: argparse.Namespace) -> int:
 
 
 def _quantize(args: argparse.Namespace) -> int:
+    from inferd.loading.imatrix_file import read_imatrix
     from inferd.loading.quantize import find_quantized
     from inferd.quantize_tool import quantize_to_store
     from inferd.source import resolve_source
 
     source = resolve_source(model_id(args) or DEFAULT_MODEL)
-    existing = find_quantized(source.digest, args.isq)
+    imatrix = read_imatrix(args.imatrix) if args.imatrix is not None else None
+    digest = imatrix.digest() if imatrix is not None else None
+    matrix = f" with imatrix sha256:{digest[:16]}…" if digest else ""
+    existing = find_quantized(source.digest, args.isq, imatrix=digest)
     if existing is not None and not args.force:
-        print(f"{existing[0]}: already in the store ({args.isq} of sha256:{source.digest[:16]}…)")
+        print(
+            f"{existing[0]}: already in the store "
+            f"({args.isq} of sha256:{source.digest[:16]}…{matrix})"
+        )
         return 0
-    folder, manifest = quantize_to_store(source, args.isq)
+    folder, manifest, isq = quantize_to_store(source, args.isq, imatrix=imatrix)
     size = sum((folder / rel).stat().st_size for rel in manifest.files) / 2**20
+    flags = f"--isq {args.isq}" + (f" --imatrix {args.imatrix}" if imatrix else "")
+    weighted = f", {len(isq.weighted)} of {len(isq.quantized)} by importance" if imatrix else ""
     print(
         f"{folder}: {manifest.method} (group {manifest.group_size or 'row'}) of {source.name} "
-        f"sha256:{source.digest[:16]}…, {size:.1f} MiB; `--isq {args.isq}` now loads it"
+        f"sha256:{source.digest[:16]}…{matrix}{weighted}, {size:.1f} MiB; "
+        f"`{flags}` now loads it"
+    )
+    return 0
+
+
+def _imatrix(args: argparse.Namespace) -> int:
+    from inferd.quantize_tool import imatrix_to_file
+    from inferd.source import resolve_source
+
+    source = resolve_source(model_id(args) or DEFAULT_MODEL)
+    imatrix = imatrix_to_file(
+        source,
+        args.calibration,
+        args.output,
+        chunk_size=args.chunk_size,
+        max_chunks=args.chunks,
+        dtype=args.dtype,
+    )
+    covered = sum(1 for count in imatrix.counts.values() if count > 0)
+    print(
+        f"{args.output}: {covered} projections over {imatrix.chunk_count} chunks of "
+        f"{imatrix.chunk_size} tokens; imatrix sha256:{imatrix.digest()[:16]}…"
     )
     return 0
 

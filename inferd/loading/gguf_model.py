@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Callable, Iterable
 
 import torch
@@ -195,8 +196,7 @@ def _packed_reader(
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
     only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
-    ``1 + w``; Phi-3
-    keeps q/k/v in one ``attn_qkv`` and gate/up in one ``ffn_up``."""
+    ``1 + w``; the projections' tensors are ``llama_cpp_tensors``'."""
 
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
         if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:
@@ -214,29 +214,76 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     }
     if not cfg.tie_word_embeddings:
         plan["lm_head.weight"] = (["output.weight"], keep)
+    arch = cfg.architecture
     for i in range(cfg.num_layers):
         b, m = f"blk.{i}.", f"layers.{i}."
         plan[m + "input_norm.weight"] = ([b + "attn_norm.weight"], norm)
-        if cfg.architecture == "phi3":
-            plan[m + "self_attn.qkv_proj.weight"] = ([b + "attn_qkv.weight"], keep)
-            plan[m + "mlp.gate_up_proj.weight"] = ([b + "ffn_up.weight"], keep)
-        else:
-            qkv = [b + "attn_q.weight", b + "attn_k.weight", b + "attn_v.weight"]
-            plan[m + "self_attn.qkv_proj.weight"] = (qkv, rope_rows)
-            gate_up = [b + "ffn_gate.weight", b + "ffn_up.weight"]
-            plan[m + "mlp.gate_up_proj.weight"] = (gate_up, keep)
+        qkv, gate_up = (
+            _layer_tensors(i, p, arch) for p in ("self_attn.qkv_proj", "mlp.gate_up_proj")
+        )
+        plan[m + "self_attn.qkv_proj.weight"] = (qkv, rope_rows)
+        plan[m + "mlp.gate_up_proj.weight"] = (gate_up, keep)
         if cfg.attention_bias:
             biases = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
             plan[m + "self_attn.qkv_proj.bias"] = (biases, keep)
         if cfg.qk_norm:
             plan[m + "self_attn.q_norm.weight"] = ([b + "attn_q_norm.weight"], norm)
             plan[m + "self_attn.k_norm.weight"] = ([b + "attn_k_norm.weight"], norm)
-        plan[m + "self_attn.o_proj.weight"] = ([b + "attn_output.weight"], keep)
+        plan[m + "self_attn.o_proj.weight"] = (_layer_tensors(i, "self_attn.o_proj", arch), keep)
         if gemma:
             plan[m + "post_attention_norm.weight"] = ([b + "post_attention_norm.weight"], norm)
             plan[m + "pre_feedforward_norm.weight"] = ([b + "ffn_norm.weight"], norm)
             plan[m + "post_feedforward_norm.weight"] = ([b + "post_ffw_norm.weight"], norm)
         else:
             plan[m + "post_attention_norm.weight"] = ([b + "ffn_norm.weight"], keep)
-        plan[m + "mlp.down_proj.weight"] = ([b + "ffn_down.weight"], keep)
+        plan[m + "mlp.down_proj.weight"] = (_layer_tensors(i, "mlp.down_proj", arch), keep)
     return plan
+
+
+# llama.cpp's weight tensors (``blk.N.<name>.weight``) behind each of a layer's projections, in
+# the order we fuse them; Phi-3 keeps q/k/v in one ``attn_qkv`` and gate/up in one ``ffn_up``.
+_PROJECTION_TENSORS: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("attn_q", "attn_k", "attn_v"),
+    "self_attn.o_proj": ("attn_output",),
+    "mlp.gate_up_proj": ("ffn_gate", "ffn_up"),
+    "mlp.down_proj": ("ffn_down",),
+}
+_PHI3_PROJECTION_TENSORS = _PROJECTION_TENSORS | {
+    "self_attn.qkv_proj": ("attn_qkv",),
+    "mlp.gate_up_proj": ("ffn_up",),
+}
+_LAYER_MODULE = re.compile(r"layers\.(\d+)\.(.+)")
+_LAYER_TENSOR = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def llama_cpp_tensors(module: str, architecture: str) -> list[str] | None:
+    """llama.cpp's names of the weight tensors that our projection ``module`` fuses
+    (``layers.3.self_attn.qkv_proj`` -> ``blk.3.attn_q.weight``, ``blk.3.attn_k.weight``, ...;
+    ``lm_head`` -> ``output.weight``); None for a module llama.cpp does not name."""
+    if module == "lm_head":
+        return ["output.weight"]
+    found = _LAYER_MODULE.fullmatch(module)
+    if found is None or found[2] not in _PROJECTION_TENSORS:
+        return None
+    return _layer_tensors(int(found[1]), found[2], architecture)
+
+
+def _layer_tensors(layer: int, projection: str, architecture: str) -> list[str]:
+    table = _PHI3_PROJECTION_TENSORS if architecture == "phi3" else _PROJECTION_TENSORS
+    return [f"blk.{layer}.{name}.weight" for name in table[projection]]
+
+
+def projection_of_tensor(name: str) -> str | None:
+    """Our projection that llama.cpp's weight tensor ``name`` is (a part of), whatever the
+    architecture (each llama.cpp name belongs to one projection in all of them); None for
+    another tensor."""
+    if name == "output.weight":
+        return "lm_head"
+    found = _LAYER_TENSOR.fullmatch(name)
+    if found is None:
+        return None
+    for table in (_PROJECTION_TENSORS, _PHI3_PROJECTION_TENSORS):
+        for projection, tensors in table.items():
+            if found[2] in tensors:
+                return f"layers.{found[1]}.{projection}"
+    return None

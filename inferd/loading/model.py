@@ -29,6 +29,7 @@ from inferd.loading.hf_processor import (
     read_visual_configs,
 )
 from inferd.loading.hf_tokenizer import chat_template_source
+from inferd.loading.imatrix import Imatrix
 from inferd.loading.matformer import MatformerSlice, matformer_slice
 from inferd.loading.mmproj import Projector, ProjectorError
 from inferd.loading.mmproj_gemma4 import Gemma4Projector
@@ -93,6 +94,7 @@ def load(
     *,
     dtype: str = "auto",
     isq: str | None = None,
+    imatrix: Imatrix | None = None,
     packed_kernels: bool = True,
     progress: bool = True,
     chat_template: str | None = None,
@@ -101,7 +103,8 @@ def load(
     matformer: tuple[str | Path, str] | None = None,
 ) -> LoadedModel:
     """Load a .gguf file or a Hugging Face directory (a ``str`` or ``Path`` is resolved first,
-    as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights;
+    as ``resolve_source`` does). ``isq``: q8 | q4, from the store when it holds the weights
+    (quantized for ``imatrix``'s importance, if given: loading/imatrix.py);
     ``packed_kernels``: int4/int8 copies for small batches (bf16; f32 on AVX2); ``chat_template``:
     Jinja source that replaces the model's own template; ``mmproj``: a llama.cpp multimodal
     projector file for a GGUF language model (loading/projector.py); ``config_overrides``: merged
@@ -111,7 +114,7 @@ def load(
     if not isinstance(source, ModelSource):
         source = resolve_source(str(source))
     torch_dtype = resolve_dtype(dtype)
-    request = isq_for(isq, source.digest)
+    request = isq_for(isq, source.digest, imatrix=imatrix)
     if source.path.is_dir():
         if mmproj is not None:
             raise ProjectorError(

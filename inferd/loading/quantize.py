@@ -13,11 +13,17 @@ The output projection (``lm_head``) uses q8 under both methods when it has its o
 is the most sensitive matrix, as llama.cpp's mixes also keep it wider); when it is tied to the
 embedding it stays dense and shared, which costs no memory. Embeddings and norms stay dense.
 
+With an importance matrix (``--imatrix``, loading/imatrix.py) each group's (q4) or row's (q8)
+grid is the one with the smallest importance-weighted squared error (loading/weighted_codes.py)
+instead of the group's own [min, max] or the row's absolute maximum.
+
 ``inferd quantize`` writes the quantized weights to the store under
 ``$INFERD_HOME/quantized/<name>/`` (``model.safetensors`` with portable integer tensors, plus
-``manifest.json`` naming the source digest, the method and the group size). Loading a model
-with ``--isq`` looks there first, so a restart reads the packed weights instead of quantizing
-again; the source is still needed for the tokenizer, the chat template and the unquantized rest.
+``manifest.json`` naming the source digest, the method, the group size and the importance
+matrix's digest, if one was used). Loading a model with ``--isq`` looks there first for an entry
+of the same source, method and matrix (or none), so a restart reads the packed weights instead
+of quantizing again; the source is still needed for the tokenizer, the chat template and the
+unquantized rest.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from inferd.layers.linear import (
     int4_packable,
     int8_codes,
 )
+from inferd.loading.imatrix import Imatrix
+from inferd.loading.weighted_codes import int4_codes_weighted, int8_codes_weighted
 from inferd.store import default_home, sha256_file
 
 log = logging.getLogger(__name__)
@@ -137,19 +145,29 @@ class QuantizedWeight:
         return w.reshape(nibbles.shape[0], -1)
 
 
-def quantize_weight(w: torch.Tensor, kind: PackedKind) -> QuantizedWeight:
+def quantize_weight(
+    w: torch.Tensor, kind: PackedKind, importance: torch.Tensor | None = None
+) -> QuantizedWeight:
     """[out, in] float weight -> integer form. int4 needs ``in`` a multiple of 32 and ``out`` of
     16 (the kernel's packing); other shapes get int8.
 
-    The arithmetic of ``linear.pack_int4`` / ``pack_int8``: int4 groups span their own
-    [min, max], which re-quantizes weights that came from 4-bit groups of 32 (GGML Q4_0/Q4_1)
-    almost without loss; int8 is symmetric per row.
+    Without ``importance``, the arithmetic of ``linear.pack_int4`` / ``pack_int8``: int4 groups
+    span their own [min, max], which re-quantizes weights that came from 4-bit groups of 32 (GGML
+    Q4_0/Q4_1) almost without loss; int8 is symmetric per row. ``importance`` [in] (an imatrix's
+    mean squared activation of each input column) picks the grids that minimise the weighted
+    squared error instead (loading/weighted_codes.py).
     """
+    if importance is not None and tuple(importance.shape) != (w.shape[1],):
+        raise QuantizeError(
+            f"importance has shape {tuple(importance.shape)}; the weight has {w.shape[1]} inputs"
+        )
     if kind is PackedKind.INT4 and int4_packable(*w.shape):
-        codes, scale, lo = int4_codes(w)
+        codes, scale, lo = (
+            int4_codes(w) if importance is None else int4_codes_weighted(w, importance)
+        )
         pairs = codes.reshape(codes.shape[0], -1, 2)
         return QuantizedWeight(PackedKind.INT4, pairs[..., 0] | (pairs[..., 1] << 4), scale, lo)
-    q8, scale = int8_codes(w)
+    q8, scale = int8_codes(w) if importance is None else int8_codes_weighted(w, importance)
     return QuantizedWeight(PackedKind.INT8, q8, scale)
 
 
@@ -173,12 +191,16 @@ def install(layer: Linear, weight: QuantizedWeight) -> None:
 class Isq:
     """An ISQ request while a model loads: the method, and weights already quantized (from the
     store) by module name. With ``collect``, ``quantized`` keeps every quantized weight (for
-    ``save_quantized``); otherwise only the kernels' copies stay in memory."""
+    ``save_quantized``); otherwise only the kernels' copies stay in memory. With ``imatrix``,
+    each projection it has tokens for is quantized for its importance; ``weighted`` names them.
+    """
 
     method: str
     stored: Mapping[str, QuantizedWeight] = field(default_factory=dict)
     collect: bool = False
     quantized: dict[str, QuantizedWeight] = field(default_factory=dict)
+    imatrix: Imatrix | None = None
+    weighted: set[str] = field(default_factory=set)
 
     @property
     def kind(self) -> PackedKind:
@@ -197,7 +219,15 @@ class Isq:
         if weight is None:
             if source is None:
                 raise QuantizeError(f"no weight for {module}")
-            weight = quantize_weight(source, self.kind_for(module))
+            importance = self.imatrix.importance(module) if self.imatrix is not None else None
+            if importance is not None and importance.numel() != source.shape[-1]:
+                raise QuantizeError(
+                    f"the importance matrix has {importance.numel()} inputs for {module}, which "
+                    f"takes {source.shape[-1]}: it was made for another model"
+                )
+            weight = quantize_weight(source, self.kind_for(module), importance)
+            if importance is not None:
+                self.weighted.add(module)
         if self.collect:
             self.quantized[module] = weight
         return weight
@@ -227,15 +257,18 @@ class QuantizedManifest:
     architecture: str
     files: dict[str, str]  # relpath -> sha256
     created: float
+    imatrix: str | None = None  # the importance matrix's digest (Imatrix.digest), if one was used
 
 
 def quantized_home(home: Path | None = None) -> Path:
     return (home or default_home()) / "quantized"
 
 
-def entry_name(source_name: str, method: str) -> str:
+def entry_name(source_name: str, method: str, imatrix: str | None = None) -> str:
+    """The entry's folder: ``<source>-<method>``, and ``-imatrix-<digest prefix>`` when an
+    importance matrix was used (the same method with and without one are two entries)."""
     safe = "".join(c if c.isalnum() or c in "-_." else "-" for c in source_name)
-    return f"{safe}-{method}"
+    return f"{safe}-{method}" + (f"-imatrix-{imatrix[:12]}" if imatrix is not None else "")
 
 
 def list_quantized(home: Path | None = None) -> list[tuple[Path, QuantizedManifest]]:
@@ -250,10 +283,16 @@ def list_quantized(home: Path | None = None) -> list[tuple[Path, QuantizedManife
 
 
 def find_quantized(
-    source_digest: str, method: str, home: Path | None = None
+    source_digest: str, method: str, home: Path | None = None, imatrix: str | None = None
 ) -> tuple[Path, QuantizedManifest] | None:
+    """The entry of this source and method made with the importance matrix of digest
+    ``imatrix`` (None: made without one)."""
     for path, manifest in list_quantized(home):
-        if manifest.source_digest == source_digest and manifest.method == method:
+        if (manifest.source_digest, manifest.method, manifest.imatrix) == (
+            source_digest,
+            method,
+            imatrix,
+        ):
             return path, manifest
     return None
 
@@ -266,11 +305,13 @@ def save_quantized(
     method: str,
     architecture: str,
     home: Path | None = None,
+    imatrix: str | None = None,
 ) -> tuple[Path, QuantizedManifest]:
-    """Write ``weights`` (module name -> quantized weight) into the store; returns the entry."""
+    """Write ``weights`` (module name -> quantized weight) into the store; returns the entry.
+    ``imatrix``: the digest of the importance matrix they were quantized with."""
     from safetensors.torch import save_file
 
-    name = entry_name(source_name, method)
+    name = entry_name(source_name, method, imatrix)
     folder = quantized_home(home) / name
     folder.mkdir(parents=True, exist_ok=True)
     tensors: dict[str, torch.Tensor] = {}
@@ -293,6 +334,7 @@ def save_quantized(
         architecture=architecture,
         files={WEIGHTS_NAME: sha256_file(folder / WEIGHTS_NAME)},
         created=time.time(),
+        imatrix=imatrix,
     )
     text = json.dumps(asdict(manifest), indent=2)
     (folder / (MANIFEST_NAME + ".tmp")).write_text(text)
@@ -321,14 +363,23 @@ def load_quantized(folder: Path, manifest: QuantizedManifest) -> dict[str, Quant
     return out
 
 
-def isq_for(method: str | None, source_digest: str, home: Path | None = None) -> Isq | None:
-    """The ISQ request for a load: with the stored weights when the store has them."""
+def isq_for(
+    method: str | None,
+    source_digest: str,
+    home: Path | None = None,
+    imatrix: Imatrix | None = None,
+) -> Isq | None:
+    """The ISQ request for a load (with ``imatrix``, if given): with the stored weights when
+    the store has them, made with the same matrix (or none)."""
     if method is None:
+        if imatrix is not None:
+            raise QuantizeError("an importance matrix goes with in-situ quantization (--isq)")
         return None
     isq_kind(method)  # validate
-    found = find_quantized(source_digest, method, home)
+    digest = imatrix.digest() if imatrix is not None else None
+    found = find_quantized(source_digest, method, home, digest)
     if found is None:
-        return Isq(method)
+        return Isq(method, imatrix=imatrix)
     folder, manifest = found
     log.info("using quantized weights from %s (%s)", folder, method)
-    return Isq(method, stored=load_quantized(folder, manifest))
+    return Isq(method, stored=load_quantized(folder, manifest), imatrix=imatrix)

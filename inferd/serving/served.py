@@ -33,6 +33,7 @@ from inferd.kernels.kv_quant import cache_dtype, dtype_name
 from inferd.layers.linear import resident_bytes
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
+from inferd.loading.imatrix_file import read_imatrix
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
 from inferd.loading.quantize import Isq, QuantizeError, isq_kind
@@ -255,6 +256,7 @@ def load_model(
         source,
         dtype=cfg.dtype,
         isq=cfg.isq,
+        imatrix=read_imatrix(cfg.imatrix) if cfg.imatrix is not None else None,
         packed_kernels=cfg.packed_kernels,
         progress=progress,
         chat_template=chat_template,
