@@ -181,8 +181,8 @@ class LLM:
 
     def requantize(self, method: str) -> Requantization:
         """Quantize the model's projections again, q8 or q4, from its files (as
-        ``--isq``/``isq=`` at load) and generate with them from the next call on; the prefix
-        cache is forgotten (``ServedModel.requantize``)."""
+        ``--isq``/``isq=`` at load, for its ``imatrix=`` if it had one) and generate with them
+        from the next call on; the prefix cache is forgotten (``ServedModel.requantize``)."""
         return self.model.requantize(method)
 
     def shutdown(self) -> None:

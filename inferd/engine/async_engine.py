@@ -227,7 +227,8 @@ class AsyncEngine:
         with self._inbox.lock:
             calls, self._inbox.calls = self._inbox.calls, []
         for call in calls:
-            call.result.set_exception(EngineStoppedError("the engine is shut down"))
+            if call.result.set_running_or_notify_cancel():  # not given up by its caller
+                call.result.set_exception(EngineStoppedError("the engine is shut down"))
 
     def _drain_inbox(self) -> list[RequestOutput]:
         with self._inbox.lock:

@@ -58,13 +58,20 @@ def compute_imatrix(
     """The importance matrix of ``model`` reading ``text`` (``dataset``: its name, recorded in
     the matrix as llama.cpp records the calibration file's)."""
     chunks = calibration_chunks(tokenizer, text, chunk_size, max_chunks)
-    head = not model.config.tie_word_embeddings
-    with ImatrixCollector(model) as collector:
-        for chunk in tqdm(chunks, desc="imatrix", unit="chunk", disable=not progress):
-            hidden = sequence_hidden(model, chunk)
-            if head:
-                model.compute_logits(hidden)
+    collector = ImatrixCollector(model)
+    for chunk in tqdm(chunks, desc="imatrix", unit="chunk", disable=not progress):
+        read_chunk(model, collector, chunk)
     return collector.imatrix((dataset,) if dataset else (), len(chunks), chunk_size)
+
+
+def read_chunk(model: LlamaForCausalLM, collector: ImatrixCollector, chunk: list[int]) -> None:
+    """Run one chunk through ``model`` while ``collector`` observes it, the output head too
+    where it has its own weight. The collector is started for this chunk alone, so what the
+    model runs between chunks (a server's requests) is not counted."""
+    with collector:
+        hidden = sequence_hidden(model, chunk)
+        if not model.config.tie_word_embeddings:
+            model.compute_logits(hidden)
 
 
 @torch.inference_mode()

@@ -41,21 +41,29 @@ class Imatrix:
     chunk_count: int = 0
     chunk_size: int = 0
 
+    _digest: str = field(init=False, repr=False, compare=False)
+
     def __post_init__(self) -> None:
         if set(self.sums) != set(self.counts):
             raise ImatrixError("an importance matrix needs sums and a count for each module")
+        object.__setattr__(self, "_digest", self._hash())  # once: cards show it on every read
 
     def importance(self, module: str) -> torch.Tensor | None:
         """The mean squared activation of each input column [in_features] (float32), or None
-        where the matrix has no tokens for ``module``."""
+        where the matrix has no tokens for ``module``. From the sums as float32, as a file
+        holds them and ``digest`` reads them: a matrix collected here and the same matrix
+        read back from its file quantize alike."""
         count = self.counts.get(module, 0)
         if count <= 0:
             return None
-        return (self.sums[module] / count).float()
+        return self.sums[module].to(torch.float32) / count
 
     def digest(self) -> str:
         """sha256 of what quantization reads (each module with tokens: its name, count and sums
         as float32): the same matrix gives the same digest whichever file it came from."""
+        return self._digest
+
+    def _hash(self) -> str:
         h = hashlib.sha256()
         for module in sorted(m for m, count in self.counts.items() if count > 0):
             h.update(f"{module}\0{self.counts[module]}\0".encode())
@@ -114,6 +122,10 @@ class ImatrixCollector:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+    def counts(self) -> dict[str, int]:
+        """The tokens each observed projection has read so far."""
+        return {name: s.count for name, s in self._stats.items()}
 
     def imatrix(
         self, datasets: tuple[str, ...] = (), chunk_count: int = 0, chunk_size: int = 0

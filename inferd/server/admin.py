@@ -1,10 +1,12 @@
-"""The model-lifecycle routes (POST /v1/models/unload, reload, status, and /re_isq), the LoRA
-adapter routes (POST /v1/load_lora_adapter, /v1/unload_lora_adapter) and the changes to skills
-(POST /v1/skills, DELETE /v1/skills/{id}) are admin actions.
+"""The model-lifecycle routes (POST /v1/models/unload, reload, status, /re_isq, and the
+/calibration routes), the LoRA adapter routes (POST /v1/load_lora_adapter,
+/v1/unload_lora_adapter) and the changes to skills (POST /v1/skills, DELETE /v1/skills/{id})
+are admin actions.
 
 Unloading a model stops service for every user, a reload costs a full load, a re-quantization
-changes every user's answers, and a skill is text every user's agent loop may read as
-instructions, so these routes are guarded apart from the API:
+changes every user's answers (and a calibration's chunks hold up everyone's steps), and a skill
+is text every user's agent loop may read as instructions, so these routes are guarded apart
+from the API:
 
 - with admin keys (``--admin-key``, ``INFERD_ADMIN_KEYS``) they take only an admin key, sent
   like an API key (``Authorization: Bearer`` or ``x-api-key``); API keys do not open them, and
@@ -29,6 +31,10 @@ LIFECYCLE_ROUTES = (
     "/v1/models/reload",
     "/v1/models/status",
     "/v1/re_isq",
+    "/v1/calibration/start",
+    "/v1/calibration/status",
+    "/v1/calibration/apply",
+    "/v1/calibration/imatrix",
     "/v1/load_lora_adapter",
     "/v1/unload_lora_adapter",
 )

@@ -17,6 +17,12 @@ from inferd.agent.tools import ToolSource
 from inferd.server.agent_sessions import delete_session, get_session, list_sessions
 from inferd.server.anthropic_api import count_tokens, create_message
 from inferd.server.approvals import answer_approval, list_approvals
+from inferd.server.calibration_api import (
+    calibration_apply,
+    calibration_imatrix,
+    calibration_start,
+    calibration_status,
+)
 from inferd.server.chat_page import install_chat_page
 from inferd.server.crosssite import json_only
 from inferd.server.envelope import error_response
@@ -122,6 +128,10 @@ def build_app(
     _routes(app, "/v1/models/reload", reload_model, ["POST"])
     _routes(app, "/v1/models/status", model_status, ["POST"])
     _routes(app, "/v1/re_isq", re_isq, ["POST"])  # mistral.rs's /re_isq
+    _routes(app, "/v1/calibration/start", calibration_start, ["POST"])  # mistral.rs's too
+    _routes(app, "/v1/calibration/status", calibration_status, ["GET"])
+    _routes(app, "/v1/calibration/apply", calibration_apply, ["POST"])
+    _routes(app, "/v1/calibration/imatrix", calibration_imatrix, ["GET"])
     _routes(app, "/v1/load_lora_adapter", load_lora_adapter, ["POST"])
     _routes(app, "/v1/unload_lora_adapter", unload_lora_adapter, ["POST"])
     _routes(app, "/v1/completions", model_ready(create_completion, "chat"), ["POST"])

@@ -74,6 +74,8 @@ def model_card(slot: ModelSlot) -> dict[str, Any]:
             card["files"] = {rel: f"sha256:{d}" for rel, d in model.source.file_digests}
         if model.isq is not None:
             card["quantization"] = model.isq
+        if model.imatrix is not None:  # the importance matrix it was quantized for
+            card["imatrix"] = f"sha256:{model.imatrix.digest()}"
         card["modalities"] = model_modalities(model).card()
         if model.parent is not None:  # a LoRA adapter on a base model
             card["parent"] = model.parent

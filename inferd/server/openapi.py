@@ -28,6 +28,8 @@ REQUEST_MODELS = {
     "/v1/tokenize": ("inferd.server.tokenize", "TokenizeRequest"),
     "/v1/detokenize": ("inferd.server.tokenize", "DetokenizeRequest"),
     "/v1/re_isq": ("inferd.server.requantize_api", "ReIsqRequest"),
+    "/v1/calibration/start": ("inferd.server.calibration_api", "CalibrationStartRequest"),
+    "/v1/calibration/apply": ("inferd.server.calibration_api", "CalibrationApplyRequest"),
 }
 OPEN_PATHS = ("/health",)
 

@@ -10,15 +10,17 @@ name is a 400 naming these. The weights come from the model's files, quantized a
 ``--isq`` quantizes them (a GGUF's blocks dequantized first; an ISQ'd model's source, not its
 current rounding), while the model serves on; then new requests wait while the running ones
 finish (up to ``drain_timeout``, by default ``--drain-timeout``) and the weights are swapped
-between two engine steps, the prefix cache forgotten (serving/registry.py). Answers once done:
+between two engine steps, the prefix cache forgotten (serving/registry.py). A model quantized
+for an importance matrix (``--imatrix``, or a calibration applied: calibration_api.py) is
+quantized for the same matrix again. Answers once done:
 
-    {"model_id", "object": "model", "status", "quantization", "previous", "changed",
-     "drained", "seconds", "weight_bytes", "ggml_type"? (as sent)}
+    {"model_id", "object": "model", "status", "quantization", "imatrix"? ("sha256:..."),
+     "previous", "changed", "drained", "seconds", "weight_bytes", "ggml_type"? (as sent)}
 
 The model's current method answers at once with ``"changed": false``. 400 for a bad body, an
 unknown method, an embedding model or a LoRA adapter (re-quantize its base); 404 for an unknown
-model; 409, the model serving on as it was, when it is not loaded, is being re-quantized
-already, cannot re-read its files, or still runs a request at the drain deadline.
+model; 409, the model serving on as it was, when it is not loaded, is being re-quantized or
+calibrated, cannot re-read its files, or still runs a request at the drain deadline.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from inferd.server.errors import APIError
 from inferd.server.protocol import parse_body
 from inferd.server.state import ServerState, lifecycle_error
 from inferd.serving.interface import QuantizeError, isq_method
-from inferd.serving.registry import ConflictError, ModelSlot
+from inferd.serving.registry import ConflictError, ModelSlot, RequantizeReport
 from inferd.serving.served import ServedModel
 
 
@@ -48,33 +50,37 @@ class ReIsqRequest(BaseModel):
 async def re_isq(request: Request) -> Response:
     state: ServerState = request.app.state.inferd
     body = parse_body(await request.body(), ReIsqRequest)
-    method = _method(body)
+    method = requested_method(body)
     slot = state.slot(body.model)
-    model = _requantizable(state, slot)
+    model = requantizable(slot)
     out: dict[str, Any] = {"model_id": slot.id, "object": "model"}
     if body.ggml_type is not None:
         out["ggml_type"] = body.ggml_type  # mistral.rs answers with the type it was sent
     if model.isq == method:
-        return JSONResponse(_card(slot, model) | out | {"previous": method, "changed": False})
+        return JSONResponse(card(slot, model) | out | {"previous": method, "changed": False})
     timeout = state.registry.drain_timeout if body.drain_timeout is None else body.drain_timeout
     try:
         report = await slot.requantize(method, timeout)
     except ConflictError as exc:
         raise lifecycle_error(exc) from None
-    return JSONResponse(
-        _card(slot, model)
-        | out
-        | {
-            "previous": report.change.previous,
-            "changed": True,
-            "drained": report.drained,
-            "seconds": round(report.seconds, 3),
-        }
-    )
+    return JSONResponse(card(slot, model) | out | swapped(report))
 
 
-def _method(body: ReIsqRequest) -> str:
-    """Our method from ``isq`` or ``ggml_type``, exactly one of them given."""
+def swapped(report: RequantizeReport) -> dict[str, Any]:
+    """What an answer says of a swap made."""
+    return {
+        "previous": report.change.previous,
+        "changed": True,
+        "drained": report.drained,
+        "seconds": round(report.seconds, 3),
+    }
+
+
+def requested_method(body: ReIsqRequest, default: str | None = None) -> str:
+    """Our method from ``isq`` or ``ggml_type``: one of them given, or neither where there is
+    a ``default``."""
+    if body.isq is None and body.ggml_type is None and default is not None:
+        return default
     if (body.isq is None) == (body.ggml_type is None):
         raise APIError(
             400, "give the quantization in one of isq (q8 | q4) or ggml_type (mistral.rs's)", "isq"
@@ -87,7 +93,7 @@ def _method(body: ReIsqRequest) -> str:
         raise APIError(400, str(exc), param, "invalid_isq") from None
 
 
-def _requantizable(state: ServerState, slot: ModelSlot) -> ServedModel:
+def requantizable(slot: ModelSlot) -> ServedModel:
     """The chat model a slot serves, when it can be re-quantized."""
     if slot.kind != "chat":
         raise APIError(400, f"the model {slot.id!r} is an embedding model: it has no ISQ", "model")
@@ -104,9 +110,8 @@ def _requantizable(state: ServerState, slot: ModelSlot) -> ServedModel:
     return model
 
 
-def _card(slot: ModelSlot, model: ServedModel) -> dict[str, Any]:
-    return {
-        "status": str(slot.status),
-        "quantization": model.isq,
-        "weight_bytes": model.weight_bytes,
-    }
+def card(slot: ModelSlot, model: ServedModel) -> dict[str, Any]:
+    out = {"status": str(slot.status), "quantization": model.isq}
+    if model.imatrix is not None:
+        out["imatrix"] = f"sha256:{model.imatrix.digest()}"
+    return out | {"weight_bytes": model.weight_bytes}

@@ -11,19 +11,23 @@ from inferd.engine.outputs import RequestOutput, TokenLogprob
 from inferd.engine.request import MediaInput
 from inferd.engine.sampling import SamplingParamError, SamplingParams
 from inferd.engine.thinking import ThinkingSpec
+from inferd.loading.calibration import DEFAULT_CHUNK_SIZE
 from inferd.loading.chat_template import ChatTemplateError, NoChatTemplateError, RenderedChat
+from inferd.loading.imatrix import ImatrixError
 from inferd.loading.lora import LoraError, check_name
 from inferd.loading.quantize import QuantizeError, isq_method
 
 __all__ = [
     "ADAPTER_CHANGED",
     "ADAPTER_UNAVAILABLE",
+    "DEFAULT_CHUNK_SIZE",
     "AdmissionError",
     "ChatTemplateError",
     "EmbeddingInputError",
     "EmbeddingModel",
     "EngineBusyError",
     "EngineStoppedError",
+    "ImatrixError",
     "LoraError",
     "MediaInput",
     "NoChatTemplateError",

@@ -16,7 +16,9 @@ streams end with an error event) and the engine shuts down.
 Re-quantizing (``requantize``, ``POST /re_isq``) makes the new weights on the loader thread
 while the model serves on, then drains the same way (requests arriving meanwhile wait, as for
 a load) and swaps them between two engine steps; one still running at the deadline is not cut:
-the swap is called off and the model serves on as it was.
+the swap is called off and the model serves on as it was. Calibrating (``calibrate``, ``POST
+/calibration/start``) runs a text through the model between engine steps, its status staying
+``loaded``; a model re-quantizes or calibrates, one at a time, never both at once.
 """
 
 from __future__ import annotations
@@ -32,9 +34,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from inferd.loading.calibration import DEFAULT_CHUNK_SIZE
+from inferd.loading.imatrix import Imatrix
 from inferd.loading.quantize import isq_kind
 from inferd.loading.requantize import Requantized
 from inferd.serving.args import DEFAULT_DRAIN_TIMEOUT
+from inferd.serving.calibration import Calibration
 from inferd.serving.loading import ModelKind, Servable
 from inferd.serving.served import Requantization, ServedModel
 
@@ -274,24 +279,24 @@ class ModelSlot:
         return await self.wait_loaded()
 
     # -- re-quantizing ---------------------------------------------------------------------
-    async def requantize(self, method: str, drain_timeout: float) -> RequantizeReport:
-        """Quantize the model's projections again with ``method`` (q8 | q4) and serve from
-        them (module doc). ConflictError, the model serving on unchanged, when it is not a
-        loaded chat model, is busy re-quantizing, cannot re-read its files, or still runs a
-        request after ``drain_timeout`` seconds; QuantizeError for an unknown method."""
+    async def requantize(
+        self, method: str, drain_timeout: float, imatrix: Imatrix | None = None
+    ) -> RequantizeReport:
+        """Quantize the model's projections again with ``method`` (q8 | q4), for ``imatrix``
+        (by default the matrix the model was quantized for, if any), and serve from them
+        (module doc). ConflictError, the model serving on unchanged, when it is not a loaded
+        chat model, is busy re-quantizing or calibrating, cannot re-read its files, or still
+        runs a request after ``drain_timeout`` seconds; QuantizeError for an unknown method."""
         started = time.perf_counter()
         isq_kind(method)  # an unknown method: QuantizeError before anything starts
         with self._lock:
-            model = self.model
-            if self.status is not ModelStatus.LOADED or not isinstance(model, ServedModel):
-                raise ConflictError(f"the model {self.id!r} is {self.status}, not a loaded model")
-            if self._requantizing:
-                raise ConflictError(f"the model {self.id!r} is being re-quantized already")
+            model = self._loaded_chat_model()
+            self._refuse_busy(model)
             self._requantizing = True
         try:
             try:
                 new = await asyncio.wrap_future(
-                    _loader_pool().submit(model.prepare_requantize, method)
+                    _loader_pool().submit(model.prepare_requantize, method, imatrix)
                 )
             except (OSError, ValueError) as exc:  # QuantizeError, ModelConfigError included
                 raise ConflictError(f"cannot re-quantize {self.id!r}: {exc}") from None
@@ -329,7 +334,7 @@ class ModelSlot:
             for adapter in adapters:
                 with adapter._lock:
                     if isinstance(adapter.model, ServedModel):
-                        adapter.model.isq = model.isq
+                        adapter.model.isq, adapter.model.imatrix = model.isq, model.imatrix
                     adapter.status = ModelStatus.LOADED
             with self._lock:
                 self.status = ModelStatus.LOADED
@@ -337,6 +342,61 @@ class ModelSlot:
         seconds = time.perf_counter() - started
         log.info("model %s re-quantized to %s in %.1fs", self.id, change.method, seconds)
         return RequantizeReport(change, running, seconds)
+
+    def _loaded_chat_model(self) -> ServedModel:
+        """The chat model this slot serves now (under the lock); ConflictError otherwise."""
+        model = self.model
+        if self.status is not ModelStatus.LOADED or not isinstance(model, ServedModel):
+            raise ConflictError(f"the model {self.id!r} is {self.status}, not a loaded model")
+        return model
+
+    # -- calibrating ------------------------------------------------------------------------
+    async def calibrate(
+        self,
+        text: str,
+        *,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        max_chunks: int | None = None,
+        dataset: str = "",
+    ) -> Calibration:
+        """Start the model's importance matrix from ``text`` (serving/calibration.py), the
+        model serving on meanwhile; the calibration runs on, ``model.calibration`` says how
+        far. ConflictError when the model is not loaded, is re-quantizing, or is calibrating
+        already; ImatrixError for a chunk past its context or a text without a whole chunk."""
+        with self._lock:
+            model = self._loaded_chat_model()
+            self._refuse_busy(model)
+        calibration = await asyncio.to_thread(  # tokenizing a long text: off the event loop
+            Calibration.of_text,
+            model.engine.engine.model,
+            model.tokenizer,
+            text,
+            chunk_size=chunk_size,
+            max_len=model.engine.max_model_len,
+            max_chunks=max_chunks,
+            dataset=dataset,
+        )
+        with self._lock:
+            if self._loaded_chat_model() is not model:
+                raise ConflictError(f"the model {self.id!r} was reloaded meanwhile")
+            self._refuse_busy(model)
+            model.calibration = calibration
+        calibration.start(model.engine)
+        log.info(
+            "calibrating %s: %d chunks of %d tokens",
+            self.id,
+            len(calibration.chunks),
+            calibration.chunk_size,
+        )
+        return calibration
+
+    def _refuse_busy(self, model: ServedModel) -> None:
+        """ConflictError while the model is re-quantizing or calibrating (under the lock): a
+        calibration's chunks must all run on one set of weights."""
+        if self._requantizing:
+            raise ConflictError(f"the model {self.id!r} is being re-quantized already")
+        if model.calibration is not None and model.calibration.running:
+            raise ConflictError(f"the model {self.id!r} is being calibrated already")
 
     async def _drain(self, timeout: float) -> bool:
         """Until no request runs on the model, for at most ``timeout`` seconds: whether none

@@ -33,6 +33,7 @@ from inferd.kernels.kv_quant import cache_dtype, dtype_name
 from inferd.layers.linear import resident_bytes
 from inferd.layers.rotary import RotaryEmbedding
 from inferd.loading.chat_template import ChatTemplate, RenderedChat, literal_text
+from inferd.loading.imatrix import Imatrix
 from inferd.loading.imatrix_file import read_imatrix
 from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.loading.model import LoadedModel, load
@@ -41,6 +42,7 @@ from inferd.loading.requantize import Requantized, prepare
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.video import FrameSampling
 from inferd.models.config import ModelConfig
+from inferd.serving.calibration import Calibration
 from inferd.serving.draft import cover, drafter_for, weight_bytes
 from inferd.serving.prompter import MediaItem, Prompt, Prompter, prompter_for
 from inferd.serving.sizing import Sizing, decide, kv_shape
@@ -72,6 +74,8 @@ class ServedModel:
     sizing: Sizing | None = None  # how the context and the pool were decided (startup line)
     weight_bytes: int = 0  # the RAM its weights take (packed copies included)
     isq: str | None = None  # in-situ quantization method (q8 | q4), when asked for (--isq)
+    imatrix: Imatrix | None = None  # the importance matrix ISQ quantized for (--imatrix)
+    calibration: Calibration | None = None  # the last one started (serving/calibration.py)
     projector: Path | None = None  # the --mmproj file its encoders came from (requantize reads it)
     # How tools reach the prompt and how calls are read (the template's, or --tool-call-parser).
     tool_format: ToolFormat = field(default_factory=ToolFormat)
@@ -176,22 +180,26 @@ class ServedModel:
         """``params`` with this view's adapter (unchanged for a base model)."""
         return params if self.lora is None else dataclasses.replace(params, lora=self.lora)
 
-    def requantize(self, method: str) -> Requantization:
+    def requantize(self, method: str, imatrix: Imatrix | None = None) -> Requantization:
         """Quantize every projection again with ``method`` (q8 | q4) from the model's files, as
-        a load under ``--isq METHOD`` would (loading/requantize.py), and serve from the new
-        weights. Blocks (off the event loop); refused (RuntimeError, nothing changed) while a
-        request runs on the current weights: drain first (``ModelSlot.requantize`` does)."""
-        return self.swap_weights(self.prepare_requantize(method)).result()
+        a load under ``--isq METHOD`` would (loading/requantize.py), for ``imatrix`` (by
+        default the matrix the model was quantized for, if any: ``--imatrix``, a calibration
+        applied), and serve from the new weights. Blocks (off the event loop); refused
+        (RuntimeError, nothing changed) while a request runs on the current weights: drain
+        first (``ModelSlot.requantize`` does)."""
+        return self.swap_weights(self.prepare_requantize(method, imatrix)).result()
 
-    def prepare_requantize(self, method: str) -> Requantized:
+    def prepare_requantize(self, method: str, imatrix: Imatrix | None = None) -> Requantized:
         """The new weights of ``requantize``, made while the model serves on (it is not
-        touched). QuantizeError for an unknown method or an adapter's view."""
+        touched). QuantizeError for an unknown method, an adapter's view, or a matrix made for
+        another model."""
         isq_kind(method)
         if self.lora is not None:
             raise QuantizeError(
                 f"{self.id!r} is a LoRA adapter on {self.parent!r}; re-quantize {self.parent!r}"
             )
-        return prepare(self.engine.engine.model, self.source, Isq(method), self.projector)
+        isq = Isq(method, imatrix=self.imatrix if imatrix is None else imatrix)
+        return prepare(self.engine.engine.model, self.source, isq, self.projector)
 
     def swap_weights(self, new: Requantized) -> Future[Requantization]:
         """Serve from ``new`` from the next engine step on, the prefix cache forgotten
@@ -201,11 +209,13 @@ class ServedModel:
             previous, before = self.isq, self.weight_bytes
             engine.swap_weights(new.install)
             self.isq, self.weight_bytes = new.isq.method, resident_bytes(engine.model)
+            self.imatrix = new.isq.imatrix
             log.info(
-                "%s re-quantized (isq %s -> %s): weights %.0f -> %.0f MiB, prefix cache cleared",
+                "%s re-quantized (isq %s -> %s%s): weights %.0f -> %.0f MiB, prefix cache cleared",
                 self.id,
                 previous or "none",
                 self.isq,
+                f", imatrix sha256:{self.imatrix.digest()[:16]}" if self.imatrix else "",
                 before / 2**20,
                 self.weight_bytes / 2**20,
             )
@@ -375,6 +385,7 @@ def assemble(
         sizing=sizing,
         weight_bytes=resident_bytes(model),
         isq=isq.method if isq is not None else None,
+        imatrix=isq.imatrix if isq is not None else None,
         projector=loaded.projector,
         tool_format=choose("" if template.missing else template.source, tool_call_parser),
     )

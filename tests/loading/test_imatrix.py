@@ -161,6 +161,8 @@ def test_gguf_round_trip(tmp_path: Path) -> None:
     assert back.counts == imatrix.counts
     for module, sums in _as_stored(imatrix).items():
         assert torch.equal(back.sums[module], sums)
+        # what quantization reads: the same whether collected here or read from the file
+        assert torch.equal(back.importance(module), imatrix.importance(module))  # type: ignore[arg-type]
     assert (back.datasets, back.chunk_count, back.chunk_size) == (imatrix.datasets, 4, 128)
     assert back.digest() == imatrix.digest()
 
