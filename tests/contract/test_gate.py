@@ -133,6 +133,17 @@ def test_a_schema_answer_invalid_in_the_golden_may_stay_invalid() -> None:
     assert compare(_run(old), _run(dataclasses.replace(old))).passed
 
 
+def test_a_figure_the_golden_did_not_measure_is_reported_not_failed() -> None:
+    """Streams whose tokens all came in one chunk measure no inter-token gap: a zero baseline
+    bounds nothing, so a candidate that measured gaps is not failed for it."""
+    unmeasured = dataclasses.replace(PERF, itl_p50_s=0.0, itl_p99_s=0.0)
+    rows = {
+        r.name: r for r in compare(_run(_answer(["a"]), perf=unmeasured), _run(_answer(["a"]))).rows
+    }
+    assert rows["itl_p99_s"].passed and rows["itl_p99_s"].detail.startswith("no baseline")
+    assert rows["ttft_p50_s"].detail.startswith(f"{PERF.ttft_p50_s:g} -> ")
+
+
 def test_performance_regressions_beyond_the_tolerances_fail() -> None:
     slower = dataclasses.replace(PERF, ttft_p50_s=0.14, itl_p99_s=0.09, throughput_tok_s=30.0)
     failed = _failed(compare(_run(_answer(["a"])), _run(_answer(["a"]), perf=slower)).rows)
