@@ -26,7 +26,13 @@ from inferd.models.llama import LlamaMLP
 from inferd.models.qwen3_vl import Qwen3VLForCausalLM
 from inferd.models.qwen3_vl_video import Qwen3VideoConfig
 from tests.models.paged import paged_logits
-from tests.models.test_qwen3_vl_parity import Setup, case_inputs, our_inputs, reference
+from tests.models.test_qwen3_vl_parity import (
+    Setup,
+    assert_greedy_tokens_match,
+    case_inputs,
+    our_inputs,
+    reference,
+)
 
 Tiny = tuple[Path, Any, Any]
 LOGIT_TOLERANCE = 1e-4  # float32 on both sides: only summation order differs
@@ -113,29 +119,7 @@ def test_wrong_routing_moves_the_logits(
 def test_greedy_tokens_match_transformers(
     case: str, ours: Setup, tiny_qwen3_vl_moe: Tiny, video_cfg: Qwen3VideoConfig
 ) -> None:
-    """Six greedy tokens; ours re-run whole each step, the tokens after the prompt at
-    ``p + delta`` on all three axes (what the runner gives them)."""
-    model = ours[0]
-    _, hf, processor = tiny_qwen3_vl_moe
-    ids, prepared = case_inputs(case, ours, processor, video_cfg)
-    inputs = reference(hf, ids, prepared)
-    with torch.inference_mode():
-        out = hf.generate(
-            **inputs,
-            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-            max_new_tokens=6,
-            do_sample=False,
-        )
-    embeds, positions = our_inputs(model, ids, prepared)
-    delta = int(positions.max()) + 1 - len(ids)
-    tokens: list[int] = []
-    for _ in range(6):
-        n = len(ids) + len(tokens)
-        later = torch.arange(len(ids), n).expand(3, -1) + delta
-        rows = torch.cat((embeds, model.embed(torch.tensor(tokens, dtype=torch.long))))
-        logits = paged_logits(model, ids + tokens, rows, positions=torch.cat((positions, later), 1))
-        tokens.append(int(logits[-1].argmax()))
-    assert tokens == out[0, len(ids) :].tolist()
+    assert_greedy_tokens_match(case, ours, tiny_qwen3_vl_moe, video_cfg)
 
 
 def test_experts_saved_transposed_load_the_same(

@@ -203,6 +203,12 @@ def test_logits_match_transformers(
 def test_greedy_tokens_match_transformers(
     case: str, ours: Setup, tiny: tuple[Path, Any, Any], video_cfg: Qwen3VideoConfig
 ) -> None:
+    assert_greedy_tokens_match(case, ours, tiny, video_cfg)
+
+
+def assert_greedy_tokens_match(
+    case: str, ours: Setup, tiny: tuple[Path, Any, Any], video_cfg: Qwen3VideoConfig
+) -> None:
     """Six greedy tokens; ours re-run whole each step, the tokens after the prompt at
     ``p + delta`` on all three axes (what the runner gives them)."""
     model = ours[0]
