@@ -17,6 +17,7 @@ from tests import skip_policy
 if TYPE_CHECKING:
     from inferd.serving.served import ServedModel
     from tests.media.corpus import Corpus
+    from tests.models.tiny_gemma3n import TinyGemma3nGguf
     from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 
@@ -179,12 +180,27 @@ def tiny_gemma4_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma4Gguf
     """The tiny random Gemma 4 as llama.cpp ships it: a directory in the shape its projector
     assumes (weights on Q8_0's grid), and llama.cpp's converter's language model and projector
     files of it (tests/models/tiny_gemma4.py)."""
-    from tests.models.tiny_gemma4 import TinyGemma4Gguf, convert_tiny_gemma4, save_tiny_gemma4
+    from tests.models.llama_cpp_convert import convert_files
+    from tests.models.tiny_gemma4 import GGUF_FILES, TinyGemma4Gguf, save_tiny_gemma4
 
     directory = tmp_path_factory.mktemp("gemma4-llama-cpp")
     model, processor = save_tiny_gemma4(directory, llama_cpp=True)
-    files = convert_tiny_gemma4(directory, tmp_path_factory.mktemp("gemma4-gguf"))
+    files = convert_files(directory, tmp_path_factory.mktemp("gemma4-gguf"), GGUF_FILES)
     return TinyGemma4Gguf(directory, model, processor, files)
+
+
+@pytest.fixture(scope="session")
+def tiny_gemma3n_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma3nGguf:
+    """The tiny random Gemma3nForConditionalGeneration as llama.cpp ships it: a directory with
+    Gemma's SentencePiece tokenizer (weights on Q8_0's grid), and llama.cpp's converter's
+    language model files of it (tests/models/tiny_gemma3n.py)."""
+    from tests.models.llama_cpp_convert import convert_files
+    from tests.models.tiny_gemma3n import GGUF_FILES, TinyGemma3nGguf, save_tiny_gemma3n_multimodal
+
+    directory = tmp_path_factory.mktemp("gemma3n-llama-cpp")
+    model, _ = save_tiny_gemma3n_multimodal(directory, llama_cpp=True)
+    files = convert_files(directory, tmp_path_factory.mktemp("gemma3n-gguf"), GGUF_FILES)
+    return TinyGemma3nGguf(directory, model, files)
 
 
 @pytest.fixture(scope="session")

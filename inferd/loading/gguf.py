@@ -7,6 +7,7 @@ header. Tensor data stays in the mapping until ``load_tensor`` dequantizes it.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +19,11 @@ from gguf import GGMLQuantizationType, GGUFReader, ReaderField, ReaderTensor
 
 from inferd.loading.dequant import Int4Groups, dequantize, int4_groups
 
-__all__ = ["GGUFError", "GGUFFile", "GGUFTensorInfo", "GGUFTensorNotFound"]
+__all__ = ["GGUFError", "GGUFFile", "GGUFTensorInfo", "GGUFTensorNotFound", "Transform"]
+
+# How a tensor read from a file (given with its name) becomes the one a model holds: a
+# converter's change undone.
+Transform = Callable[[torch.Tensor, str], torch.Tensor]
 
 
 class GGUFError(ValueError):

@@ -1,5 +1,5 @@
 """Build a model from a GGUF file: config from metadata, weights dequantized (the Llama family's
-layouts here, Gemma 4's in loading/gguf_gemma4.py)."""
+layouts here, Gemma 4's in loading/gguf_gemma4.py, Gemma 3n's in loading/gguf_gemma3n.py)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from inferd.layers.linear import (
 )
 from inferd.layers.rotary import inverse_frequencies
 from inferd.loading.dequant import FLOAT_TYPES, INT4_GROUP_TYPES
-from inferd.loading.gguf import GGUFFile, GGUFTensorInfo
+from inferd.loading.gguf import GGUFFile, GGUFTensorInfo, Transform
+from inferd.loading.gguf_gemma3n import ARCH as GEMMA3N
+from inferd.loading.gguf_gemma3n import gemma3n_config, gemma3n_weight_plan
 from inferd.loading.gguf_gemma4 import ARCH as GEMMA4
 from inferd.loading.gguf_gemma4 import gemma4_config, gemma4_weight_plan
 from inferd.loading.projector import AnyProjector
@@ -89,11 +91,7 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
     float32 weight (dequantized), the small-batch packing that keeps it exact, and the VNNI
     copy straight from the file's blocks where there is one."""
     infos = {info.name: info for info in gguf.tensor_infos()}
-    plan: dict[str, tuple[list[str], Transform]] = (
-        {ours: (theirs, keep) for ours, theirs in gemma4_weight_plan(cfg).items()}
-        if cfg.gemma4 is not None
-        else _weight_plan(cfg)
-    )
+    plan = _plan(cfg)
     if cfg.tie_word_embeddings:
         plan["lm_head.weight"] = plan["embed_tokens.weight"]
 
@@ -116,14 +114,13 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
 
 
 def gguf_config(gguf: GGUFFile) -> ModelConfig:
-    """The decoder's config from the file's metadata (and, for Gemma 4, its tensors)."""
+    """The decoder's config from the file's metadata (and, for Gemma 4 and 3n, its tensors)."""
     if gguf.get("general.architecture") == GEMMA4:
         return gemma4_config(gguf)
+    if gguf.get("general.architecture") == GEMMA3N:
+        return gemma3n_config(gguf)
     names = {info.name for info in gguf.tensor_infos()}
     return config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
-
-
-Transform = Callable[[torch.Tensor, str], torch.Tensor]
 
 
 def keep(t: torch.Tensor, _: str) -> torch.Tensor:
@@ -191,6 +188,16 @@ def _packed_reader(
         return (PackedKind.INT4_VNNI if int4 else PackedKind.INT8_VNNI), packed, scales
 
     return read
+
+
+def _plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
+    """Each of our parameters: llama.cpp's tensors it joins, and how to read each of them."""
+    if cfg.gemma3n is not None:
+        plan, transforms = gemma3n_weight_plan(cfg)
+        return {ours: (theirs, transforms.get(ours, keep)) for ours, theirs in plan.items()}
+    if cfg.gemma4 is not None:
+        return {ours: (theirs, keep) for ours, theirs in gemma4_weight_plan(cfg).items()}
+    return _weight_plan(cfg)
 
 
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:

@@ -1360,20 +1360,6 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     for kind, params in (("global", full), ("sliding", local)):
         if params.get("rope_type", "default") != "default":
             raise ModelConfigError(f"gemma3n {kind} RoPE {params} is not supported")
-    per_layer = int(text["hidden_size_per_layer_input"])
-    if not per_layer:
-        raise ModelConfigError("gemma3n without per-layer inputs is not supported")
-    shared = Gemma4Layers(
-        global_head_dim=head_dim,
-        global_kv_heads=kv_heads,
-        k_eq_v=False,
-        kv_shared_layers=int(text["num_kv_shared_layers"] or 0),
-        per_layer_size=per_layer,
-        per_layer_vocab=int(text["vocab_size_per_layer_input"]),
-        double_wide_mlp=False,
-        global_rotary_fraction=1.0,
-        pad_token_id=0,  # ids past the PLE table read its row 0
-    )
     own = Gemma3nLayers(
         altup_inputs=int(text["altup_num_inputs"]),
         altup_active=int(text["altup_active_idx"]),
@@ -1391,15 +1377,9 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         ),
         media_vocab=_gemma3n_media_vocab(hf),
     )
-    if not 0 <= own.altup_active < own.altup_inputs:
-        raise ModelConfigError(f"gemma3n altup_active_idx {own.altup_active} out of range")
-    if any(not 0.0 <= s < 1.0 for s in own.sparsity):
-        raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
-    decoder = gemma4_decoder_config(
+    decoder = gemma3n_decoder_config(
         vocab_size=int(text["vocab_size"]),
         hidden_size=int(text["hidden_size"]),
-        intermediate_size=max(own.intermediate_sizes),
-        num_layers=layers,
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
@@ -1410,14 +1390,76 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         ),
         max_position=int(text["max_position_embeddings"]),
         tie_word_embeddings=tied or not has_lm_head,
-        sliding_window=int(text["sliding_window"]) if sliding else None,
+        sliding_window=int(text["sliding_window"]),
         sliding_layers=sliding,
         final_softcap=_float_or_none(text.get("final_logit_softcapping")),
+        kv_shared_layers=int(text["num_kv_shared_layers"] or 0),
+        per_layer_size=int(text["hidden_size_per_layer_input"]),
+        per_layer_vocab=int(text["vocab_size_per_layer_input"]),
+        layers=own,
+    )
+    return replace(decoder, gemma3n_audio=_gemma3n_audio_from_hf(hf))
+
+
+def gemma3n_decoder_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    rms_norm_eps: float,
+    rope_theta: float,
+    rope_local_theta: float,
+    max_position: int,
+    tie_word_embeddings: bool,
+    sliding_window: int,
+    sliding_layers: tuple[int, ...],
+    final_softcap: float | None,
+    kv_shared_layers: int,
+    per_layer_size: int,
+    per_layer_vocab: int,
+    layers: Gemma3nLayers,
+) -> ModelConfig:
+    """Gemma 3n's decoder from its shape, however the checkpoint spells it (a config.json, a
+    GGUF's metadata): Gemma 4's layer parts (PLE, K/V sharing, q/k/v norms, unscaled attention;
+    one head shape for all layers) plus ``layers``; ModelConfigError for what it cannot run."""
+    if not per_layer_size:
+        raise ModelConfigError("gemma3n without per-layer inputs is not supported")
+    if not 0 <= layers.altup_active < layers.altup_inputs:
+        raise ModelConfigError(f"gemma3n altup_active_idx {layers.altup_active} out of range")
+    if any(not 0.0 <= s < 1.0 for s in layers.sparsity):
+        raise ModelConfigError("gemma3n activation_sparsity_pattern values must lie in [0, 1)")
+    shared = Gemma4Layers(
+        global_head_dim=head_dim,
+        global_kv_heads=num_kv_heads,
+        k_eq_v=False,
+        kv_shared_layers=kv_shared_layers,
+        per_layer_size=per_layer_size,
+        per_layer_vocab=per_layer_vocab,
+        double_wide_mlp=False,
+        global_rotary_fraction=1.0,
+        pad_token_id=0,  # ids past the PLE table read its row 0
+    )
+    decoder = gemma4_decoder_config(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=max(layers.intermediate_sizes),
+        num_layers=len(layers.intermediate_sizes),
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=rms_norm_eps,
+        rope_theta=rope_theta,
+        rope_local_theta=rope_local_theta,
+        max_position=max_position,
+        tie_word_embeddings=tie_word_embeddings,
+        sliding_window=sliding_window if sliding_layers else None,
+        sliding_layers=sliding_layers,
+        final_softcap=final_softcap,
         layers=shared,
     )
-    return replace(
-        decoder, architecture="gemma3n", gemma3n=own, gemma3n_audio=_gemma3n_audio_from_hf(hf)
-    )
+    return replace(decoder, architecture="gemma3n", gemma3n=layers)
 
 
 # transformers' Gemma3nAudioConfig defaults, and Gemma3nConfig's audio settings.

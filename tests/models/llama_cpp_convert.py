@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from inferd.store import default_home
@@ -64,3 +65,19 @@ def convert(checkpoint: Path, out: Path, outtype: str, *, mmproj: bool = False) 
     done = subprocess.run(cmd, capture_output=True, text=True)
     assert done.returncode == 0, f"convert_hf_to_gguf.py failed:\n{done.stderr[-3000:]}"
     return out
+
+
+# A file to convert: (its name, the converter's outtype, a projector or the language model).
+FileSpec = tuple[str, str, bool]
+
+
+def convert_files(checkpoint: Path, out: Path, specs: tuple[FileSpec, ...]) -> dict[str, Path]:
+    """``checkpoint``'s files, by name, written into ``out`` two at a time."""
+    converter()  # fetched once, before the conversions run side by side
+
+    def one(spec: FileSpec) -> tuple[str, Path]:
+        name, outtype, mmproj = spec
+        return name, convert(checkpoint, out / f"{name}.gguf", outtype, mmproj=mmproj)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(pool.map(one, specs))

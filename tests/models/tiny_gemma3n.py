@@ -19,6 +19,8 @@ has none of its tensors, as inferd reads none).
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,6 +128,7 @@ MEDIA_VOCAB = {"embed_vision": (336, 8), "embed_audio": (368, 12)}  # offset, ta
 MEDIA_VOCAB_SIZE = 32
 BOI, IMAGE, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
 BOA, AUDIO, EOA = "<start_of_audio>", "<audio_soft_token>", "<end_of_audio>"
+SENTENCEPIECE = "tokenizer.model"  # a SentencePiece model, as Gemma's checkpoints ship it
 TURN_TOKENS = ["<start_of_turn>", "<end_of_turn>"]
 MEL_BINS = 16
 AUDIO_SOFT_TOKENS = 188  # the real processor's and model's: every clip fills as many tokens
@@ -144,29 +147,35 @@ TEMPLATE = (
 )
 
 
-def mm_token_id(name: str) -> int:
-    return int(_mm_tokenizer().convert_tokens_to_ids(name))
+def mm_token_id(name: str, gemma: bool = False) -> int:
+    return int(_mm_tokenizer(gemma).convert_tokens_to_ids(name))
 
 
-def _mm_tokenizer() -> Any:
-    """A byte-level BPE of ``MM_TEXT`` ids (the chat and begin-of-media markers among its
-    specials), then the image range's end marker and soft token, fillers to the audio range,
-    and its end marker and soft token at its first two ids."""
+def _mm_tokenizer(gemma: bool = False) -> Any:
+    """``MM_TEXT`` text ids (the chat and begin-of-media markers among their specials), then
+    the image range's end marker and soft token, fillers to the audio range, and its end marker
+    and soft token at its first two ids. The text ids: a byte-level BPE, or with ``gemma``
+    Gemma's own kind, transformers' GemmaTokenizer of a SentencePiece model
+    (``gemma_sentencepiece``; its ``<bos>`` written by the template)."""
     from tokenizers import AddedToken
     from transformers import PreTrainedTokenizerFast
 
     from tests.models.tiny import byte_level_tokenizer
 
-    tok = byte_level_tokenizer(MM_TEXT, [*TURN_TOKENS, BOI, BOA])
-    fillers = [f"<unused_image_{i}>" for i in range(MEDIA_VOCAB_SIZE - 2)]
-    tok.add_special_tokens(
-        [AddedToken(t, special=True) for t in [EOI, IMAGE, *fillers, EOA, AUDIO]]
+    media = [EOI, IMAGE, *(f"<unused_image_{i}>" for i in range(MEDIA_VOCAB_SIZE - 2)), EOA, AUDIO]
+    tok = (
+        _gemma_text_tokenizer()
+        if gemma
+        else byte_level_tokenizer(MM_TEXT, [*TURN_TOKENS, BOI, BOA])
     )
-    assert tok.token_to_id(EOA) == MEDIA_VOCAB["embed_audio"][0]
+    tok.add_special_tokens([AddedToken(t, special=True) for t in media])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
+        bos_token="<bos>" if gemma else None,
+        add_bos_token=gemma,
+        unk_token="<unk>" if gemma else None,
         eos_token="<end_of_turn>",
-        pad_token="<|endoftext|>",
+        pad_token="<pad>" if gemma else "<|endoftext|>",
         extra_special_tokens={
             "image_token": IMAGE,
             "boi_token": BOI,
@@ -176,8 +185,64 @@ def _mm_tokenizer() -> Any:
             "eoa_token": EOA,
         },
     )
-    fast.chat_template = TEMPLATE
+    fast.chat_template = "{{ bos_token }}" + TEMPLATE if gemma else TEMPLATE
+    assert fast.convert_tokens_to_ids(EOA) == MEDIA_VOCAB["embed_audio"][0]
     return fast
+
+
+def gemma_sentencepiece() -> bytes:
+    """A SentencePiece model (``tokenizer.model``) of ``MM_TEXT`` pieces made as Gemma's is:
+    BPE with byte fallback over text whose spaces are ``▁`` (no dummy prefix, runs of spaces
+    kept, digits split), ``<pad>``, ``<eos>``, ``<bos>`` and ``<unk>`` first, then the chat
+    and begin-of-media markers as control pieces; trained on the tiny corpus. llama.cpp's
+    converter reads only this kind for Gemma 3n."""
+    import io
+
+    import sentencepiece
+
+    from tests.models.tiny import CORPUS
+
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS),
+        model_writer=model,
+        model_type="bpe",
+        vocab_size=MM_TEXT,
+        byte_fallback=True,
+        character_coverage=1.0,
+        split_digits=True,
+        add_dummy_prefix=False,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        normalization_rule_name="identity",
+        pad_id=0,
+        eos_id=1,
+        bos_id=2,
+        unk_id=3,
+        pad_piece="<pad>",
+        eos_piece="<eos>",
+        bos_piece="<bos>",
+        unk_piece="<unk>",
+        control_symbols=[*TURN_TOKENS, BOI, BOA],
+        minloglevel=2,
+    )
+    return model.getvalue()
+
+
+def _gemma_text_tokenizer() -> Any:
+    """The text ids of Gemma's kind: transformers' GemmaTokenizer converted from
+    ``gemma_sentencepiece``'s model."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / SENTENCEPIECE).write_bytes(gemma_sentencepiece())
+        config = {"tokenizer_class": "GemmaTokenizer", "mask_token": None}
+        (Path(tmp) / "tokenizer_config.json").write_text(json.dumps(config))
+        tokenizer = AutoTokenizer.from_pretrained(tmp).backend_tokenizer
+    assert tokenizer.get_vocab_size() == MM_TEXT
+    return tokenizer
 
 
 def audio_config(**overrides: Any) -> dict[str, Any]:
@@ -203,13 +268,19 @@ def audio_config(**overrides: Any) -> dict[str, Any]:
     return settings
 
 
-def mm_config(audio_overrides: dict[str, Any] | None = None) -> Any:
+def mm_config(audio_overrides: dict[str, Any] | None = None, gemma: bool = False) -> Any:
+    """The ConditionalGeneration's config, its markers' ids those of ``_mm_tokenizer(gemma)``."""
     from transformers import Gemma3nConfig
+
+    tokenizer = _mm_tokenizer(gemma)
+
+    def token(name: str) -> int:
+        return int(tokenizer.convert_tokens_to_ids(name))
 
     text = text_config(
         vocab_size=MM_VOCAB,
         vocab_size_per_layer_input=MM_TEXT,
-        eos_token_id=mm_token_id("<end_of_turn>"),
+        eos_token_id=token("<end_of_turn>"),
     )
     vision = {
         "hidden_size": MEDIA_VOCAB["embed_vision"][1],
@@ -222,26 +293,30 @@ def mm_config(audio_overrides: dict[str, Any] | None = None) -> Any:
         audio_config=audio_config(**(audio_overrides or {})),
         audio_soft_tokens_per_image=AUDIO_SOFT_TOKENS,
         vision_soft_tokens_per_image=16,
-        boi_token_id=mm_token_id(BOI),
-        eoi_token_id=mm_token_id(EOI),
-        image_token_id=mm_token_id(IMAGE),
-        boa_token_id=mm_token_id(BOA),
-        eoa_token_id=mm_token_id(EOA),
-        audio_token_id=mm_token_id(AUDIO),
+        boi_token_id=token(BOI),
+        eoi_token_id=token(EOI),
+        image_token_id=token(IMAGE),
+        boa_token_id=token(BOA),
+        eoa_token_id=token(EOA),
+        audio_token_id=token(AUDIO),
         tie_word_embeddings=True,
     )
 
 
 def build_tiny_gemma3n_multimodal(
-    seed: int = 0, audio_overrides: dict[str, Any] | None = None
+    seed: int = 0, audio_overrides: dict[str, Any] | None = None, *, llama_cpp: bool = False
 ) -> Any:
     """The randomized tiny Gemma3nForConditionalGeneration in float32 eval mode, eager
     attention, less its image encoder: transformers builds that MobileNet with timm (absent
-    here), so an empty module stands in for it (the audio and text paths never call it)."""
+    here), so an empty module stands in for it (the audio and text paths never call it).
+    ``llama_cpp``: its markers' ids Gemma's tokenizer's (``_mm_tokenizer``), its weights on
+    Q8_0's grid (``on_q8_0_grid``)."""
     from unittest import mock
 
     from transformers import Gemma3nForConditionalGeneration
     from transformers.models.gemma3n import modeling_gemma3n
+
+    from tests.models.tiny_gemma4 import on_q8_0_grid
 
     build = modeling_gemma3n.AutoModel.from_config
 
@@ -250,10 +325,13 @@ def build_tiny_gemma3n_multimodal(
             return torch.nn.Module()
         return build(config, **kwargs)
 
+    config = mm_config(audio_overrides, gemma=llama_cpp)
     torch.manual_seed(seed)
     with mock.patch.object(modeling_gemma3n.AutoModel, "from_config", without_vision):
-        model = Gemma3nForConditionalGeneration(mm_config(audio_overrides)).float()
+        model = Gemma3nForConditionalGeneration(config).float()
     randomize_gemma3n(model, seed)
+    if llama_cpp:
+        on_q8_0_grid(model)
     model.generation_config.eos_token_id = None  # generate exactly max_new_tokens
     model.config._attn_implementation = "eager"
     model.config.get_text_config()._attn_implementation = "eager"
@@ -261,26 +339,49 @@ def build_tiny_gemma3n_multimodal(
 
 
 def save_tiny_gemma3n_multimodal(
-    directory: Path, seed: int = 0, audio_overrides: dict[str, Any] | None = None
+    directory: Path,
+    seed: int = 0,
+    audio_overrides: dict[str, Any] | None = None,
+    *,
+    llama_cpp: bool = False,
 ) -> tuple[Any, Any]:
     """The tiny Gemma3nForConditionalGeneration (``build_tiny_gemma3n_multimodal``) and its
     processor (audio feature extractor at ``MEL_BINS`` mel bins, image processor, tokenizer)
-    saved in ``directory``; returns both."""
+    saved in ``directory``; returns both. ``llama_cpp``: as llama.cpp's converter takes it,
+    Gemma's kind of tokenizer with its SentencePiece model beside it and the weights on Q8_0's
+    grid, so that its float32, float16 and Q8_0 files all hold this very model."""
     from transformers import Gemma3nAudioFeatureExtractor, Gemma3nProcessor
     from transformers.models.siglip import SiglipImageProcessorPil
 
-    model = build_tiny_gemma3n_multimodal(seed, audio_overrides)
+    model = build_tiny_gemma3n_multimodal(seed, audio_overrides, llama_cpp=llama_cpp)
     model.save_pretrained(str(directory))
+    tokenizer = _mm_tokenizer(gemma=llama_cpp)
     processor = Gemma3nProcessor(
         feature_extractor=Gemma3nAudioFeatureExtractor(feature_size=MEL_BINS),
         image_processor=SiglipImageProcessorPil(),
-        tokenizer=_mm_tokenizer(),
-        chat_template=TEMPLATE,
+        tokenizer=tokenizer,
+        chat_template=tokenizer.chat_template,
         audio_seq_length=AUDIO_SOFT_TOKENS,
         image_seq_length=16,
     )
     processor.save_pretrained(str(directory))
+    if llama_cpp:
+        (directory / SENTENCEPIECE).write_bytes(gemma_sentencepiece())
+        _list_added_tokens(directory, tokenizer)
     return model, processor
+
+
+def _list_added_tokens(directory: Path, tokenizer: Any) -> None:
+    """``added_tokens_decoder`` in tokenizer_config.json, as Gemma's checkpoints (saved by
+    transformers v4) carry it: where llama.cpp's converter finds the tokens past the
+    SentencePiece model (the media markers), which transformers v5 leaves to tokenizer.json."""
+    path = directory / "tokenizer_config.json"
+    config = json.loads(path.read_text())
+    config["added_tokens_decoder"] = {
+        str(i): {"content": t.content, "special": t.special}
+        for i, t in tokenizer.added_tokens_decoder.items()
+    }
+    path.write_text(json.dumps(config, indent=1))
 
 
 def text_model(full: Any) -> Any:
@@ -369,3 +470,21 @@ def slice_reference(full: Any) -> Any:
     sliced.generation_config.eos_token_id = None
     sliced.config._attn_implementation = "eager"
     return sliced.eval()
+
+
+# --- The ``llama_cpp`` checkpoint as llama.cpp ships it ---------------------------------------
+
+# Its language model at each of the converter's types (``convert_files``' specs). The converter
+# writes no projector for Gemma 3n: it cannot map the audio encoder's conv norms
+# (``subsample_conv_projection.conv_N.norm``), which every Gemma 3n checkpoint has.
+GGUF_FILES = (("lm-f32", "f32", False), ("lm-f16", "f16", False), ("lm-q8_0", "q8_0", False))
+
+
+@dataclass(frozen=True)
+class TinyGemma3nGguf:
+    """A ``llama_cpp`` checkpoint (its directory and transformers model) and llama.cpp's files
+    of it, by name (``GGUF_FILES``)."""
+
+    directory: Path
+    hf: Any
+    files: dict[str, Path]

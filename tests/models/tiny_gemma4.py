@@ -12,7 +12,6 @@ cannot go unnoticed.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -357,10 +356,12 @@ def save_tiny_gemma4(
     audio_overrides: dict[str, Any] | None = None,
     *,
     llama_cpp: bool = False,
+    **text_overrides: Any,
 ) -> tuple[Any, Any]:
     """The randomized tiny Gemma4ForConditionalGeneration and its processor (image processor,
     audio feature extractor and tokenizer) saved in ``directory``; returns both (the model in
-    float32 eval mode). ``llama_cpp``: the encoders in the shape llama.cpp's projector assumes
+    float32 eval mode). ``text_overrides``: the decoder's settings changed (e.g. experts).
+    ``llama_cpp``: the encoders in the shape llama.cpp's projector assumes
     (``LLAMA_CPP_VISION``, ``LLAMA_CPP_AUDIO``), the image processor at its default budget and
     Gemma's kind of tokenizer (``gemma_tokenizer``), as llama.cpp's converter takes them; and
     the weights on Q8_0's grid (``on_q8_0_grid``), so its float32, float16 and Q8_0 files all
@@ -374,7 +375,7 @@ def save_tiny_gemma4(
 
     if llama_cpp:
         audio_overrides = {**LLAMA_CPP_AUDIO, **(audio_overrides or {})}
-    config = mm_config(audio_overrides, LLAMA_CPP_VISION if llama_cpp else None)
+    config = mm_config(audio_overrides, LLAMA_CPP_VISION if llama_cpp else None, **text_overrides)
     torch.manual_seed(seed)
     model = Gemma4ForConditionalGeneration(config).float()
     randomize_gemma4(model, seed)
@@ -455,7 +456,7 @@ def video_processor_settings(pooling: int = POOLING, frames: int = VIDEO_FRAMES)
 
 # --- The same model as llama.cpp ships it: a language model GGUF plus a projector -------------
 
-# The files convert_tiny_gemma4 writes: (name, outtype, projector or language model).
+# llama.cpp's converter's files of the ``llama_cpp`` checkpoint (``convert_files``' specs).
 GGUF_FILES = (
     ("lm-f32", "f32", False),
     ("lm-f16", "f16", False),
@@ -479,18 +480,3 @@ class TinyGemma4Gguf:
     def tiny(self) -> tuple[Path, Any, Any]:
         """As the ``tiny_gemma4`` fixture gives a checkpoint."""
         return self.directory, self.hf, self.processor
-
-
-def convert_tiny_gemma4(directory: Path, out: Path) -> dict[str, Path]:
-    """llama.cpp's converter's files of the ``llama_cpp`` checkpoint in ``directory``, written
-    into ``out`` two at a time (``GGUF_FILES``)."""
-    from tests.models.llama_cpp_convert import convert, converter
-
-    converter()  # fetched once, before the conversions run side by side
-
-    def one(spec: tuple[str, str, bool]) -> tuple[str, Path]:
-        name, outtype, mmproj = spec
-        return name, convert(directory, out / f"{name}.gguf", outtype, mmproj=mmproj)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, GGUF_FILES))
