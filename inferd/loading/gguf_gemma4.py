@@ -17,18 +17,33 @@ What the converter writes, and how it is read back:
 - the tensors as transformers holds them (Gemma 4's norms scale by ``w``: no ``1 + w`` shift, no
   Q/K row permutation), under llama.cpp's names: the layer scalar as ``layer_output_scale``,
   the per-layer embeddings as ``per_layer_token_embd``, ``per_layer_model_proj``,
-  ``per_layer_proj_norm`` and each layer's ``inp_gate``, ``proj`` and ``post_norm``.
+  ``per_layer_proj_norm`` and each layer's ``inp_gate``, ``proj`` and ``post_norm``;
+- the experts beside each layer's dense MLP (``enable_moe_block``) as ``expert_count``,
+  ``expert_used_count`` and ``expert_feed_forward_length``, their fused gate/up and down stacks
+  as transformers holds them (``ffn_gate_up_exps``, ``ffn_down_exps``: [experts, out, in]), the
+  router's projection and per-channel scale as ``ffn_gate_inp``'s weight and ``.scale``, its
+  per-expert scale as ``ffn_down_exps.scale``, and the three extra norms as ``pre_ffw_norm_2``,
+  ``post_ffw_norm_2`` and ``post_ffw_norm_1`` (the dense MLP's output's). The experts are read
+  dequantized to the model's dtype.
 
-Mixture-of-experts blocks (``ffn_gate_inp``) and a fused ``attn_qkv`` are refused.
+Gate and up experts in two stacks (``ffn_gate_exps``/``ffn_up_exps``) and a fused ``attn_qkv``
+are refused.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from inferd.loading.gguf import GGUFFile
-from inferd.models.config import Gemma4Layers, ModelConfig, ModelConfigError, gemma4_decoder_config
+from inferd.models.config import (
+    Gemma4Layers,
+    ModelConfig,
+    ModelConfigError,
+    MoeConfig,
+    gemma4_decoder_config,
+)
 
 ARCH = "gemma4"
 ROPE_FREQS = "rope_freqs.weight"
@@ -40,11 +55,11 @@ def gemma4_config(gguf: GGUFFile) -> ModelConfig:
     """The decoder's config; ModelConfigError for what the file lacks or inferd cannot run."""
     meta = gguf.metadata
     shapes = {i.name: i.shape for i in gguf.tensor_infos()}
-    refused = [n for n in shapes if n.endswith((".ffn_gate_inp.weight", ".attn_qkv.weight"))]
+    refused = [n for n in shapes if n.endswith((".ffn_gate_exps.weight", ".attn_qkv.weight"))]
     if refused:
         raise ModelConfigError(
-            f"{gguf.path}: gemma4 with {refused[0].split('.')[2]} tensors (mixture-of-experts "
-            "blocks or fused q/k/v) is not supported yet"
+            f"{gguf.path}: gemma4 with {refused[0].split('.')[2]} tensors (experts' gate and up "
+            "in two stacks, or fused q/k/v) is not supported yet"
         )
 
     def key(name: str) -> Any:
@@ -86,7 +101,7 @@ def gemma4_config(gguf: GGUFFile) -> ModelConfig:
     )
     window = meta.get(f"{ARCH}.attention.sliding_window")
     softcap = meta.get(f"{ARCH}.final_logit_softcapping")
-    return gemma4_decoder_config(
+    cfg = gemma4_decoder_config(
         vocab_size=shapes["token_embd.weight"][0],
         hidden_size=int(key("embedding_length")),
         intermediate_size=width,
@@ -104,6 +119,15 @@ def gemma4_config(gguf: GGUFFile) -> ModelConfig:
         final_softcap=None if softcap is None else float(softcap),
         layers=layers_cfg,
     )
+    if "blk.0.ffn_gate_inp.weight" not in shapes:
+        return cfg
+    moe = MoeConfig(
+        num_experts=int(key("expert_count")),
+        top_k=int(key("expert_used_count")),
+        intermediate_size=int(key("expert_feed_forward_length")),
+        layers=tuple(range(layers)),
+    )
+    return replace(cfg, moe=moe)
 
 
 def _per_layer(value: Any, layers: int, name: str) -> list[int]:
@@ -187,4 +211,19 @@ def gemma4_weight_plan(cfg: ModelConfig) -> dict[str, list[str]]:
             plan[m + "self_attn.k_norm.weight"] = [b + "attn_k_norm.weight"]
         plan[m + "self_attn.qkv_proj.weight"] = qkv
         plan[m + "mlp.gate_up_proj.weight"] = [b + "ffn_gate.weight", b + "ffn_up.weight"]
+        if cfg.moe is not None:
+            plan |= {m + "moe." + ours: [b + theirs] for ours, theirs in _MOE_TENSORS.items()}
     return plan
+
+
+# A layer's experts, router and their norms (models/gemma4.py ``Gemma4MoE``): llama.cpp's names.
+_MOE_TENSORS = {
+    "experts.gate_up_proj": "ffn_gate_up_exps.weight",
+    "experts.down_proj": "ffn_down_exps.weight",
+    "router.proj.weight": "ffn_gate_inp.weight",
+    "router.scale": "ffn_gate_inp.scale",
+    "router.per_expert_scale": "ffn_down_exps.scale",
+    "pre_norm.weight": "pre_ffw_norm_2.weight",
+    "post_norm.weight": "post_ffw_norm_2.weight",
+    "mlp_post_norm.weight": "post_ffw_norm_1.weight",
+}

@@ -9,7 +9,12 @@ of files gives the directory's config and every one of its parameters (the audio
 per-channel scale to float32 rounding: the converter stores it after a softplus), the same
 processing of media, ids of text and chat template; the engine's prompt ids, greedy tokens and
 the log-probabilities of every prompt and reply token equal the directory's for text, an image
-with a clip, and a video. Projectors that do not fit are refused before any weight is read."""
+with a clip, and a video. Projectors that do not fit are refused before any weight is read.
+
+The same with experts beside each layer's dense MLP (``enable_moe_block``): the language model's
+f32 and Q8_0 files give the directory's decoder config and every parameter (the expert stacks,
+router and their norms included), and the engine's log-probabilities on text equal the
+directory's."""
 
 from __future__ import annotations
 
@@ -38,8 +43,10 @@ from inferd.serving.prompter import MediaItem
 from inferd.serving.served import ServedModel, load_model
 from tests.contract.altered_gguf import rewrite
 from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
+from tests.models.llama_cpp_convert import convert_files
+from tests.models.test_gemma4_parity import MOE
 from tests.models.test_idefics3_processor import generated
-from tests.models.tiny_gemma4 import TinyGemma4Gguf
+from tests.models.tiny_gemma4 import TinyGemma4Gguf, save_tiny_gemma4
 
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides, the same weights: summation order alone
 TEXTS = [
@@ -213,3 +220,49 @@ def test_a_projector_without_the_markers_in_the_vocabulary_is_refused(
     no_video = rewrite(lm, tmp_path / "no-video.gguf", metadata={"tokenizer.ggml.tokens": renamed})
     with pytest.raises(ProjectorError, match=r"tokenizer has no <\|video\|> token"):
         load(no_video, dtype="f32", mmproj=proj, progress=False)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, dict[str, Path]]:
+    """The tiny Gemma 4 with experts, as a directory (read by inferd) and llama.cpp's f32 and
+    Q8_0 language model files of it."""
+    directory = tmp_path_factory.mktemp("gemma4-moe")
+    save_tiny_gemma4(directory, llama_cpp=True, **MOE)
+    specs = (("lm-f32", "f32", False), ("lm-q8_0", "q8_0", False))
+    files = convert_files(directory, tmp_path_factory.mktemp("gemma4-moe-gguf"), specs)
+    return load(directory, dtype="f32", progress=False), files
+
+
+@pytest.mark.parametrize("lm", ["lm-f32", "lm-q8_0"])
+def test_a_file_with_experts_holds_the_directory_decoder(
+    moe: tuple[LoadedModel, dict[str, Path]], lm: str
+) -> None:
+    directory, files = moe
+    ours = load(files[lm], dtype="f32", progress=False, packed_kernels=False)
+    text_only = replace(directory.config, gemma4_vision=None, gemma4_audio=None)
+    assert text_only.moe is not None
+    assert replace(ours.config, rms_norm_eps=text_only.rms_norm_eps) == text_only
+    theirs = dict(directory.model.named_parameters())
+    params = dict(ours.model.named_parameters())
+    assert {n for n in params if ".moe." in n} == {n for n in theirs if ".moe." in n}
+    assert params.keys() <= theirs.keys()
+    for name, value in params.items():
+        assert torch.equal(value, theirs[name]), name
+
+
+def test_the_engine_reads_text_through_the_experts_as_the_directory(
+    moe: tuple[LoadedModel, dict[str, Path]],
+) -> None:
+    directory, files = moe
+    cfg = EngineConfig(dtype="f32", kv_cache_tokens=2048, max_model_len=512)
+    from_gguf = load_model(files["lm-q8_0"], cfg, progress=False, loop=CallerLoop())
+    from_hf = load_model(directory.source.path, cfg, progress=False, loop=CallerLoop())
+    try:
+        content = [{"type": "text", "text": "What do the experts say about the storm?"}]
+        ids, tokens, logprobs = run_greedy(from_gguf, content, [])
+        want_ids, want_tokens, want_logprobs = run_greedy(from_hf, content, [])
+    finally:
+        from_gguf.shutdown()
+        from_hf.shutdown()
+    assert (ids, tokens) == (want_ids, want_tokens)
+    np.testing.assert_allclose(logprobs, want_logprobs, atol=LOGPROB_TOLERANCE)
