@@ -190,6 +190,21 @@ def tiny_gemma4_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma4Gguf
 
 
 @pytest.fixture(scope="session")
+def tiny_gemma4_moe_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma4Gguf:
+    """The tiny Gemma 4 with experts beside each dense MLP (``enable_moe_block``), in the
+    ``llama_cpp`` shape, and llama.cpp's f32 and Q8_0 language model files of it."""
+    from tests.models.llama_cpp_convert import convert_files
+    from tests.models.test_gemma4_parity import MOE
+    from tests.models.tiny_gemma4 import TinyGemma4Gguf, save_tiny_gemma4
+
+    directory = tmp_path_factory.mktemp("gemma4-moe")
+    model, processor = save_tiny_gemma4(directory, llama_cpp=True, **MOE)
+    specs = (("lm-f32", "f32", False), ("lm-q8_0", "q8_0", False))
+    files = convert_files(directory, tmp_path_factory.mktemp("gemma4-moe-gguf"), specs)
+    return TinyGemma4Gguf(directory, model, processor, files)
+
+
+@pytest.fixture(scope="session")
 def tiny_gemma3n_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyGemma3nGguf:
     """The tiny random Gemma3nForConditionalGeneration as llama.cpp ships it: a directory with
     Gemma's SentencePiece tokenizer (weights on Q8_0's grid), and llama.cpp's converter's

@@ -43,10 +43,8 @@ from inferd.serving.prompter import MediaItem
 from inferd.serving.served import ServedModel, load_model
 from tests.contract.altered_gguf import rewrite
 from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
-from tests.models.llama_cpp_convert import convert_files
-from tests.models.test_gemma4_parity import MOE
 from tests.models.test_idefics3_processor import generated
-from tests.models.tiny_gemma4 import TinyGemma4Gguf, save_tiny_gemma4
+from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides, the same weights: summation order alone
 TEXTS = [
@@ -223,14 +221,10 @@ def test_a_projector_without_the_markers_in_the_vocabulary_is_refused(
 
 
 @pytest.fixture(scope="module")
-def moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[LoadedModel, dict[str, Path]]:
-    """The tiny Gemma 4 with experts, as a directory (read by inferd) and llama.cpp's f32 and
-    Q8_0 language model files of it."""
-    directory = tmp_path_factory.mktemp("gemma4-moe")
-    save_tiny_gemma4(directory, llama_cpp=True, **MOE)
-    specs = (("lm-f32", "f32", False), ("lm-q8_0", "q8_0", False))
-    files = convert_files(directory, tmp_path_factory.mktemp("gemma4-moe-gguf"), specs)
-    return load(directory, dtype="f32", progress=False), files
+def moe(tiny_gemma4_moe_gguf: TinyGemma4Gguf) -> tuple[LoadedModel, dict[str, Path]]:
+    """The tiny Gemma 4 with experts read from its directory, and its files."""
+    directory = load(tiny_gemma4_moe_gguf.directory, dtype="f32", progress=False)
+    return directory, tiny_gemma4_moe_gguf.files
 
 
 @pytest.mark.parametrize("lm", ["lm-f32", "lm-q8_0"])
