@@ -128,6 +128,16 @@ def test_the_language_model_alone_is_the_qwen3_decoder(
     assert _same_config(alone.config, _text_only(directory.config))
 
 
+def test_inferd_convert_refuses_the_experts(
+    tiny_qwen3_vl_moe_gguf: TinyQwen3VLGguf, tmp_path: Path
+) -> None:
+    from inferd.convert import ConvertError, convert_gguf
+
+    with pytest.raises(ConvertError, match="a mixture-of-experts model cannot be converted"):
+        convert_gguf(tiny_qwen3_vl_moe_gguf.files["lm-f16"], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()  # nothing written
+
+
 @pytest.fixture(scope="module", params=list(ENGINES))
 def engines(request: pytest.FixtureRequest) -> Iterator[tuple[ServedModel, ServedModel]]:
     """The Q8_0 language model with a projector, and the directory."""
