@@ -55,10 +55,15 @@ def _experts(
     sparse = tuple(i for i in range(layers) if f"blk.{i}.ffn_gate_inp.weight" in shapes)
     if not sparse:
         return None
-    keys = ("expert_count", "expert_used_count", "expert_feed_forward_length")
-    values = [gguf.metadata.get(f"{arch}.{key}") for key in keys]
-    if any(v is None for v in values):
-        missing = next(k for k, v in zip(keys, values, strict=True) if v is None)
-        raise ModelConfigError(f"GGUF metadata lacks {arch}.{missing}")
-    experts, top_k, width = (int(v) for v in values)  # type: ignore[arg-type]
-    return MoeConfig(num_experts=experts, top_k=top_k, intermediate_size=width, layers=sparse)
+    shape = {}
+    for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
+        value = gguf.metadata.get(f"{arch}.{key}")
+        if value is None:
+            raise ModelConfigError(f"GGUF metadata lacks {arch}.{key}")
+        shape[key] = int(value)
+    return MoeConfig(
+        num_experts=shape["expert_count"],
+        top_k=shape["expert_used_count"],
+        intermediate_size=shape["expert_feed_forward_length"],
+        layers=sparse,
+    )
