@@ -164,6 +164,8 @@ def convert_gguf(path: Path, out: Path, *, dtype: str = "f32", progress: bool = 
         model, cfg = load_gguf_model(gguf, torch.float32, progress=progress, packed_kernels=False)
     except ModelConfigError as exc:
         raise ConvertError(str(exc)) from None
+    if cfg.moe is not None:  # config.json would describe a dense model and drop the experts
+        raise ConvertError(f"{path}: a mixture-of-experts model cannot be converted yet")
     tokenizer = tokenizer_from_gguf(gguf.metadata)
     template = ChatTemplate.from_metadata(
         gguf.metadata, bos_token=tokenizer.bos_token, eos_token=tokenizer.eos_token

@@ -125,7 +125,9 @@ def engines(tiny_gemma4_gguf: TinyGemma4Gguf) -> Iterator[tuple[ServedModel, Ser
 Run = tuple[list[int], list[int], list[float]]  # prompt ids, greedy tokens, their logprobs
 
 
-def _run(served: ServedModel, content: list[dict[str, str]], media: list[MediaItem]) -> Run:
+def greedy_run(served: ServedModel, content: list[dict[str, str]], media: list[MediaItem]) -> Run:
+    """One user turn of ``content`` with ``media`` through the engine: 6 greedy tokens, with
+    the log-probabilities of every prompt and reply token."""
     ids, inputs = served.chat_prompt([{"role": "user", "content": content}], media)
     engine = served.engine.engine
     params = SamplingParams(max_tokens=6, temperature=0, logprobs=0, prompt_logprobs=0)
@@ -171,8 +173,8 @@ def test_the_engine_reads_text_images_audio_and_video_as_the_directory(
         ([{"type": "video"}, text], [_video(from_gguf)], "video"),
     ]
     for content, media, what in cases:
-        ids, tokens, logprobs = _run(from_gguf, content, media)
-        want_ids, want_tokens, want_logprobs = _run(from_hf, content, media)
+        ids, tokens, logprobs = greedy_run(from_gguf, content, media)
+        want_ids, want_tokens, want_logprobs = greedy_run(from_hf, content, media)
         assert (ids, tokens) == (want_ids, want_tokens), what
         assert len(logprobs) == len(ids) - 1 + len(tokens)
         np.testing.assert_allclose(logprobs, want_logprobs, atol=LOGPROB_TOLERANCE, err_msg=what)

@@ -12,7 +12,6 @@ cannot go unnoticed.
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -483,14 +482,7 @@ class TinyGemma4Gguf:
 
 def convert_tiny_gemma4(directory: Path, out: Path) -> dict[str, Path]:
     """llama.cpp's converter's files of the ``llama_cpp`` checkpoint in ``directory``, written
-    into ``out`` two at a time (``GGUF_FILES``)."""
-    from tests.models.llama_cpp_convert import convert, converter
+    into ``out`` (``GGUF_FILES``)."""
+    from tests.models.llama_cpp_convert import convert_files
 
-    converter()  # fetched once, before the conversions run side by side
-
-    def one(spec: tuple[str, str, bool]) -> tuple[str, Path]:
-        name, outtype, mmproj = spec
-        return name, convert(directory, out / f"{name}.gguf", outtype, mmproj=mmproj)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(pool.map(one, GGUF_FILES))
+    return convert_files(directory, out, GGUF_FILES)
