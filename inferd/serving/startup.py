@@ -266,14 +266,16 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
 
 
 def _describe_experts(model: ServedModel) -> list[str]:
-    """The mixture of experts, if the model has one, and that its experts stay dense."""
+    """The mixture of experts, if the model has one, and how its experts' projections are held
+    (as every other projection's: quantized under --isq)."""
     moe = model.config.moe
     if moe is None:
         return []
+    held = f" quantized {model.isq} (--isq)" if model.isq else ""
     return [
         f"experts    {moe.top_k} of {moe.num_experts} a token ({moe.intermediate_size} wide) "
-        f"in {len(moe.layers)} of {model.config.num_layers} layers; dense (--isq and the "
-        "packed int8/int4 kernels skip them)"
+        f"in {len(moe.layers)} of {model.config.num_layers} layers, "
+        f"{2 * moe.num_experts * len(moe.layers)} expert projections{held}"
     ]
 
 
