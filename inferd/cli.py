@@ -348,6 +348,12 @@ def _on_off(flag: bool) -> str:
 
 
 def _engine_config(args: argparse.Namespace) -> EngineConfig:
+    if args.imatrix is not None and getattr(args, "config", None) is not None:
+        # A matrix fits one model's tensors; a models file's entries each name their own.
+        raise ValueError(
+            "--imatrix is one model's importance matrix; with --config, give it on that "
+            "model's entry in the models file (imatrix: FILE, beside in_situ_quant)"
+        )
     return EngineConfig(
         dtype=args.dtype,
         max_num_seqs=args.max_seqs,

@@ -27,6 +27,7 @@ from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_model import gguf_config, load_gguf_model
 from inferd.loading.hf_layout import Plan, gemma3n_plan, gemma4_plan, hf_plan
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
+from inferd.loading.weights import expert_projections
 from inferd.models.config import HF_ARCHITECTURES, ModelConfig, ModelConfigError, config_from_hf
 from inferd.models.llama import LlamaForCausalLM
 
@@ -211,15 +212,29 @@ def hf_state_dict(model: LlamaForCausalLM, dtype: torch.dtype) -> dict[str, torc
     tensors: dict[str, torch.Tensor] = {}
     params = dict(model.named_parameters())
     for target, parts in _layout(model.config).items():
-        if target not in params:
-            raise ConvertError(f"the model has no parameter {target}")
-        value = params[target].detach()
+        value = _our_tensor(model, params, target)
         if value.numel() == 0:
             raise ConvertError(f"{target} is quantized in place (--isq); convert needs weights")
         rows = [p.rows for p in parts]
         for part, chunk in zip(parts, value.split(rows), strict=True):
             tensors[part.name] = chunk.to(dtype).contiguous()
     return tensors
+
+
+def _our_tensor(
+    model: LlamaForCausalLM, params: dict[str, torch.nn.Parameter], target: str
+) -> torch.Tensor:
+    """Our parameter ``target``; for an expert stack (``...experts.gate_up_proj``), each
+    expert's projection's weight (layers/moe.py) stacked back as transformers holds them."""
+    if target in params:
+        return params[target].detach()
+    try:
+        experts = expert_projections(model, target)
+    except AttributeError:  # no module of that name
+        experts = None
+    if experts is None:
+        raise ConvertError(f"the model has no parameter {target}")
+    return torch.stack([p.layer.weight.detach() for p in experts])
 
 
 def tokenizer_config(
@@ -269,6 +284,9 @@ def convert_gguf(path: Path, out: Path, *, dtype: str = "f32", progress: bool = 
             raise ConvertError(
                 f"{path} carries precomputed rope_freqs factors, which config.json cannot express"
             )
+        # only gemma4_text says experts; another config.json would describe a dense model
+        if cfg.moe is not None and cfg.gemma4 is None:
+            raise ConvertError(f"{path}: a mixture-of-experts model cannot be converted yet")
         model, cfg = load_gguf_model(gguf, torch.float32, progress=progress, packed_kernels=False)
     except ModelConfigError as exc:
         raise ConvertError(str(exc)) from None

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from tests.media.corpus import Corpus
     from tests.models.tiny_gemma3n import TinyGemma3nGguf
     from tests.models.tiny_gemma4 import TinyGemma4Gguf
+    from tests.models.tiny_qwen3_vl import TinyQwen3VLGguf
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -236,6 +237,27 @@ def tiny_qwen3_vl_moe(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, A
     directory = tmp_path_factory.mktemp("qwen3_vl_moe")
     model, processor = save_tiny_qwen3_vl(directory, moe=True)
     return directory, model, processor
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen3VLGguf:
+    """The tiny random Qwen3-VL as llama.cpp ships it: a directory as its converter takes a
+    published one (weights on Q8_0's grid), and the converter's language model and projector
+    files of it (tests/models/tiny_qwen3_vl.py)."""
+    from tests.models.tiny_qwen3_vl import tiny_qwen3_vl_gguf as build
+
+    directory = tmp_path_factory.mktemp("qwen3-vl-llama-cpp")
+    return build(directory, tmp_path_factory.mktemp("qwen3-vl-gguf"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_vl_moe_gguf(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen3VLGguf:
+    """Likewise the tiny Qwen3-VL-MoE (experts in every layer, as llama.cpp's qwen3vlmoe has
+    them)."""
+    from tests.models.tiny_qwen3_vl import tiny_qwen3_vl_gguf as build
+
+    directory = tmp_path_factory.mktemp("qwen3-vl-moe-llama-cpp")
+    return build(directory, tmp_path_factory.mktemp("qwen3-vl-moe-gguf"), moe=True)
 
 
 @pytest.fixture(scope="session")

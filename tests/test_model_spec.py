@@ -362,3 +362,78 @@ lora = ["deep=adapters/a/b"]
         "clash.lora.x: serves under the API id 'x', as x does; rename one",
         "dup.lora.pirate: serves under the API id 'pirate', as x.lora.pirate does; rename one",
     ]
+
+
+def test_engine_settings_per_model(tmp_path: Path) -> None:
+    """A model's own imatrix, prefix_cache_n, max_decode_steps_before_prefill and no_kv_cache;
+    0 and false are settings, absent is the server's."""
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    doc = {
+        "a": {
+            "GGUF": {"model_id": "smollm2"},
+            "in_situ_quant": "q8",
+            "imatrix": "m.gguf",
+            "prefix_cache_n": 0,
+            "max_decode_steps_before_prefill": 4,
+        },
+        "b": {"Plain": {"model_id": "org/b", "no_kv_cache": False}},
+    }
+    a, b = parse_models(doc, base=tmp_path)
+    assert (a.imatrix, a.prefix_cache_n, a.max_decode_steps_before_prefill, a.no_kv_cache) == (
+        str(tmp_path / "m.gguf"),
+        0,
+        4,
+        None,
+    )
+    assert (b.imatrix, b.prefix_cache_n, b.no_kv_cache) == (None, None, False)
+    bad = {
+        "a": {"GGUF": {"model_id": "smollm2"}, "imatrix": "none.dat", "prefix_cache_n": -1},
+        "b": {"GGUF": {"model_id": "smollm2"}, "max_decode_steps_before_prefill": 0},
+        "c": {"GGUF": {"model_id": "smollm2"}, "no_kv_cache": "yes"},
+        "e": {"Embedding": {"model_id": "minilm"}, "no_kv_cache": True},
+    }
+    with pytest.raises(SpecError) as err:
+        parse_models(bad, base=tmp_path)
+    assert err.value.problems == [
+        f"a.imatrix: expected an importance matrix file; {tmp_path}/none.dat is not a file",
+        "a.prefix_cache_n: expected a non-negative integer (0: no prefix caching), got a number -1",
+        "b.max_decode_steps_before_prefill: expected a positive integer, got a number 0",
+        'c.no_kv_cache: expected true or false, got a string "yes"',
+        "e.no_kv_cache: does not apply to Embedding models",
+    ]
+
+
+def test_a_models_engine_settings_reach_its_engine(smollm2_gguf: Path, tmp_path: Path) -> None:
+    """The entry's settings replace the server's for that model alone."""
+    from inferd.config import EngineConfig
+    from inferd.serving.loading import ModelLoadError, load_spec
+    from inferd.serving.served import ServedModel
+
+    server = EngineConfig(dtype="f32", max_num_seqs=2, max_model_len=256, prefix_cache_n=8)
+    spec = ModelSpec(
+        str(smollm2_gguf), prefix_cache_n=0, max_decode_steps_before_prefill=3, no_kv_cache=True
+    )
+    model = load_spec(spec, server)
+    try:
+        assert isinstance(model, ServedModel)
+        cfg = model.engine_config
+        assert (cfg.prefix_cache_n, cfg.max_decode_steps_before_prefill, cfg.no_kv_cache) == (
+            0,
+            3,
+            True,
+        )
+        assert not cfg.caches_prefixes and cfg.max_num_seqs == 2
+    finally:
+        model.shutdown()
+    (tmp_path / "m.dat").write_bytes(b"")
+    with pytest.raises(ModelLoadError, match="goes with in-situ quantization"):
+        load_spec(ModelSpec(str(smollm2_gguf), imatrix=str(tmp_path / "m.dat")), server)
+
+
+def test_serve_refuses_imatrix_beside_a_models_file(tmp_path: Path) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text('[chat.GGUF]\nmodel_id = "smollm2"\n')
+    (tmp_path / "m.dat").write_bytes(b"")
+    out = _serve("--config", str(path), "--isq", "q8", "--imatrix", str(tmp_path / "m.dat"))
+    assert out.returncode == 2
+    assert "with --config, give it on that model's entry" in out.stderr

@@ -106,12 +106,13 @@ def test_the_default_model_requantized_holds_what_a_load_under_isq_builds(
         llm.shutdown()
 
 
-@pytest.mark.parametrize("fixture", ["tiny_gemma4", "tiny_gemma3n_audio"])
+@pytest.mark.parametrize("fixture", ["tiny_gemma4", "tiny_gemma3n_audio", "tiny_qwen3_vl_moe"])
 def test_a_quantized_media_model_is_requantized_from_its_checkpoint(
     request: pytest.FixtureRequest, fixture: str
 ) -> None:
     """q8 to q4 gives the q4 of the checkpoint, not of the q8 rounding; Gemma 4's and Gemma
-    3n's encoders (named after the model's parameters) are quantized again with the decoder."""
+    3n's encoders (named after the model's parameters) are quantized again with the decoder,
+    and Qwen3-VL-MoE's experts, each from its matrix of the checkpoint's stack."""
     directory = request.getfixturevalue(fixture)[0]
     loaded = load(directory, dtype="f32", isq="q8", progress=False)
     prepare(loaded.model, loaded.source, Isq("q4")).install(loaded.model)

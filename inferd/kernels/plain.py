@@ -9,6 +9,11 @@ import torch.nn.functional as F
 from inferd.kernels.kv_quant import dequantize_rows, head_dim_of, is_quantized, quantize_rows
 from inferd.kernels.ops import KernelOps, Rotation
 
+# torch's int8 weight-only kernel reads each row in whole blocks of 32: past the end of a row of
+# another length (garbage in bf16, a crash at times: a mixture of experts' down projection 24
+# wide), so such rows and the weight are padded with zeros to it.
+INT8_PACK_BLOCK = 32
+
 SMALL_DECODE_KEYS = 256  # up to here a lone decode attends in float32 (see decode_attention)
 
 
@@ -142,6 +147,9 @@ class PlainOps(KernelOps):
     def int8_linear(
         self, x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor
     ) -> torch.Tensor:
+        pad = -x.shape[1] % INT8_PACK_BLOCK
+        if pad:  # zero columns add nothing to the sums
+            x, weight = F.pad(x, (0, pad)), F.pad(weight, (0, pad))
         return torch._weight_int8pack_mm(x, weight, scales)
 
 

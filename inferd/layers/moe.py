@@ -7,11 +7,15 @@ sum to one. Where the weights are rounded is the model's: Qwen3-VL-MoE's router 
 the logits' dtype before they scale the experts' outputs, Gemma 4's keeps them in float32 (the
 scaled rows are rounded once).
 
-The experts are kept as transformers holds them: ``gate_up_proj`` ``[experts, 2 * ff, hidden]``
-(each expert's gate rows, then its up rows) and ``down_proj`` ``[experts, hidden, ff]``, dense
-in the model's dtype (ISQ and the packed int8/int4 kernels leave them be). Each expert runs
-once per step over the rows routed to it (gathered, then added back with ``index_add_``), in
-expert order, as transformers' eager experts add them.
+Each expert is two ``Linear`` projections, as a dense MLP's: ``gate_up_proj[e]`` [2 * ff, hidden]
+(its gate rows, then its up rows) and ``down_proj[e]`` [hidden, ff]. So ISQ quantizes them, the
+packed int8/int4 kernels serve them and an importance matrix observes them as it does every other
+projection (each expert sees only the rows routed to it). They load from transformers' fused
+stacks, ``gate_up_proj`` [experts, 2 * ff, hidden] and ``down_proj`` [experts, hidden, ff], one
+matrix an expert (``loading/weights.fill``). Each expert runs once per step over the rows routed
+to it (gathered, then added back with ``index_add_``), in expert order, as transformers' eager
+experts add them; the kernel each expert's projections pick depends on how many rows it got, as
+a projection's depends on the step's rows (``layers/linear.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from inferd.layers.linear import Linear
 
 
 def top_k_routing(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,12 +39,10 @@ class Experts(nn.Module):
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int, gelu: bool) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Parameter(
-            torch.empty(num_experts, 2 * intermediate, hidden), requires_grad=False
+        self.gate_up_proj = nn.ModuleList(
+            Linear(hidden, 2 * intermediate) for _ in range(num_experts)
         )
-        self.down_proj = nn.Parameter(
-            torch.empty(num_experts, hidden, intermediate), requires_grad=False
-        )
+        self.down_proj = nn.ModuleList(Linear(intermediate, hidden) for _ in range(num_experts))
         self.gelu = gelu
 
     def forward(
@@ -51,16 +55,17 @@ class Experts(nn.Module):
         flat = experts.flatten()
         order = flat.argsort(stable=True)  # the (row, slot) pairs grouped by expert
         rows, picked = order // top_k, weights.flatten()[order]
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=len(self.gate_up_proj)).tolist()
         start = 0
         for expert, count in enumerate(counts):
             if not count:
                 continue
             end = start + count
             routed = rows[start:end]
-            gate, up = F.linear(x[routed], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            # forward, not __call__: the hot path skips nn.Module's hooks (LlamaMLP's way)
+            gate, up = self.gate_up_proj[expert].forward(x[routed]).chunk(2, dim=-1)
             act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-            y = F.linear(act * up, self.down_proj[expert]) * picked[start:end, None]
+            y = self.down_proj[expert].forward(act * up) * picked[start:end, None]
             out.index_add_(0, routed, y.to(x.dtype))
             start = end
         return out

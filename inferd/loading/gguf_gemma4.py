@@ -23,8 +23,8 @@ What the converter writes, and how it is read back:
   as transformers holds them (``ffn_gate_up_exps``, ``ffn_down_exps``: [experts, out, in]), the
   router's projection and per-channel scale as ``ffn_gate_inp``'s weight and ``.scale``, its
   per-expert scale as ``ffn_down_exps.scale``, and the three extra norms as ``pre_ffw_norm_2``,
-  ``post_ffw_norm_2`` and ``post_ffw_norm_1`` (the dense MLP's output's). The experts are read
-  dequantized to the model's dtype.
+  ``post_ffw_norm_2`` and ``post_ffw_norm_1`` (the dense MLP's output's). The stacks are read
+  dequantized, each expert's matrix then filling its own projection (``loading/weights.fill``).
 
 Gate and up experts in two stacks (``ffn_gate_exps``/``ffn_up_exps``) and a fused ``attn_qkv``
 are refused.

@@ -1,5 +1,6 @@
 """Build a model from a GGUF file: config from metadata, weights dequantized (the Llama family's
-layouts here, Gemma 4's in loading/gguf_gemma4.py, Gemma 3n's in loading/gguf_gemma3n.py)."""
+layouts here, Gemma 4's in loading/gguf_gemma4.py, Gemma 3n's in loading/gguf_gemma3n.py,
+Qwen3-VL's text model's keys in loading/gguf_qwen3vl.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from inferd.loading.gguf_gemma3n import ARCH as GEMMA3N
 from inferd.loading.gguf_gemma3n import gemma3n_config, gemma3n_weight_plan
 from inferd.loading.gguf_gemma4 import ARCH as GEMMA4
 from inferd.loading.gguf_gemma4 import gemma4_config, gemma4_weight_plan
+from inferd.loading.gguf_qwen3vl import QWEN3VL_ARCHITECTURES, qwen3vl_config
 from inferd.loading.projector import AnyProjector
 from inferd.loading.quantize import Isq
 from inferd.loading.weights import WeightSource, build_empty, fill
@@ -98,7 +100,8 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
     def read(sources: list[str], transform: Transform) -> Callable[[], torch.Tensor]:
         def load() -> torch.Tensor:
             parts = [transform(gguf.load_tensor(s), s) for s in sources]
-            return torch.cat(parts) if len(parts) > 1 else parts[0]
+            # fused along the rows: each expert's, in a stack of experts
+            return torch.cat(parts, dim=max(0, parts[0].dim() - 2)) if len(parts) > 1 else parts[0]
 
         return load
 
@@ -114,11 +117,15 @@ def decoder_sources(gguf: GGUFFile, cfg: ModelConfig) -> list[WeightSource]:
 
 
 def gguf_config(gguf: GGUFFile) -> ModelConfig:
-    """The decoder's config from the file's metadata (and, for Gemma 4 and 3n, its tensors)."""
-    if gguf.get("general.architecture") == GEMMA4:
+    """The decoder's config from the file's metadata (and, for Gemma 4, Gemma 3n and
+    Qwen3-VL-MoE, its tensors)."""
+    arch = gguf.get("general.architecture")
+    if arch == GEMMA4:
         return gemma4_config(gguf)
-    if gguf.get("general.architecture") == GEMMA3N:
+    if arch == GEMMA3N:
         return gemma3n_config(gguf)
+    if arch in QWEN3VL_ARCHITECTURES:
+        return qwen3vl_config(gguf)
     names = {info.name for info in gguf.tensor_infos()}
     return config_from_gguf(gguf.metadata, has_output_tensor="output.weight" in names)
 
@@ -203,7 +210,8 @@ def _plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
 def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     """Our parameters from llama.cpp's tensors. Q/K rows are un-permuted for the Llama family
     only (its converter alone permutes them); Gemma 2/3 norms (q/k norms too) are stored as
-    ``1 + w``; the projections' tensors are ``llama_cpp_tensors``'."""
+    ``1 + w``; the projections' tensors are ``llama_cpp_tensors``'; a mixture-of-experts
+    layer's router and expert stacks are ``ffn_gate_inp`` and ``ffn_{gate,up,down}_exps``."""
 
     def rope_rows(t: torch.Tensor, name: str) -> torch.Tensor:
         if "attn_v" in name or cfg.architecture not in LLAMA_FAMILY:
@@ -225,11 +233,13 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
     for i in range(cfg.num_layers):
         b, m = f"blk.{i}.", f"layers.{i}."
         plan[m + "input_norm.weight"] = ([b + "attn_norm.weight"], norm)
-        qkv, gate_up = (
-            _layer_tensors(i, p, arch) for p in ("self_attn.qkv_proj", "mlp.gate_up_proj")
-        )
+        qkv = _layer_tensors(i, "self_attn.qkv_proj", arch)
         plan[m + "self_attn.qkv_proj.weight"] = (qkv, rope_rows)
-        plan[m + "mlp.gate_up_proj.weight"] = (gate_up, keep)
+        if cfg.moe is not None and i in cfg.moe.layers:
+            plan |= _experts_plan(b, m)
+        else:
+            for mlp in ("mlp.gate_up_proj", "mlp.down_proj"):
+                plan[f"{m}{mlp}.weight"] = (_layer_tensors(i, mlp, arch), keep)
         if cfg.attention_bias:
             biases = [b + "attn_q.bias", b + "attn_k.bias", b + "attn_v.bias"]
             plan[m + "self_attn.qkv_proj.bias"] = (biases, keep)
@@ -243,8 +253,20 @@ def _weight_plan(cfg: ModelConfig) -> dict[str, tuple[list[str], Transform]]:
             plan[m + "post_feedforward_norm.weight"] = ([b + "post_ffw_norm.weight"], norm)
         else:
             plan[m + "post_attention_norm.weight"] = ([b + "ffn_norm.weight"], keep)
-        plan[m + "mlp.down_proj.weight"] = (_layer_tensors(i, "mlp.down_proj", arch), keep)
     return plan
+
+
+def _experts_plan(b: str, m: str) -> dict[str, tuple[list[str], Transform]]:
+    """A sparse layer's router and experts (layers/moe.py), ``b`` its tensors' prefix and ``m``
+    its module's: each expert's gate and up rows fused as ``Experts.gate_up_proj`` holds them."""
+    return {
+        m + "mlp.gate.weight": ([b + "ffn_gate_inp.weight"], keep),
+        m + "mlp.experts.gate_up_proj": (
+            [b + "ffn_gate_exps.weight", b + "ffn_up_exps.weight"],
+            keep,
+        ),
+        m + "mlp.experts.down_proj": ([b + "ffn_down_exps.weight"], keep),
+    }
 
 
 # llama.cpp's weight tensors (``blk.N.<name>.weight``) behind each of a layer's projections, in

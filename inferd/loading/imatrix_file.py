@@ -4,7 +4,8 @@ GGUF, llama.cpp's format (``tools/imatrix``): ``general.type = "imatrix"``, no a
 ``imatrix.datasets`` (the calibration files' names), ``imatrix.chunk_count`` and
 ``imatrix.chunk_size`` (uint32); per weight tensor ``<name>.in_sum2`` (float32 [n_mat, n_in]:
 the sums of squared inputs) and ``<name>.counts`` (float32 [n_mat, 1]: the tokens). More than
-one matrix per tensor (n_mat > 1) are a mixture of experts' (no inferd model has one: refused);
+one matrix per tensor (n_mat > 1) are a mixture of experts' stacks (refused: inferd writes
+each expert's projection as an entry of its own, under our name);
 ``<name>.in_sum`` (the plain sums, newer files) is not needed and not read.
 
 Legacy ``.dat``: int32 entries; per entry int32 name length, the name, int32 ``ncall`` (chunks),
@@ -145,7 +146,7 @@ def _read_gguf(path: Path) -> Imatrix:
         if counts.numel() != 1:
             raise ImatrixError(
                 f"{path}: {name} holds {counts.numel()} matrices (a mixture of experts'); "
-                "inferd's models have one per projection"
+                "inferd reads one a tensor (its own files hold each expert's projection apart)"
             )
         entries[name] = (sums.reshape(-1).double(), float(counts.reshape(-1)[0]))
     if not entries:

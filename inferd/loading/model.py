@@ -33,6 +33,7 @@ from inferd.loading.imatrix import Imatrix
 from inferd.loading.matformer import MatformerSlice, matformer_slice
 from inferd.loading.mmproj import Projector, ProjectorError
 from inferd.loading.mmproj_gemma4 import Gemma4Projector
+from inferd.loading.mmproj_qwen3vl import Qwen3VLProjector
 from inferd.loading.projector import open_projector
 from inferd.loading.quantize import Isq, isq_for
 from inferd.loading.tokenizer import TokenizerBundle, tokenizer_from_gguf
@@ -184,6 +185,8 @@ def _load_gguf(
         isq=isq,
         image_config=projector.image if isinstance(projector, Projector) else None,
         projector=projector.path,
+        visual_configs=projector.visual if isinstance(projector, Qwen3VLProjector) else None,
+        qwen3_video=projector.video if isinstance(projector, Qwen3VLProjector) else None,
         gemma4=projector.processing if isinstance(projector, Gemma4Projector) else None,
     )
 

@@ -1,6 +1,7 @@
 """In-situ quantization (``--isq q8|q4``) and quantized models kept in the store.
 
-ISQ turns every projection of the decoder (q/k/v, o, gate/up, down) into a weight-only low-bit
+ISQ turns every projection of the decoder (q/k/v, o, gate/up, down; a mixture of experts' each
+expert's gate/up and down, ``layers.0.mlp.experts.down_proj.3``) into a weight-only low-bit
 ``Linear`` that serves every batch from its packed kernel and drops the dense weight, so the
 model takes about a quarter (q8) or an eighth (q4) of its float32 size in those layers:
 

@@ -25,7 +25,7 @@ from inferd.loading.hf_model import decoder_sources as hf_sources
 from inferd.loading.projector import open_projector
 from inferd.loading.quantize import Isq, QuantizeError, kernel_form
 from inferd.loading.safetensors import SafetensorsCheckpoint
-from inferd.loading.weights import WeightSource, isq_layer
+from inferd.loading.weights import WeightSource, isq_projections
 from inferd.models.llama import LlamaForCausalLM
 from inferd.source import ModelSource
 
@@ -55,10 +55,13 @@ def prepare(
     is not touched. QuantizeError (and the readers' errors) when the files no longer hold them."""
     layers = []
     for src in _sources(model, source, projector):
-        layer = isq_layer(model, src.target, isq)
-        if layer is not None:
-            module = src.target.rpartition(".")[0]
-            layers.append((layer, kernel_form(layer, isq.weight(module, src.read()))))
+        projections = isq_projections(model, src.target, isq)
+        if projections:
+            weight = src.read()  # one projection's, or an expert stack's (every expert's)
+            layers += [
+                (p.layer, kernel_form(p.layer, isq.weight(p.name, p.weight(weight))))
+                for p in projections
+            ]
     if not layers:
         raise QuantizeError(f"{source.name} has no projection in-situ quantization applies to")
     return Requantized(isq, tuple(layers))

@@ -4,6 +4,11 @@ The model is first built on the ``meta`` device; each parameter becomes real onl
 weight arrives, so a load never holds more than the model plus one source tensor. Under ISQ a
 projection's dense weight is quantized as soon as it is read and then dropped (or, with weights
 from the store, never read at all), so the quantized model is never dense in memory as a whole.
+
+A mixture of experts' source is a stack, one matrix an expert (transformers' fused
+``gate_up_proj`` / ``down_proj`` [experts, out, in], named by the ``Experts`` parameter it
+fills: ``layers.0.mlp.experts.gate_up_proj``); each matrix fills its expert's projection
+(``layers.0.mlp.experts.gate_up_proj.3``) as a projection's own source would.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from inferd.config import DEFAULT_MAX_MODEL_LEN
 from inferd.host_memory import release_free_heap
 from inferd.layers.embedding import Embedding
 from inferd.layers.linear import Linear, PackedKind, PackedWeight, packed_on_huge_pages
+from inferd.layers.moe import Experts
 from inferd.layers.rotary import RopeScaling, RotaryEmbedding, inverse_frequencies
 from inferd.loading.quantize import Isq
 from inferd.models.config import (
@@ -132,6 +138,11 @@ def fill(
         for src in sources:
             module_name, _, param = src.target.rpartition(".")
             layer = model.get_submodule(module_name)
+            experts = expert_projections(model, src.target)
+            if experts is not None:
+                _fill_experts(experts, src, dtype, pack, isq)
+                bar.update(1)
+                continue
             tied_head = module_name == "lm_head" and cfg.tie_word_embeddings
             quantized = isq_layer(model, src.target, isq) if isq is not None else None
             if quantized is not None and isq is not None and module_name in isq.stored:
@@ -179,6 +190,66 @@ def isq_layer(model: LlamaForCausalLM, target: str, isq: Isq) -> Linear | None:
     if param != "weight" or not isinstance(layer, Linear):
         return None
     return layer if isq.applies(module_name, layer, tied_head) else None
+
+
+@dataclass(frozen=True, slots=True)
+class Projection:
+    """A projection a source fills: its module name, and which matrix of the source it takes
+    (``expert``: the source is an expert stack; None: the source is its weight)."""
+
+    name: str
+    layer: Linear
+    expert: int | None = None
+
+    def weight(self, source: torch.Tensor) -> torch.Tensor:
+        return source if self.expert is None else source[self.expert]
+
+
+def expert_projections(model: nn.Module, target: str) -> list[Projection] | None:
+    """Each expert's projection an expert stack's source fills (``target`` names an
+    ``Experts`` stack: ``gate_up_proj`` or ``down_proj``), in the stack's order; None for any
+    other target."""
+    module_name, _, param = target.rpartition(".")
+    experts = model.get_submodule(module_name)
+    if not isinstance(experts, Experts):
+        return None
+    stack = getattr(experts, param)
+    return [Projection(f"{target}.{e}", layer, e) for e, layer in enumerate(stack)]
+
+
+def isq_projections(model: LlamaForCausalLM, target: str, isq: Isq) -> list[Projection]:
+    """The projections a source of ``target`` fills that ``isq`` quantizes: an expert stack's
+    (every expert's, as ``fill`` quantizes them), the one projection it names, or none."""
+    experts = expert_projections(model, target)
+    if experts is not None:
+        return experts
+    layer = isq_layer(model, target, isq)
+    return [] if layer is None else [Projection(target.rpartition(".")[0], layer)]
+
+
+def _fill_experts(
+    experts: list[Projection], src: WeightSource, dtype: torch.dtype, pack: bool, isq: Isq | None
+) -> None:
+    """Each expert's projection from its matrix of the stack ``src`` reads, as a projection's
+    own source fills it: quantized by ``isq`` (not read at all when the store has them all),
+    else dense with its packed copy."""
+    if isq is not None and all(p.name in isq.stored for p in experts):
+        for p in experts:
+            isq.apply(p.name, p.layer, None)
+        return
+    stack = src.read()
+    if stack.dim() != 3 or stack.shape[0] != len(experts):
+        raise ModelConfigError(
+            f"{src.target} has shape {tuple(stack.shape)}, expected {len(experts)} experts' "
+            "matrices"
+        )
+    for p in experts:
+        weight = p.weight(stack)
+        _set(p.layer, "weight", weight, dtype)
+        if isq is not None:
+            isq.apply(p.name, p.layer, weight)
+        elif pack:
+            p.layer.pack(src.pack_kind, source=weight)
 
 
 def _fill_packed(

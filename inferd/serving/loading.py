@@ -16,7 +16,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, TypeVar
 
 import torch
 
@@ -28,6 +28,8 @@ from inferd.serving.served import ServedModel, load_model
 from inferd.serving.spec import ModelSpec
 from inferd.source import ModelSource, resolve_source
 from inferd.store import CATALOG, ModelStore, StoreError
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -112,6 +114,12 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
         max_num_seqs=spec.max_seqs or base.max_num_seqs,
         isq=spec.in_situ_quant or base.isq,
         kv_cache_dtype=spec.kv_cache_dtype or base.kv_cache_dtype,
+        imatrix=spec.imatrix or base.imatrix,
+        prefix_cache_n=_given(spec.prefix_cache_n, base.prefix_cache_n),
+        max_decode_steps_before_prefill=_given(
+            spec.max_decode_steps_before_prefill, base.max_decode_steps_before_prefill
+        ),
+        no_kv_cache=_given(spec.no_kv_cache, base.no_kv_cache),
     )
     model = load_model(
         source,
@@ -131,6 +139,12 @@ def _load(spec: ModelSpec, base: EngineConfig, progress: bool, loop: EngineLoop 
             f"this {model.config.architecture} model reads text only (use Plain)"
         )
     return model
+
+
+def _given(value: _T | None, default: _T) -> _T:
+    """A model's own setting where its entry gives one (0 and false included), else the
+    server's."""
+    return default if value is None else value
 
 
 def _load_embedding(

@@ -57,6 +57,10 @@ _SETTINGS = (
     "hf_config_overrides",
     "matformer_config_path",
     "matformer_slice_name",
+    "imatrix",
+    "prefix_cache_n",
+    "max_decode_steps_before_prefill",
+    "no_kv_cache",
 )
 _GENERATIVE_ONLY = (
     "chat_template",
@@ -68,6 +72,10 @@ _GENERATIVE_ONLY = (
     "hf_config_overrides",
     "matformer_config_path",
     "matformer_slice_name",
+    "imatrix",
+    "prefix_cache_n",
+    "max_decode_steps_before_prefill",
+    "no_kv_cache",
 )
 # in-situ quantization names (ours, and the closest of mistral.rs's) -> our method
 ISQ_NAMES = {
@@ -114,6 +122,13 @@ class ModelSpec:
     # A Gemma 3n MatFormer slice: the slice table (CSV) and the row to serve, both or neither.
     matformer_config: str | None = None
     matformer_slice: str | None = None
+    # The engine settings a model may hold apart from the server's (None: the server's flag):
+    # an importance matrix for its in-situ quantization (a matrix fits one model's tensors),
+    # its cached prefixes, the prefill rule and the KV-less reference path.
+    imatrix: str | None = None
+    prefix_cache_n: int | None = None
+    max_decode_steps_before_prefill: int | None = None
+    no_kv_cache: bool | None = None
 
     def __post_init__(self) -> None:
         if (self.matformer_config is None) != (self.matformer_slice is None):
@@ -138,10 +153,12 @@ class ModelSpec:
                 f"got {self.kv_cache_dtype!r}"
             )
         _ = self.config_overrides  # a malformed one is refused here, at startup
-        for name in ("max_seq_len", "max_seqs"):
+        for name in ("max_seq_len", "max_seqs", "max_decode_steps_before_prefill"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be a positive integer; got {value}")
+        if self.prefix_cache_n is not None and self.prefix_cache_n < 0:
+            raise ValueError(f"prefix_cache_n cannot be negative; got {self.prefix_cache_n}")
 
     @property
     def matformer(self) -> tuple[str, str] | None:
@@ -307,6 +324,10 @@ def _parse_entry(label: str, entry: Any, base: Path, problems: list[str]) -> Mod
         tool_call_parser=values.get("tool_call_parser"),
         mmproj=values.get("mmproj"),
         lora=values.get("lora") or (),
+        imatrix=values.get("imatrix"),
+        prefix_cache_n=values.get("prefix_cache_n"),
+        max_decode_steps_before_prefill=values.get("max_decode_steps_before_prefill"),
+        no_kv_cache=values.get("no_kv_cache"),
     )
 
 
@@ -369,9 +390,18 @@ def _setting(
             problems.append(f"{path}: expected an object (merged into config.json)")
             return None
         return json.dumps(value)
-    if name in ("max_seq_len", "max_seqs"):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"{path}: expected a positive integer, got {_describe(value)}")
+    if name in ("max_seq_len", "max_seqs", "max_decode_steps_before_prefill", "prefix_cache_n"):
+        least = 0 if name == "prefix_cache_n" else 1
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            wanted = "a non-negative integer (0: no prefix caching)" if least == 0 else None
+            problems.append(
+                f"{path}: expected {wanted or 'a positive integer'}, got {_describe(value)}"
+            )
+            return None
+        return value
+    if name == "no_kv_cache":
+        if not isinstance(value, bool):
+            problems.append(f"{path}: expected true or false, got {_describe(value)}")
             return None
         return value
     if not isinstance(value, str) or not value.strip():
@@ -398,6 +428,8 @@ def _setting(
         return None
     if name == "mmproj":
         return _projector_file(Path(value), base, path, kind, problems)
+    if name == "imatrix":
+        return _existing_file(Path(value), base, path, "an importance matrix file", problems)
     if name == "matformer_config_path":
         return str(Path(value) if Path(value).is_absolute() else base / value)
     if name == "jinja_explicit":
@@ -483,9 +515,14 @@ def _projector_file(
     if kind != "GGUF":
         problems.append(f"{path}: only GGUF entries take a projector (mmproj)")
         return None
+    return _existing_file(file, base, path, "a projector .gguf file", problems)
+
+
+def _existing_file(file: Path, base: Path, path: str, what: str, problems: list[str]) -> str | None:
+    """``file`` (relative to the models file's folder) if it is one; else a problem."""
     full = file.expanduser() if file.expanduser().is_absolute() else base / file
     if not full.is_file():
-        problems.append(f"{path}: expected a projector .gguf file; {full} is not a file")
+        problems.append(f"{path}: expected {what}; {full} is not a file")
         return None
     return str(full)
 

@@ -21,7 +21,7 @@ from inferd.loading.lora import DEFAULT_MAX_LORA_RANK
 from inferd.models.idefics3_image import Idefics3ImageConfig
 from inferd.serving.loading import Servable, expected_kind, load_spec
 from inferd.serving.lora import adapter_slot, parse_lora_flags, serve_adapters
-from inferd.serving.prompter import Gemma4ModelPrompter, ImageModelPrompter
+from inferd.serving.prompter import Gemma4ModelPrompter, GridModelPrompter, ImageModelPrompter
 from inferd.serving.registry import ModelRegistry, ModelSlot
 from inferd.serving.served import ServedModel
 from inferd.serving.spec import ModelSpec, load_models_file, read_chat_template
@@ -161,6 +161,8 @@ def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
         return []
     if isinstance(model.prompter, Gemma4ModelPrompter):
         return [f"projector  {spec.mmproj}  (gemma4: {_gemma4_encoders(model.prompter)})"]
+    if isinstance(model.prompter, GridModelPrompter):
+        return [f"projector  {spec.mmproj}  (qwen3vl: {_qwen3vl_encoder(model)})"]
     if not isinstance(model.prompter, ImageModelPrompter):
         return []
     vision, images = model.config.vision, model.prompter.images.config
@@ -171,6 +173,26 @@ def _describe_projector(model: Servable, spec: ModelSpec) -> list[str]:
         f"hidden {vision.hidden_size}; {images.tile} px tiles of {images.image_seq_len} "
         f"tokens, images {split})"
     ]
+
+
+def _qwen3vl_encoder(model: ServedModel) -> str:
+    """A Qwen3-VL projector's encoder, and the pixel bounds its images and videos take."""
+    vision = model.config.qwen_vision
+    assert vision is not None and isinstance(model.prompter, GridModelPrompter)
+    grid, merge = model.prompter.grid, vision.spatial_merge_size
+    images, video = grid.image_config, grid.qwen3_video
+    deep = ", ".join(map(str, vision.deepstack_indexes)) or "none"
+    line = (
+        f"image encoder {vision.num_layers} layers, hidden {vision.hidden_size}, deep stack "
+        f"from blocks {deep}; {vision.patch_size} px patches merged {merge}x{merge}; images of "
+        f"{images.min_pixels} to {images.max_pixels} px"
+    )
+    if video is not None:
+        line += (
+            f", videos of {video.visual.min_pixels} to {video.visual.max_pixels} px over their "
+            f"frames at {video.fps:g} fps"
+        )
+    return line
 
 
 def _gemma4_encoders(prompter: Gemma4ModelPrompter) -> str:
@@ -244,14 +266,16 @@ def _describe_model(model: Servable, cfg: EngineConfig) -> list[str]:
 
 
 def _describe_experts(model: ServedModel) -> list[str]:
-    """The mixture of experts, if the model has one, and that its experts stay dense."""
+    """The mixture of experts, if the model has one, and how its experts' projections are held
+    (as every other projection's: quantized under --isq)."""
     moe = model.config.moe
     if moe is None:
         return []
+    held = f" quantized {model.isq} (--isq)" if model.isq else ""
     return [
         f"experts    {moe.top_k} of {moe.num_experts} a token ({moe.intermediate_size} wide) "
-        f"in {len(moe.layers)} of {model.config.num_layers} layers; dense (--isq and the "
-        "packed int8/int4 kernels skip them)"
+        f"in {len(moe.layers)} of {model.config.num_layers} layers, "
+        f"{2 * moe.num_experts * len(moe.layers)} expert projections{held}"
     ]
 
 

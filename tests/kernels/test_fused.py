@@ -353,6 +353,18 @@ def test_int8_linear(
         torch.testing.assert_close(layer(x), PLAIN.int8_linear(x, layer._packed, layer._scales))
 
 
+@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("in_features", [24, 104])
+def test_plain_int8_linear_takes_rows_of_any_length(rows: int, in_features: int) -> None:
+    """The reference op on rows that are no whole blocks of 32 (a mixture of experts' down
+    projection, 24 wide): torch's kernel alone reads past them (garbage, or a crash)."""
+    torch.manual_seed(7)
+    w, scale = pack_int8(torch.randn(48, in_features), torch.bfloat16)
+    x = torch.randn(rows, in_features).to(torch.bfloat16)
+    expected = (x.float() @ (w.float() * scale.float()[:, None]).T).to(torch.bfloat16)
+    torch.testing.assert_close(PLAIN.int8_linear(x, w, scale), expected, **_tol(torch.bfloat16))
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_int8_linear_rows_do_not_depend_on_their_neighbours(
     fused: KernelOps, dtype: torch.dtype

@@ -1,6 +1,7 @@
-"""Importance matrices: the collector against transformers' own activations, llama.cpp's file
-formats (written and read, and a file laid out as llama.cpp writes it, built with gguf-py), and
-quantization weighted by importance against plain rounding."""
+"""Importance matrices: the collector against transformers' own activations (a mixture of
+experts' per expert), llama.cpp's file formats (written and read, and a file laid out as
+llama.cpp writes it, built with gguf-py), and quantization weighted by importance against plain
+rounding."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from inferd.loading.imatrix import Imatrix, ImatrixCollector, ImatrixError
 from inferd.loading.imatrix_file import read_imatrix, write_imatrix
 from inferd.loading.model import load
 from inferd.loading.quantize import QuantizeError, quantize_weight
+from tests.layers.test_moe import EXPERTS, ROWS, TOP_K, qwen_block, rows
 from tests.models.tiny import CORPUS, save_tiny
 
 # Our projection -> the transformers Linear that reads the same input (q, k and v share theirs).
@@ -99,6 +101,30 @@ def test_collector_leaves_the_model_as_it_was(tiny_llama: tuple[Path, Any]) -> N
     assert set(imatrix.sums) == {"layers.0.mlp.down_proj"}
     assert imatrix.counts["layers.0.mlp.down_proj"] == 5
     torch.testing.assert_close(imatrix.sums["layers.0.mlp.down_proj"], x.double().square().sum(0))
+
+
+def test_collector_observes_each_expert_over_the_rows_routed_to_it() -> None:
+    """Each expert's projections count and sum the rows its router sends it, no others: against
+    transformers' Qwen3-VL-MoE block on the same weights (its router's picks, and each expert's
+    down projection input from its own stacks)."""
+    theirs, ours = qwen_block()
+    x = rows(torch.float32)
+    with torch.no_grad(), ImatrixCollector(ours) as collector:
+        ours(x)
+        _, _, picked = theirs.gate(x)
+        stacks = theirs.experts
+        imatrix = collector.imatrix()
+        for e in range(EXPERTS):
+            routed = x[(picked == e).any(-1)]
+            gate, up = torch.nn.functional.linear(routed, stacks.gate_up_proj[e]).chunk(2, -1)
+            inputs = {"gate_up_proj": routed, "down_proj": torch.nn.functional.silu(gate) * up}
+            for projection, seen in inputs.items():
+                name = f"experts.{projection}.{e}"
+                assert imatrix.counts[name] == len(routed) > 0
+                torch.testing.assert_close(
+                    imatrix.sums[name], seen.double().square().sum(0), rtol=1e-5, atol=1e-6
+                )
+    assert sum(imatrix.counts[f"experts.gate_up_proj.{e}"] for e in range(EXPERTS)) == ROWS * TOP_K
 
 
 def test_the_file_names_llama_cpp_tensors(tiny_llama: tuple[Path, Any], tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ from inferd.loading.model import LoadedModel, load
 from inferd.models.config import ModelConfig
 from inferd.models.gemma3n import Gemma3nForCausalLM
 from inferd.serving.served import ServedModel, load_model
-from tests.models.test_gemma4_gguf import LOGPROB_TOLERANCE, run_greedy
+from tests.models.test_gemma4_gguf import LOGPROB_TOLERANCE, greedy_run
 from tests.models.tiny_gemma3n import MM_TEXT, TinyGemma3nGguf
 
 TEXTS = [
@@ -118,8 +118,8 @@ def test_the_engine_reads_text_as_the_directory(
     assert from_gguf.modalities["input"] == ["text"]
     assert from_hf.modalities["input"] == ["text", "audio"]
     content = [{"type": "text", "text": QUESTION}]
-    ids, tokens, logprobs = run_greedy(from_gguf, content, [])
-    want_ids, want_tokens, want_logprobs = run_greedy(from_hf, content, [])
+    ids, tokens, logprobs = greedy_run(from_gguf, content, [])
+    want_ids, want_tokens, want_logprobs = greedy_run(from_hf, content, [])
     # A reply in text ids: the directory embeds a media id by its encoder's table, which the
     # file lacks (the random model picks some for other prompts).
     assert max(want_tokens) < MM_TEXT

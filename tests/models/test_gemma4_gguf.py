@@ -13,8 +13,8 @@ with a clip, and a video. Projectors that do not fit are refused before any weig
 
 The same with experts beside each layer's dense MLP (``enable_moe_block``): the language model's
 f32 and Q8_0 files give the directory's decoder config and every parameter (the expert stacks,
-router and their norms included), and the engine's log-probabilities on text equal the
-directory's."""
+router and their norms included), the engine's log-probabilities on text equal the directory's,
+and each expert's projection quantizes under ISQ (q8, q4) to the directory's logits."""
 
 from __future__ import annotations
 
@@ -44,6 +44,7 @@ from inferd.serving.served import ServedModel, load_model
 from tests.contract.altered_gguf import rewrite
 from tests.media.corpus import Clip, Tone, _mp4, wav_bytes
 from tests.models.test_idefics3_processor import generated
+from tests.models.test_llama_parity import full_forward
 from tests.models.tiny_gemma4 import TinyGemma4Gguf
 
 LOGPROB_TOLERANCE = 1e-4  # float32 on both sides, the same weights: summation order alone
@@ -130,10 +131,10 @@ def engines(tiny_gemma4_gguf: TinyGemma4Gguf) -> Iterator[tuple[ServedModel, Ser
 Run = tuple[list[int], list[int], list[float]]  # prompt ids, greedy tokens, their logprobs
 
 
-def run_greedy(served: ServedModel, content: list[dict[str, str]], media: list[MediaItem]) -> Run:
-    """One user turn through ``served``'s engine, greedy for six tokens: the prompt's ids, the
-    reply's tokens, and the log-probabilities of every prompt token after the first and of
-    every reply token."""
+def greedy_run(served: ServedModel, content: list[dict[str, str]], media: list[MediaItem]) -> Run:
+    """One user turn of ``content`` with ``media`` through ``served``'s engine, greedy for six
+    tokens: the prompt's ids, the reply's tokens, and the log-probabilities of every prompt token
+    after the first and of every reply token."""
     ids, inputs = served.chat_prompt([{"role": "user", "content": content}], media)
     engine = served.engine.engine
     params = SamplingParams(max_tokens=6, temperature=0, logprobs=0, prompt_logprobs=0)
@@ -179,8 +180,8 @@ def test_the_engine_reads_text_images_audio_and_video_as_the_directory(
         ([{"type": "video"}, text], [_video(from_gguf)], "video"),
     ]
     for content, media, what in cases:
-        ids, tokens, logprobs = run_greedy(from_gguf, content, media)
-        want_ids, want_tokens, want_logprobs = run_greedy(from_hf, content, media)
+        ids, tokens, logprobs = greedy_run(from_gguf, content, media)
+        want_ids, want_tokens, want_logprobs = greedy_run(from_hf, content, media)
         assert (ids, tokens) == (want_ids, want_tokens), what
         assert len(logprobs) == len(ids) - 1 + len(tokens)
         np.testing.assert_allclose(logprobs, want_logprobs, atol=LOGPROB_TOLERANCE, err_msg=what)
@@ -253,10 +254,26 @@ def test_the_engine_reads_text_through_the_experts_as_the_directory(
     from_hf = load_model(directory.source.path, cfg, progress=False, loop=CallerLoop())
     try:
         content = [{"type": "text", "text": "What do the experts say about the storm?"}]
-        ids, tokens, logprobs = run_greedy(from_gguf, content, [])
-        want_ids, want_tokens, want_logprobs = run_greedy(from_hf, content, [])
+        ids, tokens, logprobs = greedy_run(from_gguf, content, [])
+        want_ids, want_tokens, want_logprobs = greedy_run(from_hf, content, [])
     finally:
         from_gguf.shutdown()
         from_hf.shutdown()
     assert (ids, tokens) == (want_ids, want_tokens)
     np.testing.assert_allclose(logprobs, want_logprobs, atol=LOGPROB_TOLERANCE)
+
+
+@pytest.mark.parametrize("isq", ["q8", "q4"])
+def test_the_experts_of_a_file_quantize_as_the_directory(
+    moe: tuple[LoadedModel, dict[str, Path]], isq: str
+) -> None:
+    """The file's expert stacks, dequantized, fill each expert's own projection (layers/moe.py),
+    which ``--isq`` quantizes as it does the directory's: the same logits in bf16."""
+    directory, files = moe
+    ours = load(files["lm-q8_0"], dtype="bf16", isq=isq, progress=False)
+    theirs = load(directory.source.path, dtype="bf16", isq=isq, progress=False)
+    experts = ours.model.layers[0].moe.experts
+    for projection in (*experts.gate_up_proj, *experts.down_proj):
+        assert projection.weight.numel() == 0  # quantized in place: the dense weight dropped
+    ids = ours.tokenizer.encode(" ".join(TEXTS[:3]), add_special=True)
+    assert torch.equal(full_forward(ours.model, ids), full_forward(theirs.model, ids))

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 CHATML = (
     "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
@@ -37,11 +37,22 @@ def byte_level_tokenizer(
     vocab_size: int = VOCAB,
     extra_specials: list[str] | None = None,
     corpus: list[str] | None = None,
+    split: str | None = None,
 ) -> Tokenizer:
     """A byte-level BPE trained on ``corpus`` (CORPUS by default), with the chat specials (and
-    a multimodal model's own markers, ``extra_specials``) as special tokens."""
+    a multimodal model's own markers, ``extra_specials``) as special tokens; text is split by
+    GPT-2's regex, or by ``split`` (a regex whose matches are the pieces) before the bytes."""
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (
+        pre_tokenizers.ByteLevel(add_prefix_space=False)
+        if split is None
+        else pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(split), behavior="isolated"),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+    )
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -26,6 +26,12 @@ POST_ROUTES: tuple[tuple[str, bool], ...] = (
     ("/v1/models/unload", False),
     ("/v1/models/reload", False),
     ("/v1/models/status", False),
+    ("/v1/re_isq", False),
+    ("/v1/calibration/start", False),
+    ("/v1/calibration/apply", False),
+    ("/v1/load_lora_adapter", False),
+    ("/v1/unload_lora_adapter", False),
+    ("/v1/agent/approvals/unknown", False),
 )
 
 ANTHROPIC = {"anthropic-version": "2023-06-01"}

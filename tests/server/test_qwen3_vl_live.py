@@ -65,12 +65,12 @@ def video_cfg(tiny_qwen3_vl: tuple[Path, Any, Any]) -> Qwen3VideoConfig:
     return found
 
 
-def _video_bytes() -> bytes:
+def video_bytes() -> bytes:
     # 20 frames at 8 fps (2.5 s): 5 kept at 2 fps, padded to three temporal patches
     return _mp4(Clip(fps=Fraction(8), frames=20, size=(96, 64)), None)
 
 
-def _prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
+def prepared_video(data: bytes, cfg: Qwen3VideoConfig) -> PreparedQwen3Video:
     """The frames transformers' video processor keeps, prepared as it prepares them (each
     step checked against its own code in tests/models/test_qwen3_vl_parity.py)."""
     decoded = decode_video(data, sampling=cfg)
@@ -120,8 +120,8 @@ def test_an_image_and_a_video_reach_the_model_as_transformers_takes_them(
     configs = read_visual_configs(directory, cfg)
     assert configs is not None
     image = generated(90, 120, seed=41)
-    video = _video_bytes()
-    prepared: list[Media] = [prepare_image(image, configs[0]), _prepared_video(video, video_cfg)]
+    video = video_bytes()
+    prepared: list[Media] = [prepare_image(image, configs[0]), prepared_video(video, video_cfg)]
     assert len(prepared[1].seconds) == 3  # type: ignore[union-attr]
     expected, expanded = transformers_reply(tiny_qwen3_vl, prepared)
     assert re.findall(r"<([\d.]+) seconds>", expanded) == ["0.3", "1.5", "2.4"]
