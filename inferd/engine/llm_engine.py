@@ -164,6 +164,8 @@ class LLMEngine:
                 self._check_placed_patches(m)
             elif self.model_config.qwen_vision is not None:
                 self._check_grid(m)
+            elif self.model_config.gemma3n_vision is not None:
+                self._check_gemma3n_image(m)
             else:
                 self._check_image(m)
             end = m.positions[-1]
@@ -183,6 +185,19 @@ class LLMEngine:
             )
         if vision.bidirectional and m.positions[-1] - m.positions[0] + 1 != len(m.positions):
             raise _media_error("an image's placeholder tokens must be consecutive")
+
+    def _check_gemma3n_image(self, m: MediaInput) -> None:
+        """Gemma 3n: one RGB image of at least the encoder's 32-pixel stride fills the model's
+        fixed count of image tokens (its fused grid)."""
+        vision = self.model_config.gemma3n_vision
+        assert vision is not None  # placeholder_token("image") said so
+        shape = tuple(m.pixel_values.shape)
+        if len(shape) != 4 or shape[:2] != (1, 3) or min(shape[2:]) < 32:
+            raise _media_error("an image must be one RGB tile of at least 32x32 pixels")
+        if len(m.positions) != vision.soft_tokens:
+            raise _media_error(
+                f"an image fills {vision.soft_tokens} placeholder tokens, not {len(m.positions)}"
+            )
 
     def _bidirectional_spans(self, media: Sequence[MediaInput]) -> tuple[tuple[int, int], ...]:
         """Each image's (Gemma 4: and video frame's) placeholder range, for a model whose

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,23 @@ def read_model_config(
     heads = ("lm_head.weight", "language_model.lm_head.weight")  # (Gemma 3's too)
     has_lm_head = any(h in checkpoint for h in heads)
     if matformer is not None:
-        return sliced_model_config(hf, matformer, has_lm_head=has_lm_head)
-    return config_from_hf(hf, has_lm_head=has_lm_head)
+        cfg = sliced_model_config(hf, matformer, has_lm_head=has_lm_head)
+    else:
+        cfg = config_from_hf(hf, has_lm_head=has_lm_head)
+    return without_absent_vision(cfg, checkpoint)
+
+
+GEMMA3N_VISION_STEM = "model.vision_tower.timm_model.conv_stem.conv.weight"
+
+
+def without_absent_vision(cfg: ModelConfig, checkpoint: SafetensorsCheckpoint) -> ModelConfig:
+    """A Gemma 3n config whose checkpoint has no MobileNet-v5 weights (a text and audio
+    export; transformers writes a default vision_config all the same) with its image encoder
+    unserved."""
+    g = cfg.gemma3n
+    if cfg.gemma3n_vision is None or g is None or GEMMA3N_VISION_STEM in checkpoint:
+        return cfg
+    return replace(cfg, gemma3n_vision=None, gemma3n=replace(g, unserved_media=("image",)))
 
 
 def load_safetensors_model(

@@ -5,12 +5,12 @@ or ``feature_extractor``), earlier versions and most published checkpoints in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferd.loading.hf_tokenizer import read_json
 from inferd.models.config import ModelConfig, ModelConfigError
-from inferd.models.gemma3_image import Gemma3ImageConfig
+from inferd.models.gemma3_image import SOFT_TOKEN, Gemma3ImageConfig
 from inferd.models.gemma3n_audio_features import Gemma3nAudioFeatureConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
 from inferd.models.gemma4_image import Gemma4ImageConfig
@@ -36,12 +36,14 @@ ImageConfig = Idefics3ImageConfig | Gemma3ImageConfig
 def read_image_config(directory: Path, cfg: ModelConfig) -> ImageConfig | None:
     """How to prepare images for this model; None for a model without an image encoder."""
     vision = cfg.vision
-    if vision is None:
+    if vision is None and cfg.gemma3n_vision is None:
         return None
     processor = read_json(directory / PROCESSOR_CONFIG)
     settings = read_json(directory / PREPROCESSOR_CONFIG) or processor.get("image_processor")
     if not isinstance(settings, dict) or not settings:
         raise ModelConfigError(f"{directory}: no image processor settings ({PREPROCESSOR_CONFIG})")
+    if vision is None:
+        return _gemma3n_image_config(directory, settings, processor, cfg)
     if vision.pooled:
         return _gemma3_image_config(directory, settings, processor, cfg)
     seq_len = int(processor.get("image_seq_len") or vision.tokens_per_tile)
@@ -71,6 +73,27 @@ def _gemma3_image_config(
         raise ModelConfigError(
             f"{directory}: the processor makes {image.height}x{image.width} px images of "
             f"{seq_len} tokens, the encoder takes {side} px images of {vision.tokens_per_tile}"
+        )
+    return image
+
+
+def _gemma3n_image_config(
+    directory: Path, settings: dict, processor: dict, cfg: ModelConfig
+) -> Gemma3ImageConfig:
+    """Gemma 3n's: Gemma 3's one resized image, whose soft token the chat template writes
+    (Gemma3nProcessor expands it as Gemma 3's processor expands ``<start_of_image>``); the
+    encoder fuses any size to its grid, whose rows the processor's count must equal."""
+    vision = cfg.gemma3n_vision
+    assert vision is not None
+    seq_len = int(processor.get("image_seq_length") or vision.soft_tokens)
+    try:
+        image = replace(Gemma3ImageConfig.from_hf(settings, seq_len), marker=SOFT_TOKEN)
+    except ImageConfigError as e:
+        raise ModelConfigError(f"{directory}: {e}") from e
+    if seq_len != vision.soft_tokens:
+        raise ModelConfigError(
+            f"{directory}: the processor writes {seq_len} tokens per image, the encoder "
+            f"makes {vision.soft_tokens}"
         )
     return image
 

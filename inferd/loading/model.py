@@ -213,7 +213,8 @@ def _load_hf(
     )
     if cfg.gemma3n is not None and cfg.gemma3n.unserved_media:
         log.warning(
-            "%s: gemma3n's %s encoder (MobileNet-v5) is not served; serving %s",
+            "%s: gemma3n's %s encoder is not served (no MobileNet-v5 in the checkpoint); "
+            "serving %s",
             directory,
             " and ".join(cfg.gemma3n.unserved_media),
             " and ".join(cfg.input_modalities),

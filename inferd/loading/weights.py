@@ -51,7 +51,7 @@ def model_class(cfg: ModelConfig) -> type[LlamaForCausalLM]:
         from inferd.models.gemma import Gemma3ForCausalLM
 
         return Gemma3ForCausalLM
-    if cfg.architecture == "gemma3n" and cfg.gemma3n_audio is not None:
+    if cfg.architecture == "gemma3n" and (cfg.gemma3n_audio or cfg.gemma3n_vision):
         from inferd.models.gemma3n_multimodal import Gemma3nMultimodalForCausalLM
 
         return Gemma3nMultimodalForCausalLM

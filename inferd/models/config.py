@@ -206,6 +206,20 @@ class Gemma3nLayers:
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma3nVisionConfig:
+    """Gemma 3n's image encoder (models/gemma3n_vision.py): timm's ``mobilenetv5_300m_enc``,
+    which transformers builds from ``vision_config`` (its ``model_args`` may scale the
+    channels and set the fused resolution), then ``embed_vision``'s soft path. An image
+    stands in the prompt as ``soft_tokens`` image tokens, its fused features' grid."""
+
+    channel_multiplier: float  # scales every stage's channels (not the stem's below 1)
+    output_resolution: int  # msfa_output_resolution: the fused grid's side
+    hidden_size: int  # the fusion adapter's width (embed_vision's input)
+    soft_tokens: int  # vision_soft_tokens_per_image
+    image_token_id: int
+
+
+@dataclass(frozen=True, slots=True)
 class Gemma3nAudioConfig:
     """Gemma 3n's audio encoder (models/gemma3n_audio.py, transformers' Gemma3nAudioEncoder: a
     Universal Speech Model conformer): two conv blocks over the log-mel frames (each normed by a
@@ -362,6 +376,7 @@ class ModelConfig:
     gemma4_vision: Gemma4VisionConfig | None = None  # Gemma 4's image (and video) encoder
     gemma4_audio: Gemma4AudioConfig | None = None  # Gemma 4's audio encoder
     gemma3n_audio: Gemma3nAudioConfig | None = None  # Gemma 3n's audio encoder
+    gemma3n_vision: Gemma3nVisionConfig | None = None  # Gemma 3n's image encoder
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -389,6 +404,8 @@ class ModelConfig:
             return self.gemma4_audio.audio_token_id
         if self.gemma3n_audio is not None and modality == "audio":
             return self.gemma3n_audio.audio_token_id
+        if self.gemma3n_vision is not None and modality == "image":
+            return self.gemma3n_vision.image_token_id
         if self.gemma4_vision is not None and modality in ("image", "video"):
             g = self.gemma4_vision
             return g.image_token_id if modality == "image" else g.video_token_id
@@ -1341,11 +1358,12 @@ def _gemma3n_media_vocab(hf: Mapping[str, Any]) -> tuple[Gemma3nMediaVocab, ...]
 
 def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
     """Gemma 3n's decoder (``gemma3n_text``, or the ``text_config`` of ``gemma3n``, whose audio
-    encoder is ``gemma3n_audio`` and whose image encoder is not run): Gemma 4's layer parts (PLE,
-    K/V sharing, q/k/v norms, unscaled attention; one head shape for all layers) plus
-    ``Gemma3nLayers``."""
+    encoder is ``gemma3n_audio`` and image encoder ``gemma3n_vision``, timm's MobileNet-v5):
+    Gemma 4's layer parts (PLE, K/V sharing, q/k/v norms, unscaled attention; one head shape
+    for all layers) plus ``Gemma3nLayers``."""
     tied = bool(hf.get("tie_word_embeddings", True))
     text = gemma3n_text_config(hf)
+    vision = _gemma3n_vision_from_hf(hf)
     if text.get("attention_bias"):
         raise ModelConfigError("config.json attention_bias: true is not supported for gemma3n")
     if _HF_ACTIVATIONS.get(str(text["hidden_activation"])) != "gelu_tanh":
@@ -1369,12 +1387,8 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         sparsity=tuple(float(s) for s in text["activation_sparsity_pattern"]),
         source_layers=tuple(range(layers)),
         source_num_layers=layers,
-        # MobileNet-v5 (transformers builds it with timm): not served; images are refused
-        unserved_media=(
-            ("image",)
-            if hf.get("model_type") == "gemma3n" and isinstance(hf.get("vision_config"), Mapping)
-            else ()
-        ),
+        # an image encoder other than MobileNet-v5 is not served; images are refused
+        unserved_media=("image",) if vision is None and _has_vision_config(hf) else (),
         media_vocab=_gemma3n_media_vocab(hf),
     )
     decoder = gemma3n_decoder_config(
@@ -1398,7 +1412,7 @@ def _gemma3n_from_hf(hf: Mapping[str, Any], has_lm_head: bool) -> ModelConfig:
         per_layer_vocab=int(text["vocab_size_per_layer_input"]),
         layers=own,
     )
-    return replace(decoder, gemma3n_audio=_gemma3n_audio_from_hf(hf))
+    return replace(decoder, gemma3n_audio=_gemma3n_audio_from_hf(hf), gemma3n_vision=vision)
 
 
 def gemma3n_decoder_config(
@@ -1460,6 +1474,39 @@ def gemma3n_decoder_config(
         layers=shared,
     )
     return replace(decoder, architecture="gemma3n", gemma3n=layers)
+
+
+GEMMA3N_VISION_ARCHITECTURE = "mobilenetv5_300m_enc"  # Gemma3nVisionConfig's default
+# transformers' Gemma3nVisionConfig and Gemma3nConfig defaults.
+GEMMA3N_VISION_TOKENS = {"vision_soft_tokens_per_image": 256, "image_token_id": 262_145}
+MOBILENET_V5_ARGS = {"channel_multiplier": 1.0, "msfa_output_resolution": 16}
+
+
+def _has_vision_config(hf: Mapping[str, Any]) -> bool:
+    return hf.get("model_type") == "gemma3n" and isinstance(hf.get("vision_config"), Mapping)
+
+
+def _gemma3n_vision_from_hf(hf: Mapping[str, Any]) -> Gemma3nVisionConfig | None:
+    """The image encoder of a Gemma3nForConditionalGeneration config: None without one or
+    when it is not timm's MobileNet-v5 encoder; ``model_args`` other than the channel
+    multiplier and the fused resolution change the network: refused."""
+    if not _has_vision_config(hf):
+        return None
+    vision = hf["vision_config"]
+    if vision.get("architecture", GEMMA3N_VISION_ARCHITECTURE) != GEMMA3N_VISION_ARCHITECTURE:
+        return None
+    args = {**MOBILENET_V5_ARGS, **(vision.get("model_args") or {})}
+    unknown = sorted(set(args) - set(MOBILENET_V5_ARGS))
+    if unknown:
+        raise ModelConfigError(f"gemma3n vision_config model_args {unknown} are not supported")
+    top = {**GEMMA3N_VISION_TOKENS, **{k: hf[k] for k in GEMMA3N_VISION_TOKENS if hf.get(k)}}
+    return Gemma3nVisionConfig(
+        channel_multiplier=float(args["channel_multiplier"]),
+        output_resolution=int(args["msfa_output_resolution"]),
+        hidden_size=int(vision.get("hidden_size", 2048)),
+        soft_tokens=int(top["vision_soft_tokens_per_image"]),
+        image_token_id=int(top["image_token_id"]),
+    )
 
 
 # transformers' Gemma3nAudioConfig defaults, and Gemma3nConfig's audio settings.

@@ -21,8 +21,8 @@ What Gemma 3n adds:
   there is no per-layer output scalar;
 - PLE ids past the narrow table (the media soft tokens' ids) read its row 0;
 - in a ConditionalGeneration checkpoint the ids of the image and audio ranges (their markers
-  and soft tokens) are embedded by those encoders' own tables (``MediaTokenEmbedder``), whose
-  audio one also projects the audio encoder's rows (models/gemma3n_multimodal.py);
+  and soft tokens) are embedded by those encoders' own tables (``MediaTokenEmbedder``), which
+  also project the served encoders' rows (models/gemma3n_multimodal.py);
 - the PLE's constant scales are rounded to the model's dtype first, as transformers' are.
 """
 
@@ -234,8 +234,9 @@ class Gemma3nForCausalLM(Gemma4ForCausalLM):
         others = range(1, g.altup_inputs)
         self.altup_projections = nn.ModuleList(Linear(size, size) for _ in others)
         self.altup_unembed_projections = nn.ModuleList(Linear(size, size) for _ in others)
-        for vocab in g.media_vocab:  # embed_vision, embed_audio (whose encoder may be served)
-            soft = vocab.name == "embed_audio" and cfg.gemma3n_audio is not None
+        served = {"embed_audio": cfg.gemma3n_audio, "embed_vision": cfg.gemma3n_vision}
+        for vocab in g.media_vocab:  # embed_vision, embed_audio (whose encoders may be served)
+            soft = served.get(vocab.name) is not None
             setattr(self, vocab.name, MediaTokenEmbedder(cfg, vocab, soft))
         self.media_vocab = tuple(vocab.name for vocab in g.media_vocab)
 

@@ -188,32 +188,6 @@ def _encode(
 
 
 @dataclass(frozen=True, slots=True)
-class MarkerExpander:
-    """Expands one modality's markers in rendered prompt text (the shared work of the
-    per-modality prompters below)."""
-
-    tokenizer: TokenizerBundle
-    placeholder_id: int
-    marker: str
-    modality: str
-
-    def prepare(
-        self,
-        text: str,
-        items: Sequence[Expansion],
-        *,
-        add_special: bool = True,
-        literal_spans: Sequence[tuple[int, int]] = (),
-    ) -> tuple[list[int], list[MediaInput]]:
-        """Token ids of ``text`` with its markers expanded, and one MediaInput per item, in
-        order. Markers inside ``literal_spans`` (user text) are plain text, not media."""
-        group = MarkerGroup(self.marker, self.placeholder_id, self.modality, items)
-        return expand_markers(
-            self.tokenizer, text, [group], add_special=add_special, literal_spans=literal_spans
-        )
-
-
-@dataclass(frozen=True, slots=True)
 class ImagePrompter:
     config: ImageConfig  # Idefics3's tiles, or Gemma 3's one image (its own marker)
     tokenizer: TokenizerBundle
@@ -316,15 +290,20 @@ class AudioPrompter:
     ) -> tuple[list[int], list[MediaInput]]:
         """Token ids of ``text`` with its audio markers expanded, and one MediaInput per clip
         (resampled to the feature extractor's rate, down-mixed, featurized)."""
-        cfg, marker = self.config, self.marker
+        group = self.group(clips)
+        if isinstance(self.config, Gemma3nAudioFeatureConfig):
+            text, literal_spans = surround_markers(text, group.marker, AROUND, literal_spans)
+        return expand_markers(
+            self.tokenizer, text, [group], add_special=add_special, literal_spans=literal_spans
+        )
+
+    def group(self, clips: Sequence[DecodedAudio]) -> MarkerGroup:
+        cfg = self.config
         if isinstance(cfg, Gemma3nAudioFeatureConfig):  # its config names its own marker
-            marker = cfg.audio_token
-            text, literal_spans = surround_markers(text, marker, AROUND, literal_spans)
             items = [gemma_clip(cfg, clip) for clip in clips]
-        else:
-            items = [self._expansion(cfg, clip) for clip in clips]
-        expander = MarkerExpander(self.tokenizer, self.audio_token_id, marker, "audio")
-        return expander.prepare(text, items, add_special=add_special, literal_spans=literal_spans)
+            return MarkerGroup(cfg.audio_token, self.audio_token_id, "audio", items)
+        items = [self._expansion(cfg, clip) for clip in clips]
+        return MarkerGroup(self.marker, self.audio_token_id, "audio", items)
 
     @staticmethod
     def _expansion(cfg: WhisperFeatureConfig, clip: DecodedAudio) -> Expansion:

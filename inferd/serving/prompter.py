@@ -23,6 +23,7 @@ from inferd.loading.model import LoadedModel
 from inferd.loading.tokenizer import TokenizerBundle
 from inferd.media.types import DecodedAudio, DecodedVideo
 from inferd.media.video import FrameSampling
+from inferd.models.gemma3_image import AROUND
 from inferd.models.smolvlm_video import SmolVLMVideoConfig
 from inferd.serving.multimodal import (
     AudioPrompter,
@@ -33,6 +34,7 @@ from inferd.serving.multimodal import (
     MediaPromptError,
     VideoPrompter,
     expand_markers,
+    surround_markers,
 )
 
 MediaItem = ImageItem | DecodedAudio | DecodedVideo  # a decoded image (RGB, digest), clip or video
@@ -198,6 +200,50 @@ class AudioModelPrompter(Prompter):
 
 
 @dataclass(frozen=True, slots=True)
+class Gemma3nModelPrompter(Prompter):
+    """Gemma 3n's images (Gemma 3's one square each, written as the image soft token) and
+    audio clips, for the encoders its checkpoint carries, mixed as written: each marker between
+    blank lines, as Gemma3nProcessor writes both."""
+
+    images: ImagePrompter | None
+    audio: AudioPrompter | None
+
+    kind: ClassVar[str] = "gemma3n"
+
+    @property
+    def modalities(self) -> tuple[str, ...]:
+        media = (("image", self.images), ("audio", self.audio))
+        return ("text", *(name for name, prompter in media if prompter is not None))
+
+    @property
+    def audio_sample_rate(self) -> int | None:
+        return self.audio.config.sampling_rate if self.audio is not None else None
+
+    def image_tokens(self, width: int, height: int) -> int | None:
+        return self.images.tokens_for(width, height) if self.images is not None else None
+
+    def prepare(
+        self, text: str, media: Sequence[MediaItem], *, literal_spans: Spans = ()
+    ) -> tuple[list[int], list[MediaInput]]:
+        split = MediaSplit.of(media)
+        if split.videos:
+            raise self.refuse("video")
+        if split.clips and self.audio is None:
+            raise self.refuse("audio")
+        if split.images and self.images is None:
+            raise self.refuse("images")
+        groups = []
+        if self.images is not None:
+            groups.append(self.images.group(split.images))
+        if self.audio is not None:
+            groups.append(self.audio.group(split.clips))
+        spans = list(literal_spans)
+        for group in groups:
+            text, spans = surround_markers(text, group.marker, AROUND, spans)
+        return expand_markers(self.tokenizer, text, groups, literal_spans=spans)
+
+
+@dataclass(frozen=True, slots=True)
 class GridModelPrompter(Prompter):
     """Qwen2.5-VL's and Qwen3-VL's images and videos as patch grids, mixed in one prompt."""
 
@@ -276,9 +322,8 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
     if cfg.audio is not None and loaded.audio_config is not None:
         audio = AudioPrompter(loaded.audio_config, tokenizer, cfg.audio.audio_token_id)
         return AudioModelPrompter(name, tokenizer, audio)
-    if cfg.gemma3n_audio is not None and loaded.gemma3n_audio is not None:
-        clips = AudioPrompter(loaded.gemma3n_audio, tokenizer, cfg.gemma3n_audio.audio_token_id)
-        return AudioModelPrompter(name, tokenizer, clips)
+    if cfg.gemma3n is not None and (loaded.gemma3n_audio or loaded.image_config):
+        return _gemma3n_prompter(loaded)
     if cfg.qwen_vision is not None and loaded.visual_configs is not None:
         q, (image_config, video_config) = cfg.qwen_vision, loaded.visual_configs
         grid = GridPrompter(
@@ -302,3 +347,16 @@ def prompter_for(loaded: LoadedModel) -> Prompter:
         )
         return Gemma4ModelPrompter(name, tokenizer, media)
     return TextPrompter(name, tokenizer)
+
+
+def _gemma3n_prompter(loaded: LoadedModel) -> Gemma3nModelPrompter:
+    """Gemma 3n's prompter, for the encoders its checkpoint carries."""
+    tokenizer, cfg = loaded.tokenizer, loaded.config
+    clips: AudioPrompter | None = None
+    images: ImagePrompter | None = None
+    if cfg.gemma3n_audio is not None and loaded.gemma3n_audio is not None:
+        clips = AudioPrompter(loaded.gemma3n_audio, tokenizer, cfg.gemma3n_audio.audio_token_id)
+    if cfg.gemma3n_vision is not None and loaded.image_config is not None:
+        image_id = cfg.gemma3n_vision.image_token_id
+        images = ImagePrompter(loaded.image_config, tokenizer, image_id)
+    return Gemma3nModelPrompter(loaded.source.name, tokenizer, images, clips)

@@ -145,12 +145,18 @@ def _describe_matformer(model: Servable, spec: ModelSpec) -> list[str]:
             f"{' (skipped ' + ', '.join(map(str, skipped)) + ')' if skipped else ''}, "
             f"MLP widths {', '.join(map(str, widths))}"
         )
+    served = [m for m in model.modalities["input"] if m != "text"]
     if g.unserved_media:
-        served = [m for m in model.modalities["input"] if m != "text"]
         lines.append(
             f"media      gemma3n serves {' and '.join(served) or 'no media (text only)'}; its "
-            f"{' and '.join(g.unserved_media)} encoder is not served (MobileNet-v5): "
-            f"{' and '.join(g.unserved_media)} input is refused"
+            f"{' and '.join(g.unserved_media)} encoder is not served (no MobileNet-v5 in the "
+            f"checkpoint): {' and '.join(g.unserved_media)} input is refused"
+        )
+    elif served:
+        encoders = {"image": "image (MobileNet-v5)", "audio": "audio (USM conformer)"}
+        lines.append(
+            f"media      gemma3n serves {' and '.join(served)}: its "
+            f"{' and '.join(encoders[m] for m in served)} encoder{'s' * (len(served) > 1)}"
         )
     return lines
 
