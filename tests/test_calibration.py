@@ -182,6 +182,10 @@ def test_one_calibration_at_a_time_and_no_requantizing_meanwhile(tiny_dir: Path)
             assert (done["state"], done["chunks_done"]) == ("done", CHUNKS)
             again = await client.post("/calibration/start", json=body)  # once done, another
             assert again.status_code == 200 and served.calibration is not first
+            # Its task queues the first chunk when it first runs; released before that, the
+            # chunks would run at once, where the release made the test thread the loop's.
+            while not served.engine._inbox.calls:
+                await asyncio.sleep(0)
         loop.release()  # the shutdown retires the engine here, failing the queued chunk
         await asyncio.to_thread(served.shutdown)
         second = served.calibration
