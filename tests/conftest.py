@@ -22,6 +22,25 @@ if TYPE_CHECKING:
     from tests.models.tiny_qwen3_vl import TinyQwen3VLGguf
 
 
+# The files that run for minutes, longest first. pytest-xdist's --dist loadfile hands files
+# to the workers in collection order, so one of these collected late would keep one worker
+# busy alone at the end while the other sits idle; collected first, the short files fill in.
+LONG_FILES = (
+    "tests/server/test_structured_proof_live.py",
+    "tests/contract/test_gate_live.py",
+    "tests/server/test_calibration_live.py",
+    "tests/models/test_gemma4_gguf.py",
+    "tests/test_cli.py",
+    "tests/server/test_responses_restart_live.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The long files first (a stable sort: each file's own order is kept)."""
+    rank = {name: i for i, name in enumerate(LONG_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONG_FILES)))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """A skip whose reason is not on tests/skip_policy.py's list fails the run; and under
     pytest-xdist, the cores are shared out among the workers.
