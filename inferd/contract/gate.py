@@ -56,6 +56,8 @@ from inferd.contract.supervisor import Executable, Supervisor
 SCHEMA = "inferd.gate/1"
 TOP_K = 5
 PERF_PROMPT = "Count from one to fifty, in words, separated by commas."
+# What stands before the timed prompt when the case file asks for a longer context.
+PERF_CONTEXT = "The keeper's log: the sea was calm at dawn, the lamp was lit at dusk."
 _DATA_URL = re.compile(r"^data:[^;,]+;base64,(.*)$", re.DOTALL)
 
 
@@ -72,6 +74,9 @@ class Tolerances:
     rss_growth: float = 0.25
     perf_samples: int = 5  # sequential streams for TTFT / inter-token latency
     perf_tokens: int = 16  # tokens each timed stream generates
+    # words of context before the timed prompt (0: the prompt alone): the figures at a longer
+    # context, where each token's attention, and a release that recomputes it, costs more
+    perf_context_words: int = 0
 
 
 @dataclass(frozen=True)
@@ -452,14 +457,14 @@ def measure(
 ) -> Performance:
     ttfts, gaps = [], []
     for _ in range(tolerances.perf_samples):
-        ttft, stream_gaps, _ = _timed_stream(client, plan, tolerances.perf_tokens)
+        ttft, stream_gaps, _ = _timed_stream(client, plan, tolerances)
         ttfts.append(ttft)
         gaps += stream_gaps
     concurrency = plan.limits.max_seqs
     started = time.monotonic()
-    results = _concurrent(client, plan, concurrency, tolerances.perf_tokens)
+    results = _concurrent(client, plan, concurrency, tolerances)
     throughput = sum(r[2] for r in results) / (time.monotonic() - started)
-    overload = _concurrent(client, plan, 2 * concurrency, tolerances.perf_tokens)
+    overload = _concurrent(client, plan, 2 * concurrency, tolerances)
     return Performance(
         cold_load_s=round(cold_load_s, 3),
         ttft_p50_s=_quantile(ttfts, 0.5),
@@ -473,14 +478,22 @@ def measure(
     )
 
 
+def perf_prompt(context_words: int) -> str:
+    """The timed prompt, after ``context_words`` words of ``PERF_CONTEXT`` said over and over."""
+    words = PERF_CONTEXT.split()
+    context = [words[i % len(words)] for i in range(context_words)]
+    return " ".join(context) + "\n\n" + PERF_PROMPT if context else PERF_PROMPT
+
+
 def _timed_stream(
-    client: httpx.Client, plan: LaunchPlan, tokens: int
+    client: httpx.Client, plan: LaunchPlan, tolerances: Tolerances
 ) -> tuple[float, list[float], int]:
     """(TTFT, gaps between content chunks, completion tokens) of one streamed request."""
+    prompt = perf_prompt(tolerances.perf_context_words)
     body = {
         "model": plan.model_route,
-        "messages": [{"role": "user", "content": PERF_PROMPT}],
-        "max_tokens": tokens,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": tolerances.perf_tokens,
         "temperature": 0,
         "ignore_eos": True,  # every sample the same length
         "stream": True,
@@ -505,14 +518,14 @@ def _timed_stream(
 
 
 def _concurrent(
-    client: httpx.Client, plan: LaunchPlan, streams: int, tokens: int
+    client: httpx.Client, plan: LaunchPlan, streams: int, tolerances: Tolerances
 ) -> list[tuple[float, list[float], int]]:
     results: list[tuple[float, list[float], int]] = []
     errors: list[BaseException] = []
 
     def one() -> None:
         try:
-            results.append(_timed_stream(client, plan, tokens))
+            results.append(_timed_stream(client, plan, tolerances))
         except BaseException as exc:
             errors.append(exc)
 

@@ -2,7 +2,10 @@
 requests goes to the candidate too, their answers compared.
 
 ``MirrorProxy`` listens on loopback and forwards every request to the live release as it came,
-relaying the answer as it arrives: what the caller gets is the live release's answer. A chat
+relaying the answer as it arrives: what the caller gets is the live release's answer. A body
+sent with chunked transfer coding is decoded and forwarded with its length (the body is what
+the mirror digests and resends); one whose length or framing is broken gets a 400, one past
+``MAX_BODY_BYTES`` a 413, in the proxy's error envelope, and neither reaches a release. A chat
 completion is mirrored when ``mirrored(body, share)`` says so: the body's sha256 read as a
 fraction below the share, so one request is always mirrored or never, and a test knows which.
 Only once the live answer has reached the caller does the request (its ``model`` set to the
@@ -16,8 +19,10 @@ compared (its answers may differ on an unchanged release).
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import queue
+import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,6 +32,10 @@ import httpx
 
 CHAT_PATH = "/v1/chat/completions"
 MAX_KEPT_BYTES = 8 << 20  # a live answer longer than this is not compared
+MAX_BODY_BYTES = 64 << 20  # a request body the proxy holds (inferd serve's own cap is 16 MiB)
+_CHUNK_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_LENGTH = re.compile(r"[0-9]{1,20}")
+_MAX_LINE = 8192  # a chunk-size line (with its extensions) or a trailer line
 # Headers that describe one hop, not the message (RFC 9110, 7.6.1), and the ones the proxy
 # sets itself.
 _HOP = frozenset(
@@ -42,6 +51,45 @@ _HOP = frozenset(
         "content-length",
     }
 )
+
+
+class BodyError(ValueError):
+    """A request body the proxy cannot forward: ``status`` says why (400 or 413)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def read_chunked(stream: io.BufferedIOBase, limit: int = MAX_BODY_BYTES) -> bytes:
+    """A body in chunked transfer coding (RFC 9112, 7.1), decoded: each chunk's hex size (its
+    extensions ignored), its bytes and CRLF, up to the zero-size chunk; then the trailer
+    fields, read and dropped (the forwarded request has a length, not a trailer)."""
+    body = bytearray()
+    while True:
+        size_text = _line(stream).split(b";", 1)[0].strip(b" \t")
+        if not _CHUNK_SIZE.fullmatch(size_text):
+            raise BodyError(400, f"a chunk size must be hex digits, got {size_text[:32]!r}")
+        size = int(size_text, 16)
+        if size == 0:
+            break
+        if len(body) + size > limit:
+            raise BodyError(413, f"the request body is over the proxy's {limit} bytes")
+        chunk = stream.read(size)
+        if len(chunk) != size or stream.read(2) != b"\r\n":
+            raise BodyError(400, "a chunk ended before its size, or without CRLF")
+        body += chunk
+    while _line(stream):  # the trailer section ends with an empty line
+        pass
+    return bytes(body)
+
+
+def _line(stream: io.BufferedIOBase) -> bytes:
+    """One CRLF-ended line of the chunked framing, without its CRLF."""
+    line = stream.readline(_MAX_LINE + 1)
+    if not line.endswith(b"\r\n") or len(line) > _MAX_LINE:
+        raise BodyError(400, "the chunked framing has an unterminated or overlong line")
+    return line[:-2]
 
 
 def mirrored(body: bytes, share: float) -> bool:
@@ -249,10 +297,11 @@ def _handler(proxy: MirrorProxy) -> type[BaseHTTPRequestHandler]:
             pass  # the live release logs the request; the proxy adds nothing to keep
 
         def _forward(self) -> None:
-            if "chunked" in self.headers.get("transfer-encoding", "").lower():
-                self._refuse(411, "send the request body with a Content-Length")
+            try:
+                body = self._request_body()
+            except BodyError as exc:
+                self._refuse(exc.status, str(exc))
                 return
-            body = self.rfile.read(int(self.headers.get("content-length") or 0))
             headers = [(k, v) for k, v in self.headers.items() if k.lower() not in _HOP]
             chat = self.command == "POST" and self.path.split("?")[0] == CHAT_PATH
             kept, relayed = bytearray(), False
@@ -281,6 +330,18 @@ def _handler(proxy: MirrorProxy) -> type[BaseHTTPRequestHandler]:
                 except (ValueError, KeyError, IndexError, TypeError):
                     return  # not a chat answer this proxy can compare
                 proxy.after_live_answer(body, headers, live)
+
+        def _request_body(self) -> bytes:
+            """The caller's body, whole: its Content-Length's bytes, or its chunks decoded."""
+            if "chunked" in self.headers.get("transfer-encoding", "").lower():
+                return read_chunked(self.rfile)
+            declared = self.headers.get("content-length") or "0"
+            if not _LENGTH.fullmatch(declared):
+                raise BodyError(400, f"Content-Length must be a byte count, got {declared[:32]!r}")
+            length = int(declared)
+            if length > MAX_BODY_BYTES:
+                raise BodyError(413, f"the request body is over the proxy's {MAX_BODY_BYTES} bytes")
+            return self.rfile.read(length)
 
         def _relay_head(self, response: httpx.Response) -> bool:
             """The live release's status and headers; whether a body follows (chunked)."""

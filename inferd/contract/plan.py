@@ -140,6 +140,9 @@ class Limits:
     dtype: str | None = None  # inferd: auto | bf16 | f16 | f32
     seed: int | None = None  # inferd: default sampling seed
     prefix_caching: Toggle | None = None  # inferd: block reuse, bounded by the pool or the count
+    # inferd: keep no KV between a request's tokens, each one recomputing its whole sequence
+    # (--no-kv-cache): the same greedy answers, far slower; a reference path, never a default
+    no_kv_cache: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_seqs", "max_seq_len"):
@@ -158,6 +161,8 @@ class Limits:
             raise PlanError(f"limits.dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
         if self.prefix_caching is not None and not isinstance(self.prefix_caching, Toggle):
             raise PlanError(f"limits.prefix_caching must be on or off, got {self.prefix_caching!r}")
+        if not isinstance(self.no_kv_cache, bool):
+            raise PlanError(f"limits.no_kv_cache must be true or false, got {self.no_kv_cache!r}")
         if self.max_num_images == 0 and self.max_image_edge != 0:
             raise PlanError("limits.max_image_edge bounds images: it needs max_num_images > 0")
 
@@ -210,6 +215,8 @@ class LaunchPlan:
             del record["media_root"]
         if self.model.route is None:
             del record["model"]["route"]
+        if not self.limits.no_kv_cache:
+            del record["limits"]["no_kv_cache"]
         record["surfaces"] = sorted(self.surfaces)
         # The rendered argv and route bind the rendering rules themselves into the identity.
         record["argv"] = list(self.launch_args())
@@ -228,7 +235,8 @@ class _InferdRenderer:
     Its prefix cache is on or off, and when on may keep a count of cached prefixes
     (``--prefix-cache-n``; unset: as many as the pool holds). It caps images per request
     (``--max-num-images``) and scales each one to an edge bound (``--max-edge``), rendered only
-    when set, so a plan without one keeps its argv.
+    when set, so a plan without one keeps its argv; likewise ``--no-kv-cache``, which keeps no
+    prefixes, so it needs prefix caching off.
     """
 
     @staticmethod
@@ -266,6 +274,10 @@ class _InferdRenderer:
             "limits.prefix_cache_n contradicts limits.prefix_caching: a count of prefixes needs "
             "it on, and 0 (no prefix cache) needs it off",
         )
+        _require(
+            not lim.no_kv_cache or lim.prefix_caching is Toggle.OFF,
+            "limits.no_kv_cache keeps no KV to reuse: it needs limits.prefix_caching off",
+        )
 
     @staticmethod
     def route(plan: LaunchPlan) -> str:
@@ -291,6 +303,7 @@ class _InferdRenderer:
             ("--kv-cache-tokens", lim.kv_cache_tokens),
             ("--prefix-caching", lim.prefix_caching),
             ("--prefix-cache-n", lim.prefix_cache_n),
+            ("--no-kv-cache", lim.no_kv_cache),
             # Always explicit: the server's default admits images the plan never asked for.
             ("--max-num-images", lim.max_num_images),
             ("--max-edge", lim.max_image_edge or None),
@@ -324,6 +337,7 @@ class _MistralRsRenderer:
             "prefix_caching",
         )
         _require_set(lim, inferd_only, given=False, engine=plan.engine.kind)
+        _require(not lim.no_kv_cache, "limits.no_kv_cache is not in the flag set of mistralrs")
         _require(
             (lim.max_num_images == 0) == (lim.max_image_edge == 0),
             "limits.max_num_images and max_image_edge are both zero or both set for mistralrs",

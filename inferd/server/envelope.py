@@ -94,13 +94,19 @@ def error_response(
 
 
 def stream_error_event(
-    scope: Scope, message: str, code: str, status: int = 504, events_sent: int = 0
+    scope: Scope,
+    message: str,
+    code: str,
+    status: int = 504,
+    events_sent: int = 0,
+    usage: dict[str, Any] | None = None,
 ) -> bytes:
     """The last SSE event of a stream that fails after its headers went out.
 
-    OpenAI-style streams get ``data: {"error": ...}`` then ``data: [DONE]``; Anthropic streams
-    get ``event: error``; Responses streams (POST /v1/responses) their typed ``error`` event,
-    numbered after the ``events_sent`` events before it (they have no [DONE] either).
+    OpenAI-style streams get ``data: {"error": ...}`` (with ``usage`` beside it when given:
+    the caller asked for usage) then ``data: [DONE]``; Anthropic streams get ``event: error``;
+    Responses streams (POST /v1/responses) their typed ``error`` event, numbered after the
+    ``events_sent`` events before it (they have no [DONE] either).
     """
     if wants_responses(scope):
         payload = {
@@ -113,6 +119,8 @@ def stream_error_event(
         data = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
         return f"event: error\ndata: {data}\n\n".encode()
     body = error_body(scope, status, message, code=code)
+    if usage is not None and not wants_anthropic(scope):
+        body["usage"] = usage
     data = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if wants_anthropic(scope):
         return f"event: error\ndata: {data}\n\n".encode()

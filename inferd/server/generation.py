@@ -34,7 +34,7 @@ from inferd.server.events import (
     output_error,
 )
 from inferd.server.limits import request_deadline
-from inferd.server.metrics import request_timer
+from inferd.server.metrics import RequestTimer, request_timer
 from inferd.server.protocol import SamplingFields
 from inferd.serving.interface import (
     ChatTemplateError,
@@ -417,6 +417,7 @@ async def stream_events(
     keepalive: float,
     on_output: Callable[[int, RequestOutput], Iterable[bytes]],
     usage: Callable[[int], dict[str, Any]] | None = None,
+    timer: RequestTimer | None = None,
 ) -> AsyncIterator[bytes]:
     """The body of an OpenAI-style SSE stream over every choice's engine stream.
 
@@ -425,8 +426,12 @@ async def stream_events(
     is the usage chunk, given when the caller asked for one: after the last output, before
     ``[DONE]``. A failure ends the stream with an error event and ``[DONE]``; when the caller
     asked for usage, the error event carries the chunk's ``usage`` too, counting what was
-    generated before the failure, so a client can reconcile a run the server cut short.
+    generated before the failure, so a client can reconcile a run the server cut short. A
+    middleware that cuts the stream itself (a shutdown) finds ``usage`` on the request's
+    ``timer`` and puts it on its error event the same way.
     """
+    if timer is not None:
+        timer.usage_chunk = usage
     async for event in events(streams, keepalive):
         if isinstance(event, Piece):
             for frame in on_output(event.index, event.output):

@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from inferd.server.defaults import DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_HEADER_BYTES
 from inferd.server.envelope import error_response, header, stream_error_event
+from inferd.server.metrics import cut_usage
 from inferd.server.response_tracker import ResponseTracker
 from inferd.server.streams import close_stream
 from inferd.serving.interface import RequestOutput
@@ -198,7 +199,11 @@ async def _answer_timeout(
             await response(scope, receive, send)
         elif progress.event_stream:
             event = stream_error_event(
-                scope, str(exc), code="request_timeout", events_sent=progress.events
+                scope,
+                str(exc),
+                code="request_timeout",
+                events_sent=progress.events,
+                usage=cut_usage(scope),
             )
             await send({"type": "http.response.body", "body": event, "more_body": False})
     except OSError:

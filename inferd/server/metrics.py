@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -34,6 +34,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Scope
 
 from inferd.server.streams import close_stream
 from inferd.serving.interface import RequestOutput
@@ -273,6 +274,18 @@ class RequestTimer:
     completion_tokens: int | None = None
     first_token_at: float | None = None
     error: str | None = None  # why generation failed ("error", "abort")
+    # An OpenAI-style stream whose caller asked for usage: its usage chunk for a count of
+    # output tokens. A middleware that cuts the stream (a shutdown) cancels the handler and
+    # writes the last event itself; this lets it say what was generated (``usage_so_far``).
+    usage_chunk: Callable[[int], dict[str, Any]] | None = None
+
+    def usage_so_far(self) -> dict[str, Any] | None:
+        """The usage of a stream cut now, counting the output tokens this timer saw (the
+        access log's figure); None when its caller asked for no usage."""
+        if self.usage_chunk is None:
+            return None
+        usage: dict[str, Any] = self.usage_chunk(self.completion_tokens or 0)["usage"]
+        return usage
 
     def watch(
         self, outputs: AsyncIterator[RequestOutput], model: str | None = None
@@ -325,6 +338,12 @@ class RequestTimer:
             itl = self.metrics.itl.labels(model)
             for _ in range(new_tokens):
                 itl.observe(gap)
+
+
+def cut_usage(scope: Scope) -> dict[str, Any] | None:
+    """The usage of the stream a middleware cuts (``RequestTimer.usage_so_far``), if any."""
+    timer = (scope.get("state") or {}).get(TIMER_KEY)
+    return timer.usage_so_far() if isinstance(timer, RequestTimer) else None
 
 
 def request_timer(request: Request) -> RequestTimer:

@@ -36,6 +36,7 @@ from inferd.server.generation import (
     visible_logprobs,
 )
 from inferd.server.media import check_media_parts, media_policy
+from inferd.server.metrics import RequestTimer, request_timer
 from inferd.server.openai_tools import StreamedCalls, history_turn, message, offer, parse_tools
 from inferd.server.pipeline import ChatJob
 from inferd.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
@@ -128,6 +129,7 @@ async def create_chat_completion(request: Request) -> Response:
             ready.thinking,
             kept_by(started),
             partial(chat_annotations, search) if search is not None else None,
+            request_timer(request),
         )
 
     # the n choices share the prompt
@@ -402,9 +404,11 @@ async def _stream(
     thinking: ReasoningSplit | None,
     kept: Callable[[dict[str, Any]], Awaitable[None]] | None = None,
     annotate: Callable[[str], list[dict[str, Any]]] | None = None,
+    timer: RequestTimer | None = None,
 ) -> AsyncIterator[bytes]:
     """``kept``: given the first choice's message once it has finished (a session's);
-    ``annotate``: a choice's content -> its annotations, sent in a delta before its end."""
+    ``annotate``: a choice's content -> its annotations, sent in a delta before its end;
+    ``timer``: the request's (a shutdown's cut reports the usage it counted)."""
     readers = [StreamedCalls(calls()) for _ in streams] if calls is not None else None
     texts = [""] * len(streams)  # each choice's whole text, for ``kept``
     contents = [""] * len(streams)  # each choice's content as sent, for ``annotate``
@@ -477,7 +481,7 @@ async def _stream(
     for index in range(len(streams)):
         yield chunk(index, {"role": "assistant", "content": ""}, None)
     async for event in stream_events(
-        streams, keepalive, on_output, usage if include_usage else None
+        streams, keepalive, on_output, usage if include_usage else None, timer
     ):
         yield event
     if kept is not None and finished[0]:

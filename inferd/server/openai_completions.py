@@ -43,6 +43,7 @@ from inferd.server.generation import (
     token_piece,
     visible_logprobs,
 )
+from inferd.server.metrics import RequestTimer, request_timer
 from inferd.server.pipeline import RawPrompt, tokenize_prompts
 from inferd.server.protocol import CompletionRequest, parse_body
 from inferd.server.state import ServerState
@@ -118,6 +119,7 @@ async def create_completion(request: Request) -> Response:
             num_prompt_tokens,
             include_usage,
             state.keepalive_seconds,
+            request_timer(request),
         )
         return StreamingResponse(stream, media_type="text/event-stream", headers=SSE_HEADERS)
     gens = await collect(request, streams)
@@ -274,9 +276,11 @@ async def _stream(
     num_prompt_tokens: int,
     include_usage: bool,
     keepalive: float,
+    timer: RequestTimer,
 ) -> AsyncIterator[bytes]:
     """``prompt_ids`` (one per choice) when the echo carries prompt logprobs; choice ``i``'s
-    come from choice ``i - i % n``, the first of its prompt."""
+    come from choice ``i - i % n``, the first of its prompt; ``timer``: the request's (a
+    shutdown's cut reports the usage it counted)."""
     offsets = [len(e) for e in echoes]
     echo_pending = [bool(e) and prompt_ids is not None for e in echoes]
     scores: dict[int, tuple[TokenLogprob | None, ...]] = {}  # first choice -> prompt logprobs
@@ -328,6 +332,6 @@ async def _stream(
         if echo and not echo_pending[index]:
             yield chunk(index, echo, None)
     async for event in stream_events(
-        streams, keepalive, on_output, usage if include_usage else None
+        streams, keepalive, on_output, usage if include_usage else None, timer
     ):
         yield event

@@ -7,8 +7,9 @@
 running then are cut: an event stream ends with an error event (then ``data: [DONE]`` on
 OpenAI-style streams; Anthropic's ``event: error``; the Responses API's typed ``error`` event),
 a request whose answer has not started gets a 503 envelope, and the access log records each
-cut request with ``error=shutdown``. Cutting cancels the handler, which aborts its engine
-requests and so frees their KV blocks.
+cut request with ``error=shutdown``. An OpenAI-style stream whose caller asked for usage has it
+on its error event, as on any failed stream: the access log's count of what was generated.
+Cutting cancels the handler, which aborts its engine requests and so frees their KV blocks.
 
 ``HttpServer`` runs uvicorn on a background thread (the main thread steps the engines) and
 turns ``stop()`` (from a signal handler) into that drain before uvicorn itself shuts down; a
@@ -28,7 +29,7 @@ import uvicorn
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from inferd.server.envelope import app_path, error_response, stream_error_event
-from inferd.server.metrics import TIMER_KEY, RequestTimer
+from inferd.server.metrics import TIMER_KEY, RequestTimer, cut_usage
 from inferd.server.response_tracker import ResponseTracker
 
 log = logging.getLogger("inferd")
@@ -189,7 +190,12 @@ async def _answer_cut(running: _Running, send: Send, drain: Drain, receive: Rece
             await response(scope, receive, send)
         elif progress.event_stream:
             event = stream_error_event(
-                scope, message, "server_shutting_down", status=503, events_sent=progress.events
+                scope,
+                message,
+                "server_shutting_down",
+                status=503,
+                events_sent=progress.events,
+                usage=cut_usage(scope),
             )
             await send({"type": "http.response.body", "body": event, "more_body": False})
         else:

@@ -9,6 +9,7 @@ test_live_gate.py (the caller) and tests/server/test_timeout_live.py (the schedu
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncIterator, Iterable
 from typing import Any
@@ -160,13 +161,21 @@ def test_an_error_event_is_typed_by_who_cut_the_run(
     assert outcome.completion_tokens == 2
 
 
-def test_a_shutdown_that_cuts_a_stream_is_the_servers_cancellation() -> None:
+@pytest.mark.parametrize("include_usage", [True, False])
+def test_a_shutdown_that_cuts_a_stream_is_the_servers_cancellation(include_usage: bool) -> None:
     scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    cut = stream_error_event(scope, "the server is shutting down", "server_shutting_down", 503)
+    counted = Usage(PROMPT_TOKENS, 3, PROMPT_TOKENS + 3)  # one generated, not yet delivered
+    usage = dataclasses.asdict(counted) if include_usage else None
+    cut = stream_error_event(
+        scope, "the server is shutting down", "server_shutting_down", 503, usage=usage
+    )
     outcome = _consumer(render(ITEMS[:3]) + cut).finish()
     assert isinstance(outcome, ServerCancelled) and outcome.code == "server_shutting_down"
-    assert outcome.usage_source is UsageSource.RECEIVED and outcome.completion_tokens == 2
-    assert "shutting down" in outcome.detail
+    assert outcome.tokens_received == 2 and "shutting down" in outcome.detail
+    if include_usage:
+        assert outcome.usage == counted and outcome.usage_source is UsageSource.SERVER
+    else:
+        assert outcome.usage_source is UsageSource.RECEIVED and outcome.completion_tokens == 2
 
 
 def test_usage_on_an_error_event_is_checked_like_any_usage() -> None:

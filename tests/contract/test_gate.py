@@ -11,6 +11,7 @@ import pytest
 
 from inferd.cli import main
 from inferd.contract.gate import (
+    PERF_PROMPT,
     Answer,
     GateError,
     Performance,
@@ -18,6 +19,7 @@ from inferd.contract.gate import (
     Tolerances,
     compare,
     load_cases,
+    perf_prompt,
 )
 from inferd.contract.identity import model_identity, served_model_path
 from inferd.contract.live import PROMPT
@@ -149,6 +151,12 @@ def test_performance_regressions_beyond_the_tolerances_fail() -> None:
     failed = _failed(compare(_run(_answer(["a"])), _run(_answer(["a"]), perf=slower)).rows)
     assert set(failed) == {"itl_p99_s", "throughput_tok_s"}  # TTFT +40% is within +50%
     assert failed["throughput_tok_s"].startswith("60 -> 30 (0.50x")
+
+
+def test_a_longer_perf_context_is_that_many_words_before_the_timed_prompt() -> None:
+    assert perf_prompt(0) == PERF_PROMPT == perf_prompt(Tolerances().perf_context_words)
+    context, prompt = perf_prompt(300).split("\n\n")
+    assert len(context.split()) == 300 and prompt == PERF_PROMPT
 
 
 def test_identity_changes_are_reported_and_environment_changes_fail() -> None:

@@ -2,13 +2,14 @@
 real CLI, then checks of candidates served by real ``inferd serve`` processes — the unchanged
 release passes; a release whose chat template, tokenizer or quantization was altered fails,
 naming the cases that moved; a canary against the altered template finds it in a mirrored share
-of real traffic too. Speed regressions are the comparison's (test_gate.py): timings
-here vary with the machine's load, so these case files tolerate any speed."""
+of real traffic too. The main golden's case file tolerates any speed (its checks are about the
+answers); a second golden, frozen with speed tolerances, fails a release served without its KV
+cache (the same answers, far slower) and passes the unchanged one."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,12 +22,19 @@ from inferd.bench.process import free_port
 from inferd.cli import main
 from inferd.contract.gate import Mirroring, canary
 from inferd.contract.mirror import ChatAnswer, chat_answer, mirrored
-from inferd.contract.plan import plan_from_dict
+from inferd.contract.plan import Toggle, plan_from_dict, plan_to_dict
 from inferd.contract.rollout import LIVE, PREVIOUS, Rollout, adopt, read_plan
 from inferd.contract.supervisor import Executable
 from tests.contract.altered_gguf import rewrite
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+# The speed golden's tolerances: a release may take 6x the baseline's time on every latency and
+# its throughput fall to a sixth, margins for an unchanged release measured while other work
+# loads a 2-core machine (seen: up to 5.7x). The timed streams follow 500 words of context, one
+# at a time (the plan's --max-seqs 1): without its KV cache each token recomputes those ~680
+# tokens, some 17x the inter-token latency on a quiet machine (README, "Release gate").
+SPEED_TOLERANCES = {"latency_growth": 5.0, "throughput_drop": 5 / 6, "rss_growth": 0.5}
+SPEED_PHASE = {"perf_samples": 2, "perf_tokens": 8, "perf_context_words": 500}
 
 
 @dataclass
@@ -36,11 +44,19 @@ class Golden:
     model: Path
 
 
-def _plan(root: Path, model: Path, name: str) -> Path:
+def _plan(root: Path, model: Path, name: str, *options: str) -> Path:
     out = root / f"{name}.json"
     args = ["gate", "plan", "-m", str(model), "--bundles", str(root / "bundles"), "--out", str(out)]
-    assert main([*args, "--dtype", "f32", "--port", str(free_port())]) == 0
+    assert main([*args, "--dtype", "f32", "--port", str(free_port()), *options]) == 0
     return out
+
+
+def _freeze(root: Path, model: Path, cases: dict[str, Any], *options: str) -> Golden:
+    (root / "cases.json").write_text(json.dumps(cases))
+    plan, out = _plan(root, model, "release", *options), root / "golden"
+    args = ["gate", "freeze", str(plan), "--cases", str(root / "cases.json"), "--out", str(out)]
+    assert main(args) == 0
+    return Golden(root, out, model)
 
 
 def _check(g: Golden, plan: Path, name: str) -> tuple[int, dict[str, Any]]:
@@ -54,19 +70,22 @@ def _rows(report: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def golden(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Golden]:
+def golden(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Golden:
     root = tmp_path_factory.mktemp("gate")
     cases = json.loads(Path("examples/gate/cases.json").read_text())
     cases["tolerances"] |= {"latency_growth": 1e6, "throughput_drop": 1.0, "rss_growth": 1e6}
     cases["tolerances"] |= {"perf_samples": 2, "perf_tokens": 4}
-    (root / "cases.json").write_text(json.dumps(cases))
-    plan = _plan(root, smollm2_gguf, "release")
-    out = root / "golden"
-    assert (
-        main(["gate", "freeze", str(plan), "--cases", str(root / "cases.json"), "--out", str(out)])
-        == 0
-    )
-    yield Golden(root, out, smollm2_gguf)
+    return _freeze(root, smollm2_gguf, cases)
+
+
+@pytest.fixture(scope="module")
+def speed_golden(smollm2_gguf: Path, tmp_path_factory: pytest.TempPathFactory) -> Golden:
+    """The default model frozen with speed tolerances and two greedy cases, served one stream
+    at a time (the throughput phase's concurrency is the plan's --max-seqs)."""
+    cases = json.loads(Path("examples/gate/cases.json").read_text())
+    cases["tolerances"] |= SPEED_TOLERANCES | SPEED_PHASE
+    cases["cases"] = [c for c in cases["cases"] if c["id"] in ("capital", "story")]
+    return _freeze(tmp_path_factory.mktemp("gate-speed"), smollm2_gguf, cases, "--max-seqs", "1")
 
 
 def test_the_golden_holds_answers_identity_and_figures(golden: Golden) -> None:
@@ -247,3 +266,31 @@ def _chat(client: httpx.Client, base: str, body: bytes, rid: str) -> ChatAnswer:
     response = client.post(base + "/v1/chat/completions", content=body, headers=headers)
     content_type = response.headers.get("content-type", "")
     return chat_answer(response.status_code, content_type, response.content)
+
+
+def test_the_unchanged_release_passes_the_speed_gate(speed_golden: Golden) -> None:
+    plan = _plan(speed_golden.root, speed_golden.model, "same", "--max-seqs", "1")
+    code, report = _check(speed_golden, plan, "same")
+    assert code == 0 and report["passed"], report
+    performance = _rows(report, "performance")  # every figure measured and bounded
+    assert len(performance) == 8 and all("bound" in r["detail"] for r in performance.values())
+
+
+def test_a_release_without_its_kv_cache_fails_the_speed_gate_alone(speed_golden: Golden) -> None:
+    """The same model and greedy answers, served with --no-kv-cache: every case passes and the
+    performance rows that fail are the speed the cache gave, each with its ratio and bound."""
+    path = _plan(speed_golden.root, speed_golden.model, "no-kv-cache", "--max-seqs", "1")
+    plan = plan_from_dict(json.loads(path.read_text()))
+    limits = dataclasses.replace(plan.limits, no_kv_cache=True, prefix_caching=Toggle.OFF)
+    path.write_text(json.dumps(plan_to_dict(dataclasses.replace(plan, limits=limits))))
+    code, report = _check(speed_golden, path, "no-kv-cache")
+    log = (speed_golden.golden / "candidate.log").read_text()
+    assert "no KV cache (--no-kv-cache)" in log  # the candidate served the slow path
+    assert code == 1 and not report["passed"]
+    assert all(row["passed"] for row in _rows(report, "case").values()), report
+    assert all(row["detail"] == "same" for row in _rows(report, "identity").values())
+    failed = {r["name"]: r["detail"] for r in report["rows"] if not r["passed"]}
+    assert {"itl_p50_s", "throughput_tok_s"} <= set(failed), report
+    assert set(failed) <= set(_rows(report, "performance"))
+    for detail in failed.values():
+        assert "x; bound" in detail, detail

@@ -1,11 +1,14 @@
 """The mirroring proxy (contract/mirror.py) between a caller and two stand-in releases on
 loopback: which requests are mirrored, that callers get the live release's bytes and never wait
 for the candidate, that a full queue drops mirrors rather than holding callers, and what the
-comparison reports. The canary with real releases is in test_gate_live.py."""
+comparison reports; that a chunked request body is decoded and forwarded whole, and broken
+framing refused. The canary with real releases is in test_gate_live.py."""
 
 from __future__ import annotations
 
+import io
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +21,15 @@ import pytest
 
 from inferd.bench.process import free_port
 from inferd.contract.gate import mirror_rows
-from inferd.contract.mirror import ChatAnswer, MirrorProxy, chat_answer, divergences, mirrored
+from inferd.contract.mirror import (
+    BodyError,
+    ChatAnswer,
+    MirrorProxy,
+    chat_answer,
+    divergences,
+    mirrored,
+    read_chunked,
+)
 
 
 @dataclass
@@ -218,3 +229,68 @@ def test_a_live_release_that_does_not_answer_is_a_502_in_an_error_envelope(
         resp = _send(c, proxy.url, _body(1, temperature=0), "r1")
     assert resp.status_code == 502 and "did not answer" in resp.json()["error"]["message"]
     assert not live.seen and not proxy.stats.records  # nothing answered: nothing to mirror
+
+
+def test_a_chunked_request_body_is_forwarded_whole_and_mirrored(
+    live: Release, altered: Release
+) -> None:
+    """httpx sends an iterator's pieces in chunked coding: the live release gets the body whole
+    (with its length), the caller its answer, and the mirror the same request."""
+    data = _bytes(_body(1, temperature=0, stream=True))
+    pieces = [data[:7], data[7:30], data[30:]]
+    headers = {"x-request-id": "chunked", "content-type": "application/json"}
+    with (
+        MirrorProxy(live.url, altered.url, "candidate", 1.0) as proxy,
+        httpx.Client(timeout=30) as client,
+    ):
+        through = client.post(
+            proxy.url + "/v1/chat/completions", content=iter(pieces), headers=headers
+        )
+        assert through.request.headers["transfer-encoding"] == "chunked"
+        direct = _send(client, live.url, json.loads(data), "direct")
+    assert through.status_code == 200 and through.content == direct.content
+    assert live.seen[0] == json.loads(data)
+    (record,) = proxy.stats.records
+    assert record.request_id == "chunked" and record.compared and record.divergences
+
+
+CHUNKED = b"Transfer-Encoding: chunked\r\n"
+
+
+@pytest.mark.parametrize(
+    ("framing", "status"),
+    [
+        (CHUNKED + b"\r\nzz\r\n{}\r\n0\r\n\r\n", 400),  # not a hex size
+        (CHUNKED + b"\r\n-2\r\n{}\r\n0\r\n\r\n", 400),
+        (CHUNKED + b"\r\n9\r\n{}\r\n0\r\n\r\n", 400),  # its size runs past what was sent
+        (CHUNKED + b"\r\nffffffff\r\n{}", 413),  # over the proxy's bound: refused unread
+        (b"Content-Length: 2x\r\n\r\n{}", 400),
+        (b"Content-Length: %d\r\n\r\n{}" % (1 << 30), 413),
+    ],
+)
+def test_a_body_the_proxy_cannot_forward_is_refused_before_any_release_sees_it(
+    live: Release, framing: bytes, status: int
+) -> None:
+    with MirrorProxy(live.url, live.url, "candidate", 1.0) as proxy:
+        port = int(proxy.url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + framing)
+            sock.shutdown(socket.SHUT_WR)  # all sent: a short chunk meets the end
+            raw = b""
+            while chunk := sock.recv(65536):
+                raw += chunk
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 %d " % status), raw
+    assert json.loads(body)["error"]["type"] == "proxy_error"
+    assert not live.seen and not proxy.stats.records
+
+
+def test_chunked_coding_is_decoded_extensions_and_trailers_aside() -> None:
+    framing = b'4;name=value\r\n{"a"\r\n3\r\n: 1\r\n1\r\n}\r\n0\r\nDigest: x\r\n\r\nNEXT'
+    stream = io.BytesIO(framing)
+    assert read_chunked(stream) == b'{"a": 1}' and stream.read() == b"NEXT"
+    with pytest.raises(BodyError) as refused:
+        read_chunked(io.BytesIO(b"5\r\nabcde\r\n0\r\n\r\n"), limit=4)
+    assert refused.value.status == 413
+    with pytest.raises(BodyError, match="unterminated"):
+        read_chunked(io.BytesIO(b"5\r\nabcde\r\n"))  # the connection ended mid-body

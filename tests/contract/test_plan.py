@@ -80,6 +80,19 @@ def test_inferd_argv_renders_the_prefix_count_our_cli_takes(count: int, caching:
     assert cfg.prefix_cache_n == count and cfg.caches_prefixes == (count > 0)
 
 
+def test_inferd_argv_renders_no_kv_cache_as_our_cli_takes_it() -> None:
+    """The slow reference path renders as the bare --no-kv-cache, which the real parser and
+    engine config take beside the prefix caching it needs off; a plan without it keeps its
+    argv and identity."""
+    plan = _limits(inferd_plan(), prefix_caching=Toggle.OFF, no_kv_cache=True)
+    args = plan.launch_args()
+    assert args.count("--no-kv-cache") == 1 and "--no-kv-cache" not in inferd_plan().launch_args()
+    cfg = _engine_config(_parser().parse_args(list(args)))
+    assert cfg.no_kv_cache and not cfg.caches_prefixes
+    assert "no_kv_cache" not in inferd_plan().identity()["limits"]
+    assert plan.identity()["limits"]["no_kv_cache"] is True
+
+
 @pytest.mark.parametrize("access_log", list(AccessLog))
 @pytest.mark.parametrize("prefix_caching", list(Toggle))
 @pytest.mark.parametrize(("images", "edge"), [(0, 0), (3, 0), (3, 448)])
@@ -117,6 +130,7 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
     cuda = _engine(mrs, build=Device.CUDA)
     config = _model(inf, format=ModelFormat.CONFIG, entry="models.json", route="vision")
     other_bundle = {"bundle_sha256": "9" * 64, "local_dir": "/m/" + "9" * 64}
+    uncached = _limits(inf, prefix_caching=Toggle.OFF)  # what no_kv_cache needs
     out = [
         ("engine.kind", mrs, inf),
         ("engine.version", mrs, _engine(mrs, version="0.8.3")),
@@ -141,7 +155,7 @@ def _variants() -> list[tuple[str, LaunchPlan, LaunchPlan]]:
         (mrs, "max_num_images", 2), (mrs, "max_image_edge", 512),
         (inf, "max_num_batched_tokens", 256), (inf, "kv_cache_tokens", 4096),
         (inf, "dtype", "bf16"), (inf, "seed", 8), (inf, "prefix_caching", Toggle.OFF),
-        (inf, "prefix_cache_n", 4),
+        (inf, "prefix_cache_n", 4), (uncached, "no_kv_cache", True),
     ]  # fmt: skip
     out += [(f"limits.{name}", base, _limits(base, **{name: v})) for base, name, v in changes]
     return out
@@ -297,6 +311,7 @@ def test_port_range(port: int) -> None:
         ({"max_batch_size": 4}, "max_batch_size"),
         ({"dtype": None}, "dtype"),
         ({"kv_cache_tokens": None}, "kv_cache_tokens"),
+        ({"no_kv_cache": True}, "needs limits.prefix_caching off"),
     ],
 )
 def test_inferd_refuses_limits_it_cannot_honour(change: dict[str, Any], message: str) -> None:
@@ -315,6 +330,7 @@ def test_inferd_refuses_limits_it_cannot_honour(change: dict[str, Any], message:
         ({"prefix_caching": Toggle.ON}, "prefix_caching"),
         ({"prefix_cache_n": None}, "prefix_cache_n"),
         ({"max_image_edge": 0}, "both zero or both set"),
+        ({"no_kv_cache": True}, "no_kv_cache"),
     ],
 )
 def test_mistralrs_refuses_flags_outside_the_pinned_set(
@@ -328,7 +344,8 @@ def test_mistralrs_refuses_flags_outside_the_pinned_set(
 def test_limits_reject_nonsense() -> None:
     lim = example_plan().limits
     for change in ({"max_seqs": 0}, {"max_seq_len": -1}, {"prefix_cache_n": -1}, {"max_seqs": True},
-                   {"max_num_images": 0}, {"dtype": "fp8"}, {"prefix_caching": "on"}):  # fmt: skip
+                   {"max_num_images": 0}, {"dtype": "fp8"}, {"prefix_caching": "on"},
+                   {"no_kv_cache": "yes"}):  # fmt: skip
         with pytest.raises(PlanError):
             dataclasses.replace(lim, **change)
 

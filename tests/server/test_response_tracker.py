@@ -1,12 +1,14 @@
 """ResponseTracker: how far a response got, read off the messages a real ASGI app sends; and the
 two middlewares that answer a cut request from it (limits.py's timeout, shutdown.py's drain),
-each cutting a Responses stream whose error event must be numbered after the events sent."""
+each cutting a Responses stream whose error event must be numbered after the events sent; a
+drained OpenAI-style stream that asked for usage gets it on its error event."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -16,9 +18,13 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from inferd.server import sse
+from inferd.server.generation import stream_events
 from inferd.server.limits import LimitsMiddleware
+from inferd.server.metrics import request_timer
 from inferd.server.response_tracker import ResponseTracker
 from inferd.server.shutdown import Drain, DrainMiddleware
+from inferd.serving.interface import RequestOutput
 
 EVENTS = [b'data: {"n":1}\n\n', b": keep-alive\n\n", b'data: {"n":2}\n\ndata: [DONE]\n\n']
 
@@ -58,6 +64,30 @@ async def _stalls(request: Request) -> Response:
     return StreamingResponse(body(), media_type="text/event-stream")
 
 
+async def _chat_stalls(request: Request) -> Response:
+    """inferd's OpenAI-style stream (``stream_events``, the request's timer watching the engine)
+    over an engine stream of two tokens that then stalls; usage when ``?usage`` asks."""
+    await request.body()
+
+    async def engine() -> AsyncIterator[RequestOutput]:
+        for n in (1, 2):
+            yield RequestOutput("r", "x", (n,), None, 5, n)
+        request.app.state.stalled.set()  # asked for a third: the timer has counted two
+        await asyncio.Event().wait()
+
+    def on_output(index: int, out: RequestOutput) -> Iterator[bytes]:
+        yield sse.event({"choices": [{"index": index, "delta": {"content": out.text}}]})
+
+    def usage(tokens: int) -> dict[str, Any]:
+        counts = {"prompt_tokens": 5, "completion_tokens": tokens, "total_tokens": 5 + tokens}
+        return {"choices": [], "usage": counts}
+
+    timer = request_timer(request)
+    asked = usage if "usage" in request.query_params else None
+    body = stream_events([timer.watch(engine())], 60.0, on_output, asked, timer)
+    return StreamingResponse(body, media_type="text/event-stream")
+
+
 def _app() -> Starlette:
     app = Starlette(
         routes=[
@@ -65,6 +95,7 @@ def _app() -> Starlette:
             Route("/json", _json),
             Route("/broken", _broken),
             Route("/v1/responses", _stalls, methods=["POST"]),
+            Route("/v1/chat/completions", _chat_stalls, methods=["POST"]),
         ]
     )
     app.state.stalled = asyncio.Event()
@@ -176,3 +207,26 @@ def test_a_drained_responses_stream_ends_with_an_error_numbered_after_its_events
     assert event["code"] == "server_shutting_down" and event["sequence_number"] == 2
     second = "cut by a second stop signal" if early else "end of the 0s drain"
     assert second in str(event["message"])
+
+
+@pytest.mark.parametrize("asked", [True, False])
+def test_a_drained_chat_stream_carries_the_usage_it_asked_for(asked: bool) -> None:
+    """The drain cancels the handler and writes the error event itself: with the usage the
+    request's timer counted (what the access log records) when the caller asked for usage."""
+
+    async def go() -> httpx.Response:
+        inner, drain = _app(), Drain()
+        transport = httpx.ASGITransport(app=DrainMiddleware(inner, drain=drain))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+            path = "/v1/chat/completions" + ("?usage" if asked else "")
+            request = asyncio.ensure_future(client.post(path, content=b"{}"))
+            await inner.state.stalled.wait()
+            assert (await drain.run(0)).cut == 1
+            return await request
+
+    events = asyncio.run(go()).content.strip().split(b"\n\n")
+    assert events[-1] == b"data: [DONE]"
+    last = json.loads(events[-2].removeprefix(b"data: "))
+    assert last["error"]["code"] == "server_shutting_down"
+    counts = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    assert last.get("usage") == (counts if asked else None)

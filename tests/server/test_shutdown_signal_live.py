@@ -5,8 +5,9 @@ finishes during the drain once the rest is sent), and four that generate 1800 to
 chat stream, Anthropic stream, Responses stream, non-stream), far more than the 4 s drain allows
 on any CPU. While draining, new requests and /ready get 503 with Retry-After and /health still
 answers; at the deadline each stream ends with its API's error event ([DONE] after it on the chat
-stream; the Responses API's typed, numbered ``error`` event, the response never completed) and
-the non-stream request gets a 503 envelope. The access log's line of each cut request says it
+stream, whose error event carries the usage it asked for: the access log's counts; the Responses
+API's typed, numbered ``error`` event, the response never completed) and the non-stream request
+gets a 503 envelope. The access log's line of each cut request says it
 was cut. The process exits 0 with a one-line summary and no traceback.
 """
 
@@ -97,8 +98,9 @@ def test_sigterm_drains_then_cuts_cleanly(smollm2_gguf: Path, tmp_path: Path) ->
         *("--speculative", "off"),
     ]
     log = tmp_path / "serve.log"
+    cut_usage: dict[str, dict[str, int]] = {}
     with live_server(args, log) as server:
-        cut = _drain_and_cut(server, server.process)
+        cut = _drain_and_cut(server, server.process, cut_usage)
     text = log.read_text(errors="replace")
     assert "Traceback" not in text and "Exception in ASGI application" not in text, text[-3000:]
     summary = [line for line in text.splitlines() if line.startswith("inferd  stopped")]
@@ -115,11 +117,17 @@ def test_sigterm_drains_then_cuts_cleanly(smollm2_gguf: Path, tmp_path: Path) ->
     for request_id in cut:  # said to be cut, not complete
         assert " outcome=error " in ends[request_id] + " ", ends[request_id]
         assert ends[request_id].endswith(" error=shutdown"), ends[request_id]
+    for request_id, usage in cut_usage.items():  # the stream's figures are the log's
+        for key in ("prompt_tokens", "completion_tokens"):
+            assert f" {key}={usage[key]} " in ends[request_id], (usage, ends[request_id])
     assert " outcome=complete" in ends["slow-body-1"] and "error=" not in ends["slow-body-1"]
 
 
-def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> list[str]:
-    """Signal, check the drain and the cut; the request ids of the cut requests."""
+def _drain_and_cut(
+    server: LiveServer, proc: subprocess.Popen[bytes], cut_usage: dict[str, Any]
+) -> list[str]:
+    """Signal, check the drain and the cut; the request ids of the cut requests (and in
+    ``cut_usage`` the usage on the error event of the stream that asked for it)."""
     port = int(server.url.rsplit(":", 1)[1])
     # a request whose body is half sent: running, and able to finish once the rest arrives
     body = json.dumps({"prompt": "Hello, world"}).encode()
@@ -150,7 +158,7 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> list[st
             target=_stream,
             args=(
                 server.api + "/chat/completions",
-                LONG_CHAT | {"stream": True},
+                LONG_STREAM | {"stream_options": {"include_usage": True}},
                 {},
                 openai_stream,
             ),
@@ -222,9 +230,13 @@ def _drain_and_cut(server: LiveServer, proc: subprocess.Popen[bytes]) -> list[st
     events = _events(openai_stream.lines)
     assert openai_stream.status == 200 and REQUEST_ID.fullmatch(openai_stream.request_id)
     assert events[-1] == "data: [DONE]"
-    assert json.loads(events[-2].removeprefix("data: ")) == {
-        "error": error | {"code": "server_shutting_down"}
-    }
+    last = json.loads(events[-2].removeprefix("data: "))
+    assert last["error"] == error | {"code": "server_shutting_down"}
+    # it asked for usage: the server's count of what it generated before the cut
+    usage, content = last["usage"], [e for e in events if '"content":"' in e]
+    assert usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+    assert usage["completion_tokens"] >= len(content) - 1  # the role chunk's content is ""
+    cut_usage[openai_stream.request_id] = usage
     events = _events(anthropic_stream.lines)
     assert anthropic_stream.status == 200 and REQUEST_ID.fullmatch(anthropic_stream.request_id)
     assert events[-2] == "event: error"
