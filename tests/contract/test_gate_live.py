@@ -28,13 +28,14 @@ from inferd.contract.supervisor import Executable
 from tests.contract.altered_gguf import rewrite
 
 SMOLLM_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
-# The speed golden's tolerances: a release may take 6x the baseline's time on every latency and
-# its throughput fall to a sixth, margins for an unchanged release measured while other work
-# loads a 2-core machine (seen: up to 5.7x). The timed streams follow 500 words of context, one
-# at a time (the plan's --max-seqs 1): without its KV cache each token recomputes those ~680
-# tokens, some 17x the inter-token latency on a quiet machine (README, "Release gate").
-SPEED_TOLERANCES = {"latency_growth": 5.0, "throughput_drop": 5 / 6, "rss_growth": 0.5}
-SPEED_PHASE = {"perf_samples": 2, "perf_tokens": 8, "perf_context_words": 500}
+# The speed golden's tolerances: a release may take 8x the baseline's time on every latency and
+# its throughput fall to an eighth, margins for an unchanged release measured while other work
+# loads a 2-core machine (seen: up to 5.7x). The timed streams follow 800 words of context, one
+# at a time (the plan's --max-seqs 1): without its KV cache each token recomputes those ~1,100
+# tokens, some 17x the inter-token latency at 500 words on a quiet machine and about twice that
+# at 800 (README, "Release gate").
+SPEED_TOLERANCES = {"latency_growth": 7.0, "throughput_drop": 7 / 8, "rss_growth": 0.5}
+SPEED_PHASE = {"perf_samples": 2, "perf_tokens": 8, "perf_context_words": 800}
 
 
 @dataclass
