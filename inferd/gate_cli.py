@@ -17,9 +17,11 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import signal
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -243,7 +245,27 @@ def run_gate(args: argparse.Namespace) -> int:
     from inferd.contract.supervisor import SupervisorError
 
     try:
-        return int(args.step(args))
+        with _sigterm_as_interrupt():
+            return int(args.step(args))
     except (GateError, PlanError, SupervisorError, OSError, json.JSONDecodeError) as exc:
         print(f"inferd gate {args.gate_command}: {exc}", file=sys.stderr)
         return 2
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a step as Ctrl-C does, so the servers it started are stopped on the way
+    out: its default action would end the gate at once and leave them running (each in a
+    session of its own). Outside the main thread no handler can be set, and none is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

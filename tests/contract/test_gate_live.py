@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -159,6 +163,37 @@ def test_an_altered_tokenizer_fails(golden: Golden) -> None:
     assert _rows(report, "identity")["tokenizer"]["detail"] == "changed"
     failed = [name for name, row in _rows(report, "case").items() if not row["passed"]]
     assert "capital" in failed and "prompt_tokens" in _rows(report, "case")["capital"]["detail"]
+
+
+def test_a_sigterm_ends_the_gate_and_the_server_it_started(golden: Golden) -> None:
+    """`inferd gate check` sent SIGTERM while its release answers: it stops the server it
+    started on the way out, as on Ctrl-C (once, SIGTERM ended the gate and left it running)."""
+    path = _plan(golden.root, golden.model, "sigterm")
+    health = plan_from_dict(json.loads(path.read_text())).base_url + "/health"
+    command = [sys.executable, "-m", "inferd", "gate", "check", str(path), str(golden.golden)]
+    command += ["--report", str(golden.root / "sigterm-report.json")]
+    log = golden.root / "sigterm-gate.log"
+    with log.open("wb") as out:
+        gate = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            deadline = time.monotonic() + 300
+            while not _answers(health):
+                assert gate.poll() is None, log.read_text()
+                assert time.monotonic() < deadline, "no server came up"
+                time.sleep(0.5)
+            gate.send_signal(signal.SIGTERM)
+            assert gate.wait(timeout=120) == 130, log.read_text()  # as a Ctrl-C ends it
+        finally:
+            gate.kill()
+            gate.wait()
+    assert not _answers(health)  # the release is stopped, not orphaned
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.TransportError:
+        return False
 
 
 def test_a_requantized_release_fails(golden: Golden) -> None:
