@@ -23,6 +23,7 @@ back:
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -33,6 +34,7 @@ from inferd.models.config import (
     ModelConfig,
     ModelConfigError,
     gemma3n_decoder_config,
+    gguf_key,
 )
 
 ARCH = "gemma3n"
@@ -50,11 +52,7 @@ def gemma3n_config(gguf: GGUFFile) -> ModelConfig:
     meta = gguf.metadata
     shapes = {i.name: i.shape for i in gguf.tensor_infos()}
 
-    def key(name: str) -> Any:
-        value = meta.get(f"{ARCH}.{name}")
-        if value is None:
-            raise ModelConfigError(f"GGUF metadata lacks {ARCH}.{name}")
-        return value
+    key = functools.partial(gguf_key, meta, ARCH)
 
     layers = int(key("block_count"))
     pattern = _per_layer(key("attention.sliding_window_pattern"), layers, "sliding_window_pattern")

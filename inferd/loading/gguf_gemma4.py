@@ -32,6 +32,7 @@ are refused.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -43,6 +44,7 @@ from inferd.models.config import (
     ModelConfigError,
     MoeConfig,
     gemma4_decoder_config,
+    gguf_key,
 )
 
 ARCH = "gemma4"
@@ -62,11 +64,7 @@ def gemma4_config(gguf: GGUFFile) -> ModelConfig:
             "in two stacks, or fused q/k/v) is not supported yet"
         )
 
-    def key(name: str) -> Any:
-        value = meta.get(f"{ARCH}.{name}")
-        if value is None:
-            raise ModelConfigError(f"GGUF metadata lacks {ARCH}.{name}")
-        return value
+    key = functools.partial(gguf_key, meta, ARCH)
 
     layers = int(key("block_count"))
     pattern = key("attention.sliding_window_pattern")

@@ -20,7 +20,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from inferd.loading.gguf import GGUFFile
-from inferd.models.config import ModelConfig, ModelConfigError, MoeConfig, config_from_gguf
+from inferd.models.config import (
+    ModelConfig,
+    ModelConfigError,
+    MoeConfig,
+    config_from_gguf,
+    gguf_key,
+)
 
 QWEN3VL_ARCHITECTURES = frozenset({"qwen3vl", "qwen3vlmoe"})
 _DECODER = "qwen3"  # the llama.cpp architecture whose keys and tensors the text model's are
@@ -57,10 +63,7 @@ def _experts(
         return None
     shape = {}
     for key in ("expert_count", "expert_used_count", "expert_feed_forward_length"):
-        value = gguf.metadata.get(f"{arch}.{key}")
-        if value is None:
-            raise ModelConfigError(f"GGUF metadata lacks {arch}.{key}")
-        shape[key] = int(value)
+        shape[key] = int(gguf_key(gguf.metadata, arch, key))
     return MoeConfig(
         num_experts=shape["expert_count"],
         top_k=shape["expert_used_count"],

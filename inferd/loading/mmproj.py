@@ -169,6 +169,14 @@ def required(where: str, meta: Mapping[str, Any], key: str) -> Any:
     return value
 
 
+def required_shape(where: str, shapes: Mapping[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
+    """The shape of tensor ``name`` of the projector at ``where``; ProjectorError when absent."""
+    shape = shapes.get(name)
+    if shape is None:
+        raise ProjectorError(f"{where}: the projector lacks tensor {name}")
+    return shape
+
+
 def _vision_config(where: str, meta: Mapping[str, Any], image_token_id: int) -> VisionConfig:
     if meta.get("clip.use_silu", False):
         raise ProjectorError(f"{where}: a SiLU vision MLP (clip.use_silu) is not supported")

@@ -41,7 +41,13 @@ import torch
 
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.hf_processor import GEMMA4_VIDEO_TOKEN, Gemma4Processing
-from inferd.loading.mmproj import ProjectorError, required, tensor_reader, whole_token_ids
+from inferd.loading.mmproj import (
+    ProjectorError,
+    required,
+    required_shape,
+    tensor_reader,
+    whole_token_ids,
+)
 from inferd.loading.weights import WeightSource
 from inferd.models.config import Gemma4AudioConfig, Gemma4VisionConfig, ModelConfig
 from inferd.models.gemma4_audio_features import Gemma4AudioFeatureConfig
@@ -120,13 +126,6 @@ def gemma4_projector(gguf: GGUFFile, lm: Mapping[str, Any]) -> Gemma4Projector:
     return Gemma4Projector(gguf, vision, audio, Gemma4Processing(image, video, features))
 
 
-def _shape(where: str, shapes: Mapping[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
-    shape = shapes.get(name)
-    if shape is None:
-        raise ProjectorError(f"{where}: the projector lacks tensor {name}")
-    return shape
-
-
 def _vision_config(
     where: str,
     meta: Mapping[str, Any],
@@ -137,17 +136,17 @@ def _vision_config(
 ) -> Gemma4VisionConfig:
     v = "clip.vision."
     heads = int(required(where, meta, v + "attention.head_count"))
-    head_dim = _shape(where, shapes, "v.blk.0.attn_q_norm.weight")[0]
+    head_dim = required_shape(where, shapes, "v.blk.0.attn_q_norm.weight")[0]
     return Gemma4VisionConfig(
         hidden_size=int(required(where, meta, v + "embedding_length")),
         intermediate_size=int(required(where, meta, v + "feed_forward_length")),
         num_layers=int(required(where, meta, v + "block_count")),
         num_heads=heads,
-        num_kv_heads=_shape(where, shapes, "v.blk.0.attn_k.weight")[0] // head_dim,
+        num_kv_heads=required_shape(where, shapes, "v.blk.0.attn_k.weight")[0] // head_dim,
         head_dim=head_dim,
         patch_size=int(required(where, meta, v + "patch_size")),
         pooling=int(meta.get(v + "projector.scale_factor") or DEFAULT_POOLING),
-        position_table_size=_shape(where, shapes, "v.position_embd.weight")[1],
+        position_table_size=required_shape(where, shapes, "v.position_embd.weight")[1],
         rms_norm_eps=float(meta.get(v + "attention.layer_norm_epsilon") or NORM_EPS),
         rope_theta=VISION_ROPE_BASE,
         standardize="v.std_bias" in shapes,
@@ -184,8 +183,8 @@ def _audio_config(
 ) -> Gemma4AudioConfig:
     a = "clip.audio."
     mel_bins = int(required(where, meta, a + "num_mel_bins"))
-    first = _shape(where, shapes, "a.conv1d.0.weight")[0]
-    second = _shape(where, shapes, "a.conv1d.1.weight")[0]
+    first = required_shape(where, shapes, "a.conv1d.0.weight")[0]
+    second = required_shape(where, shapes, "a.conv1d.1.weight")[0]
     if mel_bins != first:
         raise ProjectorError(
             f"{where}: the projector says {mel_bins} mel bins, its first conv block has "
@@ -196,7 +195,7 @@ def _audio_config(
         num_layers=int(required(where, meta, a + "block_count")),
         num_heads=int(required(where, meta, a + "attention.head_count")),
         conv_channels=(first, second),
-        conv_kernel_size=_shape(where, shapes, "a.blk.0.conv_dw.weight")[1],
+        conv_kernel_size=required_shape(where, shapes, "a.blk.0.conv_dw.weight")[1],
         residual_weight=AUDIO_RESIDUAL,
         chunk_size=AUDIO_CHUNK,
         context_left=AUDIO_CONTEXT_LEFT,
@@ -206,7 +205,7 @@ def _audio_config(
         clipped_linears="a.blk.0.attn_q.input_max" in shapes,
         rms_norm_eps=NORM_EPS,
         gradient_clipping=AUDIO_GRADIENT_CLIPPING,
-        output_dims=_shape(where, shapes, "a.pre_encode.out.weight")[0],
+        output_dims=required_shape(where, shapes, "a.pre_encode.out.weight")[0],
         audio_token_id=token_id,
     )
 
@@ -360,7 +359,7 @@ def _check_tensors(
     ):
         if encoder is None:
             continue
-        out = _shape(where, shapes, projection)[0]
+        out = required_shape(where, shapes, projection)[0]
         declared = gguf.get(f"clip.{'vision' if kind == 'image' else 'audio'}.projection_dim")
         if declared not in (None, text_width):
             out = int(declared)

@@ -38,7 +38,13 @@ import torch
 from inferd.loading.gguf import GGUFFile
 from inferd.loading.gguf_qwen3vl import QWEN3VL_ARCHITECTURES
 from inferd.loading.hf_processor import QWEN_IMAGE_PIXELS, QWEN_VIDEO_PIXELS
-from inferd.loading.mmproj import ProjectorError, required, tensor_reader, whole_token_ids
+from inferd.loading.mmproj import (
+    ProjectorError,
+    required,
+    required_shape,
+    tensor_reader,
+    whole_token_ids,
+)
 from inferd.loading.weights import WeightSource
 from inferd.models.config import ModelConfig, ModelConfigError, QwenVisionConfig
 from inferd.models.idefics3_image import ImageConfigError
@@ -116,13 +122,6 @@ def qwen3vl_projector(gguf: GGUFFile, lm: Mapping[str, Any]) -> Qwen3VLProjector
     return Qwen3VLProjector(gguf, vision, sections, visual, video)
 
 
-def _shape(where: str, shapes: Mapping[str, tuple[int, ...]], name: str) -> tuple[int, ...]:
-    shape = shapes.get(name)
-    if shape is None:
-        raise ProjectorError(f"{where}: the projector lacks tensor {name}")
-    return shape
-
-
 def _vision_config(
     where: str, meta: Mapping[str, Any], shapes: Mapping[str, tuple[int, ...]], ids: list[int]
 ) -> QwenVisionConfig:
@@ -134,14 +133,14 @@ def _vision_config(
             f"{where}: {v}is_deepstack_layers has {len(flags)} entries for {depth} blocks"
         )
     for name in PATCH_KERNELS:  # the Conv3d's two temporal steps
-        _shape(where, shapes, name)
+        required_shape(where, shapes, name)
     try:
         return QwenVisionConfig(
             hidden_size=int(required(where, meta, v + "embedding_length")),
             intermediate_size=int(required(where, meta, v + "feed_forward_length")),
             num_layers=depth,
             num_heads=int(required(where, meta, v + "attention.head_count")),
-            out_hidden_size=_shape(where, shapes, "mm.2.weight")[0],
+            out_hidden_size=required_shape(where, shapes, "mm.2.weight")[0],
             patch_size=int(required(where, meta, v + "patch_size")),
             temporal_patch_size=TEMPORAL_PATCH,
             spatial_merge_size=int(meta.get(v + "spatial_merge_size") or DEFAULT_MERGE),
@@ -152,9 +151,9 @@ def _vision_config(
             video_token_id=ids[1],
             vision_start_token_id=ids[2],
             rope_theta=VISION_ROPE_BASE,
-            in_channels=_shape(where, shapes, PATCH_KERNELS[0])[1],
+            in_channels=required_shape(where, shapes, PATCH_KERNELS[0])[1],
             deepstack_indexes=tuple(i for i, deep in enumerate(flags) if deep),
-            num_position_embeddings=_shape(where, shapes, "v.position_embd.weight")[0],
+            num_position_embeddings=required_shape(where, shapes, "v.position_embd.weight")[0],
             hidden_act="gelu_tanh",
         )
     except ModelConfigError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
@@ -473,6 +474,15 @@ GEMMA3_SLIDING_PATTERN = 6
 GEMMA3_LOCAL_ROPE_BASE = 10000.0
 
 
+def gguf_key(meta: Mapping[str, Any], arch: str, name: str, default: Any = None) -> Any:
+    """A GGUF file's metadata ``{arch}.{name}``, else ``default``; ModelConfigError when it
+    is absent with no default."""
+    value = meta.get(f"{arch}.{name}", default)
+    if value is None:
+        raise ModelConfigError(f"GGUF metadata lacks {arch}.{name}")
+    return value
+
+
 def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> ModelConfig:
     arch = str(meta.get("general.architecture", ""))
     if arch not in GGUF_ARCHITECTURES:
@@ -481,12 +491,7 @@ def config_from_gguf(meta: Mapping[str, Any], *, has_output_tensor: bool) -> Mod
             f"{', '.join(sorted(GGUF_ARCHITECTURES))})"
         )
 
-    def key(name: str, default: Any = None) -> Any:
-        value = meta.get(f"{arch}.{name}", default)
-        if value is None:
-            raise ModelConfigError(f"GGUF metadata lacks {arch}.{name}")
-        return value
-
+    key = functools.partial(gguf_key, meta, arch)
     hidden = int(key("embedding_length"))
     heads = int(key("attention.head_count"))
     layers = int(key("block_count"))
