@@ -30,7 +30,11 @@ from inferd.loading.model import LoadedModel, load
 from inferd.models.config import ModelConfig
 from inferd.models.gemma3n import Gemma3nForCausalLM
 from inferd.serving.served import ServedModel, load_model
-from tests.models.test_gemma4_gguf import LOGPROB_TOLERANCE, greedy_run
+from tests.models.test_gemma4_gguf import (
+    LOGPROB_TOLERANCE,
+    assert_same_text_handling,
+    greedy_run,
+)
 from tests.models.tiny_gemma3n import MM_TEXT, TinyGemma3nGguf
 
 TEXTS = [
@@ -88,15 +92,7 @@ def test_each_file_holds_the_directory_decoder(
     assert media and params.keys() == theirs.keys() - media
     for name, value in params.items():
         assert torch.equal(value, theirs[name]), name
-    for text in TEXTS:
-        ids = directory.tokenizer.encode(text, add_special=True)
-        assert ours.tokenizer.encode(text, add_special=True) == ids, text
-        for skip in (True, False):
-            assert ours.tokenizer.decode(ids, skip_special=skip) == directory.tokenizer.decode(
-                ids, skip_special=skip
-            )
-    template = GGUFFile(path).metadata["tokenizer.chat_template"]
-    assert ours.chat_template.source == template == directory.chat_template.source
+    assert_same_text_handling(ours, directory, path, TEXTS)
 
 
 @pytest.fixture(scope="module")

@@ -93,14 +93,22 @@ def test_each_pair_of_files_holds_the_directory_model(
             torch.testing.assert_close(value, theirs[name], rtol=1e-6, atol=1e-7)
         else:
             assert torch.equal(value, theirs[name]), name
-    for text in TEXTS:
+    assert_same_text_handling(ours, directory, files[lm], TEXTS)
+
+
+def assert_same_text_handling(
+    ours: LoadedModel, directory: LoadedModel, gguf: Path, texts: list[str]
+) -> None:
+    """The GGUF's tokenizer encodes and decodes ``texts`` as the directory's does, special
+    tokens skipped or not, and its chat template is the file's, equal to the directory's."""
+    for text in texts:
         ids = directory.tokenizer.encode(text, add_special=True)
         assert ours.tokenizer.encode(text, add_special=True) == ids, text
         for skip in (True, False):
             assert ours.tokenizer.decode(ids, skip_special=skip) == directory.tokenizer.decode(
                 ids, skip_special=skip
             )
-    template = GGUFFile(files[lm]).metadata["tokenizer.chat_template"]
+    template = GGUFFile(gguf).metadata["tokenizer.chat_template"]
     assert ours.chat_template.source == template == directory.chat_template.source
 
 

@@ -40,7 +40,7 @@ from inferd.serving.prompter import MediaItem
 from inferd.serving.served import ServedModel, load_model
 from tests.contract.altered_gguf import rewrite
 from tests.media.corpus import Clip, _mp4
-from tests.models.test_gemma4_gguf import Run, greedy_run
+from tests.models.test_gemma4_gguf import Run, assert_same_text_handling, greedy_run
 from tests.models.test_idefics3_processor import generated
 from tests.models.tiny_qwen3_vl import TinyQwen3VLGguf
 
@@ -100,15 +100,7 @@ def test_each_pair_of_files_holds_the_directory_model(
     assert params.keys() == theirs.keys()
     for name, value in params.items():
         assert torch.equal(value, theirs[name]), name
-    for text in TEXTS:
-        ids = directory.tokenizer.encode(text, add_special=True)
-        assert ours.tokenizer.encode(text, add_special=True) == ids, text
-        for skip in (True, False):
-            assert ours.tokenizer.decode(ids, skip_special=skip) == directory.tokenizer.decode(
-                ids, skip_special=skip
-            )
-    template = GGUFFile(files[lm]).metadata["tokenizer.chat_template"]
-    assert ours.chat_template.source == template == directory.chat_template.source
+    assert_same_text_handling(ours, directory, files[lm], TEXTS)
 
 
 def _text_only(hf: ModelConfig) -> ModelConfig:

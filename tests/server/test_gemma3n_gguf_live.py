@@ -44,14 +44,6 @@ def server(
         yield live
 
 
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(
-        base_url=server.api, api_key="unused", max_retries=0, _strict_response_validation=True
-    ) as c:
-        yield c
-
-
 def _reference(tiny: TinyGemma3nGguf) -> Greedy:
     """transformers' greedy reply to the question, its prompt written by the directory's
     tokenizer's chat template."""
