@@ -24,7 +24,7 @@ tokenizer, chat template and the image marker tokens come from the language mode
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -177,6 +177,24 @@ def required_shape(where: str, shapes: Mapping[str, tuple[int, ...]], name: str)
     return shape
 
 
+def check_exact_tensors(
+    where: str, names: Iterable[str], wanted: set[str], what: str, hint: str = ""
+) -> None:
+    """ProjectorError unless the projector at ``where`` holds exactly the tensors ``wanted``
+    (``what``: the kind of projector they make, named in the message)."""
+    held = set(names)
+    missing, extra = sorted(wanted - held), sorted(held - wanted)
+    if missing:
+        raise ProjectorError(
+            f"{where}: the projector lacks {len(missing)} tensors, e.g. {missing[0]}"
+        )
+    if extra:
+        raise ProjectorError(
+            f"{where}: the projector holds {len(extra)} tensors {what} has not, "
+            f"e.g. {extra[0]}{hint}"
+        )
+
+
 def _vision_config(where: str, meta: Mapping[str, Any], image_token_id: int) -> VisionConfig:
     if meta.get("clip.use_silu", False):
         raise ProjectorError(f"{where}: a SiLU vision MLP (clip.use_silu) is not supported")
@@ -241,18 +259,9 @@ def _check_tensors(gguf: GGUFFile, vision: VisionConfig) -> None:
     """Exactly the tensors of an idefics3 projector of this shape (the connector's is checked
     by ``_check_width``), so that no weight read later can fail."""
     shapes = {i.name: i.shape for i in gguf.tensor_infos()}
-    names = set(shapes)
     wanted = set(projector_plan(vision.num_layers).values())
-    missing, extra = sorted(wanted - names), sorted(names - wanted)
-    if missing:
-        raise ProjectorError(
-            f"{gguf.path}: the projector lacks {len(missing)} tensors, e.g. {missing[0]}"
-        )
-    if extra:
-        raise ProjectorError(
-            f"{gguf.path}: the projector holds {len(extra)} tensors an idefics3 projector has "
-            f"not, e.g. {extra[0]} (another kind of projector?)"
-        )
+    what = "an idefics3 projector"
+    check_exact_tensors(str(gguf.path), shapes, wanted, what, " (another kind of projector?)")
     for name, shape in _expected_shapes(vision).items():
         if shapes[name] != shape:
             raise ProjectorError(

@@ -43,6 +43,7 @@ from inferd.loading.gguf import GGUFFile
 from inferd.loading.hf_processor import GEMMA4_VIDEO_TOKEN, Gemma4Processing
 from inferd.loading.mmproj import (
     ProjectorError,
+    check_exact_tensors,
     required,
     required_shape,
     tensor_reader,
@@ -369,16 +370,7 @@ def _check_tensors(
                 f"language model is {text_width} wide"
             )
     wanted = {theirs for theirs, _ in projector_plan(vision, audio).values()}
-    missing, extra = sorted(wanted - set(shapes)), sorted(set(shapes) - wanted)
-    if missing:
-        raise ProjectorError(
-            f"{where}: the projector lacks {len(missing)} tensors, e.g. {missing[0]}"
-        )
-    if extra:
-        raise ProjectorError(
-            f"{where}: the projector holds {len(extra)} tensors a Gemma 4 projector of this "
-            f"shape has not, e.g. {extra[0]}"
-        )
+    check_exact_tensors(where, shapes, wanted, "a Gemma 4 projector of this shape")
     if vision is not None and math.prod(shapes["v.patch_embd.weight"][1:]) != vision.patch_dim:
         raise ProjectorError(
             f"{where}: v.patch_embd.weight has shape {shapes['v.patch_embd.weight']}, not "

@@ -40,6 +40,7 @@ from inferd.loading.gguf_qwen3vl import QWEN3VL_ARCHITECTURES
 from inferd.loading.hf_processor import QWEN_IMAGE_PIXELS, QWEN_VIDEO_PIXELS
 from inferd.loading.mmproj import (
     ProjectorError,
+    check_exact_tensors,
     required,
     required_shape,
     tensor_reader,
@@ -228,16 +229,7 @@ def _check_tensors(
     """Exactly the tensors of a Qwen3-VL projector of this shape, each deep-stack merger giving
     the language model's width too (a tensor of another shape is refused as it is read)."""
     wanted = {*projector_plan(vision).values(), *PATCH_KERNELS}
-    missing, extra = sorted(wanted - set(shapes)), sorted(set(shapes) - wanted)
-    if missing:
-        raise ProjectorError(
-            f"{where}: the projector lacks {len(missing)} tensors, e.g. {missing[0]}"
-        )
-    if extra:
-        raise ProjectorError(
-            f"{where}: the projector holds {len(extra)} tensors a Qwen3-VL projector of this "
-            f"shape has not, e.g. {extra[0]}"
-        )
+    check_exact_tensors(where, shapes, wanted, "a Qwen3-VL projector of this shape")
     for source in vision.deepstack_indexes:
         out = shapes[f"v.deepstack.{source}.fc2.weight"][0]
         if out != vision.out_hidden_size:
